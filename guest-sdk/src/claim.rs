@@ -1,0 +1,361 @@
+//! [`Claim`]: a dispatch this guest holds, and everything it can do with it.
+//!
+//! A claim reaches a guest in one of two ways: the host lends it to
+//! [`Handler::handle`](crate::Handler::handle) (the `handler` world), or the guest takes it
+//! with [`claim_next`](crate::claim_next) (the `agent` world). Either way the guest sees the
+//! same [`Claim`]: the dispatch's [`DispatchInfo`] (read once, when the claim is wrapped) and
+//! the calls that settle it, record progress, write the thread log and enqueue follow-up work.
+//!
+//! Every write through a claim is fenced by the host: once the lease is lost or the thread is
+//! interrupted, writes fail with [`Error::LostClaim`] or [`Error::Interrupted`]
+//! ([`Error::claim_is_gone`]) and change nothing, so a guest stops on those errors rather than
+//! retrying. In long loops, [`Claim::stop_requested`] says whether the host wants the guest to
+//! stop before a write fails.
+//!
+//! Settling: a handler that returns without settling gets its return value applied by the host
+//! (`Ok` completes, `Err` nacks). In the `agent` world a claim dropped unsettled is nacked by
+//! the host (a retry with backoff), so settle every claim you take.
+
+use std::time::Duration;
+
+use crate::__bindings::mailbox;
+use crate::enqueue::Enqueue;
+use crate::error::Error;
+
+pub use crate::__bindings::types::{DispatchInfo, LogEntry, StopReason};
+
+/// How many log entries [`Claim::read_log_all`] asks for per call. The host may return fewer
+/// (it caps the page size); the loop ends on an empty page, not a short one.
+const LOG_PAGE: u32 = 256;
+
+/// A dispatch this guest holds: its [`DispatchInfo`] plus the calls that act on it.
+///
+/// The lifetime is that of the host's loan in the `handler` world; a claim taken with
+/// [`claim_next`](crate::claim_next) is owned and is `Claim<'static>`.
+#[derive(Debug)]
+pub struct Claim<'a> {
+    handle: Handle<'a>,
+    info: DispatchInfo,
+}
+
+/// The host resource: lent for one `handle` call, or owned after `claim-next`.
+#[derive(Debug)]
+enum Handle<'a> {
+    Lent(&'a mailbox::Claim),
+    #[cfg_attr(not(feature = "agent"), allow(dead_code))]
+    Owned(mailbox::Claim),
+}
+
+impl<'a> Claim<'a> {
+    /// Wraps a claim the host lent to `handle`.
+    #[cfg_attr(not(feature = "handler"), allow(dead_code))]
+    pub(crate) fn lent(claim: &'a mailbox::Claim) -> Self {
+        let info = claim.info();
+        Claim {
+            handle: Handle::Lent(claim),
+            info,
+        }
+    }
+
+    fn raw(&self) -> &mailbox::Claim {
+        match &self.handle {
+            Handle::Lent(claim) => claim,
+            Handle::Owned(claim) => claim,
+        }
+    }
+
+    /// The dispatch: id, thread, payload, metadata, attempt and the rest.
+    pub fn info(&self) -> &DispatchInfo {
+        &self.info
+    }
+
+    /// The dispatch id.
+    pub fn id(&self) -> &str {
+        &self.info.id
+    }
+
+    /// The agent (plugin name) the dispatch is routed to: this plugin.
+    pub fn agent(&self) -> &str {
+        &self.info.agent
+    }
+
+    /// The thread (conversation) the dispatch belongs to.
+    pub fn thread(&self) -> &str {
+        &self.info.thread
+    }
+
+    /// The run this dispatch activates.
+    pub fn run_id(&self) -> &str {
+        &self.info.run_id
+    }
+
+    /// The dispatch's input bytes.
+    pub fn payload(&self) -> &[u8] {
+        &self.info.payload
+    }
+
+    /// The payload as UTF-8 text.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::Invalid`] when the payload is not UTF-8.
+    pub fn payload_str(&self) -> Result<&str, Error> {
+        std::str::from_utf8(&self.info.payload)
+            .map_err(|e| Error::Invalid(format!("payload is not UTF-8 text: {e}")))
+    }
+
+    /// Failed attempts before this one (0 on the first run).
+    pub fn attempt(&self) -> u32 {
+        self.info.attempt
+    }
+
+    /// Failed attempts after which the dispatch dead-letters.
+    pub fn max_attempts(&self) -> u32 {
+        self.info.max_attempts
+    }
+
+    /// Whether failing this attempt dead-letters the dispatch instead of retrying it.
+    pub fn is_last_attempt(&self) -> bool {
+        self.info.attempt.saturating_add(1) >= self.info.max_attempts
+    }
+
+    /// The dispatch's priority: 0 is most urgent, 255 least.
+    pub fn priority(&self) -> u8 {
+        self.info.priority
+    }
+
+    /// The metadata value under `key`, if the submitter set one.
+    pub fn metadata(&self, key: &str) -> Option<&str> {
+        self.info.metadata(key)
+    }
+
+    /// Records that the run started (visible to operators).
+    ///
+    /// # Errors
+    ///
+    /// Whatever the host refuses with, notably [`Error::LostClaim`] and [`Error::Interrupted`].
+    pub fn record_start(&self) -> Result<(), Error> {
+        Ok(self.raw().record_start()?)
+    }
+
+    /// Records the run's output; the dispatch stays claimed until settled.
+    ///
+    /// # Errors
+    ///
+    /// Whatever the host refuses with, notably [`Error::LostClaim`] and [`Error::Interrupted`].
+    pub fn record_result(&self, output: impl AsRef<[u8]>) -> Result<(), Error> {
+        Ok(self.raw().record_result(output.as_ref())?)
+    }
+
+    /// Records `output` and acks in one step.
+    ///
+    /// # Errors
+    ///
+    /// Whatever the host refuses with, notably [`Error::LostClaim`] and [`Error::Interrupted`].
+    pub fn complete(&self, output: impl AsRef<[u8]>) -> Result<(), Error> {
+        Ok(self.raw().complete(output.as_ref())?)
+    }
+
+    /// Settles the dispatch as done, keeping any recorded result.
+    ///
+    /// # Errors
+    ///
+    /// Whatever the host refuses with, notably [`Error::LostClaim`] and [`Error::Interrupted`].
+    pub fn ack(&self) -> Result<(), Error> {
+        Ok(self.raw().ack()?)
+    }
+
+    /// Gives the dispatch back for a retry. `retry_after` is a hint (whole milliseconds); the
+    /// host applies its backoff policy and caps. At the attempt limit the dispatch
+    /// dead-letters.
+    ///
+    /// # Errors
+    ///
+    /// Whatever the host refuses with, notably [`Error::LostClaim`] and [`Error::Interrupted`].
+    pub fn nack(&self, error: &str, retry_after: Option<Duration>) -> Result<(), Error> {
+        let retry_after_ms = retry_after.map(duration_to_ms);
+        Ok(self.raw().nack(error, retry_after_ms)?)
+    }
+
+    /// Gives up on the dispatch: it will not be retried.
+    ///
+    /// # Errors
+    ///
+    /// Whatever the host refuses with, notably [`Error::LostClaim`] and [`Error::Interrupted`].
+    pub fn dead_letter(&self, error: &str) -> Result<(), Error> {
+        Ok(self.raw().dead_letter(error)?)
+    }
+
+    /// Appends an entry to this dispatch's thread log; returns its sequence.
+    ///
+    /// # Errors
+    ///
+    /// Whatever the host refuses with, notably [`Error::LostClaim`] and [`Error::Interrupted`].
+    pub fn append(&self, entry: impl AsRef<[u8]>) -> Result<u64, Error> {
+        Ok(self.raw().append(entry.as_ref())?)
+    }
+
+    /// Appends an entry only if the thread log's latest sequence is still `expected_latest`
+    /// (0 for an empty log); returns its sequence. Use it to write a decision made from what
+    /// was read, so that a concurrent writer cannot slip in between.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::Conflict`] with the log's latest sequence when another entry came first; also
+    /// whatever else the host refuses with.
+    pub fn append_expected(
+        &self,
+        entry: impl AsRef<[u8]>,
+        expected_latest: u64,
+    ) -> Result<u64, Error> {
+        Ok(self
+            .raw()
+            .append_expected(entry.as_ref(), expected_latest)?)
+    }
+
+    /// Reads up to `limit` entries of the thread log with a sequence greater than `after`
+    /// (0 reads from the start). The host may return fewer than `limit` even when more exist.
+    ///
+    /// # Errors
+    ///
+    /// Whatever the host refuses with, notably [`Error::LostClaim`] and [`Error::Interrupted`].
+    pub fn read_log(&self, after: u64, limit: u32) -> Result<Vec<LogEntry>, Error> {
+        Ok(self.raw().read_log(after, limit)?)
+    }
+
+    /// Reads the whole thread log, oldest first, page by page.
+    ///
+    /// # Errors
+    ///
+    /// The first error of [`Claim::read_log`].
+    pub fn read_log_all(&self) -> Result<Vec<LogEntry>, Error> {
+        let mut entries = Vec::new();
+        let mut after = 0;
+        loop {
+            let page = self.read_log(after, LOG_PAGE)?;
+            let Some(last) = page.last().map(|entry| entry.seq) else {
+                break;
+            };
+            // Sequences increase; a page that does not move forward would loop forever.
+            if last <= after {
+                break;
+            }
+            after = last;
+            entries.extend(page);
+        }
+        Ok(entries)
+    }
+
+    /// The thread log's latest visible sequence (0 when empty).
+    ///
+    /// # Errors
+    ///
+    /// Whatever the host refuses with, notably [`Error::LostClaim`] and [`Error::Interrupted`].
+    pub fn log_latest(&self) -> Result<u64, Error> {
+        Ok(self.raw().log_latest()?)
+    }
+
+    /// Why the host wants the guest to stop early, if it does: check it in long loops.
+    pub fn stop_requested(&self) -> Option<StopReason> {
+        self.raw().stop_requested()
+    }
+
+    /// Enqueues a follow-up dispatch; without [`Enqueue::thread`] it goes to this dispatch's
+    /// thread. Returns the new dispatch's id.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::Denied`] when this plugin may not address the target agent,
+    /// [`Error::Duplicate`] when the dedupe key is taken, [`Error::Invalid`] for a bad request
+    /// (including a [`Enqueue::json`] value that failed to serialize); also whatever else the
+    /// host refuses with.
+    pub fn enqueue(&self, request: Enqueue) -> Result<String, Error> {
+        let request = request.into_request()?;
+        Ok(self.raw().enqueue(&request)?)
+    }
+}
+
+#[cfg(feature = "agent")]
+impl Claim<'static> {
+    /// Wraps a claim this guest took with `claim-next`.
+    pub(crate) fn owned(claim: mailbox::Claim) -> Self {
+        let info = claim.info();
+        Claim {
+            handle: Handle::Owned(claim),
+            info,
+        }
+    }
+}
+
+impl DispatchInfo {
+    /// The metadata value under `key`, if the submitter set one.
+    pub fn metadata(&self, key: &str) -> Option<&str> {
+        self.metadata
+            .iter()
+            .find(|(k, _)| k == key)
+            .map(|(_, v)| v.as_str())
+    }
+}
+
+impl LogEntry {
+    /// The entry's bytes as UTF-8 text, or `None` when they are not UTF-8.
+    pub fn text(&self) -> Option<&str> {
+        std::str::from_utf8(&self.data).ok()
+    }
+}
+
+/// Whole milliseconds, saturating: a WIT `u64` of milliseconds outlasts any real delay.
+pub(crate) fn duration_to_ms(duration: Duration) -> u64 {
+    u64::try_from(duration.as_millis()).unwrap_or(u64::MAX)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn info_with_metadata(metadata: &[(&str, &str)]) -> DispatchInfo {
+        DispatchInfo {
+            id: "d1".into(),
+            agent: "echo".into(),
+            thread: "t".into(),
+            run_id: "r".into(),
+            payload: Vec::new(),
+            metadata: metadata
+                .iter()
+                .map(|(k, v)| ((*k).to_owned(), (*v).to_owned()))
+                .collect(),
+            attempt: 0,
+            max_attempts: 3,
+            priority: 128,
+        }
+    }
+
+    #[test]
+    fn metadata_finds_a_key_and_misses_an_absent_one() {
+        let info = info_with_metadata(&[("a", "1"), ("reply-to", "echo:t")]);
+        assert_eq!(info.metadata("reply-to"), Some("echo:t"));
+        assert_eq!(info.metadata("missing"), None);
+    }
+
+    #[test]
+    fn log_entry_text_is_none_for_bytes_that_are_not_utf8() {
+        let text = LogEntry {
+            seq: 1,
+            data: b"hi".to_vec(),
+            appended_at: 0,
+        };
+        let binary = LogEntry {
+            seq: 2,
+            data: vec![0xff, 0xfe],
+            appended_at: 0,
+        };
+        assert_eq!(text.text(), Some("hi"));
+        assert_eq!(binary.text(), None);
+    }
+
+    #[test]
+    fn durations_convert_to_whole_milliseconds_and_saturate() {
+        assert_eq!(duration_to_ms(Duration::from_micros(2_500)), 2);
+        assert_eq!(duration_to_ms(Duration::MAX), u64::MAX);
+    }
+}

@@ -1,0 +1,89 @@
+//! Write Homing agents in Rust.
+//!
+//! A Homing agent is a WebAssembly component that the Homing host runs against its durable
+//! mailbox. This crate wraps the bindings that `wit-bindgen` generates from the contract
+//! (`wit/homing.wit`, package `homing:agent@0.1.0`) in plain Rust: a handler is a trait impl
+//! and one macro call.
+//!
+//! ```no_run
+//! use homing_guest::{Claim, Handler};
+//!
+//! struct Echo;
+//!
+//! impl Handler for Echo {
+//!     fn handle(claim: &Claim) -> Result<Vec<u8>, String> {
+//!         homing_guest::info!("echoing {} bytes", claim.payload().len());
+//!         Ok(claim.payload().to_vec())
+//!     }
+//! }
+//!
+//! homing_guest::export_handler!(Echo);
+//! ```
+//!
+//! # The two worlds
+//!
+//! - **`handler`** (feature `handler`, the default): the host claims a dispatch and calls
+//!   [`Handler::handle`] once for it; the return value settles it. See [`handler`].
+//! - **`agent`** (feature `agent`): the host calls [`Agent::run`] once, and it takes work with
+//!   [`claim_next`] and settles each claim itself. See [`agent`].
+//!
+//! A guest crate enables the feature of the world it exports and invokes that world's export
+//! macro once. Both features may be on together (cargo unifies features across a workspace);
+//! the component still exports only the world whose macro it invoked.
+//!
+//! # The pieces
+//!
+//! - [`Claim`] ([`claim`]): the dispatch being handled: its [`DispatchInfo`], settling
+//!   (`complete`, `ack`, `nack`, `dead_letter`), progress (`record_start`, `record_result`),
+//!   the thread log (`append`, `append_expected`, `read_log`, `log_latest`) and follow-ups
+//!   (`enqueue`).
+//! - [`Enqueue`] ([`enqueue`](mod@enqueue)): a builder for follow-up dispatches, sent with
+//!   [`Claim::enqueue`] or the free function [`enqueue()`].
+//! - [`Error`] ([`error`](mod@error)): why the host refused a call, mirroring the WIT `error` variant.
+//! - [`logging`]: the host's log, through [`info!`], [`warn!`] and the other macros.
+//! - [`json`] (feature `json`): typed JSON payloads with serde.
+//!
+//! # Building
+//!
+//! Make the guest a `cdylib` and build it with
+//! `cargo build --release --target wasm32-wasip2`; the output `.wasm` is already a
+//! component. This crate finds the WIT files at `../wit` relative to itself, so it is used
+//! from the Homing repository by path.
+
+// The crate docs link every world's items; with a feature off, its links have no target.
+#![cfg_attr(
+    not(all(feature = "handler", feature = "agent", feature = "json")),
+    allow(rustdoc::broken_intra_doc_links)
+)]
+
+#[cfg(not(any(feature = "handler", feature = "agent")))]
+compile_error!("homing-guest needs a world: enable the feature `handler` or `agent`");
+
+#[doc(hidden)]
+#[path = "bindings.rs"]
+pub mod __bindings;
+
+#[cfg(feature = "agent")]
+pub mod agent;
+pub mod claim;
+pub mod enqueue;
+pub mod error;
+#[cfg(feature = "handler")]
+pub mod handler;
+#[cfg(feature = "json")]
+pub mod json;
+pub mod logging;
+
+#[cfg(feature = "agent")]
+pub use agent::{Agent, claim_next};
+pub use claim::{Claim, DispatchInfo, LogEntry, StopReason};
+pub use enqueue::{Enqueue, enqueue};
+pub use error::Error;
+#[cfg(feature = "handler")]
+pub use handler::Handler;
+pub use logging::Level;
+
+/// Compiles the README's examples as doctests, so the documented handler keeps building.
+#[cfg(doctest)]
+#[doc = include_str!("../README.md")]
+struct ReadmeDoctests;

@@ -1,0 +1,603 @@
+//! `homing.toml`: the one file that configures a host.
+//!
+//! Three sections: `[host]` (identity, leases, maintenance), `[store]` (which backend and where)
+//! and `[plugins.<name>]` (one per agent). Unknown keys and bad values are errors that name the
+//! file, the line and the key, because a typo that is silently ignored (a `timout` that leaves
+//! a guest unbounded) is worse than a refusal. Durations and sizes are human strings ("30s",
+//! "64MiB"). Relative paths are relative to the config file's directory. A few keys can be
+//! overridden from the environment (`HOMING_HOST_ID`, `HOMING_STORE_PATH`), for scripts and
+//! containers.
+
+use std::collections::BTreeMap;
+use std::fmt;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use serde::{Deserialize, Deserializer};
+
+/// A config error, with the file it came from.
+#[derive(Debug, thiserror::Error)]
+#[error("{file}: {message}")]
+pub struct ConfigError {
+    /// The config file.
+    pub file: String,
+    /// What was wrong, with line and key when known.
+    pub message: String,
+}
+
+/// The whole file.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Config {
+    /// `[host]`.
+    #[serde(default)]
+    pub host: HostConfig,
+    /// `[store]`.
+    #[serde(default)]
+    pub store: StoreConfig,
+    /// `[plugins.<name>]`.
+    #[serde(default)]
+    pub plugins: BTreeMap<String, PluginConfig>,
+    /// The directory relative paths resolve against (the config file's).
+    #[serde(skip)]
+    pub base_dir: PathBuf,
+    /// Where the config came from.
+    #[serde(skip)]
+    pub source: String,
+}
+
+/// `[host]`: this host's identity and its maintenance cadence.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct HostConfig {
+    /// The host's id in `claimed_by` (default: hostname and process id).
+    pub id: Option<String>,
+    /// Lease length of a claim; renewed at a third of it while the guest runs.
+    #[serde(deserialize_with = "duration")]
+    pub lease: Duration,
+    /// How often the sweeper reclaims expired leases and purges old records.
+    #[serde(deserialize_with = "duration")]
+    pub sweep_interval: Duration,
+    /// How long terminal dispatches are kept before purge.
+    #[serde(deserialize_with = "duration")]
+    pub retention: Duration,
+    /// On SIGINT/SIGTERM, how long in-flight dispatches may finish before they are released.
+    #[serde(deserialize_with = "duration")]
+    pub shutdown_grace: Duration,
+    /// Where compiled components are cached (default `.homing/cache` next to the config).
+    pub cache_dir: Option<PathBuf>,
+    /// The pooling allocator: `auto` (use it when the machine allows), `on`, `off`.
+    pub pooling: Pooling,
+}
+
+impl Default for HostConfig {
+    fn default() -> Self {
+        HostConfig {
+            id: None,
+            lease: Duration::from_secs(30),
+            sweep_interval: Duration::from_secs(5),
+            retention: Duration::from_secs(7 * 24 * 3600),
+            shutdown_grace: Duration::from_secs(10),
+            cache_dir: None,
+            pooling: Pooling::Auto,
+        }
+    }
+}
+
+/// Whether to use wasmtime's pooling allocator.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, Default)]
+#[serde(rename_all = "lowercase")]
+pub enum Pooling {
+    /// Use it when the machine allows the address-space reservation.
+    #[default]
+    Auto,
+    /// Require it.
+    On,
+    /// On-demand allocation.
+    Off,
+}
+
+/// `[store]`: which backend holds the mailbox and the thread logs.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct StoreConfig {
+    /// `embedded` (SQLite, one machine).
+    pub backend: Backend,
+    /// The embedded store's file (default `homing.db` next to the config).
+    pub path: Option<PathBuf>,
+    /// fsync every commit (survives power loss; slower).
+    pub fsync: bool,
+}
+
+impl Default for StoreConfig {
+    fn default() -> Self {
+        StoreConfig {
+            backend: Backend::Embedded,
+            path: None,
+            fsync: false,
+        }
+    }
+}
+
+/// The store backends.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Backend {
+    /// SQLite in one file.
+    Embedded,
+}
+
+/// `[plugins.<name>]`: one agent.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct PluginConfig {
+    /// The component file (`.wasm`).
+    pub path: PathBuf,
+    /// How many dispatches of this plugin run at once.
+    #[serde(default = "default_concurrency")]
+    pub concurrency: u32,
+    /// Cap on the guest's total linear memory.
+    #[serde(default = "default_memory", deserialize_with = "size")]
+    pub memory: u64,
+    /// Wall-clock limit per dispatch (guest CPU and host calls alike).
+    #[serde(default = "default_timeout", deserialize_with = "duration")]
+    pub timeout: Duration,
+    /// Optional fuel (instructions, roughly) per dispatch; unlimited when absent.
+    #[serde(default)]
+    pub fuel: Option<u64>,
+    /// Failed attempts before a dispatch dead-letters, for dispatches that name none.
+    #[serde(default = "default_max_attempts")]
+    pub max_attempts: u32,
+    /// Backoff between attempts.
+    #[serde(default)]
+    pub retry: RetryPolicy,
+    /// Dispatches one instance may serve before it is replaced (1: a fresh instance each time).
+    #[serde(default = "default_reuse")]
+    pub reuse_instance: u32,
+    /// Environment variables the guest sees (none by default).
+    #[serde(default)]
+    pub env: BTreeMap<String, String>,
+    /// Host directories the guest may open.
+    #[serde(default)]
+    pub dirs: Vec<DirGrant>,
+    /// Outbound network the guest may reach, as `host:port` (none by default).
+    #[serde(default)]
+    pub allowed_hosts: Vec<String>,
+    /// Agents this plugin may enqueue follow-up work to.
+    #[serde(default)]
+    pub enqueue_to: Vec<String>,
+}
+
+fn default_concurrency() -> u32 {
+    4
+}
+fn default_memory() -> u64 {
+    64 * 1024 * 1024
+}
+fn default_timeout() -> Duration {
+    Duration::from_secs(30)
+}
+fn default_max_attempts() -> u32 {
+    crate::store::DEFAULT_MAX_ATTEMPTS
+}
+fn default_reuse() -> u32 {
+    1
+}
+
+/// A preopened directory.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct DirGrant {
+    /// The directory on the host.
+    pub host: PathBuf,
+    /// Where the guest sees it.
+    pub guest: String,
+    /// Whether the guest may write.
+    #[serde(default)]
+    pub writable: bool,
+}
+
+/// Exponential backoff with jitter: `initial * multiplier^attempt`, capped at `max`, spread by
+/// up to `jitter` of itself either way.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct RetryPolicy {
+    /// The first delay.
+    #[serde(deserialize_with = "duration")]
+    pub initial: Duration,
+    /// The cap.
+    #[serde(deserialize_with = "duration")]
+    pub max: Duration,
+    /// Growth per attempt.
+    pub multiplier: f64,
+    /// Fraction of random spread (0 to 1).
+    pub jitter: f64,
+}
+
+impl Default for RetryPolicy {
+    fn default() -> Self {
+        RetryPolicy {
+            initial: Duration::from_secs(1),
+            max: Duration::from_secs(300),
+            multiplier: 2.0,
+            jitter: 0.2,
+        }
+    }
+}
+
+impl RetryPolicy {
+    /// The delay before retry number `attempt + 1` (attempt counts failures so far), taking the
+    /// guest's hint as a lower bound but never beyond `max`.
+    pub fn delay(&self, attempt: u32, hint: Option<Duration>) -> Duration {
+        let base =
+            self.initial.as_secs_f64() * self.multiplier.max(1.0).powi(attempt.min(64) as i32);
+        let base = base.min(self.max.as_secs_f64());
+        let jitter = self.jitter.clamp(0.0, 1.0);
+        let spread = if jitter > 0.0 {
+            1.0 + jitter * (fastrand::f64() * 2.0 - 1.0)
+        } else {
+            1.0
+        };
+        let mut delay = Duration::from_secs_f64((base * spread).max(0.0));
+        if let Some(hint) = hint {
+            delay = delay.max(hint);
+        }
+        delay.min(self.max)
+    }
+}
+
+impl Config {
+    /// Reads and checks the file at `path`.
+    ///
+    /// # Errors
+    ///
+    /// A [`ConfigError`] naming the file, and the line and key when the problem is in the text.
+    pub fn load(path: &Path) -> Result<Config, ConfigError> {
+        let text = std::fs::read_to_string(path).map_err(|e| ConfigError {
+            file: path.display().to_string(),
+            message: format!("cannot read: {e}"),
+        })?;
+        let base = path.parent().map(Path::to_path_buf).unwrap_or_default();
+        Config::parse(&text, &path.display().to_string(), &base)
+    }
+
+    /// Parses config text; `source` names it in errors and `base_dir` anchors relative paths.
+    ///
+    /// # Errors
+    ///
+    /// As [`Config::load`].
+    pub fn parse(text: &str, source: &str, base_dir: &Path) -> Result<Config, ConfigError> {
+        let err = |message: String| ConfigError {
+            file: source.to_owned(),
+            message,
+        };
+        let mut config: Config =
+            toml::from_str(text).map_err(|e| err(describe_toml_error(text, &e)))?;
+        config.base_dir = if base_dir.as_os_str().is_empty() {
+            PathBuf::from(".")
+        } else {
+            base_dir.to_path_buf()
+        };
+        config.source = source.to_owned();
+        if let Ok(id) = std::env::var("HOMING_HOST_ID") {
+            config.host.id = Some(id);
+        }
+        if let Ok(path) = std::env::var("HOMING_STORE_PATH") {
+            config.store.path = Some(PathBuf::from(path));
+        }
+        config.check().map_err(err)?;
+        Ok(config)
+    }
+
+    fn check(&self) -> Result<(), String> {
+        if self.host.lease < Duration::from_millis(100) {
+            return Err("[host] lease: must be at least 100ms".into());
+        }
+        if self.host.sweep_interval.is_zero() {
+            return Err("[host] sweep_interval: must be more than 0".into());
+        }
+        for (name, plugin) in &self.plugins {
+            let key = |k: &str| format!("[plugins.{name}] {k}");
+            if name.is_empty()
+                || !name
+                    .chars()
+                    .all(|c| c.is_ascii_alphanumeric() || c == '-' || c == '_')
+            {
+                return Err(format!(
+                    "[plugins.{name}]: a plugin name may hold only letters, digits, `-` and `_`"
+                ));
+            }
+            if plugin.concurrency == 0 {
+                return Err(format!("{}: must be at least 1", key("concurrency")));
+            }
+            if plugin.memory < 64 * 1024 {
+                return Err(format!(
+                    "{}: must be at least 64KiB (one wasm page)",
+                    key("memory")
+                ));
+            }
+            if plugin.timeout.is_zero() {
+                return Err(format!("{}: must be more than 0", key("timeout")));
+            }
+            if plugin.max_attempts == 0 {
+                return Err(format!("{}: must be at least 1", key("max_attempts")));
+            }
+            if plugin.reuse_instance == 0 {
+                return Err(format!("{}: must be at least 1", key("reuse_instance")));
+            }
+            if !(plugin.retry.multiplier >= 1.0 && plugin.retry.multiplier.is_finite()) {
+                return Err(format!(
+                    "{}: must be a number of at least 1",
+                    key("retry.multiplier")
+                ));
+            }
+            if !(0.0..=1.0).contains(&plugin.retry.jitter) {
+                return Err(format!("{}: must be between 0 and 1", key("retry.jitter")));
+            }
+            for target in &plugin.enqueue_to {
+                if !self.plugins.contains_key(target) {
+                    return Err(format!(
+                        "{}: `{target}` is not a configured plugin",
+                        key("enqueue_to")
+                    ));
+                }
+            }
+            for hostport in &plugin.allowed_hosts {
+                let ok = hostport
+                    .rsplit_once(':')
+                    .is_some_and(|(host, port)| !host.is_empty() && port.parse::<u16>().is_ok());
+                if !ok {
+                    return Err(format!(
+                        "{}: `{hostport}` is not host:port",
+                        key("allowed_hosts")
+                    ));
+                }
+            }
+            for dir in &plugin.dirs {
+                if !dir.guest.starts_with('/') {
+                    return Err(format!(
+                        "{}: guest path `{}` must be absolute",
+                        key("dirs"),
+                        dir.guest
+                    ));
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// Resolves a path from the file against the config's directory.
+    pub fn resolve(&self, path: &Path) -> PathBuf {
+        if path.is_absolute() {
+            path.to_path_buf()
+        } else {
+            self.base_dir.join(path)
+        }
+    }
+
+    /// The embedded store's file.
+    pub fn store_path(&self) -> PathBuf {
+        match &self.store.path {
+            Some(path) => self.resolve(path),
+            None => self.base_dir.join("homing.db"),
+        }
+    }
+
+    /// The compiled-component cache directory.
+    pub fn cache_dir(&self) -> PathBuf {
+        match &self.host.cache_dir {
+            Some(path) => self.resolve(path),
+            None => self.base_dir.join(".homing").join("cache"),
+        }
+    }
+
+    /// This host's id.
+    pub fn host_id(&self) -> String {
+        self.host.id.clone().unwrap_or_else(|| {
+            let name = std::fs::read_to_string("/etc/hostname")
+                .ok()
+                .map(|s| s.trim().to_owned())
+                .filter(|s| !s.is_empty())
+                .unwrap_or_else(|| "host".to_owned());
+            format!("{name}-{}", std::process::id())
+        })
+    }
+}
+
+/// Turns a toml error into "line N, key K: message".
+fn describe_toml_error(text: &str, err: &toml::de::Error) -> String {
+    let message = err.message().to_owned();
+    match err.span() {
+        Some(span) => {
+            let line = text[..span.start.min(text.len())].matches('\n').count() + 1;
+            let snippet = text
+                .lines()
+                .nth(line - 1)
+                .map(str::trim)
+                .unwrap_or_default();
+            format!("line {line} (`{snippet}`): {message}")
+        }
+        None => message,
+    }
+}
+
+/// Parses "250ms", "30s", "5m", "2h", "7d" (or a bare number of milliseconds).
+///
+/// # Errors
+///
+/// A message naming the accepted forms.
+pub fn parse_duration(text: &str) -> Result<Duration, String> {
+    let text = text.trim();
+    let split = text
+        .find(|c: char| !c.is_ascii_digit() && c != '.')
+        .unwrap_or(text.len());
+    let (number, unit) = text.split_at(split);
+    let value: f64 = number
+        .parse()
+        .map_err(|_| format!("`{text}` is not a duration (use e.g. 500ms, 30s, 5m, 2h, 7d)"))?;
+    let millis = match unit.trim() {
+        "" | "ms" => 1.0,
+        "s" => 1e3,
+        "m" | "min" => 60e3,
+        "h" => 3600e3,
+        "d" => 86400e3,
+        other => {
+            return Err(format!(
+                "`{other}` is not a duration unit (use ms, s, m, h or d)"
+            ));
+        }
+    };
+    let total = value * millis;
+    if !total.is_finite() || total < 0.0 || total > 1e15 {
+        return Err(format!("`{text}` is out of range"));
+    }
+    Ok(Duration::from_micros((total * 1000.0) as u64))
+}
+
+/// Parses "64MiB", "512KiB", "1GiB", "10MB" or a bare number of bytes.
+///
+/// # Errors
+///
+/// A message naming the accepted forms.
+pub fn parse_size(text: &str) -> Result<u64, String> {
+    let text = text.trim();
+    let split = text
+        .find(|c: char| !c.is_ascii_digit())
+        .unwrap_or(text.len());
+    let (number, unit) = text.split_at(split);
+    let value: u64 = number
+        .parse()
+        .map_err(|_| format!("`{text}` is not a size (use e.g. 512KiB, 64MiB, 1GiB)"))?;
+    let scale: u64 = match unit.trim() {
+        "" | "B" => 1,
+        "KiB" => 1 << 10,
+        "MiB" => 1 << 20,
+        "GiB" => 1 << 30,
+        "KB" | "kB" => 1_000,
+        "MB" => 1_000_000,
+        "GB" => 1_000_000_000,
+        other => {
+            return Err(format!(
+                "`{other}` is not a size unit (use B, KiB, MiB, GiB, KB, MB or GB)"
+            ));
+        }
+    };
+    value
+        .checked_mul(scale)
+        .ok_or_else(|| format!("`{text}` is out of range"))
+}
+
+#[derive(Deserialize)]
+#[serde(untagged)]
+enum NumberOrText {
+    Number(u64),
+    Text(String),
+}
+
+impl fmt::Display for NumberOrText {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            NumberOrText::Number(n) => write!(f, "{n}"),
+            NumberOrText::Text(t) => f.write_str(t),
+        }
+    }
+}
+
+fn duration<'de, D: Deserializer<'de>>(deserializer: D) -> Result<Duration, D::Error> {
+    match NumberOrText::deserialize(deserializer)? {
+        NumberOrText::Number(ms) => Ok(Duration::from_millis(ms)),
+        NumberOrText::Text(text) => parse_duration(&text).map_err(serde::de::Error::custom),
+    }
+}
+
+fn size<'de, D: Deserializer<'de>>(deserializer: D) -> Result<u64, D::Error> {
+    match NumberOrText::deserialize(deserializer)? {
+        NumberOrText::Number(bytes) => Ok(bytes),
+        NumberOrText::Text(text) => parse_size(&text).map_err(serde::de::Error::custom),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+    use super::*;
+
+    fn parse(text: &str) -> Result<Config, ConfigError> {
+        Config::parse(text, "homing.toml", Path::new("/etc/homing"))
+    }
+
+    #[test]
+    fn durations_and_sizes_parse_in_human_units() {
+        assert_eq!(parse_duration("250ms").unwrap(), Duration::from_millis(250));
+        assert_eq!(parse_duration("30s").unwrap(), Duration::from_secs(30));
+        assert_eq!(parse_duration("1.5s").unwrap(), Duration::from_millis(1500));
+        assert_eq!(
+            parse_duration("7d").unwrap(),
+            Duration::from_secs(7 * 86400)
+        );
+        assert!(parse_duration("5 parsecs").is_err());
+        assert_eq!(parse_size("64MiB").unwrap(), 64 << 20);
+        assert_eq!(parse_size("10MB").unwrap(), 10_000_000);
+        assert!(parse_size("12 furlongs").is_err());
+    }
+
+    #[test]
+    fn unknown_key_names_file_line_and_key() {
+        let err = parse("[host]\nlease = \"10s\"\ntimout = \"5s\"\n").unwrap_err();
+        let text = err.to_string();
+        assert!(text.starts_with("homing.toml: line 3"), "{text}");
+        assert!(text.contains("timout"), "{text}");
+    }
+
+    #[test]
+    fn bad_duration_names_line_and_value() {
+        let err =
+            parse("[plugins.echo]\npath = \"echo.wasm\"\ntimeout = \"forever\"\n").unwrap_err();
+        let text = err.to_string();
+        assert!(text.contains("line 3"), "{text}");
+        assert!(text.contains("forever"), "{text}");
+    }
+
+    #[test]
+    fn enqueue_to_must_name_a_configured_plugin() {
+        let err = parse("[plugins.a]\npath = \"a.wasm\"\nenqueue_to = [\"b\"]\n").unwrap_err();
+        assert!(
+            err.to_string().contains("[plugins.a] enqueue_to: `b`"),
+            "{err}"
+        );
+    }
+
+    #[test]
+    fn defaults_and_relative_paths_resolve_against_the_config_dir() {
+        let config = parse("[plugins.echo]\npath = \"echo.wasm\"\n").unwrap();
+        let echo = &config.plugins["echo"];
+        assert_eq!(echo.concurrency, 4);
+        assert_eq!(echo.memory, 64 << 20);
+        assert_eq!(
+            config.resolve(&echo.path),
+            PathBuf::from("/etc/homing/echo.wasm")
+        );
+        assert_eq!(config.store_path(), PathBuf::from("/etc/homing/homing.db"));
+    }
+
+    #[test]
+    fn retry_delay_grows_and_is_capped() {
+        let policy = RetryPolicy {
+            initial: Duration::from_millis(100),
+            max: Duration::from_secs(1),
+            multiplier: 2.0,
+            jitter: 0.0,
+        };
+        assert_eq!(policy.delay(0, None), Duration::from_millis(100));
+        assert_eq!(policy.delay(2, None), Duration::from_millis(400));
+        assert_eq!(policy.delay(10, None), Duration::from_secs(1));
+        assert_eq!(
+            policy.delay(0, Some(Duration::from_millis(700))),
+            Duration::from_millis(700)
+        );
+        assert_eq!(
+            policy.delay(0, Some(Duration::from_secs(60))),
+            Duration::from_secs(1)
+        );
+    }
+}

@@ -1,0 +1,437 @@
+//! The embedded backend: SQLite in one file (WAL mode), for one machine and no setup.
+//!
+//! # Transactions
+//!
+//! Every operation is one SQLite transaction. Writers open it with `BEGIN IMMEDIATE`, so the
+//! write lock is taken before the first read and a decision made on what was read cannot be
+//! invalidated by another connection before commit. That single rule gives SPEC section 3 on
+//! this backend: a claim, a holder write, an interrupt or an append either sees the state it
+//! checks and commits its change, or changes nothing. Several processes (the host and the
+//! CLI, or several store instances standing for several hosts in tests) share one file
+//! safely; SQLite's busy handler serialises their writers (and a writer that waits longer
+//! than [`BUSY_TIMEOUT`] gets `Contention`).
+//!
+//! # Schema
+//!
+//! - `dispatches`: one row per dispatch (the SPEC record) plus scheduler bookkeeping: `ready`
+//!   (queued and past `available_at` when last looked at) and the token and kind of the
+//!   operation that settled it (`settled_token`, `settled_op`), which makes a repeated holder
+//!   operation after a lost reply succeed without changing anything.
+//! - `threads`: per thread, the epoch, the id of the one claimed dispatch (`holder`), and
+//!   `served`, the claim counter value at the thread's last claim (for fairness).
+//! - `lanes`: per (agent, thread) with ready work, the thread's best ready dispatch (its head),
+//!   its priority, whether the thread is busy, and `served`. A claim is one indexed lookup in
+//!   `lanes` (`agent, busy, priority, served`): the cost of a claim does not grow with the
+//!   backlog, and a deep thread cannot starve others, because every claim moves the thread to
+//!   the back of its priority class.
+//! - `log_marks` and `log_entries`: the thread log and its watermarks.
+//!
+//! Delayed dispatches (`ready = 0`) are promoted into their lane by the first claim at or after
+//! their `available_at`, through a partial index on `available_at`: a claim with nothing due
+//! pays one index probe.
+//!
+//! The schema version lives in SQLite's `user_version`. Migrations are applied in order at
+//! open, in one transaction; a file written by a newer schema is refused with an error naming
+//! the file and both versions, before anything is written.
+//!
+//! # Durability
+//!
+//! WAL mode with `synchronous = NORMAL`: a committed transaction survives a crash of the
+//! process (the host, or the machine's power only up to the last WAL checkpoint). Set
+//! `synchronous = FULL` through [`EmbeddedOptions::fsync_every_commit`] to survive power loss
+//! at the cost of an fsync per operation.
+
+mod log;
+mod mailbox;
+mod rows;
+
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::Duration;
+
+use rusqlite::{Connection, OpenFlags, TransactionBehavior};
+use tokio::sync::Notify;
+
+use super::{SharedClock, Store, StoreError, StoreResult};
+
+/// How long a writer waits for another connection's write lock before `Contention`.
+pub const BUSY_TIMEOUT: Duration = Duration::from_secs(5);
+
+/// The schema version this build writes.
+pub const SCHEMA_VERSION: i64 = 1;
+
+/// Migrations, index `i` moves the schema from version `i` to `i + 1`.
+const MIGRATIONS: &[&str] = &[r#"
+CREATE TABLE dispatches (
+    id            TEXT PRIMARY KEY NOT NULL,
+    agent         TEXT NOT NULL,
+    thread        TEXT NOT NULL,
+    run_id        TEXT NOT NULL,
+    payload       BLOB NOT NULL,
+    metadata      TEXT NOT NULL,
+    priority      INTEGER NOT NULL,
+    available_at  INTEGER NOT NULL,
+    dedupe_key    TEXT,
+    max_attempts  INTEGER NOT NULL,
+    attempt       INTEGER NOT NULL,
+    epoch         INTEGER NOT NULL,
+    status        TEXT NOT NULL,
+    ready         INTEGER NOT NULL DEFAULT 0,
+    claim_token   TEXT,
+    claimed_by    TEXT,
+    lease_until   INTEGER,
+    started_at    INTEGER,
+    result_status TEXT,
+    result_output BLOB,
+    result_error  TEXT,
+    last_error    TEXT,
+    created_at    INTEGER NOT NULL,
+    updated_at    INTEGER NOT NULL,
+    completed_at  INTEGER,
+    settled_token TEXT,
+    settled_op    TEXT
+);
+CREATE UNIQUE INDEX dispatches_live_dedupe ON dispatches (thread, dedupe_key)
+    WHERE dedupe_key IS NOT NULL AND status IN ('queued', 'claimed');
+CREATE INDEX dispatches_by_thread ON dispatches (thread, priority, created_at, id);
+CREATE INDEX dispatches_by_agent ON dispatches (agent, status, priority, created_at, id);
+CREATE INDEX dispatches_lane_heads ON dispatches (agent, thread, priority, created_at, id)
+    WHERE status = 'queued' AND ready = 1;
+CREATE INDEX dispatches_delayed ON dispatches (available_at) WHERE status = 'queued' AND ready = 0;
+CREATE INDEX dispatches_leases ON dispatches (lease_until) WHERE status = 'claimed';
+CREATE INDEX dispatches_completed ON dispatches (completed_at, id) WHERE completed_at IS NOT NULL;
+CREATE INDEX dispatches_by_status ON dispatches (status);
+
+CREATE TABLE threads (
+    thread TEXT PRIMARY KEY NOT NULL,
+    epoch  INTEGER NOT NULL DEFAULT 0,
+    holder TEXT,
+    served INTEGER NOT NULL DEFAULT 0
+) WITHOUT ROWID;
+
+CREATE TABLE lanes (
+    agent    TEXT NOT NULL,
+    thread   TEXT NOT NULL,
+    priority INTEGER NOT NULL,
+    served   INTEGER NOT NULL,
+    created  INTEGER NOT NULL,
+    head     TEXT NOT NULL,
+    busy     INTEGER NOT NULL,
+    PRIMARY KEY (agent, thread)
+) WITHOUT ROWID;
+CREATE INDEX lanes_pick ON lanes (agent, busy, priority, served, created);
+CREATE INDEX lanes_by_thread ON lanes (thread);
+
+CREATE TABLE counters (
+    name  TEXT PRIMARY KEY NOT NULL,
+    value INTEGER NOT NULL
+) WITHOUT ROWID;
+
+CREATE TABLE log_marks (
+    thread   TEXT PRIMARY KEY NOT NULL,
+    reserved INTEGER NOT NULL,
+    latest   INTEGER NOT NULL,
+    trimmed  INTEGER NOT NULL
+) WITHOUT ROWID;
+
+CREATE TABLE log_entries (
+    thread      TEXT NOT NULL,
+    seq         INTEGER NOT NULL,
+    data        BLOB NOT NULL,
+    appended_at INTEGER NOT NULL,
+    PRIMARY KEY (thread, seq)
+) WITHOUT ROWID;
+"#];
+
+/// Options of the embedded backend.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct EmbeddedOptions {
+    /// `synchronous = FULL`: fsync every commit (survives power loss, slower).
+    pub fsync_every_commit: bool,
+}
+
+/// The SQLite-backed mailbox and thread log. Cheap to clone; clones share one connection.
+#[derive(Debug, Clone)]
+pub struct EmbeddedStore {
+    inner: Arc<Inner>,
+}
+
+#[derive(Debug)]
+struct Inner {
+    conn: Mutex<Connection>,
+    clock: SharedClock,
+    signal: Arc<Notify>,
+    location: String,
+}
+
+impl EmbeddedStore {
+    /// Opens (creating if needed) the store in the file at `path`.
+    ///
+    /// # Errors
+    ///
+    /// `Unavailable` when the file cannot be opened or migrated; `Corrupt` naming the file when
+    /// it is not a Homing store or was written by a newer schema version.
+    pub fn open(path: &Path, clock: SharedClock) -> StoreResult<Self> {
+        Self::open_with(path, clock, EmbeddedOptions::default())
+    }
+
+    /// Opens the store at `path` with explicit options.
+    ///
+    /// # Errors
+    ///
+    /// As [`EmbeddedStore::open`].
+    pub fn open_with(
+        path: &Path,
+        clock: SharedClock,
+        options: EmbeddedOptions,
+    ) -> StoreResult<Self> {
+        if let Some(parent) = path.parent()
+            && !parent.as_os_str().is_empty()
+            && !parent.exists()
+        {
+            std::fs::create_dir_all(parent).map_err(|e| {
+                StoreError::Unavailable(format!(
+                    "cannot create directory {}: {e}",
+                    parent.display()
+                ))
+            })?;
+        }
+        let flags = OpenFlags::SQLITE_OPEN_READ_WRITE
+            | OpenFlags::SQLITE_OPEN_CREATE
+            | OpenFlags::SQLITE_OPEN_NO_MUTEX
+            | OpenFlags::SQLITE_OPEN_URI;
+        let conn = Connection::open_with_flags(path, flags)
+            .map_err(|e| StoreError::Unavailable(format!("cannot open {}: {e}", path.display())))?;
+        let location = path.display().to_string();
+        Self::configure(&conn, &location, true, options)?;
+        Self::from_connection(conn, clock, location)
+    }
+
+    /// A private in-memory store (tests, benchmarks). Clones share it; nothing survives a drop.
+    ///
+    /// # Errors
+    ///
+    /// `Unavailable` when SQLite cannot allocate the database.
+    pub fn open_in_memory(clock: SharedClock) -> StoreResult<Self> {
+        let conn = Connection::open_in_memory()
+            .map_err(|e| StoreError::Unavailable(format!("cannot open in-memory store: {e}")))?;
+        let location = ":memory:".to_owned();
+        Self::configure(&conn, &location, false, EmbeddedOptions::default())?;
+        Self::from_connection(conn, clock, location)
+    }
+
+    fn configure(
+        conn: &Connection,
+        location: &str,
+        file: bool,
+        options: EmbeddedOptions,
+    ) -> StoreResult<()> {
+        let fail = |e: rusqlite::Error| {
+            StoreError::Unavailable(format!("cannot configure {location}: {e}"))
+        };
+        conn.busy_timeout(BUSY_TIMEOUT).map_err(fail)?;
+        if file {
+            let mode: String = conn
+                .query_row("PRAGMA journal_mode = WAL", [], |row| row.get(0))
+                .map_err(|e| not_a_store(location, e))?;
+            if !mode.eq_ignore_ascii_case("wal") {
+                return Err(StoreError::Unavailable(format!(
+                    "{location}: SQLite refused WAL mode (journal mode is {mode})"
+                )));
+            }
+        }
+        let sync = if options.fsync_every_commit {
+            "FULL"
+        } else {
+            "NORMAL"
+        };
+        conn.execute_batch(&format!(
+            "PRAGMA synchronous = {sync}; PRAGMA foreign_keys = OFF;"
+        ))
+        .map_err(fail)?;
+        conn.set_prepared_statement_cache_capacity(128);
+        Ok(())
+    }
+
+    fn from_connection(
+        mut conn: Connection,
+        clock: SharedClock,
+        location: String,
+    ) -> StoreResult<Self> {
+        migrate(&mut conn, &location)?;
+        Ok(EmbeddedStore {
+            inner: Arc::new(Inner {
+                conn: Mutex::new(conn),
+                clock,
+                signal: Arc::new(Notify::new()),
+                location,
+            }),
+        })
+    }
+
+    /// This store as the host holds it.
+    pub fn store(&self) -> Store {
+        Store {
+            mailbox: Arc::new(self.clone()),
+            log: Arc::new(self.clone()),
+            clock: self.inner.clock.clone(),
+        }
+    }
+
+    /// Where the data lives (a file path, or `:memory:`).
+    pub fn location(&self) -> &str {
+        &self.inner.location
+    }
+
+    fn now(&self) -> u64 {
+        self.inner.clock.now_ms()
+    }
+
+    fn conn(&self) -> MutexGuard<'_, Connection> {
+        // A poisoned lock means a panic while holding it; the connection itself is still
+        // consistent (SQLite rolled back the open transaction), so keep using it.
+        self.inner
+            .conn
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
+    }
+
+    /// Runs `f` in one `BEGIN IMMEDIATE` transaction and commits when it returns `Ok`. When it
+    /// returns `Err(Commit(e))` the changes made so far are committed and `e` returned (a holder
+    /// write that found a stale epoch supersedes the dispatch and still fails).
+    fn write<T>(
+        &self,
+        f: impl FnOnce(&rusqlite::Transaction<'_>, u64) -> Result<T, TxError>,
+    ) -> StoreResult<T> {
+        let now = self.now();
+        let mut conn = self.conn();
+        let tx = conn
+            .transaction_with_behavior(TransactionBehavior::Immediate)
+            .map_err(|e| sql_error(&self.inner.location, e))?;
+        match f(&tx, now) {
+            Ok(value) => {
+                tx.commit()
+                    .map_err(|e| sql_error(&self.inner.location, e))?;
+                Ok(value)
+            }
+            Err(TxError::Commit(err)) => {
+                tx.commit()
+                    .map_err(|e| sql_error(&self.inner.location, e))?;
+                Err(err)
+            }
+            Err(TxError::Abort(err)) => Err(err),
+        }
+    }
+
+    /// Runs a read in one deferred transaction (a consistent snapshot).
+    fn read<T>(
+        &self,
+        f: impl FnOnce(&rusqlite::Transaction<'_>) -> StoreResult<T>,
+    ) -> StoreResult<T> {
+        let mut conn = self.conn();
+        let tx = conn
+            .transaction_with_behavior(TransactionBehavior::Deferred)
+            .map_err(|e| sql_error(&self.inner.location, e))?;
+        let value = f(&tx)?;
+        tx.commit()
+            .map_err(|e| sql_error(&self.inner.location, e))?;
+        Ok(value)
+    }
+
+    fn signal(&self) {
+        self.inner.signal.notify_waiters();
+    }
+}
+
+/// How a write transaction ends when it fails.
+#[derive(Debug)]
+enum TxError {
+    /// Roll back and return the error.
+    Abort(StoreError),
+    /// Commit what was written, then return the error.
+    Commit(StoreError),
+}
+
+impl From<StoreError> for TxError {
+    fn from(err: StoreError) -> Self {
+        TxError::Abort(err)
+    }
+}
+
+impl From<rusqlite::Error> for TxError {
+    fn from(err: rusqlite::Error) -> Self {
+        TxError::Abort(sql_error("embedded store", err))
+    }
+}
+
+/// Maps a SQLite failure onto the closed error enum.
+fn sql_error(location: &str, err: rusqlite::Error) -> StoreError {
+    use rusqlite::ErrorCode;
+    match err.sqlite_error_code() {
+        Some(ErrorCode::DatabaseBusy | ErrorCode::DatabaseLocked) => {
+            StoreError::Contention(format!("{location}: {err}"))
+        }
+        Some(ErrorCode::NotADatabase | ErrorCode::DatabaseCorrupt) => StoreError::Corrupt {
+            key: location.to_owned(),
+            reason: err.to_string(),
+        },
+        _ => StoreError::Unavailable(format!("{location}: {err}")),
+    }
+}
+
+fn not_a_store(location: &str, err: rusqlite::Error) -> StoreError {
+    match err.sqlite_error_code() {
+        Some(rusqlite::ErrorCode::NotADatabase) => StoreError::Corrupt {
+            key: location.to_owned(),
+            reason: "not a SQLite database (is this a Homing store file?)".to_owned(),
+        },
+        _ => sql_error(location, err),
+    }
+}
+
+fn migrate(conn: &mut Connection, location: &str) -> StoreResult<()> {
+    let tx = conn
+        .transaction_with_behavior(TransactionBehavior::Immediate)
+        .map_err(|e| not_a_store(location, e))?;
+    let version: i64 = tx
+        .query_row("PRAGMA user_version", [], |row| row.get(0))
+        .map_err(|e| not_a_store(location, e))?;
+    if version > SCHEMA_VERSION {
+        return Err(StoreError::Corrupt {
+            key: location.to_owned(),
+            reason: format!(
+                "written by store schema version {version}, newer than the {SCHEMA_VERSION} this homing understands; \
+                 upgrade homing to open it"
+            ),
+        });
+    }
+    if version == 0 {
+        // A fresh file has no tables; anything else at version 0 is not ours.
+        let tables: i64 = tx
+            .query_row(
+                "SELECT count(*) FROM sqlite_master WHERE type = 'table'",
+                [],
+                |row| row.get(0),
+            )
+            .map_err(|e| not_a_store(location, e))?;
+        if tables > 0 {
+            return Err(StoreError::Corrupt {
+                key: location.to_owned(),
+                reason: "a SQLite database that is not a Homing store (it has tables but no Homing schema version)"
+                    .to_owned(),
+            });
+        }
+    }
+    let start = usize::try_from(version).unwrap_or(0);
+    for (index, sql) in MIGRATIONS.iter().enumerate().skip(start) {
+        tx.execute_batch(sql).map_err(|e| sql_error(location, e))?;
+        tx.pragma_update(None, "user_version", index + 1)
+            .map_err(|e| sql_error(location, e))?;
+    }
+    tx.commit().map_err(|e| sql_error(location, e))
+}
+
+/// Where `homing` keeps the store by default, relative to the config file's directory.
+pub fn default_path(config_dir: &Path) -> PathBuf {
+    config_dir.join("homing.db")
+}

@@ -1,0 +1,250 @@
+//! The store: a durable mailbox of dispatches and a per-thread sequence store (the thread log).
+//!
+//! # The model
+//!
+//! A *dispatch* is one unit of agent work, routed to an agent (a plugin) and a *thread* (the
+//! serialization key, typically one conversation). Producers [`Mailbox::enqueue`] dispatches;
+//! workers [`Mailbox::claim`] the best available one for their agent and become its *holder*:
+//! they get a claim token and a lease. The holder records the start and result of its run and
+//! settles the dispatch (ack, nack for a retry, dead-letter). The host renews leases while a
+//! guest runs; its maintenance reclaims leases that ran out (a dead host's work) and purges
+//! terminal records after their retention.
+//!
+//! Each thread has an *epoch*. [`Mailbox::interrupt`] bumps it, supersedes the thread's queued
+//! work and reports the claimed dispatch so the host can stop its guest. Every holder write
+//! carries the claim token and is checked against the dispatch's epoch, atomically with the
+//! write: a zombie holder (lease lost, thread interrupted) cannot change anything.
+//!
+//! The [`SequenceStore`] keeps, per thread, an append-only log of opaque entries with
+//! sequence numbers and the watermarks `reserved >= latest >= trimmed`. Appends a guest makes
+//! go through its claim: they carry a [`Fence`] and are refused once the claim is lost or the
+//! thread's epoch moved on, so the log of a conversation only ever holds writes of its live
+//! holder.
+//!
+//! # The guarantees
+//!
+//! `../shared/SPEC.md` (section 3) is the contract; every backend honours it and the
+//! conformance suite (`host/tests/conformance/`) asserts it against each backend:
+//!
+//! 1. An enqueue that returned success ends in exactly one terminal state or is still live.
+//! 2. At most one live claim per thread at any instant; at most one holder per dispatch.
+//! 3. Writes with a stale token or epoch are refused and change nothing; a reclaim racing an
+//!    ack never overwrites the ack.
+//! 4. Within a thread claims follow priority then age; across threads, work is shared fairly.
+//! 5. Nothing is claimed before `available_at`; expired leases and lost wake-ups are repaired
+//!    within one sweep interval.
+//! 6. Attempts never decrease; reaching `max_attempts` dead-letters.
+//! 7. After `interrupt(thread)` returns, no older-epoch dispatch starts, acks or appends.
+//! 8. Two concurrent enqueues with one (thread, dedupe key) admit one.
+//! 9. A restart loses nothing acknowledged to a caller.
+//!
+//! Where SPEC leaves room, Homing decides (and the suite pins it):
+//!
+//! - A claim is exclusive per thread *and* at most one dispatch of a thread is ever in the
+//!   `claimed` state: a thread whose holder's lease ran out stays blocked until maintenance
+//!   reclaims it (within one sweep interval) or `claim_dispatch` takes it over, which reclaims
+//!   the expired holder in the same atomic step.
+//! - Fairness across threads: the queue serves, among threads whose best available dispatch
+//!   has the same priority, the thread served least recently; so a thread with a deep backlog
+//!   delays a lone dispatch on another thread by at most one claim per competing thread.
+//! - Holder operations are idempotent per token: repeating the operation that settled a
+//!   dispatch, with the same token, returns the record unchanged (a retry after a lost reply).
+//! - Time comes from the store's [`Clock`]; only maintenance takes an explicit `now`.
+//!
+//! # Backends
+//!
+//! - [`embedded`]: SQLite in one file (WAL mode) for one machine, or in memory for tests.
+//! - NATS JetStream for many hosts (a later module with the same traits and suite).
+
+pub mod clock;
+pub mod embedded;
+pub mod error;
+pub mod model;
+
+use std::fmt::Debug;
+use std::sync::Arc;
+
+use async_trait::async_trait;
+use tokio::sync::Notify;
+
+pub use clock::{Clock, ManualClock, SharedClock, SystemClock};
+pub use error::{StoreError, StoreResult};
+pub use model::{
+    Claim, DEFAULT_MAX_ATTEMPTS, DEFAULT_PRIORITY, Dispatch, Fence, Interrupt, ListFilter,
+    LogEntry, NewDispatch, RunResult, RunStatus, Status, StatusCount, Watermarks,
+};
+
+/// The `last_error` recorded when a lease runs out on a dispatch's last attempt.
+pub const REASON_LEASE_EXPIRED_AT_MAX: &str = "lease expired; max attempts reached";
+/// The `last_error` recorded when a holder write finds its dispatch's epoch stale.
+pub const REASON_STALE_EPOCH: &str = "superseded: its thread was interrupted (newer epoch)";
+/// The `last_error` recorded when a lease of an interrupted thread's dispatch runs out.
+pub const REASON_EXPIRED_AFTER_INTERRUPT: &str =
+    "superseded: lease expired after its thread was interrupted";
+
+/// The durable mailbox of dispatches (SPEC sections 1 to 3).
+///
+/// Every method is atomic with respect to every other call on any instance of the same
+/// backend. None panics on any input or stored state.
+#[async_trait]
+pub trait Mailbox: Send + Sync + Debug + 'static {
+    /// Stores a new queued dispatch, stamped with its thread's current epoch.
+    ///
+    /// # Errors
+    ///
+    /// `Invalid` for a submission that breaks a rule; `Duplicate` when the id is stored with
+    /// different content or the dedupe key is held by a live dispatch. Re-submitting the same
+    /// content under the same id returns the stored record.
+    async fn enqueue(&self, new: NewDispatch) -> StoreResult<Dispatch>;
+
+    /// Claims the best available queued dispatch of `agent` on a thread with no live claim.
+    /// `None` when nothing is available.
+    async fn claim(
+        &self,
+        agent: &str,
+        consumer: &str,
+        lease_ms: u64,
+    ) -> StoreResult<Option<Dispatch>>;
+
+    /// Claims one dispatch by id, ignoring `available_at`. `None` when it is not queued or its
+    /// thread is held by a live claim.
+    async fn claim_dispatch(
+        &self,
+        id: &str,
+        consumer: &str,
+        lease_ms: u64,
+    ) -> StoreResult<Option<Dispatch>>;
+
+    /// Moves the lease to `now + extension_ms`. `Ok(false)` when the claim is gone (wrong token,
+    /// not claimed, missing, stale epoch, which also supersedes the dispatch).
+    async fn extend_lease(&self, id: &str, token: &str, extension_ms: u64) -> StoreResult<bool>;
+
+    /// Records that the holder started its run.
+    async fn record_start(&self, id: &str, token: &str) -> StoreResult<Dispatch>;
+
+    /// Records what the run produced; the dispatch stays claimed.
+    async fn record_result(
+        &self,
+        id: &str,
+        token: &str,
+        result: RunResult,
+    ) -> StoreResult<Dispatch>;
+
+    /// Settles the dispatch as delivered (keeps the recorded result).
+    async fn ack(&self, id: &str, token: &str) -> StoreResult<Dispatch>;
+
+    /// Gives the dispatch back for a retry at `retry_at` (one more failed attempt), or
+    /// dead-letters it when that was the last attempt.
+    async fn nack(
+        &self,
+        id: &str,
+        token: &str,
+        retry_at: u64,
+        error: &str,
+    ) -> StoreResult<Dispatch>;
+
+    /// Gives up on the dispatch.
+    async fn dead_letter(&self, id: &str, token: &str, error: &str) -> StoreResult<Dispatch>;
+
+    /// `record_result` and `ack` in one step.
+    async fn complete(&self, id: &str, token: &str, result: RunResult) -> StoreResult<Dispatch>;
+
+    /// Cancels a queued dispatch. `None` when it is missing or not queued.
+    async fn cancel(&self, id: &str) -> StoreResult<Option<Dispatch>>;
+
+    /// Bumps the thread's epoch, supersedes its queued dispatches with `reason`, and reports the
+    /// claimed one (still claimed; its next holder write is fenced).
+    async fn interrupt(&self, thread: &str, reason: &str) -> StoreResult<Interrupt>;
+
+    /// Supersedes a claimed dispatch: by its holder (`token` given and matching) or by the control
+    /// plane (`token` `None`). `None` when it is missing or not claimed.
+    async fn supersede_claimed(
+        &self,
+        id: &str,
+        token: Option<&str>,
+        reason: &str,
+    ) -> StoreResult<Option<Dispatch>>;
+
+    /// Reclaims up to `limit` claims whose lease ended strictly before `now`: one more failed
+    /// attempt, then queued (available at once) or dead-lettered. Stale-epoch ones are superseded
+    /// and not returned.
+    async fn reclaim_expired(&self, now: u64, limit: usize) -> StoreResult<Vec<Dispatch>>;
+
+    /// Deletes terminal dispatches completed before `older_than`. Returns how many.
+    async fn purge_terminal(&self, older_than: u64) -> StoreResult<usize>;
+
+    /// The current record, if stored.
+    async fn load(&self, id: &str) -> StoreResult<Option<Dispatch>>;
+
+    /// Dispatches matching `filter`, ordered by priority, then `created_at`, then id.
+    async fn list(&self, filter: &ListFilter) -> StoreResult<Vec<Dispatch>>;
+
+    /// How many dispatches each agent has in each status (zero rows omitted).
+    async fn counts(&self) -> StoreResult<Vec<StatusCount>>;
+
+    /// Terminal dispatches, oldest completion first.
+    async fn list_terminal(&self, limit: usize, offset: usize) -> StoreResult<Vec<Dispatch>>;
+
+    /// The thread's current epoch (0 for a thread never interrupted).
+    async fn thread_epoch(&self, thread: &str) -> StoreResult<u64>;
+
+    /// Threads with at least one queued dispatch, sorted.
+    async fn queued_threads(&self) -> StoreResult<Vec<String>>;
+
+    /// Whether any dispatch is queued or claimed (for `homing run --until-idle`).
+    async fn has_live_work(&self) -> StoreResult<bool>;
+
+    /// A signal fired when work may have become claimable (enqueue, settle, reclaim). Workers
+    /// wait on it between claims; it is a hint, never the only way work is found.
+    fn work_signal(&self) -> Arc<Notify>;
+}
+
+/// The per-thread sequence store (SPEC section 4).
+#[async_trait]
+pub trait SequenceStore: Send + Sync + Debug + 'static {
+    /// Appends `entry` and returns its sequence. With a fence, refused atomically when the claim
+    /// is no longer live (`LostClaim`, `NotClaimed`) or the thread moved on (`StaleEpoch`).
+    async fn append(&self, thread: &str, entry: &[u8], fence: Option<&Fence>) -> StoreResult<u64>;
+
+    /// Appends only if the visible watermark equals `expected_latest`, else `Conflict { latest }`.
+    async fn append_expected(
+        &self,
+        thread: &str,
+        entry: &[u8],
+        expected_latest: u64,
+        fence: Option<&Fence>,
+    ) -> StoreResult<u64>;
+
+    /// Up to `limit` visible entries with sequence greater than `after`, ascending.
+    async fn read(&self, thread: &str, after: u64, limit: usize) -> StoreResult<Vec<LogEntry>>;
+
+    /// The visible watermark (0 for an empty thread).
+    async fn latest(&self, thread: &str) -> StoreResult<u64>;
+
+    /// All three watermarks.
+    async fn watermarks(&self, thread: &str) -> StoreResult<Watermarks>;
+
+    /// Drops entries at or below `up_to` (clamped to `latest`); never moves a watermark back.
+    async fn trim(&self, thread: &str, up_to: u64) -> StoreResult<()>;
+
+    /// Drops every entry; the watermarks stay as a tombstone so sequences are never reused.
+    async fn delete(&self, thread: &str) -> StoreResult<()>;
+}
+
+/// A backend's two halves and the clock they read, as the host holds them.
+#[derive(Debug, Clone)]
+pub struct Store {
+    /// The mailbox of dispatches.
+    pub mailbox: Arc<dyn Mailbox>,
+    /// The thread logs.
+    pub log: Arc<dyn SequenceStore>,
+    /// The clock both read.
+    pub clock: SharedClock,
+}
+
+impl Store {
+    /// The current time of the store's clock.
+    pub fn now(&self) -> u64 {
+        self.clock.now_ms()
+    }
+}

@@ -1,0 +1,540 @@
+//! The records the store keeps: dispatches, run results, interrupts and log entries.
+//!
+//! A [`Dispatch`] is the unit of agent work (SPEC section 1). Its shape rules are structural
+//! where Rust allows it: the three claim fields live in one `Option<Claim>`, so a record can
+//! never carry half a claim. The rest (a queued record has no result, a terminal one has
+//! `completed_at`) is checked by [`Dispatch::check_shape`] on every decode and every write.
+
+use std::collections::BTreeMap;
+use std::fmt;
+use std::str::FromStr;
+
+use serde::{Deserialize, Serialize};
+
+/// The priority a dispatch gets when the submitter names none (0 is most urgent).
+pub const DEFAULT_PRIORITY: u8 = 128;
+
+/// How many failed attempts a dispatch may use when the submitter names no limit.
+pub const DEFAULT_MAX_ATTEMPTS: u32 = 5;
+
+/// The lifecycle state of a dispatch.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Status {
+    /// Waiting to be claimed (possibly not before `available_at`).
+    Queued,
+    /// Held by one claim token until the lease runs out.
+    Claimed,
+    /// Delivered and settled by its holder.
+    Acked,
+    /// Withdrawn by the control plane before anyone claimed it.
+    Cancelled,
+    /// Made obsolete by an interrupt of its thread (epoch fencing).
+    Superseded,
+    /// Gave up: attempts exhausted, or the holder said so.
+    DeadLetter,
+}
+
+impl Status {
+    /// Every status, in lifecycle order.
+    pub const ALL: [Status; 6] = [
+        Status::Queued,
+        Status::Claimed,
+        Status::Acked,
+        Status::Cancelled,
+        Status::Superseded,
+        Status::DeadLetter,
+    ];
+
+    /// Terminal states never change again; only purge removes them.
+    pub fn is_terminal(self) -> bool {
+        !matches!(self, Status::Queued | Status::Claimed)
+    }
+
+    /// The stable lowercase name used in storage, the CLI and JSON.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Status::Queued => "queued",
+            Status::Claimed => "claimed",
+            Status::Acked => "acked",
+            Status::Cancelled => "cancelled",
+            Status::Superseded => "superseded",
+            Status::DeadLetter => "dead_letter",
+        }
+    }
+}
+
+impl fmt::Display for Status {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.pad(self.as_str())
+    }
+}
+
+impl FromStr for Status {
+    type Err = String;
+
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        Status::ALL
+            .into_iter()
+            .find(|status| status.as_str() == s || (s == "dead-letter" && *status == Status::DeadLetter))
+            .ok_or_else(|| {
+                format!(
+                    "unknown status `{s}` (expected one of queued, claimed, acked, cancelled, superseded, dead_letter)"
+                )
+            })
+    }
+}
+
+/// The live claim on a dispatch. Present exactly when the dispatch is `Claimed`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Claim {
+    /// The bearer token of this claim; minted by the store, never by the claimer.
+    pub token: String,
+    /// Who claimed it (a host id plus worker); informational.
+    pub claimed_by: String,
+    /// The lease deadline: live while `lease_until >= now`.
+    pub lease_until: u64,
+}
+
+/// How a run ended, as recorded by the holder.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum RunStatus {
+    /// The agent produced its output.
+    Succeeded,
+    /// The agent failed; `error` says why.
+    Failed,
+}
+
+impl RunStatus {
+    /// The stable lowercase name used in storage.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            RunStatus::Succeeded => "succeeded",
+            RunStatus::Failed => "failed",
+        }
+    }
+
+    /// Parses the stored name.
+    pub fn parse(s: &str) -> Option<Self> {
+        match s {
+            "succeeded" => Some(RunStatus::Succeeded),
+            "failed" => Some(RunStatus::Failed),
+            _ => None,
+        }
+    }
+}
+
+/// The run projection a holder records before settling: what the agent produced.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct RunResult {
+    /// Whether the run succeeded.
+    pub status: RunStatus,
+    /// The agent's output bytes (opaque to the store).
+    #[serde(with = "bytes_as_text")]
+    pub output: Vec<u8>,
+    /// The error text of a failed run.
+    pub error: Option<String>,
+}
+
+impl RunResult {
+    /// A successful result with these output bytes.
+    pub fn success(output: impl Into<Vec<u8>>) -> Self {
+        RunResult {
+            status: RunStatus::Succeeded,
+            output: output.into(),
+            error: None,
+        }
+    }
+
+    /// A failed result with this error text.
+    pub fn failure(error: impl Into<String>) -> Self {
+        RunResult {
+            status: RunStatus::Failed,
+            output: Vec::new(),
+            error: Some(error.into()),
+        }
+    }
+}
+
+/// A stored dispatch (SPEC section 1).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Dispatch {
+    /// Unique id (UUID v7 when the submitter gives none).
+    pub id: String,
+    /// The plugin this dispatch is routed to.
+    pub agent: String,
+    /// The serialization key: at most one live claim per thread.
+    pub thread: String,
+    /// The agent run this dispatch activates (defaults to `id`).
+    pub run_id: String,
+    /// Opaque input for the agent.
+    #[serde(with = "bytes_as_text")]
+    pub payload: Vec<u8>,
+    /// A small string map for the agent and for operators.
+    pub metadata: BTreeMap<String, String>,
+    /// 0 is most urgent.
+    pub priority: u8,
+    /// Not claimable by the queue before this time.
+    pub available_at: u64,
+    /// At most one non-terminal dispatch per (thread, key).
+    pub dedupe_key: Option<String>,
+    /// The number of failed attempts after which the dispatch dead-letters.
+    pub max_attempts: u32,
+    /// Failed attempts so far (nack, lease expiry, crash).
+    pub attempt: u32,
+    /// The thread's epoch when this dispatch was enqueued (stamped by the store).
+    pub epoch: u64,
+    /// Lifecycle state.
+    pub status: Status,
+    /// The live claim, exactly when `status` is `Claimed`.
+    pub claim: Option<Claim>,
+    /// When the current holder recorded the start of its run.
+    pub started_at: Option<u64>,
+    /// What the run produced, once recorded.
+    pub result: Option<RunResult>,
+    /// The last failure or terminal reason (nack error, dead-letter reason, supersede reason).
+    pub last_error: Option<String>,
+    /// When the dispatch was enqueued.
+    pub created_at: u64,
+    /// When the dispatch last changed.
+    pub updated_at: u64,
+    /// When the dispatch reached a terminal state.
+    pub completed_at: Option<u64>,
+}
+
+impl Dispatch {
+    /// The claim token, when the dispatch is claimed.
+    pub fn token(&self) -> Option<&str> {
+        self.claim.as_ref().map(|claim| claim.token.as_str())
+    }
+
+    /// Checks the shape rules of SPEC section 1: which fields each status may carry.
+    ///
+    /// # Errors
+    ///
+    /// A description of the first rule the record breaks.
+    pub fn check_shape(&self) -> Result<(), String> {
+        if self.id.trim().is_empty() {
+            return Err("dispatch id is blank".into());
+        }
+        if self.agent.trim().is_empty() {
+            return Err(format!("dispatch {}: agent is blank", self.id));
+        }
+        if self.thread.trim().is_empty() {
+            return Err(format!("dispatch {}: thread is blank", self.id));
+        }
+        if self.max_attempts == 0 {
+            return Err(format!("dispatch {}: max_attempts is 0", self.id));
+        }
+        if self.attempt > self.max_attempts {
+            return Err(format!(
+                "dispatch {}: attempt {} exceeds max_attempts {}",
+                self.id, self.attempt, self.max_attempts
+            ));
+        }
+        match self.status {
+            Status::Queued => {
+                if self.claim.is_some() {
+                    return Err(format!("queued dispatch {} carries a claim", self.id));
+                }
+                if self.result.is_some() || self.started_at.is_some() {
+                    return Err(format!(
+                        "queued dispatch {} carries a run projection",
+                        self.id
+                    ));
+                }
+                if self.completed_at.is_some() {
+                    return Err(format!("queued dispatch {} has completed_at", self.id));
+                }
+            }
+            Status::Claimed => {
+                let Some(claim) = &self.claim else {
+                    return Err(format!("claimed dispatch {} has no claim", self.id));
+                };
+                if claim.token.is_empty() || claim.claimed_by.is_empty() {
+                    return Err(format!(
+                        "claimed dispatch {} has a blank token or holder",
+                        self.id
+                    ));
+                }
+                if self.completed_at.is_some() {
+                    return Err(format!("claimed dispatch {} has completed_at", self.id));
+                }
+            }
+            _ => {
+                if self.claim.is_some() {
+                    return Err(format!("terminal dispatch {} carries a claim", self.id));
+                }
+                if self.completed_at.is_none() {
+                    return Err(format!("terminal dispatch {} has no completed_at", self.id));
+                }
+            }
+        }
+        Ok(())
+    }
+}
+
+/// What a producer submits: a dispatch before the store stamps it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct NewDispatch {
+    /// The id to use; the store mints a UUID v7 when `None`.
+    pub id: Option<String>,
+    /// The plugin the dispatch is routed to.
+    pub agent: String,
+    /// The serialization key.
+    pub thread: String,
+    /// The run this dispatch activates; defaults to the id.
+    pub run_id: Option<String>,
+    /// Opaque input for the agent.
+    pub payload: Vec<u8>,
+    /// A small string map.
+    pub metadata: BTreeMap<String, String>,
+    /// 0 is most urgent; default 128.
+    pub priority: u8,
+    /// Delay before the queue may hand it out, in milliseconds from enqueue.
+    pub delay_ms: u64,
+    /// At most one non-terminal dispatch per (thread, key).
+    pub dedupe_key: Option<String>,
+    /// Failed attempts after which it dead-letters; default 5.
+    pub max_attempts: u32,
+    /// Failed attempts already used (for re-submissions); must stay below `max_attempts`.
+    pub attempt: u32,
+}
+
+impl NewDispatch {
+    /// A dispatch for `agent` on `thread` with default priority, attempts and no delay.
+    pub fn new(
+        agent: impl Into<String>,
+        thread: impl Into<String>,
+        payload: impl Into<Vec<u8>>,
+    ) -> Self {
+        NewDispatch {
+            id: None,
+            agent: agent.into(),
+            thread: thread.into(),
+            run_id: None,
+            payload: payload.into(),
+            metadata: BTreeMap::new(),
+            priority: DEFAULT_PRIORITY,
+            delay_ms: 0,
+            dedupe_key: None,
+            max_attempts: DEFAULT_MAX_ATTEMPTS,
+            attempt: 0,
+        }
+    }
+
+    /// Sets the id.
+    pub fn with_id(mut self, id: impl Into<String>) -> Self {
+        self.id = Some(id.into());
+        self
+    }
+
+    /// Sets the priority (0 most urgent).
+    pub fn with_priority(mut self, priority: u8) -> Self {
+        self.priority = priority;
+        self
+    }
+
+    /// Delays the first claim by `delay_ms` milliseconds.
+    pub fn with_delay_ms(mut self, delay_ms: u64) -> Self {
+        self.delay_ms = delay_ms;
+        self
+    }
+
+    /// Sets the dedupe key.
+    pub fn with_dedupe_key(mut self, key: impl Into<String>) -> Self {
+        self.dedupe_key = Some(key.into());
+        self
+    }
+
+    /// Sets the attempt limit.
+    pub fn with_max_attempts(mut self, max_attempts: u32) -> Self {
+        self.max_attempts = max_attempts;
+        self
+    }
+
+    /// Sets the run id.
+    pub fn with_run_id(mut self, run_id: impl Into<String>) -> Self {
+        self.run_id = Some(run_id.into());
+        self
+    }
+
+    /// Adds one metadata entry.
+    pub fn with_metadata(mut self, key: impl Into<String>, value: impl Into<String>) -> Self {
+        self.metadata.insert(key.into(), value.into());
+        self
+    }
+
+    /// Checks what enqueue requires of a submission (SPEC section 2).
+    ///
+    /// # Errors
+    ///
+    /// A description naming the offending field.
+    pub fn validate(&self) -> Result<(), String> {
+        if let Some(id) = &self.id {
+            if id.trim().is_empty() {
+                return Err("id is blank".into());
+            }
+            if id.len() > MAX_NAME_LEN {
+                return Err(format!("id is longer than {MAX_NAME_LEN} bytes"));
+            }
+        }
+        for (field, value) in [("agent", &self.agent), ("thread", &self.thread)] {
+            if value.trim().is_empty() {
+                return Err(format!("{field} is blank"));
+            }
+            if value.len() > MAX_NAME_LEN {
+                return Err(format!("{field} is longer than {MAX_NAME_LEN} bytes"));
+            }
+        }
+        if let Some(run) = &self.run_id
+            && run.trim().is_empty()
+        {
+            return Err("run_id is blank".into());
+        }
+        if let Some(key) = &self.dedupe_key
+            && key.is_empty()
+        {
+            return Err("dedupe_key is empty".into());
+        }
+        if self.max_attempts == 0 {
+            return Err("max_attempts must be at least 1".into());
+        }
+        if self.attempt >= self.max_attempts {
+            return Err(format!(
+                "attempt {} must be below max_attempts {}",
+                self.attempt, self.max_attempts
+            ));
+        }
+        Ok(())
+    }
+}
+
+/// Ids, agent and thread names are bounded so keys stay small on every backend.
+pub const MAX_NAME_LEN: usize = 256;
+
+/// What `interrupt(thread)` did.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Interrupt {
+    /// The thread's epoch after the interrupt.
+    pub epoch: u64,
+    /// The dispatch claimed on the thread when the interrupt ran (still claimed: the host
+    /// must stop its guest; its next holder write is fenced).
+    pub active: Option<Dispatch>,
+    /// The ids of the queued dispatches this interrupt superseded.
+    pub superseded: Vec<String>,
+}
+
+/// Which dispatches `list` returns.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct ListFilter {
+    /// Only this thread.
+    pub thread: Option<String>,
+    /// Only this agent.
+    pub agent: Option<String>,
+    /// Only these statuses (all when empty).
+    pub statuses: Vec<Status>,
+    /// Page size (0 means the backend's default of 100).
+    pub limit: usize,
+    /// Rows to skip.
+    pub offset: usize,
+}
+
+/// One row of `counts`: how many dispatches an agent has in a status.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct StatusCount {
+    /// The agent.
+    pub agent: String,
+    /// The status.
+    pub status: Status,
+    /// How many.
+    pub count: u64,
+}
+
+/// The fence a guest's holder writes carry: which claim, at which epoch.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Fence {
+    /// The claimed dispatch.
+    pub dispatch: String,
+    /// Its claim token.
+    pub token: String,
+    /// The dispatch's epoch.
+    pub epoch: u64,
+}
+
+impl Fence {
+    /// The fence of a claimed dispatch, or `None` when it is not claimed.
+    pub fn of(dispatch: &Dispatch) -> Option<Fence> {
+        dispatch.claim.as_ref().map(|claim| Fence {
+            dispatch: dispatch.id.clone(),
+            token: claim.token.clone(),
+            epoch: dispatch.epoch,
+        })
+    }
+}
+
+/// One entry of a thread log.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct LogEntry {
+    /// Its sequence number (unique per thread, increasing, never reused).
+    pub seq: u64,
+    /// The opaque bytes appended.
+    #[serde(with = "bytes_as_text")]
+    pub data: Vec<u8>,
+    /// When it was appended.
+    pub appended_at: u64,
+}
+
+/// The watermarks of a thread log (SPEC section 4): `reserved >= latest >= trimmed`.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Watermarks {
+    /// The highest sequence handed to any writer.
+    pub reserved: u64,
+    /// The highest visible sequence.
+    pub latest: u64,
+    /// Entries at or below this were trimmed or deleted.
+    pub trimmed: u64,
+}
+
+/// Bytes in JSON output: a UTF-8 string when they are valid text, else `{"base64": ...}`.
+mod bytes_as_text {
+    use serde::de::Error as _;
+    use serde::{Deserialize, Deserializer, Serialize, Serializer};
+
+    #[derive(Serialize, Deserialize)]
+    #[serde(untagged)]
+    enum Repr {
+        Text(String),
+        Hex { hex: String },
+    }
+
+    pub fn serialize<S: Serializer>(bytes: &[u8], serializer: S) -> Result<S::Ok, S::Error> {
+        match std::str::from_utf8(bytes) {
+            Ok(text) => Repr::Text(text.to_owned()).serialize(serializer),
+            Err(_) => Repr::Hex {
+                hex: bytes.iter().map(|b| format!("{b:02x}")).collect(),
+            }
+            .serialize(serializer),
+        }
+    }
+
+    pub fn deserialize<'de, D: Deserializer<'de>>(deserializer: D) -> Result<Vec<u8>, D::Error> {
+        match Repr::deserialize(deserializer)? {
+            Repr::Text(text) => Ok(text.into_bytes()),
+            Repr::Hex { hex } => {
+                if hex.len() % 2 != 0 {
+                    return Err(D::Error::custom("odd-length hex"));
+                }
+                (0..hex.len())
+                    .step_by(2)
+                    .map(|i| {
+                        hex.get(i..i + 2)
+                            .and_then(|pair| u8::from_str_radix(pair, 16).ok())
+                            .ok_or_else(|| D::Error::custom("invalid hex"))
+                    })
+                    .collect()
+            }
+        }
+    }
+}

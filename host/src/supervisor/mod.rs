@@ -1,0 +1,493 @@
+//! The supervisor: workers that claim and run dispatches, the lease keeper, the sweeper, and
+//! shutdown.
+//!
+//! Per plugin, `concurrency` workers loop: claim the best available dispatch routed to the
+//! plugin, run it on a fresh instance, settle what the guest left unsettled. Between claims a
+//! worker waits on the store's work signal, and re-checks at least every [`IDLE_POLL`], because
+//! signals are hints (another process, such as `homing enqueue`, writes the same store without
+//! signalling this one; delayed dispatches become available without any write).
+//!
+//! How a call ends decides the settlement when the guest did not settle itself:
+//!
+//! | the call | the host does |
+//! | --- | --- |
+//! | `handle` returned `ok(output)` | complete (record the output and ack) |
+//! | `handle` returned `err(message)` | nack with the plugin's backoff; dead-letter at max attempts |
+//! | trap, timeout, memory limit | nack with backoff and the reason as the error |
+//! | cancelled: thread interrupted | supersede (the store would refuse any other write) |
+//! | cancelled: lease lost | nothing: the claim belongs to someone else now |
+//!
+//! The sweeper, every `sweep_interval`, reclaims expired leases (the work of dead hosts),
+//! purges terminal records older than the retention, and fires the work signal so queued work
+//! whose wake-up was lost gets claimed.
+//!
+//! Shutdown (SIGINT, SIGTERM, or the `until_idle` condition): workers stop claiming; in-flight
+//! guests are told through `stop-requested` and get `shutdown_grace` to finish; whatever is still
+//! held after that is nacked (its lease would otherwise block its thread until it runs out).
+
+pub mod lease;
+
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use anyhow::Context;
+use tokio::sync::Notify;
+use tokio::task::JoinSet;
+use tracing::{debug, info, warn};
+
+use crate::config::Config;
+use crate::runtime::bindings::StopReason;
+use crate::runtime::host::{Abort, ClaimControl, ClaimHandle, PluginContext, Settlement};
+use crate::runtime::{CallEnd, Plugin, Runtime, World};
+use crate::store::{RunResult, Store, StoreError};
+use lease::LeaseGuard;
+
+/// The longest a worker waits between claim attempts when no signal arrives.
+pub const IDLE_POLL: Duration = Duration::from_millis(250);
+/// How often `until_idle` checks whether any dispatch is still live.
+pub const IDLE_CHECK: Duration = Duration::from_millis(50);
+/// Expired leases reclaimed per sweep.
+pub const RECLAIM_BATCH: usize = 1_000;
+
+/// Claims the next dispatch for `plugin` and wraps it as a guest claim: records the start and
+/// starts its lease keeper.
+///
+/// # Errors
+///
+/// When the store fails (not when nothing is available: that is `Ok(None)`).
+pub async fn claim_for(plugin: &Arc<PluginContext>) -> Result<Option<ClaimHandle>, StoreError> {
+    let store = &plugin.store;
+    let lease_ms = u64::try_from(plugin.lease.as_millis()).unwrap_or(u64::MAX);
+    let Some(dispatch) = store
+        .mailbox
+        .claim(&plugin.name, &plugin.consumer, lease_ms)
+        .await?
+    else {
+        return Ok(None);
+    };
+    let token = dispatch.token().unwrap_or_default().to_owned();
+    let dispatch = match store.mailbox.record_start(&dispatch.id, &token).await {
+        Ok(d) => d,
+        Err(e) => {
+            debug!(dispatch = %dispatch.id, "claim lost before start: {e}");
+            return Ok(None);
+        }
+    };
+    let control = Arc::new(ClaimControl::default());
+    let lease = LeaseGuard::start(
+        store.clone(),
+        dispatch.id.clone(),
+        token.clone(),
+        plugin.lease,
+        control.clone(),
+    );
+    Ok(Some(ClaimHandle {
+        dispatch,
+        token,
+        settled: None,
+        control,
+        enqueued: 0,
+        lease: Some(lease),
+    }))
+}
+
+/// What a `homing run` did.
+#[derive(Debug, Default, Clone)]
+pub struct RunReport {
+    /// Dispatches this host settled, by outcome.
+    pub outcomes: HashMap<&'static str, u64>,
+}
+
+/// Claims held by this host's workers, for shutdown.
+#[derive(Debug, Default)]
+struct InFlight {
+    claims: Mutex<HashMap<String, (String, Arc<ClaimControl>)>>,
+}
+
+impl InFlight {
+    fn add(&self, claim: &ClaimHandle) {
+        if let Ok(mut claims) = self.claims.lock() {
+            claims.insert(
+                claim.dispatch.id.clone(),
+                (claim.token.clone(), claim.control.clone()),
+            );
+        }
+    }
+    fn remove(&self, id: &str) {
+        if let Ok(mut claims) = self.claims.lock() {
+            claims.remove(id);
+        }
+    }
+    fn snapshot(&self) -> Vec<(String, String, Arc<ClaimControl>)> {
+        self.claims
+            .lock()
+            .map(|claims| {
+                claims
+                    .iter()
+                    .map(|(id, (t, c))| (id.clone(), t.clone(), c.clone()))
+                    .collect()
+            })
+            .unwrap_or_default()
+    }
+}
+
+/// A running host: plugins, workers and maintenance over one store.
+#[derive(Debug)]
+pub struct Supervisor {
+    config: Config,
+    store: Store,
+    runtime: Arc<Runtime>,
+    plugins: Vec<Arc<Plugin>>,
+    shutdown: Arc<AtomicBool>,
+    wake: Arc<Notify>,
+    in_flight: Arc<InFlight>,
+    report: Arc<Mutex<RunReport>>,
+}
+
+impl Supervisor {
+    /// Builds the engine and loads every plugin of `config`.
+    ///
+    /// # Errors
+    ///
+    /// When a plugin cannot be loaded (the error names it).
+    pub fn new(config: Config, store: Store) -> anyhow::Result<Supervisor> {
+        let runtime = Arc::new(Runtime::new(&config)?);
+        let shutdown = Arc::new(AtomicBool::new(false));
+        let host_id = config.host_id();
+        let mut plugins = Vec::new();
+        for (name, plugin_config) in &config.plugins {
+            let targets = plugin_config
+                .enqueue_to
+                .iter()
+                .filter_map(|t| config.plugins.get(t).map(|p| (t.clone(), p.max_attempts)))
+                .collect();
+            let ctx = Arc::new(PluginContext {
+                name: name.clone(),
+                config: plugin_config.clone(),
+                store: store.clone(),
+                consumer: format!("{host_id}/{name}"),
+                lease: config.host.lease,
+                targets,
+                config_dir: config.base_dir.clone(),
+                shutdown: shutdown.clone(),
+            });
+            let path = config.resolve(&plugin_config.path);
+            let plugin = runtime.load_plugin(ctx, &path)?;
+            plugins.push(Arc::new(plugin));
+        }
+        Ok(Supervisor {
+            config,
+            store,
+            runtime,
+            plugins,
+            shutdown,
+            wake: Arc::new(Notify::new()),
+            in_flight: Arc::new(InFlight::default()),
+            report: Arc::new(Mutex::new(RunReport::default())),
+        })
+    }
+
+    /// The loaded plugins.
+    pub fn plugins(&self) -> &[Arc<Plugin>] {
+        &self.plugins
+    }
+
+    /// Runs until SIGINT/SIGTERM, or (with `until_idle`) until no dispatch is queued or claimed.
+    ///
+    /// # Errors
+    ///
+    /// When the store fails while checking for idleness.
+    pub async fn run(self, until_idle: bool) -> anyhow::Result<RunReport> {
+        let mut workers = JoinSet::new();
+        for plugin in &self.plugins {
+            for index in 0..plugin.ctx.config.concurrency {
+                workers.spawn(worker(
+                    plugin.clone(),
+                    self.runtime.clone(),
+                    self.shutdown.clone(),
+                    self.wake.clone(),
+                    self.in_flight.clone(),
+                    self.report.clone(),
+                    index,
+                ));
+            }
+        }
+        let sweeper = tokio::spawn(sweep_loop(
+            self.store.clone(),
+            self.config.host.sweep_interval,
+            self.config.host.retention,
+            self.shutdown.clone(),
+        ));
+        info!(
+            plugins = self.plugins.len(),
+            workers = workers.len(),
+            "homing host running"
+        );
+        let stop = wait_for_stop(&self.store, until_idle).await;
+        if let Err(e) = &stop {
+            warn!("stopping: {e:#}");
+        }
+        self.shutdown.store(true, Ordering::SeqCst);
+        self.wake.notify_waiters();
+        for (_, _, control) in self.in_flight.snapshot() {
+            control.request_stop(StopReason::Shutdown);
+        }
+        let grace = self.config.host.shutdown_grace;
+        let drained = tokio::time::timeout(grace, async {
+            while workers.join_next().await.is_some() {}
+        })
+        .await;
+        if drained.is_err() {
+            warn!("shutdown grace of {grace:?} passed; releasing unfinished dispatches");
+            workers.abort_all();
+            while workers.join_next().await.is_some() {}
+            for (id, token, _) in self.in_flight.snapshot() {
+                let now = self.store.now();
+                match self
+                    .store
+                    .mailbox
+                    .nack(
+                        &id,
+                        &token,
+                        now,
+                        "host shut down before the dispatch finished",
+                    )
+                    .await
+                {
+                    Ok(d) => info!(dispatch = %id, status = %d.status, "released at shutdown"),
+                    Err(e) => warn!(dispatch = %id, "could not release at shutdown: {e}"),
+                }
+            }
+        }
+        sweeper.abort();
+        stop?;
+        let report = self.report.lock().map(|r| r.clone()).unwrap_or_default();
+        Ok(report)
+    }
+}
+
+async fn wait_for_stop(store: &Store, until_idle: bool) -> anyhow::Result<()> {
+    let signals = shutdown_signal();
+    tokio::pin!(signals);
+    if !until_idle {
+        signals.await;
+        return Ok(());
+    }
+    loop {
+        tokio::select! {
+            () = &mut signals => return Ok(()),
+            () = tokio::time::sleep(IDLE_CHECK) => {
+                if !store.mailbox.has_live_work().await.context("checking for live work")? {
+                    info!("no dispatch queued or claimed; stopping (--until-idle)");
+                    return Ok(());
+                }
+            }
+        }
+    }
+}
+
+async fn shutdown_signal() {
+    #[cfg(unix)]
+    {
+        use tokio::signal::unix::{SignalKind, signal};
+        match signal(SignalKind::terminate()) {
+            Ok(mut term) => {
+                tokio::select! {
+                    _ = tokio::signal::ctrl_c() => info!("SIGINT received; shutting down"),
+                    _ = term.recv() => info!("SIGTERM received; shutting down"),
+                }
+            }
+            Err(_) => {
+                let _ = tokio::signal::ctrl_c().await;
+            }
+        }
+    }
+    #[cfg(not(unix))]
+    {
+        let _ = tokio::signal::ctrl_c().await;
+    }
+}
+
+async fn sweep_loop(
+    store: Store,
+    interval: Duration,
+    retention: Duration,
+    shutdown: Arc<AtomicBool>,
+) {
+    let retention_ms = u64::try_from(retention.as_millis()).unwrap_or(u64::MAX);
+    while !shutdown.load(Ordering::SeqCst) {
+        tokio::time::sleep(interval).await;
+        let now = store.now();
+        match store.mailbox.reclaim_expired(now, RECLAIM_BATCH).await {
+            Ok(reclaimed) if !reclaimed.is_empty() => {
+                info!(count = reclaimed.len(), "reclaimed expired leases");
+            }
+            Ok(_) => {}
+            Err(e) => warn!("reclaim failed: {e}"),
+        }
+        match store
+            .mailbox
+            .purge_terminal(now.saturating_sub(retention_ms))
+            .await
+        {
+            Ok(purged) if purged > 0 => info!(purged, "purged terminal dispatches past retention"),
+            Ok(_) => {}
+            Err(e) => warn!("purge failed: {e}"),
+        }
+        // Re-signal: queued work whose wake-up was lost is claimed now.
+        store.mailbox.work_signal().notify_waiters();
+    }
+}
+
+async fn worker(
+    plugin: Arc<Plugin>,
+    runtime: Arc<Runtime>,
+    shutdown: Arc<AtomicBool>,
+    wake: Arc<Notify>,
+    in_flight: Arc<InFlight>,
+    report: Arc<Mutex<RunReport>>,
+    index: u32,
+) {
+    let signal = plugin.ctx.store.mailbox.work_signal();
+    let mut failures: u32 = 0;
+    debug!(plugin = %plugin.ctx.name, worker = index, "worker started");
+    while !shutdown.load(Ordering::SeqCst) {
+        let notified = signal.notified();
+        let woken = wake.notified();
+        tokio::pin!(notified, woken);
+        notified.as_mut().enable();
+        woken.as_mut().enable();
+        match claim_for(&plugin.ctx).await {
+            Ok(Some(claim)) => {
+                failures = 0;
+                in_flight.add(&claim);
+                let id = claim.dispatch.id.clone();
+                let outcome = run_one(&runtime, &plugin, claim).await;
+                in_flight.remove(&id);
+                if let Ok(mut report) = report.lock() {
+                    *report.outcomes.entry(outcome).or_default() += 1;
+                }
+            }
+            Ok(None) => {
+                tokio::select! {
+                    () = &mut notified => {}
+                    () = &mut woken => {}
+                    () = tokio::time::sleep(IDLE_POLL) => {}
+                }
+            }
+            Err(e) => {
+                failures = failures.saturating_add(1);
+                let backoff = Duration::from_millis(50u64.saturating_mul(1 << failures.min(6)));
+                warn!(plugin = %plugin.ctx.name, "claim failed ({e}); retrying in {backoff:?}");
+                tokio::select! {
+                    () = &mut woken => {}
+                    () = tokio::time::sleep(backoff) => {}
+                }
+            }
+        }
+    }
+}
+
+/// Runs one claimed dispatch and settles it. Returns the outcome's name.
+async fn run_one(runtime: &Runtime, plugin: &Plugin, claim: ClaimHandle) -> &'static str {
+    let started = std::time::Instant::now();
+    let (id, attempt) = (claim.dispatch.id.clone(), claim.dispatch.attempt);
+    let name = plugin.ctx.name.clone();
+    let outcome = match plugin.world {
+        World::Handler => {
+            let (claim, end) = runtime.run_handler(plugin, claim).await;
+            settle(plugin, claim, end).await
+        }
+        World::Agent => {
+            let budget = plugin.ctx.config.reuse_instance;
+            match runtime.run_agent(plugin, claim, budget).await {
+                CallEnd::Returned(_) => "run-returned",
+                CallEnd::Failed(message) => {
+                    warn!(plugin = %name, "agent run returned an error: {message}");
+                    "run-failed"
+                }
+                CallEnd::Trapped { reason, .. } => {
+                    // Claims the guest still held were dropped with the store: unsettled ones
+                    // run out their lease and are reclaimed; the one being worked on is nacked
+                    // by the drop handler when the guest dropped it cleanly.
+                    warn!(plugin = %name, "agent run trapped: {reason}");
+                    "run-trapped"
+                }
+            }
+        }
+    };
+    info!(
+        plugin = %name,
+        dispatch = %id,
+        attempt,
+        outcome,
+        elapsed_us = started.elapsed().as_micros() as u64,
+        "dispatch finished"
+    );
+    outcome
+}
+
+/// Settles what the guest left unsettled, by how its call ended.
+async fn settle(plugin: &Plugin, mut claim: ClaimHandle, end: CallEnd) -> &'static str {
+    // Stop renewing: from here on the host settles promptly or not at all.
+    claim.lease = None;
+    let store = &plugin.ctx.store;
+    let (id, token) = (claim.dispatch.id.as_str(), claim.token.as_str());
+    if id.is_empty() {
+        return "lost";
+    }
+    if let Some(settled) = claim.settled {
+        return match settled {
+            Settlement::Acked => "acked",
+            Settlement::Nacked => "nacked",
+            Settlement::DeadLettered => "dead-lettered",
+        };
+    }
+    let nack = |error: String| async move {
+        let policy = &plugin.ctx.config.retry;
+        let delay = policy.delay(claim.dispatch.attempt, None);
+        let retry_at = store
+            .now()
+            .saturating_add(u64::try_from(delay.as_millis()).unwrap_or(u64::MAX));
+        store.mailbox.nack(id, token, retry_at, &error).await
+    };
+    let result = match end {
+        CallEnd::Returned(output) => store
+            .mailbox
+            .complete(id, token, RunResult::success(output))
+            .await
+            .map(|_| "completed"),
+        CallEnd::Failed(message) => nack(message).await.map(|d| failed_outcome(&d)),
+        CallEnd::Trapped {
+            abort: Some(Abort::Cancelled(StopReason::Interrupted)),
+            ..
+        } => store
+            .mailbox
+            .supersede_claimed(id, Some(token), "thread interrupted while running")
+            .await
+            .map(|_| "superseded"),
+        CallEnd::Trapped {
+            abort: Some(Abort::Cancelled(_)),
+            ..
+        } => Ok("lease-lost"),
+        CallEnd::Trapped { reason, .. } => nack(reason).await.map(|d| failed_outcome(&d)),
+    };
+    match result {
+        Ok(outcome) => outcome,
+        Err(StoreError::StaleEpoch { .. }) => "superseded",
+        Err(e) => {
+            warn!(plugin = %plugin.ctx.name, dispatch = %id, "could not settle: {e}");
+            "unsettled"
+        }
+    }
+}
+
+fn failed_outcome(d: &crate::store::Dispatch) -> &'static str {
+    if d.status == crate::store::Status::DeadLetter {
+        "dead-lettered"
+    } else {
+        "retrying"
+    }
+}
