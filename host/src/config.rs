@@ -68,6 +68,9 @@ pub struct HostConfig {
     pub cache_dir: Option<PathBuf>,
     /// The pooling allocator: `auto` (use it when the machine allows), `on`, `off`.
     pub pooling: Pooling,
+    /// The largest payload a dispatch may carry (enqueued by the CLI or by a guest).
+    #[serde(deserialize_with = "size")]
+    pub max_payload: u64,
 }
 
 impl Default for HostConfig {
@@ -80,6 +83,7 @@ impl Default for HostConfig {
             shutdown_grace: Duration::from_secs(10),
             cache_dir: None,
             pooling: Pooling::Auto,
+            max_payload: 1 << 20,
         }
     }
 }

@@ -315,9 +315,24 @@ async fn enqueue(config: &Config, store: &Store, args: EnqueueArgs) -> anyhow::R
         new.metadata.insert(key.to_owned(), value.to_owned());
     }
     if !config.plugins.contains_key(&args.agent) {
-        eprintln!(
-            "warning: agent `{}` is not a plugin in {}; the dispatch waits until one serves it",
-            args.agent, config.source
+        bail!(
+            "--agent `{}` is not a plugin in {} (configured: {})",
+            args.agent,
+            config.source,
+            config
+                .plugins
+                .keys()
+                .cloned()
+                .collect::<Vec<_>>()
+                .join(", ")
+        );
+    }
+    if new.payload.len() as u64 > config.host.max_payload {
+        bail!(
+            "the payload is {} bytes, over [host] max_payload of {} bytes in {}",
+            new.payload.len(),
+            config.host.max_payload,
+            config.source
         );
     }
     let dispatch = store.mailbox.enqueue(new).await?;

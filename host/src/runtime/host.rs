@@ -138,6 +138,8 @@ pub struct PluginContext {
     pub lease: Duration,
     /// Max attempts of each plugin the guest may enqueue to (target name, default).
     pub targets: Vec<(String, u32)>,
+    /// The largest payload a follow-up may carry.
+    pub max_payload: u64,
     /// The directory relative grant paths resolve against (the config file's).
     pub config_dir: std::path::PathBuf,
     /// Set when the host is shutting down.
@@ -343,6 +345,13 @@ impl GuestState {
                 ));
             }
         };
+        if request.payload.len() as u64 > plugin.max_payload {
+            return Err(GuestError::Invalid(format!(
+                "payload: {} bytes exceeds the host's max_payload of {} bytes",
+                request.payload.len(),
+                plugin.max_payload
+            )));
+        }
         let delay = request.delay_ms.unwrap_or(0);
         if Duration::from_millis(delay) > MAX_ENQUEUE_DELAY {
             return Err(GuestError::Invalid(format!(

@@ -41,6 +41,7 @@ use wasmtime::component::{Component, HasSelf, Linker, Resource};
 use wasmtime::{
     Engine, InstanceAllocationStrategy, PoolingAllocationConfig, Store as WasmStore, UpdateDeadline,
 };
+use wasmtime_wasi::sockets::SocketAddrUse;
 use wasmtime_wasi::{FsPerms, WasiCtxBuilder};
 
 use crate::config::{Config, PluginConfig, Pooling};
@@ -310,10 +311,18 @@ impl Runtime {
                 })?;
         }
         if !plugin.net_allow.is_empty() {
+            // Outbound TCP to the allow-list only. A connect first binds implicitly to the
+            // wildcard address with port 0; that bind is allowed, any explicit bind or listen
+            // is not (a guest serves no one).
             let allow = plugin.net_allow.clone();
+            wasi.allow_tcp(true);
             wasi.allow_ip_name_lookup(true);
-            wasi.socket_addr_check(move |addr, _use| {
-                let allowed = allow.contains(&addr);
+            wasi.socket_addr_check(move |addr, use_| {
+                let allowed = match use_ {
+                    SocketAddrUse::TcpConnect => allow.contains(&addr),
+                    SocketAddrUse::TcpBind => addr.ip().is_unspecified() && addr.port() == 0,
+                    _ => false,
+                };
                 Box::pin(async move { allowed })
             });
         }

@@ -171,6 +171,7 @@ impl Supervisor {
                 lease: config.host.lease,
                 targets,
                 config_dir: config.base_dir.clone(),
+                max_payload: config.host.max_payload,
                 shutdown: shutdown.clone(),
             });
             let path = config.resolve(&plugin_config.path);

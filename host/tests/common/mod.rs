@@ -1,0 +1,227 @@
+//! Shared helpers of the end-to-end tests: real guest components built from source, a
+//! scratch directory with a `homing.toml`, and the `homing` binary.
+
+#![allow(dead_code, clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Output, Stdio};
+use std::sync::OnceLock;
+use std::time::{Duration, Instant};
+
+use serde_json::Value;
+
+/// The host workspace root.
+pub fn root() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .parent()
+        .unwrap()
+        .to_path_buf()
+}
+
+/// The cargo target directory this test was built in (`<target>/release/homing`).
+fn target_dir() -> PathBuf {
+    let bin = Path::new(env!("CARGO_BIN_EXE_homing"));
+    bin.parent().and_then(Path::parent).unwrap().to_path_buf()
+}
+
+/// Builds the example guests and the test guests (once per test binary) and returns the
+/// directory holding their `.wasm` files. Fails loudly when the wasm target is missing.
+pub fn guest_dir() -> &'static Path {
+    static DIR: OnceLock<PathBuf> = OnceLock::new();
+    DIR.get_or_init(|| {
+        let out = target_dir().join("guests");
+        for workspace in ["examples", "tests/guests"] {
+            let result = Command::new(std::env::var("CARGO").unwrap_or_else(|_| "cargo".into()))
+                .current_dir(root().join(workspace))
+                .env("CARGO_TARGET_DIR", &out)
+                .env_remove("RUSTFLAGS")
+                .args(["build", "--release", "--target", "wasm32-wasip2", "--quiet"])
+                .output()
+                .expect("cannot run cargo to build the guests");
+            assert!(
+                result.status.success(),
+                "building the {workspace} guests failed (is the wasm32-wasip2 target installed? \
+                 `cargo xtask test` installs it):\n{}",
+                String::from_utf8_lossy(&result.stderr)
+            );
+        }
+        out.join("wasm32-wasip2").join("release")
+    })
+}
+
+/// The path of a built guest.
+pub fn guest(name: &str) -> PathBuf {
+    let path = guest_dir().join(format!("{name}.wasm"));
+    assert!(
+        path.exists(),
+        "guest {name} was not built at {}",
+        path.display()
+    );
+    path
+}
+
+/// A scratch directory with a config and a store.
+pub struct Env {
+    pub dir: tempfile::TempDir,
+}
+
+impl Env {
+    /// A scratch directory with `config` written to `homing.toml`.
+    pub fn new(config: &str) -> Env {
+        let dir = tempfile::tempdir().unwrap();
+        std::fs::write(dir.path().join("homing.toml"), config).unwrap();
+        Env { dir }
+    }
+
+    pub fn path(&self) -> &Path {
+        self.dir.path()
+    }
+
+    pub fn config(&self) -> PathBuf {
+        self.dir.path().join("homing.toml")
+    }
+
+    /// A `homing` command against this directory's config.
+    pub fn command(&self, args: &[&str]) -> Command {
+        let mut cmd = Command::new(env!("CARGO_BIN_EXE_homing"));
+        cmd.arg("--config")
+            .arg(self.config())
+            .args(args)
+            .current_dir(self.path());
+        cmd.env("HOMING_LOG", "info")
+            .env_remove("HOMING_STORE_PATH")
+            .env_remove("HOMING_HOST_ID");
+        cmd
+    }
+
+    /// Runs `homing args` to completion.
+    pub fn homing(&self, args: &[&str]) -> Output {
+        self.command(args).stdin(Stdio::null()).output().unwrap()
+    }
+
+    /// Runs `homing args` and expects success; returns stdout.
+    pub fn ok(&self, args: &[&str]) -> String {
+        let out = self.homing(args);
+        assert!(
+            out.status.success(),
+            "homing {args:?} failed: {}\n{}",
+            out.status,
+            String::from_utf8_lossy(&out.stderr)
+        );
+        String::from_utf8_lossy(&out.stdout).trim().to_owned()
+    }
+
+    /// Runs `homing args` and expects failure; returns stderr.
+    pub fn fails(&self, args: &[&str]) -> String {
+        let out = self.homing(args);
+        assert!(
+            !out.status.success(),
+            "homing {args:?} should have failed but printed: {}",
+            String::from_utf8_lossy(&out.stdout)
+        );
+        String::from_utf8_lossy(&out.stderr).into_owned()
+    }
+
+    /// Enqueues a dispatch and returns its id.
+    pub fn enqueue(&self, agent: &str, thread: &str, payload: &str, extra: &[&str]) -> String {
+        let mut args = vec![
+            "enqueue",
+            "--agent",
+            agent,
+            "--thread",
+            thread,
+            "--payload",
+            payload,
+        ];
+        args.extend_from_slice(extra);
+        self.ok(&args)
+    }
+
+    /// `homing run --until-idle`, expecting success; returns stderr (the log).
+    pub fn run_until_idle(&self) -> String {
+        let out = self
+            .command(&["run", "--until-idle"])
+            .stdin(Stdio::null())
+            .output()
+            .unwrap();
+        let log = String::from_utf8_lossy(&out.stderr).into_owned();
+        assert!(
+            out.status.success(),
+            "homing run failed: {}\n{log}",
+            out.status
+        );
+        log
+    }
+
+    /// Starts `homing run` in the background (log to a file in the scratch dir).
+    pub fn spawn_run(&self) -> Child {
+        let log = std::fs::File::create(self.path().join("host.log")).unwrap();
+        self.command(&["run"])
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(log)
+            .spawn()
+            .unwrap()
+    }
+
+    /// The host log written by [`Env::spawn_run`].
+    pub fn host_log(&self) -> String {
+        std::fs::read_to_string(self.path().join("host.log")).unwrap_or_default()
+    }
+
+    /// One dispatch as JSON.
+    pub fn show(&self, id: &str) -> Value {
+        serde_json::from_str(&self.ok(&["dispatch", "show", id, "--json"])).unwrap()
+    }
+
+    /// Every dispatch as JSON.
+    pub fn list(&self) -> Vec<Value> {
+        serde_json::from_str(&self.ok(&["dispatch", "list", "--limit", "10000", "--json"])).unwrap()
+    }
+
+    /// Polls until `id` reaches `status`, or fails after `within`.
+    pub fn wait_status(&self, id: &str, status: &str, within: Duration) -> Value {
+        let deadline = Instant::now() + within;
+        loop {
+            let d = self.show(id);
+            if d["status"] == status {
+                return d;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "dispatch {id} did not reach {status} within {within:?}: {d}\nhost log:\n{}",
+                self.host_log()
+            );
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+}
+
+/// Sends a signal to a child process.
+pub fn signal(child: &Child, signal: &str) {
+    let status = Command::new("kill")
+        .args([&format!("-{signal}"), &child.id().to_string()])
+        .status()
+        .unwrap();
+    assert!(status.success(), "kill -{signal} failed");
+}
+
+/// Waits for a child to exit, failing after `within`.
+pub fn wait_exit(child: &mut Child, within: Duration) -> std::process::ExitStatus {
+    let deadline = Instant::now() + within;
+    loop {
+        if let Some(status) = child.try_wait().unwrap() {
+            return status;
+        }
+        if Instant::now() >= deadline {
+            let _ = child.kill();
+            panic!("process {} did not exit within {within:?}", child.id());
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+/// A TOML string literal for a path.
+pub fn toml_path(path: &Path) -> String {
+    format!("{:?}", path.display().to_string())
+}

@@ -1,0 +1,469 @@
+//! End-to-end tests: the `homing` binary, real components built from source, a real store file.
+
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+
+mod common;
+
+use std::time::Duration;
+
+use common::{Env, guest, signal, toml_path, wait_exit};
+use serde_json::Value;
+
+fn by_payload<'a>(list: &'a [Value], payload: &str) -> &'a Value {
+    list.iter()
+        .find(|d| d["payload"] == payload)
+        .unwrap_or_else(|| panic!("no dispatch with payload {payload}"))
+}
+
+fn examples_config() -> String {
+    format!(
+        r#"
+[host]
+lease = "10s"
+sweep_interval = "200ms"
+
+[plugins.echo]
+path = {echo}
+enqueue_to = ["delegate"]
+
+[plugins.memory]
+path = {memory}
+
+[plugins.batch]
+path = {batch}
+concurrency = 1
+reuse_instance = 10
+
+[plugins.flaky]
+path = {flaky}
+max_attempts = 3
+[plugins.flaky.retry]
+initial = "10ms"
+max = "50ms"
+
+[plugins.delegate]
+path = {delegate}
+enqueue_to = ["echo"]
+"#,
+        echo = toml_path(&guest("echo")),
+        memory = toml_path(&guest("memory")),
+        batch = toml_path(&guest("batch")),
+        flaky = toml_path(&guest("flaky")),
+        delegate = toml_path(&guest("delegate")),
+    )
+}
+
+#[test]
+fn every_example_agent_processes_real_dispatches() {
+    let env = Env::new(&examples_config());
+    env.enqueue("echo", "e1", "hello", &[]);
+    env.enqueue("memory", "chat", "my name is Ada", &[]);
+    env.enqueue("memory", "chat", "what is my name?", &[]);
+    env.enqueue("batch", "b1", "one two three", &[]);
+    env.enqueue("batch", "b2", "four five", &[]);
+    env.enqueue("flaky", "f1", "fail-until:2", &[]);
+    env.enqueue("flaky", "f2", "always", &[]);
+    env.enqueue("delegate", "fan", "alpha beta gamma", &[]);
+    env.run_until_idle();
+
+    let list = env.list();
+    let echo = by_payload(&list, "hello");
+    assert_eq!(echo["status"], "acked");
+    assert_eq!(echo["result"]["output"], "hello");
+
+    let second = by_payload(&list, "what is my name?");
+    assert_eq!(second["status"], "acked");
+    let reply = second["result"]["output"].as_str().unwrap();
+    assert!(
+        reply.contains("my name is Ada"),
+        "the memory agent forgot: {reply}"
+    );
+    let log = env.ok(&["thread", "log", "chat", "--json"]);
+    let log: Vec<Value> = serde_json::from_str(&log).unwrap();
+    assert_eq!(log.len(), 4, "two user and two agent entries: {log:?}");
+    assert_eq!(log[0]["data"], "user: my name is Ada");
+
+    assert_eq!(
+        by_payload(&list, "one two three")["result"]["output"],
+        "words=3"
+    );
+    assert_eq!(
+        by_payload(&list, "four five")["result"]["output"],
+        "words=2"
+    );
+
+    let recovered = by_payload(&list, "fail-until:2");
+    assert_eq!(recovered["status"], "acked");
+    assert_eq!(
+        recovered["attempt"], 2,
+        "two failed attempts before success"
+    );
+    let doomed = by_payload(&list, "always");
+    assert_eq!(doomed["status"], "dead_letter");
+    assert_eq!(doomed["attempt"], 3);
+
+    let fan_log: Vec<Value> =
+        serde_json::from_str(&env.ok(&["thread", "log", "fan", "--json"])).unwrap();
+    let last = fan_log.last().unwrap()["data"].as_str().unwrap().to_owned();
+    assert!(
+        last.starts_with("gathered:"),
+        "delegate did not gather: {fan_log:?}"
+    );
+    for word in ["alpha", "beta", "gamma"] {
+        assert!(last.contains(word), "{word} missing from {last}");
+    }
+    assert!(
+        list.iter()
+            .all(|d| d["status"] != "queued" && d["status"] != "claimed"),
+        "nothing may stay live after --until-idle"
+    );
+}
+
+/// A host with the `sandbox` test guest; `lease`, `timeout` and `max_attempts` vary by test.
+fn sandbox_config(
+    lease: &str,
+    timeout: &str,
+    max_attempts: u32,
+    extra_plugin_keys: &str,
+) -> String {
+    format!(
+        r#"
+[host]
+lease = "{lease}"
+sweep_interval = "200ms"
+shutdown_grace = "1s"
+
+[plugins.sandbox]
+path = {sandbox}
+concurrency = 8
+timeout = "{timeout}"
+memory = "16MiB"
+max_attempts = {max_attempts}
+{extra_plugin_keys}
+[plugins.sandbox.retry]
+initial = "10ms"
+max = "50ms"
+"#,
+        sandbox = toml_path(&guest("sandbox")),
+    )
+}
+
+#[test]
+fn sandbox_denies_files_env_and_network_without_a_grant() {
+    let env = Env::new(&sandbox_config("5s", "1s", 1, ""));
+    std::fs::write(env.path().join("secret.txt"), "top secret").unwrap();
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let port = listener.local_addr().unwrap().port();
+    let file = env.enqueue(
+        "sandbox",
+        "t1",
+        &format!("read-file:{}", env.path().join("secret.txt").display()),
+        &[],
+    );
+    let var = env.enqueue("sandbox", "t2", "env:HOMING_TEST_SECRET", &[]);
+    let net = env.enqueue("sandbox", "t3", &format!("connect:127.0.0.1:{port}"), &[]);
+    let out = env
+        .command(&["run", "--until-idle"])
+        .env("HOMING_TEST_SECRET", "leaked")
+        .output()
+        .unwrap();
+    assert!(out.status.success());
+    for id in [&file, &var, &net] {
+        let d = env.show(id);
+        assert_eq!(d["status"], "dead_letter", "{d}");
+        assert!(
+            d["result"].is_null(),
+            "nothing may be produced without a grant: {d}"
+        );
+    }
+    assert!(
+        env.show(&var)["last_error"]
+            .as_str()
+            .unwrap()
+            .contains("env HOMING_TEST_SECRET")
+    );
+    assert!(
+        env.show(&net)["last_error"]
+            .as_str()
+            .unwrap()
+            .contains("connect")
+    );
+}
+
+#[test]
+fn sandbox_grants_files_env_and_network_when_configured() {
+    let data = tempfile::tempdir().unwrap();
+    std::fs::write(data.path().join("hello.txt"), "hello from the host").unwrap();
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let port = listener.local_addr().unwrap().port();
+    let grants = format!(
+        "allowed_hosts = [\"127.0.0.1:{port}\"]\ndirs = [{{ host = {}, guest = \"/data\" }}]\n[plugins.sandbox.env]\nGREETING = \"granted\"\n",
+        toml_path(data.path())
+    );
+    let env = Env::new(&sandbox_config("5s", "1s", 2, &grants));
+    let file = env.enqueue("sandbox", "t1", "read-file:/data/hello.txt", &[]);
+    let write = env.enqueue(
+        "sandbox",
+        "t2",
+        "write-file:/data/new.txt",
+        &["--max-attempts", "1"],
+    );
+    let var = env.enqueue("sandbox", "t3", "env:GREETING", &[]);
+    let net = env.enqueue("sandbox", "t4", &format!("connect:127.0.0.1:{port}"), &[]);
+    env.run_until_idle();
+    assert_eq!(env.show(&file)["result"]["output"], "hello from the host");
+    assert_eq!(env.show(&var)["result"]["output"], "granted");
+    assert_eq!(env.show(&net)["result"]["output"], "connected");
+    // The directory was granted read-only: writing is denied.
+    assert_eq!(env.show(&write)["status"], "dead_letter");
+    assert!(!data.path().join("new.txt").exists());
+}
+
+#[test]
+fn hostile_guests_are_stopped_nacked_with_the_reason_and_dead_lettered() {
+    let env = Env::new(&sandbox_config("5s", "1s", 2, ""));
+    let cases = [
+        ("alloc", "memory limit"),
+        ("spin", "timed out"),
+        ("sleep", "timed out"),
+        ("panic", "trapped"),
+        ("recurse", "trapped"),
+    ];
+    let ids: Vec<(String, &str, &str)> = cases
+        .iter()
+        .map(|(payload, reason)| {
+            (
+                env.enqueue("sandbox", payload, payload, &[]),
+                *payload,
+                *reason,
+            )
+        })
+        .collect();
+    let fine = env.enqueue("sandbox", "fine", "still served", &[]);
+    env.run_until_idle();
+    for (id, payload, reason) in ids {
+        let d = env.show(&id);
+        assert_eq!(d["status"], "dead_letter", "{payload}: {d}");
+        assert_eq!(d["attempt"], 2, "{payload}: both attempts used: {d}");
+        let error = d["last_error"].as_str().unwrap_or_default();
+        assert!(
+            error.contains(reason),
+            "{payload}: expected `{reason}` in `{error}`"
+        );
+    }
+    assert_eq!(
+        env.show(&fine)["status"],
+        "acked",
+        "other work is unaffected"
+    );
+}
+
+#[test]
+fn log_floods_and_enqueue_storms_are_capped() {
+    let env = Env::new(&format!(
+        "{}\n[plugins.sink]\npath = {}\nmax_attempts = 1\n",
+        sandbox_config("5s", "1s", 2, "enqueue_to = [\"sink\"]"),
+        toml_path(&guest("echo"))
+    ));
+    let flood = env.enqueue("sandbox", "flood", "log-flood", &[]);
+    let storm = env.enqueue("sandbox", "storm", "enqueue-storm:sink", &[]);
+    let log = env.run_until_idle();
+    assert_eq!(env.show(&flood)["status"], "acked");
+    assert!(
+        log.contains("guest log budget"),
+        "the flood must be cut off"
+    );
+    assert!(log.matches("flood line").count() <= 10_000);
+    let storm = env.show(&storm);
+    let output = storm["result"]["output"].as_str().unwrap();
+    assert!(output.starts_with("sent 1000 then refused"), "{output}");
+}
+
+#[test]
+fn interrupting_a_thread_stops_its_running_guest_and_supersedes_its_queue() {
+    let env = Env::new(&sandbox_config("300ms", "60s", 2, ""));
+    let running = env.enqueue("sandbox", "talk", "wait-stop", &[]);
+    let mut host = env.spawn_run();
+    env.wait_status(&running, "claimed", Duration::from_secs(20));
+    let queued = env.enqueue("sandbox", "talk", "queued behind it", &[]);
+    let interrupt: Value =
+        serde_json::from_str(&env.ok(&["thread", "interrupt", "talk", "--json"])).unwrap();
+    assert_eq!(interrupt["epoch"], 1);
+    assert_eq!(interrupt["active"]["id"], running.as_str());
+    assert_eq!(interrupt["superseded"][0], queued.as_str());
+    let stopped = env.wait_status(&running, "superseded", Duration::from_secs(10));
+    assert!(
+        stopped["result"].is_null(),
+        "a superseded run records nothing: {stopped}"
+    );
+    // New work on the thread, at the new epoch, runs normally.
+    let after = env.enqueue("sandbox", "talk", "after the interrupt", &[]);
+    let done = env.wait_status(&after, "acked", Duration::from_secs(10));
+    assert_eq!(done["epoch"], 1);
+    signal(&host, "TERM");
+    assert!(wait_exit(&mut host, Duration::from_secs(10)).success());
+}
+
+#[test]
+fn sigterm_lets_running_work_finish_then_releases_what_is_left() {
+    let env = Env::new(&sandbox_config("5s", "60s", 2, ""));
+    let stuck = env.enqueue("sandbox", "stuck", "sleep", &[]);
+    let mut host = env.spawn_run();
+    env.wait_status(&stuck, "claimed", Duration::from_secs(20));
+    signal(&host, "TERM");
+    let status = wait_exit(&mut host, Duration::from_secs(15));
+    assert!(status.success(), "host exit: {status}\n{}", env.host_log());
+    let d = env.show(&stuck);
+    assert_eq!(
+        d["status"], "queued",
+        "released, not left claimed by a gone host: {d}"
+    );
+    assert_eq!(d["attempt"], 1);
+    assert!(d["last_error"].as_str().unwrap().contains("shut down"));
+}
+
+#[test]
+fn second_start_loads_compiled_components_from_the_cache() {
+    let env = Env::new(&format!(
+        "[plugins.echo]\npath = {}\n",
+        toml_path(&guest("echo"))
+    ));
+    let first = env.run_until_idle();
+    assert!(first.contains("cache miss"), "{first}");
+    let second = env.run_until_idle();
+    assert!(second.contains("loaded from cache"), "{second}");
+    assert!(!second.contains("cache miss"), "{second}");
+}
+
+#[test]
+fn config_check_reports_each_plugin_world() {
+    let env = Env::new(&examples_config());
+    let out = env.ok(&["config", "check"]);
+    assert!(out.contains("plugin batch: agent world"), "{out}");
+    assert!(out.contains("plugin echo: handler world"), "{out}");
+}
+
+#[test]
+fn plugin_inspect_shows_world_imports_and_exports() {
+    let env = Env::new("");
+    let out = env.ok(&[
+        "plugin",
+        "inspect",
+        guest("batch").to_str().unwrap(),
+        "--json",
+    ]);
+    let v: Value = serde_json::from_str(&out).unwrap();
+    assert_eq!(v["world"], "agent");
+    assert!(
+        v["imports"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .any(|i| i.as_str().unwrap().starts_with("homing:agent/queue"))
+    );
+    assert!(v["exports"].as_array().unwrap().iter().any(|e| e == "run"));
+}
+
+#[test]
+fn broken_toml_is_an_error_naming_file_and_line() {
+    let env = Env::new("[host]\nlease = \"10s\"\nlease_typo = 3\n");
+    let err = env.fails(&["config", "check"]);
+    assert!(err.contains("homing.toml"), "{err}");
+    assert!(err.contains("line 3"), "{err}");
+    assert!(err.contains("lease_typo"), "{err}");
+    let err = Env::new("[host\n").fails(&["run", "--until-idle"]);
+    assert!(err.contains("line 1"), "{err}");
+}
+
+#[test]
+fn missing_corrupt_and_wrong_world_components_are_refused() {
+    let env = Env::new("[plugins.ghost]\npath = \"nowhere.wasm\"\n");
+    let err = env.fails(&["run", "--until-idle"]);
+    assert!(
+        err.contains("ghost") && err.contains("nowhere.wasm"),
+        "{err}"
+    );
+
+    let env = Env::new("[plugins.junk]\npath = \"junk.wasm\"\n");
+    std::fs::write(env.path().join("junk.wasm"), b"this is not wasm").unwrap();
+    let err = env.fails(&["config", "check"]);
+    assert!(
+        err.contains("junk") && err.contains("not a valid component"),
+        "{err}"
+    );
+
+    let env = Env::new(&format!(
+        "[plugins.cmd]\npath = {}\n",
+        toml_path(&guest("wrong-world"))
+    ));
+    let err = env.fails(&["config", "check"]);
+    assert!(err.contains("exports neither"), "{err}");
+    assert!(err.contains("wasi:cli/run"), "{err}");
+}
+
+#[test]
+fn enqueue_refuses_unknown_agents_and_oversized_payloads_and_writes_nothing() {
+    let env = Env::new(&format!(
+        "[host]\nmax_payload = \"1KiB\"\n[plugins.echo]\npath = {}\n",
+        toml_path(&guest("echo"))
+    ));
+    let err = env.fails(&[
+        "enqueue",
+        "--agent",
+        "nobody",
+        "--thread",
+        "t",
+        "--payload",
+        "x",
+    ]);
+    assert!(err.contains("`nobody` is not a plugin"), "{err}");
+    let big = "x".repeat(2000);
+    let err = env.fails(&[
+        "enqueue",
+        "--agent",
+        "echo",
+        "--thread",
+        "t",
+        "--payload",
+        &big,
+    ]);
+    assert!(err.contains("max_payload"), "{err}");
+    let err = env.fails(&[
+        "enqueue",
+        "--agent",
+        "echo",
+        "--thread",
+        "t",
+        "--payload",
+        "x",
+        "--delay",
+        "soon",
+    ]);
+    assert!(err.contains("--delay"), "{err}");
+    assert!(
+        env.list().is_empty(),
+        "nothing may be written by refused enqueues"
+    );
+}
+
+#[test]
+fn dispatch_cancel_and_retry_work_from_the_cli() {
+    let env = Env::new(&format!(
+        "[plugins.flaky]\npath = {}\nmax_attempts = 1\n",
+        toml_path(&guest("flaky"))
+    ));
+    let doomed = env.enqueue("flaky", "t1", "always", &[]);
+    let cancelled = env.enqueue("flaky", "t2", "fail-until:0", &["--delay", "1h"]);
+    assert!(
+        env.ok(&["dispatch", "cancel", &cancelled])
+            .contains("cancelled")
+    );
+    env.run_until_idle();
+    assert_eq!(env.show(&doomed)["status"], "dead_letter");
+    let err = env.fails(&["dispatch", "cancel", &doomed]);
+    assert!(err.contains("dead_letter"), "{err}");
+    let retried = env.ok(&["dispatch", "retry", &cancelled]);
+    let d = env.show(&retried);
+    assert_eq!(d["status"], "queued");
+    assert_eq!(d["metadata"]["retry-of"], cancelled.as_str());
+}

@@ -1,0 +1,101 @@
+//! `sandbox`: a guest that does, on demand, what a sandbox must contain.
+//!
+//! The payload names one action:
+//!
+//! | payload | does |
+//! | --- | --- |
+//! | `read-file:<path>` | reads a file and returns its text |
+//! | `write-file:<path>` | writes `written` to a file |
+//! | `env:<name>` | returns an environment variable |
+//! | `connect:<host:port>` | opens a TCP connection, returns `connected` |
+//! | `alloc` | allocates without bound |
+//! | `spin` | loops forever without host calls |
+//! | `sleep` | blocks in a host call (WASI sleep) for an hour |
+//! | `panic` | panics |
+//! | `recurse` | recurses without bound |
+//! | `log-flood` | writes 100,000 log lines |
+//! | `enqueue-storm:<agent>` | enqueues follow-ups until the host refuses |
+//! | `wait-stop` | sleeps in short host calls until the host asks it to stop, then reports |
+//! | anything else | returns it |
+
+use std::hint::black_box;
+use std::time::Duration;
+
+use homing_guest::{Claim, Enqueue, Handler};
+
+struct Sandbox;
+
+#[allow(unconditional_recursion)]
+fn recurse(depth: u64) -> u64 {
+    let pad = black_box([depth; 64]);
+    recurse(depth + 1) + pad[0]
+}
+
+impl Handler for Sandbox {
+    fn handle(claim: &Claim) -> Result<Vec<u8>, String> {
+        let payload = claim.payload_str().unwrap_or_default().to_owned();
+        let (action, arg) = payload.split_once(':').unwrap_or((payload.as_str(), ""));
+        match action {
+            "read-file" => std::fs::read_to_string(arg)
+                .map(String::into_bytes)
+                .map_err(|e| format!("read {arg}: {e}")),
+            "write-file" => std::fs::write(arg, b"written")
+                .map(|()| b"written".to_vec())
+                .map_err(|e| format!("write {arg}: {e}")),
+            "env" => std::env::var(arg)
+                .map(String::into_bytes)
+                .map_err(|e| format!("env {arg}: {e}")),
+            "connect" => std::net::TcpStream::connect(arg)
+                .map(|_| b"connected".to_vec())
+                .map_err(|e| format!("connect {arg}: {e}")),
+            "alloc" => {
+                let mut hoard: Vec<Vec<u8>> = Vec::new();
+                loop {
+                    hoard.push(vec![1u8; 1 << 20]);
+                    black_box(&hoard);
+                }
+            }
+            "spin" => {
+                let mut n: u64 = 0;
+                loop {
+                    n = black_box(n.wrapping_add(1));
+                }
+            }
+            "sleep" => {
+                std::thread::sleep(Duration::from_secs(3600));
+                Ok(b"woke".to_vec())
+            }
+            "panic" => {
+                #[allow(clippy::panic)]
+                {
+                    panic!("the sandbox guest panics on purpose")
+                }
+            }
+            "recurse" => Ok(recurse(0).to_le_bytes().to_vec()),
+            "log-flood" => {
+                for i in 0..100_000 {
+                    homing_guest::info!("flood line {i}");
+                }
+                Ok(b"flooded".to_vec())
+            }
+            "enqueue-storm" => {
+                let mut sent = 0u32;
+                loop {
+                    match claim.enqueue(Enqueue::to(arg).thread(format!("storm-{sent}")).payload("x")) {
+                        Ok(_) => sent += 1,
+                        Err(e) => return Ok(format!("sent {sent} then refused: {e}").into_bytes()),
+                    }
+                }
+            }
+            "wait-stop" => loop {
+                if let Some(reason) = claim.stop_requested() {
+                    return Ok(format!("stop requested: {reason:?}").into_bytes());
+                }
+                std::thread::sleep(Duration::from_millis(20));
+            },
+            _ => Ok(payload.into_bytes()),
+        }
+    }
+}
+
+homing_guest::export_handler!(Sandbox);
