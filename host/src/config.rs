@@ -452,7 +452,7 @@ pub fn parse_duration(text: &str) -> Result<Duration, String> {
         }
     };
     let total = value * millis;
-    if !total.is_finite() || total < 0.0 || total > 1e15 {
+    if !total.is_finite() || !(0.0..=1e15).contains(&total) {
         return Err(format!("`{text}` is out of range"));
     }
     Ok(Duration::from_micros((total * 1000.0) as u64))

@@ -547,8 +547,8 @@ fn printable(bytes: &[u8]) -> String {
 
 fn print_table(rows: &[Dispatch]) {
     println!(
-        "{:<36}  {:<12}  {:<20}  {:<11}  {:>3}  {:>7}  {}",
-        "ID", "AGENT", "THREAD", "STATUS", "PRI", "ATTEMPT", "RESULT"
+        "{:<36}  {:<12}  {:<20}  {:<11}  {:>3}  {:>7}  RESULT",
+        "ID", "AGENT", "THREAD", "STATUS", "PRI", "ATTEMPT"
     );
     for d in rows {
         let result = match (&d.result, &d.last_error) {

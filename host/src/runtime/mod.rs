@@ -355,6 +355,26 @@ impl Runtime {
         Ok(store)
     }
 
+    /// Creates a fresh store and instance of `plugin` and drops them: the per-dispatch start
+    /// cost, for benchmarks and health checks.
+    ///
+    /// # Errors
+    ///
+    /// When instantiation fails.
+    pub async fn start_instance(&self, plugin: &Plugin) -> anyhow::Result<()> {
+        let mut store = self.new_store(plugin)?;
+        store.data_mut().deadline = Some(std::time::Instant::now() + plugin.ctx.config.timeout);
+        match &plugin.pre {
+            PluginPre::Handler(pre) => {
+                pre.instantiate_async(&mut store).await?;
+            }
+            PluginPre::Agent(pre) => {
+                pre.instantiate_async(&mut store).await?;
+            }
+        }
+        Ok(())
+    }
+
     /// Runs one dispatch through a `handler` plugin: a fresh instance, one `handle` call.
     /// Returns the claim (with what the guest did) and how the call ended.
     pub async fn run_handler(&self, plugin: &Plugin, claim: ClaimHandle) -> (ClaimHandle, CallEnd) {

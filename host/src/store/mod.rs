@@ -49,6 +49,10 @@
 //!   delays a lone dispatch on another thread by at most one claim per competing thread.
 //! - Holder operations are idempotent per token: repeating the operation that settled a
 //!   dispatch, with the same token, returns the record unchanged (a retry after a lost reply).
+//! - A holder whose lease has run out may still settle or record (ack, nack, record-result)
+//!   until someone reclaims the dispatch: until then no one else can hold it, because the
+//!   thread stays blocked. Thread-log appends are stricter: a fenced append needs a live lease
+//!   (`lease_until >= now`), because the log is shared by every later holder of the thread.
 //! - Time comes from the store's [`Clock`]; only maintenance takes an explicit `now`.
 //!
 //! # Backends

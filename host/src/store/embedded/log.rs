@@ -71,7 +71,9 @@ fn check_fence(tx: &Transaction<'_>, thread: &str, fence: &Fence, now: u64) -> R
         }
         .into());
     };
-    if claim.token != fence.token || d.epoch != fence.epoch {
+    // A fenced append needs a live lease (`lease_until >= now`): once it runs out, another
+    // holder may be one reclaim away, and the log must not take the old holder's writes.
+    if claim.token != fence.token || d.epoch != fence.epoch || claim.lease_until < now {
         return Err(StoreError::LostClaim { id: d.id.clone() }.into());
     }
     if d.thread != thread {

@@ -333,6 +333,9 @@ fn reclaim_one(tx: &Transaction<'_>, mut d: Dispatch, now: u64) -> StoreResult<O
         return Ok(None);
     }
     let ready = fail_attempt(&mut d, now, now, None, REASON_LEASE_EXPIRED_AT_MAX);
+    // The abandoned run's projection goes with its lease, whether requeued or dead-lettered.
+    d.started_at = None;
+    d.result = None;
     rows::store(tx, &d, ready, None)?;
     release_thread(tx, &d.thread, &d.id)?;
     refresh_lane(tx, &d.agent, &d.thread)?;
