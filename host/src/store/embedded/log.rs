@@ -6,7 +6,7 @@
 //! dispatch row and the thread's epoch in the same transaction.
 
 use async_trait::async_trait;
-use rusqlite::{OptionalExtension, Transaction, params};
+use rusqlite::{Connection, OptionalExtension, params};
 
 use super::rows::{self, db};
 use super::{EmbeddedStore, TxError};
@@ -16,7 +16,7 @@ use crate::store::{REASON_STALE_EPOCH, SequenceStore, StoreError, StoreResult};
 /// The page size of `read` when the caller gives 0.
 const DEFAULT_READ: usize = 1000;
 
-fn marks(tx: &Transaction<'_>, thread: &str) -> StoreResult<Watermarks> {
+fn marks(tx: &Connection, thread: &str) -> StoreResult<Watermarks> {
     let row = tx
         .prepare_cached("SELECT reserved, latest, trimmed FROM log_marks WHERE thread = ?1")
         .map_err(db)?
@@ -42,7 +42,7 @@ fn marks(tx: &Transaction<'_>, thread: &str) -> StoreResult<Watermarks> {
     Ok(marks)
 }
 
-fn save_marks(tx: &Transaction<'_>, thread: &str, m: Watermarks) -> StoreResult<()> {
+fn save_marks(tx: &Connection, thread: &str, m: Watermarks) -> StoreResult<()> {
     tx.prepare_cached(
         "INSERT INTO log_marks (thread, reserved, latest, trimmed) VALUES (?1, ?2, ?3, ?4) \
          ON CONFLICT (thread) DO UPDATE SET reserved = excluded.reserved, latest = excluded.latest, \
@@ -56,7 +56,7 @@ fn save_marks(tx: &Transaction<'_>, thread: &str, m: Watermarks) -> StoreResult<
 
 /// Checks a guest's fence: the dispatch is claimed by this token, on this thread, at a
 /// current epoch. A stale epoch supersedes the dispatch (committed) and fails.
-fn check_fence(tx: &Transaction<'_>, thread: &str, fence: &Fence, now: u64) -> Result<(), TxError> {
+fn check_fence(tx: &Connection, thread: &str, fence: &Fence, now: u64) -> Result<(), TxError> {
     let Some(row) = rows::load(tx, &fence.dispatch)? else {
         return Err(StoreError::NotFound {
             id: fence.dispatch.clone(),
@@ -119,38 +119,48 @@ fn check_fence(tx: &Transaction<'_>, thread: &str, fence: &Fence, now: u64) -> R
 }
 
 impl EmbeddedStore {
-    fn append_inner(
+    async fn append_inner(
         &self,
         thread: &str,
         entry: &[u8],
         expected: Option<u64>,
         fence: Option<&Fence>,
     ) -> StoreResult<u64> {
+        let thread = thread.to_owned();
+        let entry = entry.to_vec();
+        let fence = fence.cloned();
+
         if thread.trim().is_empty() {
             return Err(StoreError::Invalid("thread is blank".into()));
         }
-        let out = self.write(|tx, now| {
-            if let Some(fence) = fence {
-                check_fence(tx, thread, fence, now)?;
-            }
-            let mut m = marks(tx, thread)?;
-            if let Some(expected) = expected
-                && m.latest != expected
-            {
-                return Err(StoreError::Conflict { latest: m.latest }.into());
-            }
-            let seq = m.reserved.max(m.latest) + 1;
-            tx.prepare_cached(
+        let out = self
+            .write(move |tx, now| {
+                let thread = thread.as_str();
+                let entry = entry.as_slice();
+                let fence = fence.as_ref();
+
+                if let Some(fence) = fence {
+                    check_fence(tx, thread, fence, now)?;
+                }
+                let mut m = marks(tx, thread)?;
+                if let Some(expected) = expected
+                    && m.latest != expected
+                {
+                    return Err(StoreError::Conflict { latest: m.latest }.into());
+                }
+                let seq = m.reserved.max(m.latest) + 1;
+                tx.prepare_cached(
                 "INSERT INTO log_entries (thread, seq, data, appended_at) VALUES (?1, ?2, ?3, ?4)",
             )
             .map_err(db)?
             .execute(params![thread, seq, entry, now])
             .map_err(db)?;
-            m.reserved = seq;
-            m.latest = seq;
-            save_marks(tx, thread, m)?;
-            Ok(seq)
-        });
+                m.reserved = seq;
+                m.latest = seq;
+                save_marks(tx, thread, m)?;
+                Ok(seq)
+            })
+            .await;
         if matches!(out, Err(StoreError::StaleEpoch { .. })) {
             self.signal();
         }
@@ -161,7 +171,7 @@ impl EmbeddedStore {
 #[async_trait]
 impl SequenceStore for EmbeddedStore {
     async fn append(&self, thread: &str, entry: &[u8], fence: Option<&Fence>) -> StoreResult<u64> {
-        self.append_inner(thread, entry, None, fence)
+        self.append_inner(thread, entry, None, fence).await
     }
 
     async fn append_expected(
@@ -172,13 +182,18 @@ impl SequenceStore for EmbeddedStore {
         fence: Option<&Fence>,
     ) -> StoreResult<u64> {
         self.append_inner(thread, entry, Some(expected_latest), fence)
+            .await
     }
 
     async fn read(&self, thread: &str, after: u64, limit: usize) -> StoreResult<Vec<LogEntry>> {
+        let thread = thread.to_owned();
+
         let limit =
             i64::try_from(if limit == 0 { DEFAULT_READ } else { limit }).unwrap_or(i64::MAX);
         let after = after.min(i64::MAX as u64);
-        EmbeddedStore::read(self, |tx| {
+        EmbeddedStore::read(self, move |tx| {
+let thread = thread.as_str();
+
             let latest = marks(tx, thread)?.latest;
             let mut stmt = tx
                 .prepare_cached(
@@ -200,19 +215,35 @@ impl SequenceStore for EmbeddedStore {
                     key: format!("log_entries/{thread}"),
                     reason: e.to_string(),
                 })
-        })
+        }).await
     }
 
     async fn latest(&self, thread: &str) -> StoreResult<u64> {
-        EmbeddedStore::read(self, |tx| Ok(marks(tx, thread)?.latest))
+        let thread = thread.to_owned();
+
+        EmbeddedStore::read(self, move |tx| {
+            let thread = thread.as_str();
+            Ok(marks(tx, thread)?.latest)
+        })
+        .await
     }
 
     async fn watermarks(&self, thread: &str) -> StoreResult<Watermarks> {
-        EmbeddedStore::read(self, |tx| marks(tx, thread))
+        let thread = thread.to_owned();
+
+        EmbeddedStore::read(self, move |tx| {
+            let thread = thread.as_str();
+            marks(tx, thread)
+        })
+        .await
     }
 
     async fn trim(&self, thread: &str, up_to: u64) -> StoreResult<()> {
-        self.write(|tx, _| {
+        let thread = thread.to_owned();
+
+        self.write(move |tx, _| {
+            let thread = thread.as_str();
+
             let mut m = marks(tx, thread)?;
             let cut = up_to.min(m.latest);
             if cut <= m.trimmed {
@@ -226,10 +257,15 @@ impl SequenceStore for EmbeddedStore {
             save_marks(tx, thread, m)?;
             Ok(())
         })
+        .await
     }
 
     async fn delete(&self, thread: &str) -> StoreResult<()> {
-        self.write(|tx, _| {
+        let thread = thread.to_owned();
+
+        self.write(move |tx, _| {
+            let thread = thread.as_str();
+
             let mut m = marks(tx, thread)?;
             tx.prepare_cached("DELETE FROM log_entries WHERE thread = ?1")
                 .map_err(db)?
@@ -241,5 +277,6 @@ impl SequenceStore for EmbeddedStore {
             }
             Ok(())
         })
+        .await
     }
 }

@@ -4,7 +4,7 @@
 use std::sync::Arc;
 
 use async_trait::async_trait;
-use rusqlite::{OptionalExtension, Transaction, params};
+use rusqlite::{Connection, OptionalExtension, params};
 use tokio::sync::Notify;
 
 use super::rows::{self, COLUMNS, Row_, db};
@@ -32,7 +32,7 @@ struct ThreadRow {
     served: u64,
 }
 
-fn thread_row(tx: &Transaction<'_>, thread: &str) -> StoreResult<ThreadRow> {
+fn thread_row(tx: &Connection, thread: &str) -> StoreResult<ThreadRow> {
     let mut stmt = tx
         .prepare_cached("SELECT epoch, holder, served FROM threads WHERE thread = ?1")
         .map_err(db)?;
@@ -53,7 +53,7 @@ fn thread_row(tx: &Transaction<'_>, thread: &str) -> StoreResult<ThreadRow> {
     }))
 }
 
-fn ensure_thread(tx: &Transaction<'_>, thread: &str) -> StoreResult<()> {
+fn ensure_thread(tx: &Connection, thread: &str) -> StoreResult<()> {
     tx.prepare_cached("INSERT INTO threads (thread) VALUES (?1) ON CONFLICT (thread) DO NOTHING")
         .map_err(db)?
         .execute(params![thread])
@@ -62,10 +62,11 @@ fn ensure_thread(tx: &Transaction<'_>, thread: &str) -> StoreResult<()> {
 }
 
 /// Recomputes the lane of (agent, thread): its best ready dispatch, or no lane.
-fn refresh_lane(tx: &Transaction<'_>, agent: &str, thread: &str) -> StoreResult<()> {
+fn refresh_lane(tx: &Connection, agent: &str, thread: &str) -> StoreResult<()> {
     let head = tx
         .prepare_cached(
-            "SELECT id, priority, created_at FROM dispatches WHERE agent = ?1 AND thread = ?2 \
+            "SELECT id, priority, created_at FROM dispatches INDEXED BY dispatches_lane_heads \
+             WHERE agent = ?1 AND thread = ?2 \
              AND status = 'queued' AND ready = 1 ORDER BY priority, created_at, id LIMIT 1",
         )
         .map_err(db)?
@@ -102,7 +103,7 @@ fn refresh_lane(tx: &Transaction<'_>, agent: &str, thread: &str) -> StoreResult<
 }
 
 /// Marks the thread as held by `id` and moves it to the back of its priority class.
-fn occupy_thread(tx: &Transaction<'_>, thread: &str, id: &str) -> StoreResult<()> {
+fn occupy_thread(tx: &Connection, thread: &str, id: &str) -> StoreResult<()> {
     let served = tx
         .prepare_cached(
             "INSERT INTO counters (name, value) VALUES ('served', 1) \
@@ -124,7 +125,7 @@ fn occupy_thread(tx: &Transaction<'_>, thread: &str, id: &str) -> StoreResult<()
 }
 
 /// Frees the thread if `id` holds it.
-fn release_thread(tx: &Transaction<'_>, thread: &str, id: &str) -> StoreResult<()> {
+fn release_thread(tx: &Connection, thread: &str, id: &str) -> StoreResult<()> {
     let changed = tx
         .prepare_cached("UPDATE threads SET holder = NULL WHERE thread = ?1 AND holder = ?2")
         .map_err(db)?
@@ -140,11 +141,12 @@ fn release_thread(tx: &Transaction<'_>, thread: &str, id: &str) -> StoreResult<(
 }
 
 /// Moves delayed dispatches whose time has come into their lanes.
-fn promote_due(tx: &Transaction<'_>, now: u64) -> StoreResult<()> {
+fn promote_due(tx: &Connection, now: u64) -> StoreResult<()> {
     let due: Vec<(String, String, String)> = {
         let mut stmt = tx
             .prepare_cached(
-                "SELECT id, agent, thread FROM dispatches WHERE status = 'queued' AND ready = 0 \
+                "SELECT id, agent, thread FROM dispatches INDEXED BY dispatches_delayed \
+                 WHERE status = 'queued' AND ready = 0 \
                  AND available_at <= ?1 ORDER BY available_at LIMIT 1000",
             )
             .map_err(db)?;
@@ -178,7 +180,7 @@ fn terminate(d: &mut Dispatch, status: Status, now: u64, reason: Option<&str>) {
 
 /// Supersedes a claimed dispatch whose epoch is stale and frees its thread.
 fn supersede(
-    tx: &Transaction<'_>,
+    tx: &Connection,
     mut d: Dispatch,
     now: u64,
     reason: &str,
@@ -242,7 +244,7 @@ enum Holder {
 /// Checks, inside the transaction, that `token` holds `id` at a current epoch (SPEC section 2).
 /// A stale epoch supersedes the dispatch and fails with `StaleEpoch`, committing the supersede.
 fn check_holder(
-    tx: &Transaction<'_>,
+    tx: &Connection,
     id: &str,
     token: &str,
     settle_op: Option<&str>,
@@ -305,7 +307,7 @@ fn same_content(stored: &Dispatch, new: &NewDispatch) -> bool {
 
 /// Claims `d` for `consumer` until `now + lease_ms` and occupies its thread.
 fn take(
-    tx: &Transaction<'_>,
+    tx: &Connection,
     mut d: Dispatch,
     consumer: &str,
     lease_ms: u64,
@@ -326,7 +328,7 @@ fn take(
 
 /// Reclaims one expired claim (T12/T13), or supersedes it when its thread moved on.
 /// Returns the record when it was requeued or dead-lettered.
-fn reclaim_one(tx: &Transaction<'_>, mut d: Dispatch, now: u64) -> StoreResult<Option<Dispatch>> {
+fn reclaim_one(tx: &Connection, mut d: Dispatch, now: u64) -> StoreResult<Option<Dispatch>> {
     let thread_epoch = thread_row(tx, &d.thread)?.epoch;
     if d.epoch < thread_epoch {
         supersede(tx, d, now, REASON_EXPIRED_AFTER_INTERRUPT, None)?;
@@ -344,19 +346,22 @@ fn reclaim_one(tx: &Transaction<'_>, mut d: Dispatch, now: u64) -> StoreResult<O
 
 impl EmbeddedStore {
     /// A holder operation: check the claim, apply `f`, store the result.
-    fn holder_write(
+    async fn holder_write(
         &self,
         id: &str,
         token: &str,
         settle_op: Option<&'static str>,
-        f: impl FnOnce(&Transaction<'_>, Dispatch, u64) -> StoreResult<Dispatch>,
+        f: impl FnOnce(&Connection, Dispatch, u64, &str) -> StoreResult<Dispatch> + Send + 'static,
     ) -> StoreResult<Dispatch> {
-        let out = self.write(
-            |tx, now| match check_holder(tx, id, token, settle_op, now)? {
-                Holder::Repeat(d) => Ok((d, false)),
-                Holder::Live(d) => Ok((f(tx, d, now)?, settle_op.is_some())),
-            },
-        );
+        let (id, token) = (id.to_owned(), token.to_owned());
+        let out = self
+            .write(
+                move |tx, now| match check_holder(tx, &id, &token, settle_op, now)? {
+                    Holder::Repeat(d) => Ok((d, false)),
+                    Holder::Live(d) => Ok((f(tx, d, now, &token)?, settle_op.is_some())),
+                },
+            )
+            .await;
         match out {
             Ok((d, settled)) => {
                 if settled {
@@ -382,64 +387,66 @@ impl Mailbox for EmbeddedStore {
             .id
             .clone()
             .unwrap_or_else(|| uuid::Uuid::now_v7().to_string());
-        let out = self.write(|tx, now| {
-            if let Some(existing) = rows::load(tx, &id)? {
-                return if same_content(&existing.dispatch, &new) {
-                    Ok((existing.dispatch, false))
-                } else {
-                    Err(StoreError::Duplicate { id, holder: None }.into())
-                };
-            }
-            if let Some(key) = &new.dedupe_key {
-                let holder: Option<String> = tx
-                    .prepare_cached(
-                        "SELECT id FROM dispatches WHERE thread = ?1 AND dedupe_key = ?2 \
-                         AND status IN ('queued', 'claimed') LIMIT 1",
-                    )
-                    .map_err(db)?
-                    .query_row(params![new.thread, key], |row| row.get(0))
-                    .optional()
-                    .map_err(db)?;
-                if let Some(holder) = holder {
-                    return Err(StoreError::Duplicate {
-                        id,
-                        holder: Some(holder),
-                    }
-                    .into());
+        let out = self
+            .write(move |tx, now| {
+                if let Some(existing) = rows::load(tx, &id)? {
+                    return if same_content(&existing.dispatch, &new) {
+                        Ok((existing.dispatch, false))
+                    } else {
+                        Err(StoreError::Duplicate { id, holder: None }.into())
+                    };
                 }
-            }
-            ensure_thread(tx, &new.thread)?;
-            let epoch = thread_row(tx, &new.thread)?.epoch;
-            let available_at = clamp(now.saturating_add(new.delay_ms));
-            let d = Dispatch {
-                run_id: new.run_id.clone().unwrap_or_else(|| id.clone()),
-                id: id.clone(),
-                agent: new.agent.clone(),
-                thread: new.thread.clone(),
-                payload: new.payload.clone(),
-                metadata: new.metadata.clone(),
-                priority: new.priority,
-                available_at,
-                dedupe_key: new.dedupe_key.clone(),
-                max_attempts: new.max_attempts,
-                attempt: new.attempt,
-                epoch,
-                status: Status::Queued,
-                claim: None,
-                started_at: None,
-                result: None,
-                last_error: None,
-                created_at: now,
-                updated_at: now,
-                completed_at: None,
-            };
-            let ready = available_at <= now;
-            rows::insert(tx, &d, ready)?;
-            if ready {
-                refresh_lane(tx, &d.agent, &d.thread)?;
-            }
-            Ok((d, true))
-        })?;
+                if let Some(key) = &new.dedupe_key {
+                    let holder: Option<String> = tx
+                        .prepare_cached(
+                            "SELECT id FROM dispatches WHERE thread = ?1 AND dedupe_key = ?2 \
+                         AND status IN ('queued', 'claimed') LIMIT 1",
+                        )
+                        .map_err(db)?
+                        .query_row(params![new.thread, key], |row| row.get(0))
+                        .optional()
+                        .map_err(db)?;
+                    if let Some(holder) = holder {
+                        return Err(StoreError::Duplicate {
+                            id,
+                            holder: Some(holder),
+                        }
+                        .into());
+                    }
+                }
+                ensure_thread(tx, &new.thread)?;
+                let epoch = thread_row(tx, &new.thread)?.epoch;
+                let available_at = clamp(now.saturating_add(new.delay_ms));
+                let d = Dispatch {
+                    run_id: new.run_id.clone().unwrap_or_else(|| id.clone()),
+                    id: id.clone(),
+                    agent: new.agent.clone(),
+                    thread: new.thread.clone(),
+                    payload: new.payload.clone(),
+                    metadata: new.metadata.clone(),
+                    priority: new.priority,
+                    available_at,
+                    dedupe_key: new.dedupe_key.clone(),
+                    max_attempts: new.max_attempts,
+                    attempt: new.attempt,
+                    epoch,
+                    status: Status::Queued,
+                    claim: None,
+                    started_at: None,
+                    result: None,
+                    last_error: None,
+                    created_at: now,
+                    updated_at: now,
+                    completed_at: None,
+                };
+                let ready = available_at <= now;
+                rows::insert(tx, &d, ready)?;
+                if ready {
+                    refresh_lane(tx, &d.agent, &d.thread)?;
+                }
+                Ok((d, true))
+            })
+            .await?;
         if out.1 {
             self.signal();
         }
@@ -452,7 +459,13 @@ impl Mailbox for EmbeddedStore {
         consumer: &str,
         lease_ms: u64,
     ) -> StoreResult<Option<Dispatch>> {
-        self.write(|tx, now| {
+        let agent = agent.to_owned();
+        let consumer = consumer.to_owned();
+
+        self.write(move |tx, now| {
+            let agent = agent.as_str();
+            let consumer = consumer.as_str();
+
             promote_due(tx, now)?;
             // A lane whose head turns out unusable is repaired and the pick repeated; the bound
             // only guards against a store that keeps handing back the same broken lane.
@@ -495,6 +508,7 @@ impl Mailbox for EmbeddedStore {
             ))
             .into())
         })
+        .await
     }
 
     async fn claim_dispatch(
@@ -503,43 +517,51 @@ impl Mailbox for EmbeddedStore {
         consumer: &str,
         lease_ms: u64,
     ) -> StoreResult<Option<Dispatch>> {
-        let out = self.write(|tx, now| {
-            let Some(row) = rows::load(tx, id)? else {
-                return Ok((None, false));
-            };
-            let d = row.dispatch;
-            if d.status != Status::Queued {
-                return Ok((None, false));
-            }
-            let t = thread_row(tx, &d.thread)?;
-            if d.epoch < t.epoch {
-                supersede(tx, d, now, REASON_STALE_EPOCH, None)?;
-                return Ok((None, true));
-            }
-            let mut reclaimed = false;
-            if let Some(holder) = &t.holder {
-                match rows::load(tx, holder)?.map(|row| row.dispatch) {
-                    Some(h) if h.status == Status::Claimed => {
-                        let live = h.claim.as_ref().is_some_and(|c| c.lease_until >= now);
-                        if live {
-                            return Ok((None, false));
-                        }
-                        reclaim_one(tx, h, now)?;
-                        reclaimed = true;
-                    }
-                    // The holder column points at a settled record: free the thread.
-                    _ => release_thread(tx, &d.thread, holder)?,
+        let id = id.to_owned();
+        let consumer = consumer.to_owned();
+
+        let out = self
+            .write(move |tx, now| {
+                let id = id.as_str();
+                let consumer = consumer.as_str();
+
+                let Some(row) = rows::load(tx, id)? else {
+                    return Ok((None, false));
+                };
+                let d = row.dispatch;
+                if d.status != Status::Queued {
+                    return Ok((None, false));
                 }
-            }
-            // Re-read: reclaiming the old holder may have changed this record's lane.
-            let Some(row) = rows::load(tx, id)? else {
-                return Ok((None, reclaimed));
-            };
-            Ok((
-                Some(take(tx, row.dispatch, consumer, lease_ms, now)?),
-                reclaimed,
-            ))
-        })?;
+                let t = thread_row(tx, &d.thread)?;
+                if d.epoch < t.epoch {
+                    supersede(tx, d, now, REASON_STALE_EPOCH, None)?;
+                    return Ok((None, true));
+                }
+                let mut reclaimed = false;
+                if let Some(holder) = &t.holder {
+                    match rows::load(tx, holder)?.map(|row| row.dispatch) {
+                        Some(h) if h.status == Status::Claimed => {
+                            let live = h.claim.as_ref().is_some_and(|c| c.lease_until >= now);
+                            if live {
+                                return Ok((None, false));
+                            }
+                            reclaim_one(tx, h, now)?;
+                            reclaimed = true;
+                        }
+                        // The holder column points at a settled record: free the thread.
+                        _ => release_thread(tx, &d.thread, holder)?,
+                    }
+                }
+                // Re-read: reclaiming the old holder may have changed this record's lane.
+                let Some(row) = rows::load(tx, id)? else {
+                    return Ok((None, reclaimed));
+                };
+                Ok((
+                    Some(take(tx, row.dispatch, consumer, lease_ms, now)?),
+                    reclaimed,
+                ))
+            })
+            .await?;
         if out.1 {
             self.signal();
         }
@@ -547,14 +569,16 @@ impl Mailbox for EmbeddedStore {
     }
 
     async fn extend_lease(&self, id: &str, token: &str, extension_ms: u64) -> StoreResult<bool> {
-        let out = self.holder_write(id, token, None, |tx, mut d, now| {
-            if let Some(claim) = &mut d.claim {
-                claim.lease_until = clamp(now.saturating_add(extension_ms));
-            }
-            d.updated_at = now;
-            rows::store(tx, &d, false, None)?;
-            Ok(d)
-        });
+        let out = self
+            .holder_write(id, token, None, move |tx, mut d, now, _| {
+                if let Some(claim) = &mut d.claim {
+                    claim.lease_until = clamp(now.saturating_add(extension_ms));
+                }
+                d.updated_at = now;
+                rows::store(tx, &d, false, None)?;
+                Ok(d)
+            })
+            .await;
         match out {
             Ok(_) => Ok(true),
             Err(
@@ -568,13 +592,14 @@ impl Mailbox for EmbeddedStore {
     }
 
     async fn record_start(&self, id: &str, token: &str) -> StoreResult<Dispatch> {
-        self.holder_write(id, token, None, |tx, mut d, now| {
+        self.holder_write(id, token, None, move |tx, mut d, now, _| {
             d.started_at = Some(now);
             d.result = None;
             d.updated_at = now;
             rows::store(tx, &d, false, None)?;
             Ok(d)
         })
+        .await
     }
 
     async fn record_result(
@@ -583,21 +608,23 @@ impl Mailbox for EmbeddedStore {
         token: &str,
         result: RunResult,
     ) -> StoreResult<Dispatch> {
-        self.holder_write(id, token, None, |tx, mut d, now| {
+        self.holder_write(id, token, None, move |tx, mut d, now, _| {
             d.result = Some(result);
             d.updated_at = now;
             rows::store(tx, &d, false, None)?;
             Ok(d)
         })
+        .await
     }
 
     async fn ack(&self, id: &str, token: &str) -> StoreResult<Dispatch> {
-        self.holder_write(id, token, Some("ack"), |tx, mut d, now| {
+        self.holder_write(id, token, Some("ack"), move |tx, mut d, now, token| {
             terminate(&mut d, Status::Acked, now, None);
             rows::store(tx, &d, false, Some((token, "ack")))?;
             release_thread(tx, &d.thread, &d.id)?;
             Ok(d)
         })
+        .await
     }
 
     async fn nack(
@@ -607,12 +634,13 @@ impl Mailbox for EmbeddedStore {
         retry_at: u64,
         error: &str,
     ) -> StoreResult<Dispatch> {
-        self.holder_write(id, token, Some("nack"), |tx, mut d, now| {
+        let error = error.to_owned();
+        self.holder_write(id, token, Some("nack"), move |tx, mut d, now, token| {
             let ready = fail_attempt(
                 &mut d,
                 now,
                 retry_at,
-                Some(error),
+                Some(error.as_str()),
                 REASON_LEASE_EXPIRED_AT_MAX,
             );
             rows::store(tx, &d, ready, Some((token, "nack")))?;
@@ -620,29 +648,42 @@ impl Mailbox for EmbeddedStore {
             refresh_lane(tx, &d.agent, &d.thread)?;
             Ok(d)
         })
+        .await
     }
 
     async fn dead_letter(&self, id: &str, token: &str, error: &str) -> StoreResult<Dispatch> {
-        self.holder_write(id, token, Some("dead_letter"), |tx, mut d, now| {
-            terminate(&mut d, Status::DeadLetter, now, Some(error));
-            rows::store(tx, &d, false, Some((token, "dead_letter")))?;
-            release_thread(tx, &d.thread, &d.id)?;
-            Ok(d)
-        })
+        let error = error.to_owned();
+        self.holder_write(
+            id,
+            token,
+            Some("dead_letter"),
+            move |tx, mut d, now, token| {
+                terminate(&mut d, Status::DeadLetter, now, Some(error.as_str()));
+                rows::store(tx, &d, false, Some((token, "dead_letter")))?;
+                release_thread(tx, &d.thread, &d.id)?;
+                Ok(d)
+            },
+        )
+        .await
     }
 
     async fn complete(&self, id: &str, token: &str, result: RunResult) -> StoreResult<Dispatch> {
-        self.holder_write(id, token, Some("ack"), |tx, mut d, now| {
+        self.holder_write(id, token, Some("ack"), move |tx, mut d, now, token| {
             d.result = Some(result);
             terminate(&mut d, Status::Acked, now, None);
             rows::store(tx, &d, false, Some((token, "ack")))?;
             release_thread(tx, &d.thread, &d.id)?;
             Ok(d)
         })
+        .await
     }
 
     async fn cancel(&self, id: &str) -> StoreResult<Option<Dispatch>> {
-        self.write(|tx, now| {
+        let id = id.to_owned();
+
+        self.write(move |tx, now| {
+            let id = id.as_str();
+
             let Some(row) = rows::load(tx, id)? else {
                 return Ok(None);
             };
@@ -655,10 +696,17 @@ impl Mailbox for EmbeddedStore {
             refresh_lane(tx, &d.agent, &d.thread)?;
             Ok(Some(d))
         })
+        .await
     }
 
     async fn interrupt(&self, thread: &str, reason: &str) -> StoreResult<Interrupt> {
-        let out = self.write(|tx, now| {
+        let thread = thread.to_owned();
+        let reason = reason.to_owned();
+
+        let out = self.write(move |tx, now| {
+let thread = thread.as_str();
+let reason = reason.as_str();
+
             ensure_thread(tx, thread)?;
             let epoch = tx
                 .prepare_cached("UPDATE threads SET epoch = epoch + 1 WHERE thread = ?1 RETURNING epoch")
@@ -694,7 +742,7 @@ impl Mailbox for EmbeddedStore {
                 active,
                 superseded,
             })
-        })?;
+        }).await?;
         self.signal();
         Ok(out)
     }
@@ -705,34 +753,44 @@ impl Mailbox for EmbeddedStore {
         token: Option<&str>,
         reason: &str,
     ) -> StoreResult<Option<Dispatch>> {
-        let out = self.write(|tx, now| {
-            let Some(row) = rows::load(tx, id)? else {
-                return Ok(None);
-            };
-            if let Some(token) = token
-                && row.settled_token.as_deref() == Some(token)
-                && row.settled_op.as_deref() == Some("supersede")
-            {
-                return Ok(Some(row.dispatch));
-            }
-            let d = row.dispatch;
-            let Some(claim) = &d.claim else {
-                return Ok(None);
-            };
-            if let Some(token) = token
-                && claim.token != token
-            {
-                return Err(StoreError::LostClaim { id: id.to_owned() }.into());
-            }
-            let settled_token = claim.token.clone();
-            Ok(Some(supersede(
-                tx,
-                d,
-                now,
-                reason,
-                Some((&settled_token, "supersede")),
-            )?))
-        })?;
+        let id = id.to_owned();
+        let token = token.map(str::to_owned);
+        let reason = reason.to_owned();
+
+        let out = self
+            .write(move |tx, now| {
+                let id = id.as_str();
+                let token = token.as_deref();
+                let reason = reason.as_str();
+
+                let Some(row) = rows::load(tx, id)? else {
+                    return Ok(None);
+                };
+                if let Some(token) = token
+                    && row.settled_token.as_deref() == Some(token)
+                    && row.settled_op.as_deref() == Some("supersede")
+                {
+                    return Ok(Some(row.dispatch));
+                }
+                let d = row.dispatch;
+                let Some(claim) = &d.claim else {
+                    return Ok(None);
+                };
+                if let Some(token) = token
+                    && claim.token != token
+                {
+                    return Err(StoreError::LostClaim { id: id.to_owned() }.into());
+                }
+                let settled_token = claim.token.clone();
+                Ok(Some(supersede(
+                    tx,
+                    d,
+                    now,
+                    reason,
+                    Some((&settled_token, "supersede")),
+                )?))
+            })
+            .await?;
         if out.is_some() {
             self.signal();
         }
@@ -741,23 +799,26 @@ impl Mailbox for EmbeddedStore {
 
     async fn reclaim_expired(&self, now: u64, limit: usize) -> StoreResult<Vec<Dispatch>> {
         let limit = i64::try_from(limit).unwrap_or(i64::MAX);
-        let out = self.write(|tx, _| {
-            let expired = rows::query(
-                tx,
-                &format!(
-                    "SELECT {COLUMNS} FROM dispatches WHERE status = 'claimed' AND lease_until < ?1 \
+        let out = self
+            .write(move |tx, _| {
+                let expired = rows::query(
+                    tx,
+                    &format!(
+                        "SELECT {COLUMNS} FROM dispatches INDEXED BY dispatches_leases \
+                     WHERE status = 'claimed' AND lease_until < ?1 \
                      ORDER BY lease_until, id LIMIT ?2"
-                ),
-                &[&clamp(now), &limit],
-            )?;
-            let mut out = Vec::new();
-            for d in expired {
-                if let Some(d) = reclaim_one(tx, d, now)? {
-                    out.push(d);
+                    ),
+                    &[&clamp(now), &limit],
+                )?;
+                let mut out = Vec::new();
+                for d in expired {
+                    if let Some(d) = reclaim_one(tx, d, now)? {
+                        out.push(d);
+                    }
                 }
-            }
-            Ok(out)
-        })?;
+                Ok(out)
+            })
+            .await?;
         if !out.is_empty() {
             self.signal();
         }
@@ -765,10 +826,11 @@ impl Mailbox for EmbeddedStore {
     }
 
     async fn purge_terminal(&self, older_than: u64) -> StoreResult<usize> {
-        self.write(|tx, _| {
+        self.write(move |tx, _| {
             let purged = tx
                 .prepare_cached(
-                    "DELETE FROM dispatches WHERE completed_at IS NOT NULL AND completed_at < ?1 \
+                    "DELETE FROM dispatches INDEXED BY dispatches_completed \
+                     WHERE completed_at IS NOT NULL AND completed_at < ?1 \
                      AND status IN ('acked', 'cancelled', 'superseded', 'dead_letter')",
                 )
                 .map_err(db)?
@@ -776,13 +838,22 @@ impl Mailbox for EmbeddedStore {
                 .map_err(db)?;
             Ok(purged)
         })
+        .await
     }
 
     async fn load(&self, id: &str) -> StoreResult<Option<Dispatch>> {
-        self.read(|tx| Ok(rows::load(tx, id)?.map(|row| row.dispatch)))
+        let id = id.to_owned();
+
+        self.read(move |tx| {
+            let id = id.as_str();
+            Ok(rows::load(tx, id)?.map(|row| row.dispatch))
+        })
+        .await
     }
 
     async fn list(&self, filter: &ListFilter) -> StoreResult<Vec<Dispatch>> {
+        let filter = filter.clone();
+
         let limit = if filter.limit == 0 {
             DEFAULT_PAGE
         } else {
@@ -792,7 +863,9 @@ impl Mailbox for EmbeddedStore {
         let offset = i64::try_from(filter.offset).unwrap_or(i64::MAX);
         let statuses: Vec<&str> = filter.statuses.iter().map(|s| s.as_str()).collect();
         let statuses_json = serde_json::to_string(&statuses).unwrap_or_else(|_| "[]".into());
-        self.read(|tx| {
+        self.read(move |tx| {
+let filter = &filter;
+
             rows::query(
                 tx,
                 &format!(
@@ -802,11 +875,12 @@ impl Mailbox for EmbeddedStore {
                 ),
                 &[&filter.thread, &filter.agent, &statuses_json, &limit, &offset],
             )
-        })
+        }).await
     }
 
     async fn counts(&self) -> StoreResult<Vec<StatusCount>> {
-        self.read(|tx| {
+        self.read(move |tx| {
+
             let mut stmt = tx
                 .prepare_cached("SELECT agent, status, count(*) FROM dispatches GROUP BY agent, status ORDER BY agent, status")
                 .map_err(db)?;
@@ -826,14 +900,14 @@ impl Mailbox for EmbeddedStore {
                 });
             }
             Ok(out)
-        })
+        }).await
     }
 
     async fn list_terminal(&self, limit: usize, offset: usize) -> StoreResult<Vec<Dispatch>> {
         let limit =
             i64::try_from(if limit == 0 { DEFAULT_PAGE } else { limit }).unwrap_or(i64::MAX);
         let offset = i64::try_from(offset).unwrap_or(i64::MAX);
-        self.read(|tx| {
+        self.read(move |tx| {
             rows::query(
                 tx,
                 &format!(
@@ -844,31 +918,45 @@ impl Mailbox for EmbeddedStore {
                 &[&limit, &offset],
             )
         })
+        .await
     }
 
     async fn thread_epoch(&self, thread: &str) -> StoreResult<u64> {
-        self.read(|tx| Ok(thread_row(tx, thread)?.epoch))
+        let thread = thread.to_owned();
+
+        self.read(move |tx| {
+            let thread = thread.as_str();
+            Ok(thread_row(tx, thread)?.epoch)
+        })
+        .await
     }
 
     async fn queued_threads(&self) -> StoreResult<Vec<String>> {
-        self.read(|tx| {
+        self.read(move |tx| {
             let mut stmt = tx
-                .prepare_cached("SELECT DISTINCT thread FROM dispatches WHERE status = 'queued' ORDER BY thread")
+                .prepare_cached(
+                    "SELECT DISTINCT thread FROM dispatches INDEXED BY dispatches_live \
+                     WHERE status IN ('queued', 'claimed') AND status = 'queued' ORDER BY thread",
+                )
                 .map_err(db)?;
-            let rows = stmt.query_map([], |row| row.get::<_, String>(0)).map_err(db)?;
+            let rows = stmt
+                .query_map([], |row| row.get::<_, String>(0))
+                .map_err(db)?;
             rows.collect::<Result<_, _>>().map_err(db)
         })
+        .await
     }
 
     async fn has_live_work(&self) -> StoreResult<bool> {
-        self.read(|tx| {
+        self.read(move |tx| {
+
             Ok(rows::scalar_u64(
                 tx,
-                "SELECT 1 FROM dispatches WHERE status IN ('queued', 'claimed') LIMIT 1",
+                "SELECT 1 FROM dispatches INDEXED BY dispatches_live WHERE status IN ('queued', 'claimed') LIMIT 1",
                 &[],
             )?
             .is_some())
-        })
+        }).await
     }
 
     fn work_signal(&self) -> Arc<Notify> {

@@ -3,7 +3,7 @@
 
 use std::collections::BTreeMap;
 
-use rusqlite::{OptionalExtension, Row, Transaction, params};
+use rusqlite::{Connection, OptionalExtension, Row, params};
 
 use crate::store::model::{Claim, Dispatch, RunResult, RunStatus, Status};
 use crate::store::{StoreError, StoreResult};
@@ -99,7 +99,7 @@ pub(super) fn decode(row: &Row<'_>) -> StoreResult<Row_> {
 }
 
 /// Loads one dispatch row by id.
-pub(super) fn load(tx: &Transaction<'_>, id: &str) -> StoreResult<Option<Row_>> {
+pub(super) fn load(tx: &Connection, id: &str) -> StoreResult<Option<Row_>> {
     let mut stmt = tx
         .prepare_cached(&format!("SELECT {COLUMNS} FROM dispatches WHERE id = ?1"))
         .map_err(db)?;
@@ -113,7 +113,7 @@ pub(super) fn load(tx: &Transaction<'_>, id: &str) -> StoreResult<Option<Row_>> 
 /// Writes every mutable field of `d` back to its row (the id, agent, thread and content never
 /// change after enqueue). `ready` is the scheduler flag; `settled` the settling token and op.
 pub(super) fn store(
-    tx: &Transaction<'_>,
+    tx: &Connection,
     d: &Dispatch,
     ready: bool,
     settled: Option<(&str, &str)>,
@@ -168,7 +168,7 @@ pub(super) fn store(
 }
 
 /// Inserts a freshly enqueued dispatch.
-pub(super) fn insert(tx: &Transaction<'_>, d: &Dispatch, ready: bool) -> StoreResult<()> {
+pub(super) fn insert(tx: &Connection, d: &Dispatch, ready: bool) -> StoreResult<()> {
     d.check_shape().map_err(StoreError::Invalid)?;
     let metadata = serde_json::to_string(&d.metadata)
         .map_err(|e| StoreError::Invalid(format!("metadata: {e}")))?;
@@ -203,7 +203,7 @@ pub(super) fn insert(tx: &Transaction<'_>, d: &Dispatch, ready: bool) -> StoreRe
 
 /// Runs a query selecting [`COLUMNS`] and decodes every row.
 pub(super) fn query(
-    tx: &Transaction<'_>,
+    tx: &Connection,
     sql: &str,
     args: &[&dyn rusqlite::ToSql],
 ) -> StoreResult<Vec<Dispatch>> {
@@ -218,7 +218,7 @@ pub(super) fn query(
 
 /// A single optional integer.
 pub(super) fn scalar_u64(
-    tx: &Transaction<'_>,
+    tx: &Connection,
     sql: &str,
     args: &[&dyn rusqlite::ToSql],
 ) -> StoreResult<Option<u64>> {

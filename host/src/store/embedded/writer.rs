@@ -1,0 +1,168 @@
+//! Group commit: every write operation of a store instance runs on its one write
+//! connection, many to a transaction.
+//!
+//! Each operation still sees and changes the store atomically: it runs inside a savepoint of
+//! the batch's `BEGIN IMMEDIATE` transaction, and an operation that fails is rolled back to its
+//! savepoint without touching the others. Replies go out only after the batch commits, so an
+//! operation is acknowledged only once it is committed; when a commit fails, every operation of
+//! the batch gets the error and none of them happened. What batching buys: the pages a batch
+//! touches (index leaves, the lanes, the counters) are written to the WAL once per batch
+//! instead of once per operation, and the transaction's locking is paid once.
+//!
+//! One thread per store instance owns the write connection and runs the batches. Measured on
+//! the 2-core target machine with 8 echo workers, the thread outruns running batches inline on
+//! the callers' tokio threads (3,100 against 2,400 dispatches/s end to end): SQLite's page
+//! writes then overlap with the guests' CPU work. A lone sequential caller pays a thread
+//! handoff per operation instead (spinning for the next operation cost the guests CPU on two
+//! cores and bought nothing end to end).
+
+use std::sync::mpsc::{Receiver, Sender};
+
+use rusqlite::Connection;
+use tokio::sync::oneshot;
+
+use super::{TxError, sql_error};
+use crate::store::{SharedClock, StoreError, StoreResult};
+
+/// Most operations one transaction carries.
+pub const MAX_BATCH: usize = 256;
+
+/// One queued operation.
+pub(super) trait Job: Send {
+    /// Runs the operation; `true` keeps its changes, `false` rolls them back.
+    fn run(&mut self, conn: &Connection, now: u64) -> bool;
+    /// Sends the reply once the batch's fate is known.
+    fn finish(self: Box<Self>, committed: Result<(), StoreError>);
+}
+
+type Op<T> = Box<dyn FnOnce(&Connection, u64) -> Result<T, TxError> + Send>;
+
+struct TypedJob<T> {
+    op: Option<Op<T>>,
+    out: Option<Result<T, StoreError>>,
+    reply: oneshot::Sender<StoreResult<T>>,
+}
+
+impl<T: Send> Job for TypedJob<T> {
+    fn run(&mut self, conn: &Connection, now: u64) -> bool {
+        let Some(op) = self.op.take() else {
+            return false;
+        };
+        let (out, keep) = match op(conn, now) {
+            Ok(value) => (Ok(value), true),
+            Err(TxError::Commit(err)) => (Err(err), true),
+            Err(TxError::Abort(err)) => (Err(err), false),
+        };
+        self.out = Some(out);
+        keep
+    }
+
+    fn finish(self: Box<Self>, committed: Result<(), StoreError>) {
+        let reply = match (committed, self.out) {
+            (Ok(()), Some(out)) => out,
+            // An operation that failed on its own keeps its own error even if the batch failed.
+            (Err(_), Some(Err(own))) => Err(own),
+            (Err(err), _) => Err(err),
+            (Ok(()), None) => Err(StoreError::Unavailable("operation was not run".into())),
+        };
+        // The caller may have gone away (its future dropped); nothing to do then.
+        let _ = self.reply.send(reply);
+    }
+}
+
+/// The queue of the writer thread, which owns the write connection.
+pub(super) struct Writer {
+    queue: Sender<Box<dyn Job>>,
+}
+
+impl Writer {
+    /// Starts the writer thread over `conn`; it ends when the writer is dropped.
+    pub(super) fn start(
+        conn: Connection,
+        clock: SharedClock,
+        location: String,
+    ) -> StoreResult<Self> {
+        let (queue, jobs) = std::sync::mpsc::channel::<Box<dyn Job>>();
+        std::thread::Builder::new()
+            .name("homing-store-writer".into())
+            .spawn(move || serve(&conn, &clock, &location, &jobs))
+            .map_err(|e| {
+                StoreError::Unavailable(format!("cannot start the store writer thread: {e}"))
+            })?;
+        Ok(Writer { queue })
+    }
+
+    /// Queues `op` and returns the receiver of its reply.
+    pub(super) fn submit<T: Send + 'static>(
+        &self,
+        op: impl FnOnce(&Connection, u64) -> Result<T, TxError> + Send + 'static,
+    ) -> StoreResult<oneshot::Receiver<StoreResult<T>>> {
+        let (reply, receiver) = oneshot::channel();
+        let job = TypedJob {
+            op: Some(Box::new(op)),
+            out: None,
+            reply,
+        };
+        self.queue
+            .send(Box::new(job))
+            .map_err(|_| StoreError::Unavailable("the store's writer thread has stopped".into()))?;
+        Ok(receiver)
+    }
+}
+
+fn serve(conn: &Connection, clock: &SharedClock, location: &str, jobs: &Receiver<Box<dyn Job>>) {
+    while let Ok(first) = jobs.recv() {
+        let mut batch = vec![first];
+        while batch.len() < MAX_BATCH {
+            match jobs.try_recv() {
+                Ok(job) => batch.push(job),
+                Err(_) => break,
+            }
+        }
+        run_batch(conn, clock, location, batch);
+    }
+}
+
+fn exec(conn: &Connection, sql: &str) -> rusqlite::Result<()> {
+    conn.prepare_cached(sql)?.execute([])?;
+    Ok(())
+}
+
+fn run_batch(conn: &Connection, clock: &SharedClock, location: &str, mut batch: Vec<Box<dyn Job>>) {
+    if let Err(e) = conn.execute_batch("BEGIN IMMEDIATE") {
+        let err = sql_error(location, e);
+        for job in batch {
+            job.finish(Err(err.clone()));
+        }
+        return;
+    }
+    let mut failed = None;
+    for job in &mut batch {
+        if let Err(e) = exec(conn, "SAVEPOINT op") {
+            failed = Some(sql_error(location, e));
+            break;
+        }
+        let keep = job.run(conn, clock.now_ms());
+        let end = if keep {
+            exec(conn, "RELEASE op")
+        } else {
+            exec(conn, "ROLLBACK TO op").and_then(|()| exec(conn, "RELEASE op"))
+        };
+        if let Err(e) = end {
+            failed = Some(sql_error(location, e));
+            break;
+        }
+    }
+    let committed = match failed {
+        Some(err) => Err(err),
+        None => conn
+            .execute_batch("COMMIT")
+            .map_err(|e| sql_error(location, e)),
+    };
+    if committed.is_err() {
+        let _ = conn.execute_batch("ROLLBACK");
+    }
+    for job in batch {
+        job.finish(committed.clone());
+    }
+}
