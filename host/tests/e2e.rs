@@ -467,3 +467,35 @@ fn dispatch_cancel_and_retry_work_from_the_cli() {
     assert_eq!(d["status"], "queued");
     assert_eq!(d["metadata"]["retry-of"], cancelled.as_str());
 }
+
+#[test]
+fn handler_instances_are_fresh_per_dispatch_unless_reuse_is_configured() {
+    let outputs = |reuse: u32| -> Vec<String> {
+        let env = Env::new(&format!(
+            "[plugins.sandbox]\npath = {}\nconcurrency = 1\nreuse_instance = {reuse}\n",
+            toml_path(&guest("sandbox"))
+        ));
+        let ids: Vec<String> = (0..5)
+            .map(|_| env.enqueue("sandbox", "one-thread", "count", &[]))
+            .collect();
+        env.run_until_idle();
+        ids.iter()
+            .map(|id| {
+                env.show(id)["result"]["output"]
+                    .as_str()
+                    .unwrap()
+                    .to_owned()
+            })
+            .collect()
+    };
+    assert_eq!(
+        outputs(1),
+        ["1", "1", "1", "1", "1"],
+        "a fresh instance sees no earlier dispatch"
+    );
+    assert_eq!(
+        outputs(3),
+        ["1", "2", "3", "1", "2"],
+        "one instance serves three, then a new one"
+    );
+}

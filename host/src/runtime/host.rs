@@ -24,7 +24,7 @@ use crate::supervisor::lease::LeaseGuard;
 
 /// At most this many follow-up dispatches per claim; an enqueue storm gets `denied` after it.
 pub const MAX_ENQUEUES_PER_CLAIM: u32 = 1_000;
-/// At most this many log lines (WIT log plus stdout/stderr) per instance; the rest are counted
+/// At most this many log lines (WIT log plus stdout/stderr) per dispatch; the rest are counted
 /// and dropped, so a log flood cannot drown the host's log.
 pub const MAX_LOG_LINES: u32 = 10_000;
 /// Longest log line kept; longer ones are cut.
@@ -246,6 +246,9 @@ impl GuestState {
                 dispatch: claim.dispatch.id.clone(),
                 attempt: claim.dispatch.attempt,
             };
+            // The log budget is per dispatch, also when an instance serves several.
+            log.lines = 0;
+            log.dropped = 0;
         }
     }
 

@@ -142,6 +142,28 @@ enum PluginPre {
     Agent(bindings::agent::AgentPre<GuestState>),
 }
 
+/// A `handler` instance kept by a worker between dispatches (`reuse_instance > 1`).
+pub struct WarmInstance {
+    store: WasmStore<GuestState>,
+    instance: bindings::handler::Handler,
+    uses: u32,
+}
+
+impl std::fmt::Debug for WarmInstance {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("WarmInstance")
+            .field("uses", &self.uses)
+            .finish_non_exhaustive()
+    }
+}
+
+fn failed_to_start(reason: String) -> CallEnd {
+    CallEnd::Trapped {
+        reason,
+        abort: None,
+    }
+}
+
 /// How a guest call ended.
 #[derive(Debug)]
 pub enum CallEnd {
@@ -375,66 +397,81 @@ impl Runtime {
         Ok(())
     }
 
-    /// Runs one dispatch through a `handler` plugin: a fresh instance, one `handle` call.
-    /// Returns the claim (with what the guest did) and how the call ended.
-    pub async fn run_handler(&self, plugin: &Plugin, claim: ClaimHandle) -> (ClaimHandle, CallEnd) {
+    /// Runs one dispatch through a `handler` plugin: one `handle` call, on a fresh instance
+    /// unless `warm` holds one this worker may reuse (`reuse_instance > 1`). Returns the claim
+    /// (with what the guest did) and how the call ended. An instance that trapped or timed out
+    /// is never reused: a trap can leave it in any state.
+    pub async fn run_handler(
+        &self,
+        plugin: &Plugin,
+        claim: ClaimHandle,
+        warm: &mut Option<WarmInstance>,
+    ) -> (ClaimHandle, CallEnd) {
         let PluginPre::Handler(pre) = &plugin.pre else {
-            return (
-                claim,
-                CallEnd::Trapped {
-                    reason: "plugin is not a handler".into(),
-                    abort: None,
-                },
-            );
+            return (claim, failed_to_start("plugin is not a handler".into()));
         };
-        let mut store = match self.new_store(plugin) {
-            Ok(store) => store,
-            Err(e) => {
-                return (
-                    claim,
-                    CallEnd::Trapped {
-                        reason: format!("{e:#}"),
-                        abort: None,
-                    },
-                );
-            }
+        let reuse = plugin.ctx.config.reuse_instance;
+        let (mut store, instance, uses) = match warm.take() {
+            Some(w) if w.uses < reuse => (w.store, Some(w.instance), w.uses),
+            _ => match self.new_store(plugin) {
+                Ok(store) => (store, None, 0),
+                Err(e) => return (claim, failed_to_start(format!("{e:#}"))),
+            },
         };
+        if let Some(fuel) = plugin.ctx.config.fuel
+            && let Err(e) = store.set_fuel(fuel)
+        {
+            return (claim, failed_to_start(format!("{e:#}")));
+        }
+        store.data_mut().abort = None;
         store.data_mut().begin(&claim);
         let resource = match store.data_mut().table().push(claim) {
             Ok(resource) => resource,
             Err(e) => {
-                // Pushing into a fresh table cannot fail short of exhausting it.
                 return (
                     placeholder_claim(),
-                    CallEnd::Trapped {
-                        reason: format!("resource table: {e}"),
-                        abort: None,
-                    },
+                    failed_to_start(format!("resource table: {e}")),
                 );
             }
         };
         let rep = resource.rep();
         let limit = plugin.ctx.config.timeout + CALL_TIMEOUT_SLACK;
         let call = async {
-            let instance = pre.instantiate_async(&mut store).await?;
-            instance
+            let instance = match instance {
+                Some(instance) => instance,
+                None => pre.instantiate_async(&mut store).await?,
+            };
+            let out = instance
                 .homing_agent_handle()
                 .call_handle(&mut store, Resource::new_borrow(rep))
-                .await
+                .await;
+            out.map(|out| (out, instance))
         };
-        let end = match tokio::time::timeout(limit, call).await {
-            Ok(Ok(Ok(output))) => CallEnd::Returned(output),
-            Ok(Ok(Err(message))) => CallEnd::Failed(message),
-            Ok(Err(trap)) => trapped(&store, trap),
-            Err(_) => CallEnd::Trapped {
-                reason: format!("timed out after {limit:?} (waiting in a host call)"),
-                abort: Some(Abort::Timeout),
-            },
+        let (end, instance) = match tokio::time::timeout(limit, call).await {
+            Ok(Ok((Ok(output), instance))) => (CallEnd::Returned(output), Some(instance)),
+            Ok(Ok((Err(message), instance))) => (CallEnd::Failed(message), Some(instance)),
+            Ok(Err(trap)) => (trapped(&store, trap), None),
+            Err(_) => (
+                CallEnd::Trapped {
+                    reason: format!("timed out after {limit:?} (waiting in a host call)"),
+                    abort: Some(Abort::Timeout),
+                },
+                None,
+            ),
         };
         let claim = match store.data_mut().table().delete(resource) {
             Ok(claim) => claim,
             Err(_) => placeholder_claim(),
         };
+        if let Some(instance) = instance
+            && uses + 1 < reuse
+        {
+            *warm = Some(WarmInstance {
+                store,
+                instance,
+                uses: uses + 1,
+            });
+        }
         (claim, end)
     }
 

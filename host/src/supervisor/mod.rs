@@ -40,7 +40,7 @@ use tracing::{debug, info, warn};
 use crate::config::Config;
 use crate::runtime::bindings::StopReason;
 use crate::runtime::host::{Abort, ClaimControl, ClaimHandle, PluginContext, Settlement};
-use crate::runtime::{CallEnd, Plugin, Runtime, World};
+use crate::runtime::{CallEnd, Plugin, Runtime, WarmInstance, World};
 use crate::store::{RunResult, Store, StoreError};
 use lease::LeaseGuard;
 
@@ -353,6 +353,7 @@ async fn worker(
 ) {
     let signal = plugin.ctx.store.mailbox.work_signal();
     let mut failures: u32 = 0;
+    let mut warm = None;
     debug!(plugin = %plugin.ctx.name, worker = index, "worker started");
     while !shutdown.load(Ordering::SeqCst) {
         let notified = signal.notified();
@@ -365,7 +366,7 @@ async fn worker(
                 failures = 0;
                 in_flight.add(&claim);
                 let id = claim.dispatch.id.clone();
-                let outcome = run_one(&runtime, &plugin, claim).await;
+                let outcome = run_one(&runtime, &plugin, claim, &mut warm).await;
                 in_flight.remove(&id);
                 if let Ok(mut report) = report.lock() {
                     *report.outcomes.entry(outcome).or_default() += 1;
@@ -392,13 +393,18 @@ async fn worker(
 }
 
 /// Runs one claimed dispatch and settles it. Returns the outcome's name.
-async fn run_one(runtime: &Runtime, plugin: &Plugin, claim: ClaimHandle) -> &'static str {
+async fn run_one(
+    runtime: &Runtime,
+    plugin: &Plugin,
+    claim: ClaimHandle,
+    warm: &mut Option<WarmInstance>,
+) -> &'static str {
     let started = std::time::Instant::now();
     let (id, attempt) = (claim.dispatch.id.clone(), claim.dispatch.attempt);
     let name = plugin.ctx.name.clone();
     let outcome = match plugin.world {
         World::Handler => {
-            let (claim, end) = runtime.run_handler(plugin, claim).await;
+            let (claim, end) = runtime.run_handler(plugin, claim, warm).await;
             settle(plugin, claim, end).await
         }
         World::Agent => {

@@ -16,14 +16,19 @@
 //! | `log-flood` | writes 100,000 log lines |
 //! | `enqueue-storm:<agent>` | enqueues follow-ups until the host refuses |
 //! | `wait-stop` | sleeps in short host calls until the host asks it to stop, then reports |
+//! | `count` | returns how many dispatches this instance has handled (instance reuse) |
 //! | anything else | returns it |
 
 use std::hint::black_box;
+use std::sync::atomic::{AtomicU32, Ordering};
 use std::time::Duration;
 
 use homing_guest::{Claim, Enqueue, Handler};
 
 struct Sandbox;
+
+/// Dispatches handled by this instance.
+static CALLS: AtomicU32 = AtomicU32::new(0);
 
 #[allow(unconditional_recursion)]
 fn recurse(depth: u64) -> u64 {
@@ -33,6 +38,7 @@ fn recurse(depth: u64) -> u64 {
 
 impl Handler for Sandbox {
     fn handle(claim: &Claim) -> Result<Vec<u8>, String> {
+        let calls = CALLS.fetch_add(1, Ordering::SeqCst) + 1;
         let payload = claim.payload_str().unwrap_or_default().to_owned();
         let (action, arg) = payload.split_once(':').unwrap_or((payload.as_str(), ""));
         match action {
@@ -93,6 +99,7 @@ impl Handler for Sandbox {
                 }
                 std::thread::sleep(Duration::from_millis(20));
             },
+            "count" => Ok(calls.to_string().into_bytes()),
             _ => Ok(payload.into_bytes()),
         }
     }
