@@ -499,3 +499,16 @@ fn handler_instances_are_fresh_per_dispatch_unless_reuse_is_configured() {
         "one instance serves three, then a new one"
     );
 }
+
+#[test]
+fn fuel_stops_a_spinning_guest_long_before_its_timeout() {
+    let env = Env::new(&sandbox_config("5s", "60s", 1, "fuel = 5000000"));
+    let spin = env.enqueue("sandbox", "spin", "spin", &[]);
+    let fine = env.enqueue("sandbox", "fine", "cheap", &[]);
+    env.run_until_idle();
+    let d = env.show(&spin);
+    assert_eq!(d["status"], "dead_letter", "{d}");
+    let error = d["last_error"].as_str().unwrap();
+    assert!(error.contains("fuel"), "{error}");
+    assert_eq!(env.show(&fine)["status"], "acked");
+}
