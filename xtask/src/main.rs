@@ -214,7 +214,50 @@ fn test(extra: &[String]) -> Result<()> {
     build_guests()?;
     let mut cmd = cargo();
     cmd.current_dir(root())
-        .args(["test", "--release", "--workspace"]);
-    cmd.args(extra);
-    run(&mut cmd)
+        .args(["test", "--release", "--workspace"])
+        .args(extra)
+        .stdout(Stdio::piped());
+    eprintln!("xtask: running {cmd:?}");
+    let mut child = cmd
+        .spawn()
+        .map_err(|e| format!("cannot start cargo test: {e}"))?;
+    let (mut passed, mut failed) = (0u64, 0u64);
+    if let Some(stdout) = child.stdout.take() {
+        use std::io::BufRead;
+        for line in std::io::BufReader::new(stdout)
+            .lines()
+            .map_while(std::io::Result::ok)
+        {
+            println!("{line}");
+            if let Some(rest) = line.strip_prefix("test result: ") {
+                passed += count(rest, " passed");
+                failed += count(rest, " failed");
+            }
+        }
+    }
+    let status = child.wait().map_err(|e| format!("cargo test: {e}"))?;
+    let summary = format!("tests: {passed} passed, {failed} failed");
+    println!("{summary}");
+    let _ = std::fs::write(
+        target_dir().join("test-summary.txt"),
+        format!("{summary}\n"),
+    );
+    if status.success() && failed == 0 {
+        Ok(())
+    } else {
+        Err(format!("cargo test failed with {status}"))
+    }
+}
+
+/// The number before `label` in a `test result:` line ("ok. 12 passed; 0 failed; ...").
+fn count(line: &str, label: &str) -> u64 {
+    line.split(';')
+        .filter_map(|part| {
+            part.trim()
+                .trim_start_matches("ok. ")
+                .trim_start_matches("FAILED. ")
+                .strip_suffix(label.trim_start())
+        })
+        .filter_map(|n| n.trim().parse::<u64>().ok())
+        .sum()
 }
