@@ -110,6 +110,21 @@ pub trait Mailbox: Send + Sync + Debug + 'static {
         lease_ms: u64,
     ) -> StoreResult<Option<Dispatch>>;
 
+    /// `claim` and `record_start` in one step: what a host does right before it runs a guest.
+    /// Backends override it to save a round trip.
+    async fn claim_started(
+        &self,
+        agent: &str,
+        consumer: &str,
+        lease_ms: u64,
+    ) -> StoreResult<Option<Dispatch>> {
+        let Some(claimed) = self.claim(agent, consumer, lease_ms).await? else {
+            return Ok(None);
+        };
+        let token = claimed.token().unwrap_or_default().to_owned();
+        self.record_start(&claimed.id, &token).await.map(Some)
+    }
+
     /// Claims one dispatch by id, ignoring `available_at`. `None` when it is not queued or its
     /// thread is held by a live claim.
     async fn claim_dispatch(

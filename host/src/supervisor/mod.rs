@@ -51,8 +51,8 @@ pub const IDLE_CHECK: Duration = Duration::from_millis(50);
 /// Expired leases reclaimed per sweep.
 pub const RECLAIM_BATCH: usize = 1_000;
 
-/// Claims the next dispatch for `plugin` and wraps it as a guest claim: records the start and
-/// starts its lease keeper.
+/// Claims the next dispatch for `plugin`, recording its start in the same step, and wraps it as
+/// a guest claim with its lease keeper running.
 ///
 /// # Errors
 ///
@@ -62,19 +62,12 @@ pub async fn claim_for(plugin: &Arc<PluginContext>) -> Result<Option<ClaimHandle
     let lease_ms = u64::try_from(plugin.lease.as_millis()).unwrap_or(u64::MAX);
     let Some(dispatch) = store
         .mailbox
-        .claim(&plugin.name, &plugin.consumer, lease_ms)
+        .claim_started(&plugin.name, &plugin.consumer, lease_ms)
         .await?
     else {
         return Ok(None);
     };
     let token = dispatch.token().unwrap_or_default().to_owned();
-    let dispatch = match store.mailbox.record_start(&dispatch.id, &token).await {
-        Ok(d) => d,
-        Err(e) => {
-            debug!(dispatch = %dispatch.id, "claim lost before start: {e}");
-            return Ok(None);
-        }
-    };
     let control = Arc::new(ClaimControl::default());
     let lease = LeaseGuard::start(
         store.clone(),

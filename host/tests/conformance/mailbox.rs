@@ -52,6 +52,36 @@ pub async fn claim_returns_dispatch_claimed_with_token_consumer_and_lease<F: Fac
     assert_eq!(load(&s, "d1").await, d, "claim returns the stored record");
 }
 
+/// `claim_started` is `claim` plus `record_start` in one step: the same dispatch, claimed, with
+/// `started_at` set; `None` when nothing is available.
+pub async fn claim_started_claims_and_records_the_start_in_one_step<F: Factory>(factory: &F) {
+    let env = Env::new(factory).await;
+    let s = env.open().await;
+    assert_eq!(
+        s.mailbox.claim_started(AGENT, WORKER, LEASE).await.unwrap(),
+        None
+    );
+    put_on(&s, "t", "d1").await;
+    env.advance(7);
+    let d = s
+        .mailbox
+        .claim_started(AGENT, WORKER, LEASE)
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(d.id, "d1");
+    assert_eq!(d.status, Status::Claimed);
+    assert_eq!(d.started_at, Some(T0 + 7));
+    assert_eq!(d.claim.as_ref().unwrap().lease_until, T0 + 7 + LEASE);
+    assert_shape(&d);
+    assert_eq!(
+        load(&s, "d1").await,
+        d,
+        "what is returned is what is stored"
+    );
+    assert_eq!(claim(&s).await, None, "the thread is held");
+}
+
 /// SPEC 2: nothing available is `None`, not an error.
 pub async fn claim_with_nothing_available_is_none<F: Factory>(factory: &F) {
     let env = Env::new(factory).await;

@@ -365,6 +365,7 @@ macro_rules! suite {
                     enqueued_dispatch_is_listed_for_its_thread_as_queued,
                     claim_returns_dispatch_claimed_with_token_consumer_and_lease,
                     claim_with_nothing_available_is_none,
+                    claim_started_claims_and_records_the_start_in_one_step,
                     claim_only_takes_dispatches_of_its_agent,
                     ack_settles_as_acked_and_clears_claim_fields,
                     w32_claim_and_ack_do_not_count_attempts,

@@ -312,8 +312,12 @@ fn take(
     consumer: &str,
     lease_ms: u64,
     now: u64,
+    start: bool,
 ) -> StoreResult<Dispatch> {
     d.status = Status::Claimed;
+    if start {
+        d.started_at = Some(now);
+    }
     d.claim = Some(Claim {
         token: uuid::Uuid::now_v7().to_string(),
         claimed_by: consumer.to_owned(),
@@ -345,6 +349,66 @@ fn reclaim_one(tx: &Connection, mut d: Dispatch, now: u64) -> StoreResult<Option
 }
 
 impl EmbeddedStore {
+    /// `claim`, also recording the start when `start` is set.
+    async fn claim_inner(
+        &self,
+        agent: &str,
+        consumer: &str,
+        lease_ms: u64,
+        start: bool,
+    ) -> StoreResult<Option<Dispatch>> {
+        let agent = agent.to_owned();
+        let consumer = consumer.to_owned();
+
+        self.write(move |tx, now| {
+            let agent = agent.as_str();
+            let consumer = consumer.as_str();
+
+            promote_due(tx, now)?;
+            // A lane whose head turns out unusable is repaired and the pick repeated; the bound
+            // only guards against a store that keeps handing back the same broken lane.
+            for _ in 0..64 {
+                let pick: Option<(String, String)> = tx
+                    .prepare_cached(
+                        "SELECT thread, head FROM lanes WHERE agent = ?1 AND busy = 0 \
+                         ORDER BY priority, served, created LIMIT 1",
+                    )
+                    .map_err(db)?
+                    .query_row(params![agent], |row| Ok((row.get(0)?, row.get(1)?)))
+                    .optional()
+                    .map_err(db)?;
+                let Some((thread, head)) = pick else {
+                    return Ok(None);
+                };
+                let t = thread_row(tx, &thread)?;
+                let candidate = rows::load(tx, &head)?.map(|row| row.dispatch);
+                match candidate {
+                    Some(d) if d.status == Status::Queued && t.holder.is_none() => {
+                        if d.epoch < t.epoch {
+                            supersede(tx, d, now, REASON_STALE_EPOCH, None)?;
+                            continue;
+                        }
+                        return Ok(Some(take(tx, d, consumer, lease_ms, now, start)?));
+                    }
+                    _ => {
+                        // The lane disagrees with the records (it cannot, short of a bug or a
+                        // hand-edited file): rebuild it from them and pick again.
+                        tx.prepare_cached("UPDATE lanes SET busy = ?2 WHERE thread = ?1")
+                            .map_err(db)?
+                            .execute(params![thread, t.holder.is_some()])
+                            .map_err(db)?;
+                        refresh_lane(tx, agent, &thread)?;
+                    }
+                }
+            }
+            Err(StoreError::Contention(format!(
+                "claim for agent `{agent}` found no consistent lane"
+            ))
+            .into())
+        })
+        .await
+    }
+
     /// A holder operation: check the claim, apply `f`, store the result.
     async fn holder_write(
         &self,
@@ -459,56 +523,16 @@ impl Mailbox for EmbeddedStore {
         consumer: &str,
         lease_ms: u64,
     ) -> StoreResult<Option<Dispatch>> {
-        let agent = agent.to_owned();
-        let consumer = consumer.to_owned();
+        self.claim_inner(agent, consumer, lease_ms, false).await
+    }
 
-        self.write(move |tx, now| {
-            let agent = agent.as_str();
-            let consumer = consumer.as_str();
-
-            promote_due(tx, now)?;
-            // A lane whose head turns out unusable is repaired and the pick repeated; the bound
-            // only guards against a store that keeps handing back the same broken lane.
-            for _ in 0..64 {
-                let pick: Option<(String, String)> = tx
-                    .prepare_cached(
-                        "SELECT thread, head FROM lanes WHERE agent = ?1 AND busy = 0 \
-                         ORDER BY priority, served, created LIMIT 1",
-                    )
-                    .map_err(db)?
-                    .query_row(params![agent], |row| Ok((row.get(0)?, row.get(1)?)))
-                    .optional()
-                    .map_err(db)?;
-                let Some((thread, head)) = pick else {
-                    return Ok(None);
-                };
-                let t = thread_row(tx, &thread)?;
-                let candidate = rows::load(tx, &head)?.map(|row| row.dispatch);
-                match candidate {
-                    Some(d) if d.status == Status::Queued && t.holder.is_none() => {
-                        if d.epoch < t.epoch {
-                            supersede(tx, d, now, REASON_STALE_EPOCH, None)?;
-                            continue;
-                        }
-                        return Ok(Some(take(tx, d, consumer, lease_ms, now)?));
-                    }
-                    _ => {
-                        // The lane disagrees with the records (it cannot, short of a bug or a
-                        // hand-edited file): rebuild it from them and pick again.
-                        tx.prepare_cached("UPDATE lanes SET busy = ?2 WHERE thread = ?1")
-                            .map_err(db)?
-                            .execute(params![thread, t.holder.is_some()])
-                            .map_err(db)?;
-                        refresh_lane(tx, agent, &thread)?;
-                    }
-                }
-            }
-            Err(StoreError::Contention(format!(
-                "claim for agent `{agent}` found no consistent lane"
-            ))
-            .into())
-        })
-        .await
+    async fn claim_started(
+        &self,
+        agent: &str,
+        consumer: &str,
+        lease_ms: u64,
+    ) -> StoreResult<Option<Dispatch>> {
+        self.claim_inner(agent, consumer, lease_ms, true).await
     }
 
     async fn claim_dispatch(
@@ -557,7 +581,7 @@ impl Mailbox for EmbeddedStore {
                     return Ok((None, reclaimed));
                 };
                 Ok((
-                    Some(take(tx, row.dispatch, consumer, lease_ms, now)?),
+                    Some(take(tx, row.dispatch, consumer, lease_ms, now, false)?),
                     reclaimed,
                 ))
             })
