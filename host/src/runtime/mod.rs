@@ -265,27 +265,21 @@ impl Runtime {
             .with_context(|| format!("plugin `{}` ({})", ctx.name, path.display()))?;
         let mut linker: Linker<GuestState> = Linker::new(&self.engine);
         wasmtime_wasi::p2::add_to_linker_async(&mut linker)?;
-        let pre = match world {
-            World::Handler => {
-                bindings::handler::Handler::add_to_linker::<_, HasSelf<GuestState>>(
-                    &mut linker,
-                    |s| s,
-                )?;
-                let pre = linker.instantiate_pre(&component).wasm_context(|| {
-                    format!("plugin `{}`: cannot link {}", ctx.name, path.display())
-                })?;
-                PluginPre::Handler(bindings::handler::HandlerPre::new(pre)?)
-            }
+        match world {
+            World::Handler => bindings::handler::Handler::add_to_linker::<_, HasSelf<GuestState>>(
+                &mut linker,
+                |s| s,
+            )?,
             World::Agent => {
-                bindings::agent::Agent::add_to_linker::<_, HasSelf<GuestState>>(
-                    &mut linker,
-                    |s| s,
-                )?;
-                let pre = linker.instantiate_pre(&component).wasm_context(|| {
-                    format!("plugin `{}`: cannot link {}", ctx.name, path.display())
-                })?;
-                PluginPre::Agent(bindings::agent::AgentPre::new(pre)?)
+                bindings::agent::Agent::add_to_linker::<_, HasSelf<GuestState>>(&mut linker, |s| s)?
             }
+        }
+        let linked = linker
+            .instantiate_pre(&component)
+            .wasm_context(|| format!("plugin `{}`: cannot link {}", ctx.name, path.display()))?;
+        let pre = match world {
+            World::Handler => PluginPre::Handler(bindings::handler::HandlerPre::new(linked)?),
+            World::Agent => PluginPre::Agent(bindings::agent::AgentPre::new(linked)?),
         };
         let net_allow = Arc::new(resolve_allowed(&ctx.config)?);
         info!(plugin = %ctx.name, world = world.name(), "plugin loaded");
