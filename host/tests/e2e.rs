@@ -512,3 +512,22 @@ fn fuel_stops_a_spinning_guest_long_before_its_timeout() {
     assert!(error.contains("fuel"), "{error}");
     assert_eq!(env.show(&fine)["status"], "acked");
 }
+
+#[test]
+fn guest_stdout_and_stderr_become_log_lines_tagged_with_plugin_dispatch_and_attempt() {
+    let env = Env::new(&sandbox_config("5s", "5s", 1, ""));
+    let id = env.enqueue("sandbox", "talk", "print:hello from the guest", &[]);
+    let log = env.run_until_idle();
+    for stream in ["out", "err"] {
+        let line = log
+            .lines()
+            .find(|l| l.contains(&format!("{stream}: hello from the guest")))
+            .unwrap_or_else(|| panic!("no {stream} line in:\n{log}"));
+        assert!(
+            line.contains("plugin=\"sandbox\"") || line.contains("plugin=sandbox"),
+            "{line}"
+        );
+        assert!(line.contains(&id), "{line}");
+        assert!(line.contains("attempt=0"), "{line}");
+    }
+}

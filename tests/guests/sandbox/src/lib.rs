@@ -16,6 +16,7 @@
 //! | `log-flood` | writes 100,000 log lines |
 //! | `enqueue-storm:<agent>` | enqueues follow-ups until the host refuses |
 //! | `wait-stop` | sleeps in short host calls until the host asks it to stop, then reports |
+//! | `print:<text>` | writes the text to stdout and to stderr |
 //! | `count` | returns how many dispatches this instance has handled (instance reuse) |
 //! | anything else | returns it |
 
@@ -100,6 +101,11 @@ impl Handler for Sandbox {
                 std::thread::sleep(Duration::from_millis(20));
             },
             "count" => Ok(calls.to_string().into_bytes()),
+            "print" => {
+                println!("out: {arg}");
+                eprintln!("err: {arg}");
+                Ok(b"printed".to_vec())
+            }
             _ => Ok(payload.into_bytes()),
         }
     }
