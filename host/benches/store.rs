@@ -154,6 +154,57 @@ fn bench_store(c: &mut Criterion) {
         });
     }
     group.finish();
+
+    // Claim latency as the backlog grows: it must not grow with it (no scans on the claim
+    // path). Each iteration claims and completes one dispatch and enqueues one, so the backlog
+    // stays at its size.
+    let mut group = c.benchmark_group("claim_backlog");
+    group
+        .sample_size(20)
+        .measurement_time(Duration::from_secs(3))
+        .warm_up_time(Duration::from_millis(500));
+    for backlog in [1_000u64, 100_000] {
+        let (_dir, store) = open();
+        timed(&rt, &store, backlog, TASKS, |store, task, i| async move {
+            store
+                .mailbox
+                .enqueue(NewDispatch::new(
+                    "bench",
+                    format!("t{}", (task * 7919 + i) % 1_000),
+                    "payload",
+                ))
+                .await
+                .unwrap();
+        });
+        group.bench_function(format!("claim+complete/{backlog}"), |b| {
+            b.iter_custom(|iters| {
+                timed(&rt, &store, iters, 1, |store, _, i| async move {
+                    let d = store
+                        .mailbox
+                        .claim("bench", "bench-host", 30_000)
+                        .await
+                        .unwrap()
+                        .unwrap();
+                    let token = d.token().unwrap().to_owned();
+                    store
+                        .mailbox
+                        .complete(&d.id, &token, RunResult::success("ok"))
+                        .await
+                        .unwrap();
+                    store
+                        .mailbox
+                        .enqueue(NewDispatch::new(
+                            "bench",
+                            format!("t{}", i % 1_000),
+                            "payload",
+                        ))
+                        .await
+                        .unwrap();
+                })
+            });
+        });
+    }
+    group.finish();
 }
 
 criterion_group!(benches, bench_store);
