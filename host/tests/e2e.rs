@@ -262,7 +262,7 @@ fn hostile_guests_are_stopped_nacked_with_the_reason_and_dead_lettered() {
 fn log_floods_and_enqueue_storms_are_capped() {
     let env = Env::new(&format!(
         "{}\n[plugins.sink]\npath = {}\nmax_attempts = 1\n",
-        sandbox_config("5s", "1s", 2, "enqueue_to = [\"sink\"]"),
+        sandbox_config("5s", "20s", 2, "enqueue_to = [\"sink\"]"),
         toml_path(&guest("echo"))
     ));
     let flood = env.enqueue("sandbox", "flood", "log-flood", &[]);
