@@ -281,7 +281,8 @@ fn log_floods_and_enqueue_storms_are_capped() {
 
 #[test]
 fn interrupting_a_thread_stops_its_running_guest_and_supersedes_its_queue() {
-    let env = Env::new(&sandbox_config("300ms", "60s", 2, ""));
+    // A long lease: the interrupt must not wait for a renewal to be noticed.
+    let env = Env::new(&sandbox_config("60s", "60s", 2, ""));
     let running = env.enqueue("sandbox", "talk", "wait-stop", &[]);
     let mut host = env.spawn_run();
     env.wait_status(&running, "claimed", Duration::from_secs(20));
@@ -291,7 +292,7 @@ fn interrupting_a_thread_stops_its_running_guest_and_supersedes_its_queue() {
     assert_eq!(interrupt["epoch"], 1);
     assert_eq!(interrupt["active"]["id"], running.as_str());
     assert_eq!(interrupt["superseded"][0], queued.as_str());
-    let stopped = env.wait_status(&running, "superseded", Duration::from_secs(10));
+    let stopped = env.wait_status(&running, "superseded", Duration::from_secs(5));
     assert!(
         stopped["result"].is_null(),
         "a superseded run records nothing: {stopped}"

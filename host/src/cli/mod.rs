@@ -432,7 +432,7 @@ async fn thread(store: &Store, command: ThreadCommand) -> anyhow::Result<()> {
                 );
                 if let Some(active) = &interrupt.active {
                     println!(
-                        "running dispatch {} will be stopped at its next lease renewal",
+                        "running dispatch {} is being stopped (its host checks every 250ms)",
                         active.id
                     );
                 }

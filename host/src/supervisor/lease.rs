@@ -1,7 +1,9 @@
 //! The lease keeper: renews a claim's lease while its guest runs.
 //!
 //! Renewal happens at a third of the lease, so two renewals can fail (a slow store, a pause)
-//! before the lease runs out. When the store says the claim is gone (its lease ran out and was
+//! before the lease runs out. Between renewals the keeper reads the thread's epoch every
+//! [`INTERRUPT_POLL`], so an interrupt stops the guest promptly even when it was issued by
+//! another process. When the store says the claim is gone (its lease ran out and was
 //! reclaimed, or the thread was interrupted), the keeper asks the guest to stop through the
 //! claim's [`ClaimControl`]; the epoch callback then ends the guest's call. A transport error
 //! is not a lost claim: the keeper keeps trying until the lease would have run out.
@@ -14,7 +16,7 @@ use tracing::{debug, warn};
 
 use crate::runtime::bindings::StopReason;
 use crate::runtime::host::ClaimControl;
-use crate::store::{Status, Store};
+use crate::store::{Dispatch, Status, Store};
 
 /// Renews one claim until dropped.
 #[derive(Debug)]
@@ -28,23 +30,47 @@ impl Drop for LeaseGuard {
     }
 }
 
+/// How often the keeper checks whether the claim's thread was interrupted, between renewals.
+/// An interrupt can come from another process (`homing thread interrupt`), which cannot signal
+/// this one; a cheap epoch read bounds how long the guest runs on after it.
+pub const INTERRUPT_POLL: Duration = Duration::from_millis(250);
+
 impl LeaseGuard {
-    /// Starts renewing the lease of (`id`, `token`) every `lease / 3`.
+    /// Starts renewing the lease of `dispatch` (held with `token`) every `lease / 3`, and
+    /// watching its thread's epoch every [`INTERRUPT_POLL`].
     pub fn start(
         store: Store,
-        id: String,
+        dispatch: &Dispatch,
         token: String,
         lease: Duration,
         control: Arc<ClaimControl>,
     ) -> Self {
+        let (id, thread, epoch) = (dispatch.id.clone(), dispatch.thread.clone(), dispatch.epoch);
         let period = (lease / 3).max(Duration::from_millis(10));
         let lease_ms = u64::try_from(lease.as_millis()).unwrap_or(u64::MAX);
         let task = tokio::spawn(async move {
-            let mut last_renewed = tokio::time::Instant::now();
+            // When the lease was last extended, and when to try next (sooner after a failure).
+            let mut renewed_at = tokio::time::Instant::now();
+            let mut next_renewal = renewed_at + period;
             loop {
-                tokio::time::sleep(period).await;
+                tokio::time::sleep_until(
+                    next_renewal.min(tokio::time::Instant::now() + INTERRUPT_POLL),
+                )
+                .await;
+                if matches!(store.mailbox.thread_epoch(&thread).await, Ok(current) if current > epoch)
+                {
+                    debug!(dispatch = %id, "thread interrupted; stopping its guest");
+                    control.request_stop(StopReason::Interrupted);
+                    return;
+                }
+                if tokio::time::Instant::now() < next_renewal {
+                    continue;
+                }
                 match store.mailbox.extend_lease(&id, &token, lease_ms).await {
-                    Ok(true) => last_renewed = tokio::time::Instant::now(),
+                    Ok(true) => {
+                        renewed_at = tokio::time::Instant::now();
+                        next_renewal = renewed_at + period;
+                    }
                     Ok(false) => {
                         let reason = match store.mailbox.load(&id).await {
                             Ok(Some(d)) if d.status == Status::Superseded => {
@@ -58,10 +84,12 @@ impl LeaseGuard {
                     }
                     Err(e) => {
                         warn!(dispatch = %id, "lease renewal failed: {e}");
-                        if last_renewed.elapsed() >= lease {
+                        if renewed_at.elapsed() >= lease {
                             control.request_stop(StopReason::LeaseLost);
                             return;
                         }
+                        // Try again at the next poll rather than a whole period later.
+                        next_renewal = tokio::time::Instant::now() + INTERRUPT_POLL;
                     }
                 }
             }

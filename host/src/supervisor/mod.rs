@@ -71,7 +71,7 @@ pub async fn claim_for(plugin: &Arc<PluginContext>) -> Result<Option<ClaimHandle
     let control = Arc::new(ClaimControl::default());
     let lease = LeaseGuard::start(
         store.clone(),
-        dispatch.id.clone(),
+        &dispatch,
         token.clone(),
         plugin.lease,
         control.clone(),
