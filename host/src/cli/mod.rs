@@ -120,6 +120,12 @@ pub enum DispatchCommand {
         #[arg(long)]
         json: bool,
     },
+    /// How many dispatches each agent has in each status.
+    Counts {
+        /// JSON output.
+        #[arg(long)]
+        json: bool,
+    },
     /// Shows one dispatch.
     Show {
         /// The id.
@@ -365,6 +371,17 @@ async fn dispatch(config: &Config, store: &Store, command: DispatchCommand) -> a
                 println!("{}", serde_json::to_string_pretty(&rows)?);
             } else {
                 print_table(&rows);
+            }
+        }
+        DispatchCommand::Counts { json } => {
+            let counts = store.mailbox.counts().await?;
+            if json {
+                println!("{}", serde_json::to_string_pretty(&counts)?);
+            } else {
+                println!("{:<20}  {:<11}  {:>10}", "AGENT", "STATUS", "COUNT");
+                for row in counts {
+                    println!("{:<20}  {:<11}  {:>10}", row.agent, row.status, row.count);
+                }
             }
         }
         DispatchCommand::Show { id, json } => {
