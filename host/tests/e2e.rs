@@ -532,3 +532,32 @@ fn guest_stdout_and_stderr_become_log_lines_tagged_with_plugin_dispatch_and_atte
         assert!(line.contains("attempt=0"), "{line}");
     }
 }
+
+#[test]
+fn bench_quick_reports_every_scenario_as_json() {
+    let env = Env::new("");
+    let out = env.ok(&[
+        "bench",
+        "--quick",
+        "--json",
+        "--echo",
+        guest("echo").to_str().unwrap(),
+    ]);
+    let figures: Vec<Value> = serde_json::from_str(&out).unwrap();
+    let names: Vec<&str> = figures
+        .iter()
+        .map(|f| f["scenario"].as_str().unwrap())
+        .collect();
+    assert_eq!(figures.len(), 6, "{names:?}");
+    for f in &figures {
+        let (median, min, max) = (
+            f["median"].as_f64().unwrap(),
+            f["min"].as_f64().unwrap(),
+            f["max"].as_f64().unwrap(),
+        );
+        assert!(median > 0.0 && min <= median && median <= max, "{f}");
+    }
+    assert!(names.iter().any(|n| n.contains("16 workers")), "{names:?}");
+    let err = env.fails(&["bench", "--quick", "--echo", "missing.wasm"]);
+    assert!(err.contains("cargo xtask guests"), "{err}");
+}

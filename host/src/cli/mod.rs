@@ -2,6 +2,8 @@
 //! components. Every command reads the store named by the config; read commands print a table
 //! for people or JSON with `--json`.
 
+mod bench;
+
 use std::collections::BTreeMap;
 use std::io::Read;
 use std::path::{Path, PathBuf};
@@ -59,6 +61,18 @@ pub enum Command {
     /// Inspects plugin components.
     #[command(subcommand)]
     Plugin(PluginCommand),
+    /// Measures the store, instance start and end-to-end throughput (median, min, max).
+    Bench {
+        /// A few seconds instead of about a minute.
+        #[arg(long)]
+        quick: bool,
+        /// The echo guest to run (default: examples/wasm/echo.wasm, built by `cargo xtask guests`).
+        #[arg(long)]
+        echo: Option<PathBuf>,
+        /// JSON output.
+        #[arg(long)]
+        json: bool,
+    },
 }
 
 /// `homing enqueue`.
@@ -205,7 +219,12 @@ pub enum PluginCommand {
 /// Entry point of the binary.
 pub fn main() -> ExitCode {
     let cli = Cli::parse();
-    init_tracing();
+    // A benchmark logs only problems: a line per dispatch would be part of what it measures.
+    init_tracing(if matches!(cli.command, Command::Bench { .. }) {
+        "warn"
+    } else {
+        "info,wasmtime=warn,cranelift=warn"
+    });
     let runtime = match tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()
@@ -225,11 +244,11 @@ pub fn main() -> ExitCode {
     }
 }
 
-fn init_tracing() {
+fn init_tracing(default: &str) {
     use tracing_subscriber::EnvFilter;
     let filter = EnvFilter::try_from_env("HOMING_LOG")
         .or_else(|_| EnvFilter::try_from_default_env())
-        .unwrap_or_else(|_| EnvFilter::new("info,wasmtime=warn,cranelift=warn"));
+        .unwrap_or_else(|_| EnvFilter::new(default));
     let _ = tracing_subscriber::fmt()
         .with_env_filter(filter)
         .with_writer(std::io::stderr)
@@ -260,6 +279,10 @@ async fn execute(cli: Cli) -> anyhow::Result<()> {
     if let Command::Plugin(PluginCommand::Inspect { file, json }) = &cli.command {
         return inspect(file, *json);
     }
+    if let Command::Bench { quick, echo, json } = &cli.command {
+        let echo = echo.clone().unwrap_or_else(bench::default_echo);
+        return bench::run(&echo, *quick, *json).await;
+    }
     if let Command::Config(ConfigCommand::Check { file, json }) = &cli.command {
         return check(file.as_deref().unwrap_or(&cli.config), *json).await;
     }
@@ -285,7 +308,7 @@ async fn execute(cli: Cli) -> anyhow::Result<()> {
         Command::Enqueue(args) => enqueue(&config, &store, args).await,
         Command::Dispatch(command) => dispatch(&config, &store, command).await,
         Command::Thread(command) => thread(&store, command).await,
-        Command::Config(_) | Command::Plugin(_) => Ok(()),
+        Command::Config(_) | Command::Plugin(_) | Command::Bench { .. } => Ok(()),
     }
 }
 

@@ -377,8 +377,11 @@ fn start_checkpointer(path: &Path, store: std::sync::Weak<Inner>) -> StoreResult
     std::thread::Builder::new()
         .name("homing-checkpoint".into())
         .spawn(move || {
-            while store.strong_count() > 0 {
+            loop {
                 std::thread::sleep(CHECKPOINT_INTERVAL);
+                if store.strong_count() == 0 {
+                    break;
+                }
                 if let Err(e) = conn.query_row("PRAGMA wal_checkpoint(PASSIVE)", [], |_| Ok(())) {
                     tracing::warn!(store = %location, "WAL checkpoint failed: {e}");
                 }
