@@ -561,3 +561,24 @@ fn bench_quick_reports_every_scenario_as_json() {
     let err = env.fails(&["bench", "--quick", "--echo", "missing.wasm"]);
     assert!(err.contains("cargo xtask guests"), "{err}");
 }
+
+#[test]
+fn a_killed_hosts_claim_is_reclaimed_after_its_lease_and_the_crash_counts_as_an_attempt() {
+    let env = Env::new(&sandbox_config("1s", "60s", 3, ""));
+    let id = env.enqueue("sandbox", "crash", "hang-once", &[]);
+    let mut doomed = env.spawn_run();
+    env.wait_status(&id, "claimed", Duration::from_secs(20));
+    signal(&doomed, "KILL");
+    wait_exit(&mut doomed, Duration::from_secs(10));
+    assert_eq!(
+        env.show(&id)["status"],
+        "claimed",
+        "the dead host's claim is still held"
+    );
+    // A new host's sweeper reclaims it once the lease has run out, and runs it again.
+    env.run_until_idle();
+    let d = env.show(&id);
+    assert_eq!(d["status"], "acked", "{d}");
+    assert_eq!(d["attempt"], 1, "the crashed attempt counts");
+    assert_eq!(d["result"]["output"], "recovered");
+}

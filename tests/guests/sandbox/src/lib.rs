@@ -17,6 +17,7 @@
 //! | `enqueue-storm:<agent>` | enqueues follow-ups until the host refuses |
 //! | `wait-stop` | sleeps in short host calls until the host asks it to stop, then reports |
 //! | `print:<text>` | writes the text to stdout and to stderr |
+//! | `hang-once` | on its first attempt blocks for an hour; later attempts return `recovered` |
 //! | `count` | returns how many dispatches this instance has handled (instance reuse) |
 //! | anything else | returns it |
 
@@ -101,6 +102,12 @@ impl Handler for Sandbox {
                 std::thread::sleep(Duration::from_millis(20));
             },
             "count" => Ok(calls.to_string().into_bytes()),
+            "hang-once" => {
+                if claim.attempt() == 0 {
+                    std::thread::sleep(Duration::from_secs(3600));
+                }
+                Ok(b"recovered".to_vec())
+            }
             "print" => {
                 println!("out: {arg}");
                 eprintln!("err: {arg}");
