@@ -58,18 +58,12 @@ fn bench_runtime(c: &mut Criterion) {
         let store = EmbeddedStore::open_in_memory(Arc::new(SystemClock))
             .unwrap()
             .store();
-        let plugin_config = config.plugins["echo"].clone();
-        let ctx = Arc::new(PluginContext {
-            name: "echo".into(),
-            config: plugin_config,
+        let ctx = Arc::new(PluginContext::standalone(
+            "echo",
+            config.plugins["echo"].clone(),
             store,
-            consumer: "bench".into(),
-            lease: Duration::from_secs(30),
-            targets: vec![],
-            max_payload: 1 << 20,
-            config_dir: dir.path().to_path_buf(),
-            shutdown: Default::default(),
-        });
+            dir.path().to_path_buf(),
+        ));
         let plugin = runtime.load_plugin(ctx, &echo_wasm()).unwrap();
         group.bench_function(format!("echo/pooling-{pooling}"), |b| {
             b.to_async(&rt)

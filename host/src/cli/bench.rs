@@ -7,7 +7,7 @@
 
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
 use anyhow::{Context, bail};
 use serde::Serialize;
@@ -179,17 +179,12 @@ async fn instance_start(echo: &Path, pooling: &str, size: Size) -> anyhow::Resul
         .get("echo")
         .context("the bench config has an echo plugin")?
         .clone();
-    let ctx = Arc::new(PluginContext {
-        name: "echo".into(),
-        config: plugin_config,
-        store: EmbeddedStore::open_in_memory(Arc::new(SystemClock))?.store(),
-        consumer: "bench".into(),
-        lease: Duration::from_secs(30),
-        targets: vec![],
-        max_payload: 1 << 20,
-        config_dir: dir.path().to_path_buf(),
-        shutdown: Default::default(),
-    });
+    let ctx = Arc::new(PluginContext::standalone(
+        "echo",
+        plugin_config,
+        EmbeddedStore::open_in_memory(Arc::new(SystemClock))?.store(),
+        dir.path().to_path_buf(),
+    ));
     let plugin = runtime.load_plugin(ctx, echo)?;
     let mut samples = Vec::with_capacity(size.instances);
     for _ in 0..size.instances {

@@ -146,6 +146,29 @@ pub struct PluginContext {
     pub shutdown: Arc<std::sync::atomic::AtomicBool>,
 }
 
+impl PluginContext {
+    /// The context of a plugin run outside a supervisor (benchmarks, probes): a 30 s lease, no
+    /// enqueue targets, a 1 MiB payload cap, never shutting down.
+    pub fn standalone(
+        name: &str,
+        config: PluginConfig,
+        store: Store,
+        config_dir: std::path::PathBuf,
+    ) -> Self {
+        PluginContext {
+            name: name.to_owned(),
+            config,
+            store,
+            consumer: format!("standalone/{name}"),
+            lease: Duration::from_secs(30),
+            targets: Vec::new(),
+            max_payload: 1 << 20,
+            config_dir,
+            shutdown: Default::default(),
+        }
+    }
+}
+
 /// Which dispatch an instance is working on, for log lines.
 #[derive(Debug, Default, Clone)]
 pub struct LogTag {
