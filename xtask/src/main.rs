@@ -6,6 +6,9 @@
 //! - `cargo xtask test`: installs what the tests need when it is missing (the `wasm32-wasip2`
 //!   target, a `nats-server`), builds the guests, and runs every test.
 //!
+//! - `cargo xtask guests`: builds every example agent into `examples/wasm/`; `cargo xtask
+//!   polyglot [DIR]` only the Python and JavaScript ones (the tests call it with their own DIR).
+//!
 //! Both work on a fresh machine with only the Rust toolchain, Python with pip and Node with npm.
 //! Everything is built in release mode: one wasmtime build serves tests, the demo and the
 //! benchmarks. No dependencies, so `cargo xtask` itself builds in seconds.
@@ -20,8 +23,18 @@ fn main() -> ExitCode {
         Some("demo") => demo(),
         Some("test") => test(&args[1..]),
         Some("guests") => build_guests().map(|dir| println!("guests built in {}", dir.display())),
+        Some("polyglot") => {
+            let out = args
+                .get(1)
+                .map(PathBuf::from)
+                .unwrap_or_else(|| root().join("examples").join("wasm"));
+            build_polyglot(&out)
+                .map(|()| println!("python and js agents built in {}", out.display()))
+        }
         _ => {
-            eprintln!("usage: cargo xtask <demo | test [cargo test args] | guests>");
+            eprintln!(
+                "usage: cargo xtask <demo | test [cargo test args] | guests | polyglot [out dir]>"
+            );
             return ExitCode::from(2);
         }
     };
@@ -121,7 +134,167 @@ fn build_guests() -> Result<PathBuf> {
         std::fs::copy(&from, &to)
             .map_err(|e| format!("cannot copy {} to {}: {e}", from.display(), to.display()))?;
     }
+    build_polyglot(&out)?;
     Ok(out)
+}
+
+// The Python and JavaScript agents. Their tools are pinned in `examples/python-agent/
+// requirements.txt` and `examples/js-agent/package{,-lock}.json` and installed on first use into
+// `.tools/` (gitignored): a virtualenv with componentize-py, and an npm prefix with jco and
+// componentize-js. Nothing is installed globally.
+
+/// The componentize-py version `examples/python-agent/requirements.txt` pins.
+const COMPONENTIZE_PY: &str = "0.25.1";
+/// The componentize-js version `examples/js-agent/package.json` pins (and forces for jco).
+const COMPONENTIZE_JS: &str = "0.23.0";
+
+fn tools_dir() -> PathBuf {
+    root().join(".tools")
+}
+
+/// The venv's componentize-py, installing it (a venv under `.tools/python`) when missing.
+fn ensure_componentize_py() -> Result<PathBuf> {
+    let venv = tools_dir().join("python");
+    let bin = venv.join("bin").join("componentize-py");
+    let wanted = format!("componentize-py {COMPONENTIZE_PY}");
+    if output(Command::new(&bin).arg("--version")).is_some_and(|v| v.trim() == wanted) {
+        return Ok(bin);
+    }
+    let python = env::var("PYTHON").unwrap_or_else(|_| "python3".into());
+    run(Command::new(&python).args(["-m", "venv"]).arg(&venv))
+        .map_err(|e| format!("cannot create the Python venv for componentize-py: {e}"))?;
+    let requirements = root().join("examples/python-agent/requirements.txt");
+    run(Command::new(venv.join("bin").join("pip"))
+        .args(["install", "--quiet", "--disable-pip-version-check", "-r"])
+        .arg(&requirements))
+    .map_err(|e| format!("cannot install componentize-py (PyPI): {e}"))?;
+    match output(Command::new(&bin).arg("--version")) {
+        Some(v) if v.trim() == wanted => Ok(bin),
+        other => Err(format!(
+            "{} reports {other:?}, expected {wanted}",
+            bin.display()
+        )),
+    }
+}
+
+/// The componentize-js CLI script, installing the pinned npm packages into `.tools/node` with
+/// `npm ci` when they are missing or the committed lock file changed.
+fn ensure_componentize_js() -> Result<PathBuf> {
+    let prefix = tools_dir().join("node");
+    let example = root().join("examples/js-agent");
+    let package = prefix.join("node_modules/@bytecodealliance/componentize-js");
+    let cli = package.join("src").join("cli.js");
+    let installed_version = std::fs::read_to_string(package.join("package.json")).ok();
+    let version_ok = installed_version
+        .is_some_and(|json| json.contains(&format!("\"version\": \"{COMPONENTIZE_JS}\"")));
+    let same_lock = |name: &str| {
+        let committed = std::fs::read(example.join(name)).ok();
+        committed.is_some() && committed == std::fs::read(prefix.join(name)).ok()
+    };
+    if version_ok && cli.exists() && same_lock("package.json") && same_lock("package-lock.json") {
+        return Ok(cli);
+    }
+    std::fs::create_dir_all(&prefix)
+        .map_err(|e| format!("cannot create {}: {e}", prefix.display()))?;
+    for name in ["package.json", "package-lock.json"] {
+        let (from, to) = (example.join(name), prefix.join(name));
+        std::fs::copy(&from, &to)
+            .map_err(|e| format!("cannot copy {} to {}: {e}", from.display(), to.display()))?;
+    }
+    run(Command::new("npm").current_dir(&prefix).args([
+        "ci",
+        "--no-audit",
+        "--no-fund",
+        "--loglevel=error",
+    ]))
+    .map_err(|e| format!("cannot install jco and componentize-js (npm): {e}"))?;
+    if cli.exists() {
+        Ok(cli)
+    } else {
+        Err(format!("npm ci finished but {} is missing", cli.display()))
+    }
+}
+
+/// Whether `out` exists and is newer than every file under `inputs` (so a rebuild would make
+/// the same component: the builds are deterministic in their inputs and pinned tools).
+fn up_to_date(out: &Path, inputs: &[PathBuf]) -> bool {
+    fn newest(path: &Path) -> Option<std::time::SystemTime> {
+        let meta = std::fs::metadata(path).ok()?;
+        if !meta.is_dir() {
+            return meta.modified().ok();
+        }
+        std::fs::read_dir(path)
+            .ok()?
+            .filter_map(|entry| entry.ok())
+            .filter(|entry| entry.file_name() != "__pycache__")
+            .filter_map(|entry| newest(&entry.path()))
+            .max()
+    }
+    let Some(built) = std::fs::metadata(out).ok().and_then(|m| m.modified().ok()) else {
+        return false;
+    };
+    inputs
+        .iter()
+        .all(|input| newest(input).is_some_and(|t| t < built))
+}
+
+/// Builds `python-agent.wasm` and `js-agent.wasm` into `out`, installing the pinned tools when
+/// missing. Each build takes 10-20 s, so an output newer than all its inputs is kept.
+fn build_polyglot(out: &Path) -> Result<()> {
+    std::fs::create_dir_all(out).map_err(|e| format!("cannot create {}: {e}", out.display()))?;
+    let root = root();
+    let wit = root.join("examples/wit");
+    let contract = root.join("wit");
+
+    let python_agent = root.join("examples/python-agent");
+    let python_sdk = root.join("guest-sdk/python");
+    let python_out = out.join("python-agent.wasm");
+    let python_inputs = [
+        python_agent.clone(),
+        python_sdk.clone(),
+        wit.clone(),
+        contract.clone(),
+    ];
+    if !up_to_date(&python_out, &python_inputs) {
+        let componentize_py = ensure_componentize_py()?;
+        run(Command::new(componentize_py)
+            .current_dir(&python_agent)
+            .env("PYTHONDONTWRITEBYTECODE", "1")
+            .arg("-d")
+            .arg(&wit)
+            .args(["-w", "tool-agent", "componentize", "app", "-p", "."])
+            .arg("-p")
+            .arg(&python_sdk)
+            .arg("-o")
+            .arg(&python_out))?;
+    }
+
+    let js_agent = root.join("examples/js-agent");
+    let js_sdk = root.join("guest-sdk/js");
+    let js_out = out.join("js-agent.wasm");
+    let js_inputs = [js_agent.clone(), js_sdk.clone(), wit.clone(), contract];
+    if !up_to_date(&js_out, &js_inputs) {
+        let componentize_js = ensure_componentize_js()?;
+        // componentize-js sees only the source's own directory while it snapshots the program,
+        // so the app and the helper module it imports are staged side by side.
+        let stage = target_dir().join("js-agent-src");
+        std::fs::create_dir_all(&stage)
+            .map_err(|e| format!("cannot create {}: {e}", stage.display()))?;
+        for from in [js_agent.join("app.js"), js_sdk.join("homing-guest.js")] {
+            let to = stage.join(from.file_name().unwrap_or_default());
+            std::fs::copy(&from, &to)
+                .map_err(|e| format!("cannot copy {} to {}: {e}", from.display(), to.display()))?;
+        }
+        run(Command::new("node")
+            .current_dir(&stage)
+            .arg(componentize_js)
+            .arg("app.js")
+            .arg("--wit")
+            .arg(&wit)
+            .args(["-n", "tool-agent", "-d", "http", "fetch-event", "-o"])
+            .arg(&js_out))?;
+    }
+    Ok(())
 }
 
 fn cargo() -> Command {
@@ -189,6 +362,18 @@ fn demo() -> Result<()> {
     put("flaky", "flaky-1", "fail-until:2", &[])?;
     put("flaky", "flaky-2", "always", &["--max-attempts", "3"])?;
     put("delegate", "fan-1", "alpha beta gamma", &[])?;
+    put("python-agent", "py-chat", "remember my name is Ada", &[])?;
+    put("python-agent", "py-chat", "flaky 1", &[])?;
+    put(
+        "python-agent",
+        "py-chat",
+        "ask js-agent remember Python sent this",
+        &[],
+    )?;
+    put("python-agent", "py-chat", "recall", &[])?;
+    put("js-agent", "js-chat", "remember I like tea", &[])?;
+    put("js-agent", "js-chat", "env HOME", &[])?;
+    put("js-agent", "js-chat", "recall", &[])?;
     println!("== running the host until idle");
     run(Command::new(&homing)
         .arg("--config")
@@ -205,6 +390,10 @@ fn demo() -> Result<()> {
     println!("{}", cli(&["thread", "log", "chat-1"])?);
     println!("== the delegate's thread log (fan-1)");
     println!("{}", cli(&["thread", "log", "fan-1"])?);
+    println!("== the Python agent's thread log (py-chat; js-agent answered its `ask` here too)");
+    println!("{}", cli(&["thread", "log", "py-chat"])?);
+    println!("== the JavaScript agent's thread log (js-chat)");
+    println!("{}", cli(&["thread", "log", "js-chat"])?);
     Ok(())
 }
 

@@ -1,0 +1,166 @@
+// `js-agent`: a small tool-using assistant, in JavaScript.
+//
+// The same protocol as `examples/python-agent` (its module docs have the table): each dispatch
+// is one user message; the first word picks a tool (`remember`, `recall`, `read`, `env`,
+// `connect`, `ask`, `flaky`, or a plain reply that counts the turns), and the turn is recorded
+// in the thread log as two JSON entries, `{"role":"user",...}` and `{"role":"agent",...}`: the
+// log is the agent's only memory. A failing tool is reported in the reply; only an unavailable
+// tool (`flaky <n>`) gives the dispatch back for a retry.
+//
+// StarlingMonkey has no file system, environment or socket API of its own, so the `read`,
+// `env` and `connect` tools call the WASI imports of the `tool-agent` world
+// (`examples/wit/tool-agent.wit`) directly. What they reach is still what `homing.toml` grants.
+
+import { getEnvironment } from 'wasi:cli/environment@0.2.12';
+import { getDirectories } from 'wasi:filesystem/preopens@0.2.12';
+import { instanceNetwork } from 'wasi:sockets/instance-network@0.2.12';
+import { createTcpSocket } from 'wasi:sockets/tcp-create-socket@0.2.12';
+
+import { HomingError, exportHandler, info, text } from './homing-guest.js';
+
+/** The most a `read` returns. */
+const READ_LIMIT = 4096n;
+
+/** A tool failed; the reply says so. */
+class ToolError extends Error {}
+
+/** The WASI error code (an enum string) of a thrown WASI error. */
+function wasiCode(e) {
+  return e && typeof e === 'object' && 'payload' in e ? e.payload : String(e);
+}
+
+function respond(claim) {
+  const message = claim.text.trim();
+  const space = message.indexOf(' ');
+  const tool = space < 0 ? message : message.slice(0, space);
+  const arg = space < 0 ? '' : message.slice(space + 1).trim();
+  const history = claim.readLogAll().map((entry) => JSON.parse(entry.text));
+
+  let reply;
+  if (tool === 'flaky') {
+    const needed = Number(arg || '1');
+    if (claim.attempt < needed) {
+      // Before anything is written: the retry starts from the same log.
+      claim.nack(`tool flaky unavailable (attempt ${claim.attempt + 1})`, 10);
+      return undefined;
+    }
+    reply = `succeeded after ${claim.attempt} failed attempts`;
+  } else {
+    try {
+      reply = runTool(claim, tool, arg, message, history);
+    } catch (e) {
+      if (!(e instanceof ToolError)) throw e;
+      reply = `tool ${tool} failed: ${e.message}`;
+    }
+  }
+
+  claim.append(JSON.stringify({ role: 'user', content: message }));
+  claim.append(JSON.stringify({ role: 'agent', content: reply }));
+  info(`turn on ${claim.thread}: ${tool} -> ${reply.slice(0, 60)}`);
+  return reply;
+}
+
+function runTool(claim, tool, arg, message, history) {
+  switch (tool) {
+    case 'remember':
+      return `noted: ${arg}`;
+    case 'recall': {
+      const facts = history
+        .filter((e) => e.role === 'user' && e.content.startsWith('remember '))
+        .map((e) => e.content.slice('remember '.length));
+      return facts.length ? `you told me: ${facts.join('; ')}` : 'you have not told me anything yet';
+    }
+    case 'read':
+      return readFile(arg);
+    case 'env': {
+      const found = getEnvironment().find(([name]) => name === arg);
+      if (found === undefined) throw new ToolError(`${arg} is not set`);
+      return found[1];
+    }
+    case 'connect':
+      return connect(arg);
+    case 'ask': {
+      const space = arg.indexOf(' ');
+      const agent = space < 0 ? arg : arg.slice(0, space);
+      const said = space < 0 ? '' : arg.slice(space + 1);
+      let asked;
+      try {
+        // A retry of this dispatch must not ask twice: the dedupe key is this dispatch.
+        asked = claim.enqueue(agent, said, {
+          metadata: { from: claim.agent },
+          dedupeKey: `ask-${claim.id}`,
+        });
+      } catch (e) {
+        if (!(e instanceof HomingError)) throw e;
+        if (e.kind !== 'duplicate') throw new ToolError(e.message);
+        asked = e.value;
+      }
+      return `asked ${agent}: ${asked}`;
+    }
+    default: {
+      const turns = 1 + history.filter((e) => e.role === 'user').length;
+      return `#${turns}: you said "${message}"`;
+    }
+  }
+}
+
+/** The first 4 KiB of the file at the guest path `path`, under one of the preopened
+ * directories (the plugin's `dirs` grants). */
+function readFile(path) {
+  for (const [dir, mount] of getDirectories()) {
+    const prefix = mount.endsWith('/') ? mount : `${mount}/`;
+    if (!path.startsWith(prefix)) continue;
+    try {
+      const file = dir.openAt({ symlinkFollow: false }, path.slice(prefix.length), {}, { read: true });
+      const [data] = file.read(READ_LIMIT, 0n);
+      return new TextDecoder().decode(data);
+    } catch (e) {
+      throw new ToolError(`${path}: ${wasiCode(e)}`);
+    }
+  }
+  throw new ToolError(`${path}: no such file or directory`);
+}
+
+/** Opens a TCP connection to `ip:port` through `wasi:sockets` and closes it.
+ *
+ * Creating the socket is where the host's sandbox answers (`access-denied` without an
+ * `allowed_hosts` grant). With a grant, componentize-js 0.23 fails the next step: its bindings
+ * lift `instance-network()`'s result into a class they never define (`wasi:sockets/network` has
+ * a resource but no functions), so JavaScript agents cannot connect yet; the Python agent can. */
+function connect(target) {
+  const colon = target.lastIndexOf(':');
+  const octets = target.slice(0, colon).split('.').map(Number);
+  const port = Number(target.slice(colon + 1));
+  if (colon < 0 || octets.length !== 4 || octets.some((o) => !Number.isInteger(o)) || !Number.isInteger(port)) {
+    throw new ToolError(`${target}: expected <ipv4>:<port>`);
+  }
+  let socket;
+  let network;
+  try {
+    socket = createTcpSocket('ipv4');
+  } catch (e) {
+    throw new ToolError(`${target}: ${wasiCode(e)}`);
+  }
+  try {
+    network = instanceNetwork();
+  } catch (e) {
+    throw new ToolError(`${target}: not supported by componentize-js 0.23 (${e})`);
+  }
+  try {
+    socket.startConnect(network, { tag: 'ipv4', val: { port, address: octets } });
+    for (;;) {
+      socket.subscribe().block();
+      try {
+        socket.finishConnect();
+        break;
+      } catch (e) {
+        if (wasiCode(e) !== 'would-block') throw e;
+      }
+    }
+  } catch (e) {
+    throw new ToolError(`${target}: ${wasiCode(e)}`);
+  }
+  return `connected to ${target}`;
+}
+
+export const handle = exportHandler(respond);

@@ -1,0 +1,135 @@
+"""`python-agent`: a small tool-using assistant, in Python.
+
+Each dispatch is one user message (UTF-8 text). The agent picks a tool by the message's first
+word, runs it, and records the turn in the thread log as two JSON entries,
+`{"role": "user", "content": ...}` and `{"role": "agent", "content": ...}`, so any instance
+can pick the conversation up: the log is its only memory. The reply is the dispatch's output.
+
+| message | tool |
+| --- | --- |
+| `remember <fact>` | notes the fact (it is in the log from now on) |
+| `recall` | reads the thread log back and lists the facts noted so far |
+| `read <path>` | a file's first 4 KiB (needs a `dirs` grant) |
+| `env <NAME>` | an environment variable (needs an `env` grant) |
+| `connect <ip>:<port>` | opens a TCP connection (needs an `allowed_hosts` grant) |
+| `ask <agent> <text>` | hands `<text>` to another agent on this thread (needs `enqueue_to`) |
+| `flaky <n>` | a tool that is unavailable for its first `n` attempts: the agent nacks |
+| anything else | a reply that counts the turns |
+
+A tool that fails (denied by the sandbox, say) is reported in the reply, as an assistant would
+tell its user; only an unavailable tool gives the dispatch back for a retry. The same protocol
+is implemented in JavaScript by `examples/js-agent`.
+"""
+
+# Every import is at the top: componentize-py snapshots the module after importing it, and
+# the snapshot has no file system to import from later.
+import json
+import os
+
+from componentize_py_types import Err
+from wit_world.imports import instance_network, network, tcp_create_socket
+
+import homing_guest
+from homing_guest import Claim
+
+# The most a `read` returns.
+READ_LIMIT = 4096
+
+
+class ToolError(Exception):
+    """A tool failed; the reply says so."""
+
+
+def handle(claim: Claim):
+    message = claim.text.strip()
+    tool, _, arg = message.partition(" ")
+    arg = arg.strip()
+    history = [json.loads(e.data) for e in claim.read_log_all()]
+
+    if tool == "flaky":
+        needed = int(arg or "1")
+        if claim.attempt < needed:
+            # Before anything is written: the retry starts from the same log.
+            claim.nack(f"tool flaky unavailable (attempt {claim.attempt + 1})", 10)
+            return None
+        reply = f"succeeded after {claim.attempt} failed attempts"
+    else:
+        try:
+            reply = run_tool(claim, tool, arg, message, history)
+        except ToolError as e:
+            reply = f"tool {tool} failed: {e}"
+
+    claim.append(json.dumps({"role": "user", "content": message}))
+    claim.append(json.dumps({"role": "agent", "content": reply}))
+    homing_guest.info(f"turn on {claim.thread}: {tool} -> {reply[:60]}")
+    return reply
+
+
+def run_tool(claim: Claim, tool: str, arg: str, message: str, history: list) -> str:
+    if tool == "remember":
+        return f"noted: {arg}"
+    if tool == "recall":
+        facts = [
+            e["content"][len("remember ") :]
+            for e in history
+            if e.get("role") == "user" and e.get("content", "").startswith("remember ")
+        ]
+        return "you told me: " + "; ".join(facts) if facts else "you have not told me anything yet"
+    if tool == "read":
+        try:
+            with open(arg, "rb") as f:
+                return f.read(READ_LIMIT).decode(errors="replace")
+        except OSError as e:
+            raise ToolError(f"{arg}: {e.strerror or e}") from None
+    if tool == "env":
+        value = os.environ.get(arg)
+        if value is None:
+            raise ToolError(f"{arg} is not set")
+        return value
+    if tool == "connect":
+        return connect(arg)
+    if tool == "ask":
+        agent, _, text = arg.partition(" ")
+        # A retry of this dispatch must not ask twice: the dedupe key is this dispatch.
+        try:
+            asked = claim.enqueue(
+                agent, text, metadata={"from": claim.agent}, dedupe_key=f"ask-{claim.id}"
+            )
+        except homing_guest.HomingError as e:
+            if e.kind != "duplicate":
+                raise ToolError(str(e)) from None
+            asked = str(e.value)
+        return f"asked {agent}: {asked}"
+    turns = 1 + sum(1 for e in history if e.get("role") == "user")
+    return f'#{turns}: you said "{message}"'
+
+
+def connect(target: str) -> str:
+    """Opens a TCP connection to `ip:port` through `wasi:sockets` (Python has no `socket`
+    module here) and closes it."""
+    host, _, port = target.rpartition(":")
+    try:
+        octets = tuple(int(part) for part in host.split("."))
+        address = network.IpSocketAddress_Ipv4(network.Ipv4SocketAddress(int(port), octets))
+        if len(octets) != 4:
+            raise ValueError
+    except ValueError:
+        raise ToolError(f"{target}: expected <ipv4>:<port>") from None
+    try:
+        sock = tcp_create_socket.create_tcp_socket(network.IpAddressFamily.IPV4)
+        sock.start_connect(instance_network.instance_network(), address)
+        while True:
+            sock.subscribe().block()
+            try:
+                sock.finish_connect()
+                break
+            except Err as e:
+                if e.value != network.ErrorCode.WOULD_BLOCK:
+                    raise
+    except Err as e:
+        reason = getattr(e.value, "name", str(e.value)).lower().replace("_", "-")
+        raise ToolError(f"{target}: {reason}") from None
+    return f"connected to {target}"
+
+
+Handle = homing_guest.export_handler(handle)

@@ -1,0 +1,360 @@
+"""Write Homing agents in Python: a thin layer over the bindings componentize-py generates.
+
+The shape follows the Rust SDK (`homing-guest`): a handler is a function of a `Claim`, and one
+call exports it. A `Claim` reads the dispatch (`id`, `thread`, `payload`, `text`, `attempt`,
+`metadata`), settles it (`complete`, `ack`, `nack`, `dead_letter`), writes and reads the thread
+log (`append`, `append_expected`, `read_log`, `read_log_all`, `log_latest`) and enqueues
+follow-ups (`enqueue`). Host refusals raise `HomingError`, whose `kind` is the WIT `error` case
+(`"lost-claim"`, `"conflict"`, ...); stop on `error.claim_is_gone()`.
+
+    import homing_guest
+
+    def handle(claim):
+        homing_guest.info(f"echoing {len(claim.payload)} bytes")
+        return claim.payload
+
+    Handle = homing_guest.export_handler(handle)
+
+The handler returns `bytes` or `str` (the output: the host completes the dispatch with it) or
+raises (the host nacks: a retry with backoff, a dead letter at the attempt limit). An exception
+never traps the guest: its text becomes the nack's reason. For the `agent` world, write
+`WitWorld = homing_guest.export_agent(run)`, where `run()` loops over `claim_next(wait_ms)`.
+
+Build with `componentize-py -d <wit> -w <world> componentize <module> -p <dir of this file>`.
+The module works in any world that includes `homing:agent`'s `handler` or `agent` world.
+Everything is imported when the module is: componentize-py snapshots the program after its
+imports ran, and the component has no Python files to import from later.
+"""
+
+from __future__ import annotations
+
+import traceback
+from typing import Callable, Iterable, List, Optional, Tuple, Union
+
+from componentize_py_types import Err
+
+from wit_world.imports import log as _log
+from wit_world.imports import mailbox as _mailbox
+
+try:  # Only the agent world imports `queue`.
+    from wit_world.imports import queue as _queue
+except ImportError:
+    _queue = None
+
+try:  # A world that also imports `wasi:filesystem/types` renames `types` to avoid the clash.
+    from wit_world.imports import homing_agent_types as _types
+except ImportError:
+    from wit_world.imports import types as _types
+
+__all__ = [
+    "Claim",
+    "HomingError",
+    "LogEntry",
+    "claim_next",
+    "enqueue",
+    "export_agent",
+    "export_handler",
+    "trace",
+    "debug",
+    "info",
+    "warn",
+    "error",
+]
+
+Bytes = Union[bytes, str]
+
+#: Entries asked for per `read_log` call by `Claim.read_log_all`; the host may cap a page.
+LOG_PAGE = 256
+
+# The WIT `error` cases, by the generated class, in the WIT's own spelling.
+_ERROR_KINDS = {
+    _types.Error_LostClaim: "lost-claim",
+    _types.Error_Interrupted: "interrupted",
+    _types.Error_Contention: "contention",
+    _types.Error_Invalid: "invalid",
+    _types.Error_Denied: "denied",
+    _types.Error_Duplicate: "duplicate",
+    _types.Error_Conflict: "conflict",
+    _types.Error_Unavailable: "unavailable",
+    _types.Error_Internal: "internal",
+}
+
+
+class HomingError(Exception):
+    """The host refused a call. `kind` is the WIT `error` case, `value` its payload (the text,
+    or for `conflict` the thread log's latest sequence)."""
+
+    def __init__(self, kind: str, value: Union[str, int]):
+        super().__init__(f"{kind}: {value}")
+        self.kind = kind
+        self.value = value
+
+    def claim_is_gone(self) -> bool:
+        """Whether the claim is lost (lease gone, already settled) or its thread interrupted:
+        stop working on it, do not retry."""
+        return self.kind in ("lost-claim", "interrupted")
+
+
+def _host(call: Callable, *args):
+    """Calls a binding, turning the WIT error into a `HomingError`."""
+    try:
+        return call(*args)
+    except Err as err:
+        value = err.value
+        kind = _ERROR_KINDS.get(type(value), "internal")
+        raise HomingError(kind, getattr(value, "value", str(value))) from None
+
+
+def _bytes(data: Bytes) -> bytes:
+    return data.encode() if isinstance(data, str) else bytes(data)
+
+
+class LogEntry:
+    """One thread-log entry: `seq`, `data` (bytes), `appended_at` (Unix ms, host clock)."""
+
+    __slots__ = ("seq", "data", "appended_at")
+
+    def __init__(self, raw):
+        self.seq: int = raw.seq
+        self.data: bytes = raw.data
+        self.appended_at: int = raw.appended_at
+
+    @property
+    def text(self) -> Optional[str]:
+        """The entry as UTF-8 text, or `None` when it is not text."""
+        try:
+            return self.data.decode()
+        except UnicodeDecodeError:
+            return None
+
+    def __repr__(self) -> str:
+        return f"LogEntry(seq={self.seq}, data={self.data!r})"
+
+
+class Claim:
+    """A dispatch this guest holds: what it is, and the calls that act on it. The dispatch info
+    is read once, when the claim is wrapped."""
+
+    def __init__(self, raw: _mailbox.Claim):
+        self._raw = raw
+        self.info = raw.info()
+
+    # The dispatch.
+    @property
+    def id(self) -> str:
+        return self.info.id
+
+    @property
+    def agent(self) -> str:
+        return self.info.agent
+
+    @property
+    def thread(self) -> str:
+        return self.info.thread
+
+    @property
+    def run_id(self) -> str:
+        return self.info.run_id
+
+    @property
+    def payload(self) -> bytes:
+        return self.info.payload
+
+    @property
+    def text(self) -> str:
+        """The payload as UTF-8 text; raises `HomingError("invalid", ...)` when it is not."""
+        try:
+            return self.info.payload.decode()
+        except UnicodeDecodeError as e:
+            raise HomingError("invalid", f"payload is not UTF-8 text: {e}") from None
+
+    @property
+    def attempt(self) -> int:
+        """Failed attempts before this one (0 on the first run)."""
+        return self.info.attempt
+
+    @property
+    def max_attempts(self) -> int:
+        return self.info.max_attempts
+
+    @property
+    def priority(self) -> int:
+        return self.info.priority
+
+    def is_last_attempt(self) -> bool:
+        """Whether failing this attempt dead-letters the dispatch instead of retrying it."""
+        return self.info.attempt + 1 >= self.info.max_attempts
+
+    def metadata(self, key: str) -> Optional[str]:
+        """The metadata value under `key`, if the submitter set one."""
+        for k, v in self.info.metadata:
+            if k == key:
+                return v
+        return None
+
+    # Progress and settling.
+    def record_start(self) -> None:
+        _host(self._raw.record_start)
+
+    def record_result(self, output: Bytes) -> None:
+        _host(self._raw.record_result, _bytes(output))
+
+    def complete(self, output: Bytes) -> None:
+        """Records `output` and acks in one step."""
+        _host(self._raw.complete, _bytes(output))
+
+    def ack(self) -> None:
+        _host(self._raw.ack)
+
+    def nack(self, error: str, retry_after_ms: Optional[int] = None) -> None:
+        """Gives the dispatch back for a retry; `retry_after_ms` is a hint the host caps."""
+        _host(self._raw.nack, error, retry_after_ms)
+
+    def dead_letter(self, error: str) -> None:
+        _host(self._raw.dead_letter, error)
+
+    def stop_requested(self) -> Optional[str]:
+        """`None`, or why the host wants the guest to stop (`"interrupted"`, `"lease-lost"`,
+        `"shutdown"`, `"deadline"`): check it in long loops."""
+        reason = self._raw.stop_requested()
+        return None if reason is None else reason.name.lower().replace("_", "-")
+
+    # The thread log.
+    def append(self, entry: Bytes) -> int:
+        """Appends to the thread log; returns the entry's sequence."""
+        return _host(self._raw.append, _bytes(entry))
+
+    def append_expected(self, entry: Bytes, expected_latest: int) -> int:
+        """Appends only if the log's latest sequence is `expected_latest`; else raises
+        `HomingError("conflict", latest)`."""
+        return _host(self._raw.append_expected, _bytes(entry), expected_latest)
+
+    def read_log(self, after: int = 0, limit: int = LOG_PAGE) -> List[LogEntry]:
+        """Up to `limit` entries with a sequence greater than `after`."""
+        return [LogEntry(e) for e in _host(self._raw.read_log, after, limit)]
+
+    def read_log_all(self) -> List[LogEntry]:
+        """The whole thread log, page by page."""
+        entries: List[LogEntry] = []
+        after = 0
+        while True:
+            page = self.read_log(after, LOG_PAGE)
+            if not page:
+                return entries
+            entries.extend(page)
+            after = page[-1].seq
+
+    def log_latest(self) -> int:
+        return _host(self._raw.log_latest)
+
+    # Follow-up work.
+    def enqueue(self, agent: str, payload: Bytes, **options) -> str:
+        """Enqueues a follow-up to `agent` (on this thread unless `thread=` says otherwise);
+        returns its id. Options: `thread`, `metadata` (dict or pairs), `priority`,
+        `delay_ms`, `dedupe_key`, `max_attempts`."""
+        return _host(self._raw.enqueue, _request(agent, payload, **options))
+
+    def __repr__(self) -> str:
+        return f"Claim(id={self.id!r}, thread={self.thread!r}, attempt={self.attempt})"
+
+
+def _request(
+    agent: str,
+    payload: Bytes,
+    thread: Optional[str] = None,
+    metadata: Union[dict, Iterable[Tuple[str, str]], None] = None,
+    priority: Optional[int] = None,
+    delay_ms: Optional[int] = None,
+    dedupe_key: Optional[str] = None,
+    max_attempts: Optional[int] = None,
+):
+    pairs = list(metadata.items()) if isinstance(metadata, dict) else list(metadata or [])
+    return _types.EnqueueRequest(
+        agent=agent,
+        thread=thread,
+        payload=_bytes(payload),
+        metadata=pairs,
+        priority=priority,
+        delay_ms=delay_ms,
+        dedupe_key=dedupe_key,
+        max_attempts=max_attempts,
+    )
+
+
+def enqueue(agent: str, thread: str, payload: Bytes, **options) -> str:
+    """Enqueues a dispatch on an explicit thread; returns its id."""
+    return _host(_mailbox.enqueue, _request(agent, payload, thread=thread, **options))
+
+
+def claim_next(wait_ms: int = 0) -> Optional[Claim]:
+    """Agent world: the next dispatch for this plugin, waiting up to `wait_ms`; `None` when
+    nothing came, the instance's claim budget is used, or the host is stopping."""
+    if _queue is None:
+        raise HomingError("invalid", "claim_next needs the agent world (it imports `queue`)")
+    raw = _host(_queue.claim_next, wait_ms)
+    return None if raw is None else Claim(raw)
+
+
+def _write(level, message: str) -> None:
+    _log.write(level, message)
+
+
+def trace(message: str) -> None:
+    _write(_log.Level.TRACE, message)
+
+
+def debug(message: str) -> None:
+    _write(_log.Level.DEBUG, message)
+
+
+def info(message: str) -> None:
+    _write(_log.Level.INFO, message)
+
+
+def warn(message: str) -> None:
+    _write(_log.Level.WARN, message)
+
+
+def error(message: str) -> None:
+    _write(_log.Level.ERROR, message)
+
+
+def _failure(e: BaseException) -> Err:
+    """The `err(message)` for an exception; a `HomingError` keeps its own text."""
+    if not isinstance(e, HomingError):
+        warn("".join(traceback.format_exception(e)).rstrip())
+    return Err(str(e) or type(e).__name__)
+
+
+def export_handler(handle: Callable[[Claim], Bytes]):
+    """The `Handle` class componentize-py looks for, calling `handle(claim)` per dispatch.
+
+    A `bytes`/`str` result completes the dispatch; `None` means the handler settled it itself;
+    any exception nacks it with the exception's text."""
+    from wit_world import exports
+
+    class Handle(exports.Handle):
+        def handle(self, claim):
+            try:
+                out = handle(Claim(claim))
+            except Exception as e:  # noqa: BLE001 - every failure becomes a nack, not a trap
+                raise _failure(e) from None
+            return b"" if out is None else _bytes(out)
+
+    return Handle
+
+
+def export_agent(run: Callable[[], None]):
+    """The `WitWorld` class componentize-py looks for in the `agent` world, calling `run()`
+    once per instance. `run` loops over `claim_next` and settles each claim; an exception
+    ends it with the exception's text (the host logs it and nacks unsettled claims)."""
+    import wit_world
+
+    class WitWorld(wit_world.WitWorld):
+        def run(self) -> None:
+            try:
+                run()
+            except Exception as e:  # noqa: BLE001
+                raise _failure(e) from None
+
+    return WitWorld
