@@ -225,3 +225,48 @@ pub fn wait_exit(child: &mut Child, within: Duration) -> std::process::ExitStatu
 pub fn toml_path(path: &Path) -> String {
     format!("{:?}", path.display().to_string())
 }
+
+/// Builds the Python and JavaScript example agents (once per test binary) with `cargo xtask
+/// polyglot`, which installs the pinned componentize-py and componentize-js into `.tools/` when
+/// they are missing, and returns the directory holding `python-agent.wasm` and `js-agent.wasm`.
+/// Fails loudly (never skips) when Python with pip or Node with npm is missing.
+pub fn polyglot_dir() -> &'static Path {
+    static DIR: OnceLock<PathBuf> = OnceLock::new();
+    DIR.get_or_init(|| {
+        let out = target_dir().join("polyglot");
+        let result = Command::new(std::env::var("CARGO").unwrap_or_else(|_| "cargo".into()))
+            .current_dir(root())
+            // Its own target dir: the test's cargo may still hold the lock on this one.
+            .env("CARGO_TARGET_DIR", target_dir().join("xtask"))
+            .env_remove("RUSTFLAGS")
+            .args(["run", "--quiet", "--package", "xtask", "--", "polyglot"])
+            .arg(&out)
+            .output()
+            .expect("cannot run cargo to build the Python and JavaScript guests");
+        assert!(
+            result.status.success(),
+            "`cargo xtask polyglot` failed (it needs python3 with pip and venv, and node with \
+             npm, to install componentize-py and componentize-js into .tools/):\n{}\n{}",
+            String::from_utf8_lossy(&result.stdout),
+            String::from_utf8_lossy(&result.stderr)
+        );
+        out
+    })
+}
+
+/// The path of a built Python or JavaScript agent (`python-agent`, `js-agent`).
+pub fn polyglot_guest(name: &str) -> PathBuf {
+    let path = polyglot_dir().join(format!("{name}.wasm"));
+    assert!(
+        path.exists(),
+        "agent {name} was not built at {}",
+        path.display()
+    );
+    path
+}
+
+/// A compiled-component cache shared by the tests of one target dir: a Python or JavaScript
+/// component takes about 10 s to compile, and most tests are not about the cache.
+pub fn shared_cache_dir() -> PathBuf {
+    target_dir().join("polyglot-cache")
+}
