@@ -64,6 +64,8 @@ pub mod clock;
 pub mod embedded;
 pub mod error;
 pub mod model;
+pub mod nats;
+pub(crate) mod rules;
 
 use std::fmt::Debug;
 use std::sync::Arc;

@@ -58,10 +58,12 @@ pub trait Factory: Send + Sync + 'static {
 }
 
 /// A factory for backends kept in one file: a fresh temp directory per test.
+#[allow(dead_code)]
 pub struct FileBacked<O> {
     open: O,
 }
 
+#[allow(dead_code)]
 impl<O> FileBacked<O>
 where
     O: Fn(&Path, SharedClock) -> StoreResult<Store> + Send + Sync + 'static,

@@ -12,6 +12,7 @@ use super::{EmbeddedStore, TxError};
 use crate::store::model::{
     Claim, Dispatch, Interrupt, ListFilter, NewDispatch, RunResult, Status, StatusCount,
 };
+use crate::store::rules::{clamp, fail_attempt, same_content, terminate};
 use crate::store::{
     Mailbox, REASON_EXPIRED_AFTER_INTERRUPT, REASON_LEASE_EXPIRED_AT_MAX, REASON_STALE_EPOCH,
     StoreError, StoreResult,
@@ -19,11 +20,6 @@ use crate::store::{
 
 /// The page size of `list` and `list_terminal` when the caller gives 0.
 const DEFAULT_PAGE: usize = 100;
-
-/// Times are clamped into SQLite's signed 64-bit integers.
-fn clamp(ms: u64) -> u64 {
-    ms.min(i64::MAX as u64)
-}
 
 /// Per-thread scheduling state.
 struct ThreadRow {
@@ -167,17 +163,6 @@ fn promote_due(tx: &Connection, now: u64) -> StoreResult<()> {
     Ok(())
 }
 
-/// Clears the claim and settles the record into a terminal status.
-fn terminate(d: &mut Dispatch, status: Status, now: u64, reason: Option<&str>) {
-    d.status = status;
-    d.claim = None;
-    d.completed_at = Some(now);
-    d.updated_at = now;
-    if let Some(reason) = reason {
-        d.last_error = Some(reason.to_owned());
-    }
-}
-
 /// Supersedes a claimed dispatch whose epoch is stale and frees its thread.
 fn supersede(
     tx: &Connection,
@@ -199,38 +184,6 @@ fn supersede(
         refresh_lane(tx, &d.agent, &d.thread)?;
     }
     Ok(d)
-}
-
-/// One failed attempt of a claimed dispatch: back to the queue at `retry_at`, or dead-lettered.
-/// Returns the record and whether it is ready now.
-fn fail_attempt(
-    d: &mut Dispatch,
-    now: u64,
-    retry_at: u64,
-    error: Option<&str>,
-    reason_at_max: &str,
-) -> bool {
-    d.attempt = d.attempt.saturating_add(1).min(d.max_attempts);
-    d.claim = None;
-    d.updated_at = now;
-    if let Some(error) = error {
-        d.last_error = Some(error.to_owned());
-    }
-    if d.attempt >= d.max_attempts {
-        d.status = Status::DeadLetter;
-        d.completed_at = Some(now);
-        if error.is_none() {
-            d.last_error = Some(reason_at_max.to_owned());
-        }
-        false
-    } else {
-        d.status = Status::Queued;
-        d.available_at = clamp(retry_at);
-        d.started_at = None;
-        d.result = None;
-        d.completed_at = None;
-        d.available_at <= now
-    }
 }
 
 /// What a holder check found.
@@ -291,18 +244,6 @@ fn check_holder(
         }));
     }
     Ok(Holder::Live(dispatch))
-}
-
-/// Whether two submissions under one id carry the same content (an idempotent retry).
-fn same_content(stored: &Dispatch, new: &NewDispatch) -> bool {
-    stored.agent == new.agent
-        && stored.thread == new.thread
-        && new.run_id.as_ref().is_none_or(|run| *run == stored.run_id)
-        && stored.payload == new.payload
-        && stored.metadata == new.metadata
-        && stored.priority == new.priority
-        && stored.dedupe_key == new.dedupe_key
-        && stored.max_attempts == new.max_attempts
 }
 
 /// Claims `d` for `consumer` until `now + lease_ms` and occupies its thread.

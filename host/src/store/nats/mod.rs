@@ -1,0 +1,811 @@
+//! The NATS JetStream backend: one mailbox and one set of thread logs shared by many hosts.
+//!
+//! # Layout
+//!
+//! One stream per deployment, named by the configured `prefix` and holding the subjects
+//! `<prefix>.>`, with at most one message per subject (each subject is a key whose last message
+//! is its value), atomic batch publishing and per-message TTLs allowed:
+//!
+//! | subject | value |
+//! | --- | --- |
+//! | `<p>.d.<id>` | a dispatch record (JSON), or a tombstone after purge |
+//! | `<p>.t.<thread>` | the thread record: epoch, holder (a copy of its claim), fairness stamp, log watermarks |
+//! | `<p>.k.<thread>.<key>` | the dispatch holding a dedupe key |
+//! | `<p>.e.<thread>.<seq>` | one thread-log entry |
+//!
+//! Names are encoded as unpadded URL-safe base64 so that any id, thread or key is one subject
+//! token.
+//!
+//! # One compare-and-set decides
+//!
+//! Every write names, per subject, the stream sequence of the message it replaces
+//! (`Nats-Expected-Last-Subject-Sequence`, 0 for a new subject). An operation that changes
+//! several records (a claim changes the dispatch and its thread; a settlement changes both
+//! back; a fenced append changes the thread record and adds an entry) publishes them as one
+//! JetStream atomic batch: either every message is stored with every expectation met, or none
+//! is. So:
+//!
+//! - Ownership of a thread is the `holder` of its thread record, written in the same batch as
+//!   the dispatch's claim fields; the two cannot disagree (seed defect: a guard key plus a
+//!   record written separately).
+//! - A claim, an ack and a reclaim of one dispatch all name the dispatch's sequence; whichever
+//!   is stored first wins and the others fail their expectation (guarantee 3).
+//! - An interrupt bumps the epoch and rewrites the claimed dispatch in one batch, so a holder
+//!   write racing it fails its expectation, re-reads, and finds its epoch stale (guarantee 7).
+//! - A log entry and the watermark that makes it visible are one batch: no gap, no
+//!   out-of-order or torn entry is ever visible (SPEC section 4).
+//! - Acks are fenced by the record; JetStream's own message acks play no part.
+//!
+//! # Finding work without scans
+//!
+//! Each instance keeps a [`view::View`]: every record of the stream, fed by one ordered push
+//! consumer (the watcher) that replays the stream once at start and then follows it, plus this
+//! instance's own writes applied as soon as they are acknowledged. The view keeps the claim
+//! index (per agent, the open threads ordered by priority then least recently served), so a
+//! claim is a lookup in memory and one atomic batch of two messages. The view may lag: its
+//! answers are checked by the compare-and-set of the write they lead to, and refusals (nothing
+//! to claim, not found, not claimed) are only returned after a *barrier*: a request for the
+//! stream's last sequence and a wait until the watcher applied it. A failed expectation
+//! also waits for the barrier before deciding again.
+//!
+//! Wake-ups come from the watcher: an instance signals its own workers when a record it sees
+//! makes work claimable, so there is no re-signal storm between hosts. The watcher restarts
+//! from the last sequence it applied when its consumer fails (the stream deleted, the server
+//! gone) and counts the restarts ([`NatsStore::watcher_restarts`]).
+//!
+//! # Round trips per dispatch
+//!
+//! enqueue: one batch of two messages (the record, and the thread record rewritten so the
+//! stamped epoch is checked at commit; a third with a dedupe key); claim and start: a barrier
+//! and one batch of two messages; complete: one batch of two messages. Lease renewals add one
+//! batch per third of a lease. Concurrent writers of one thread (an enqueue racing a claim)
+//! contend on its thread record: the loser waits for a barrier and decides again.
+//!
+//! # Crash points
+//!
+//! Every operation is one atomic batch, so a crash (host or server) before the server stored
+//! the batch changes nothing and the caller saw an error; a crash after it leaves the new state
+//! complete. A host that dies holding claims leaves them to `reclaim_expired` of any host once
+//! the lease ends. An interrupt superseding more than one batch of queued dispatches (999) may
+//! stop between batches: the epoch is already bumped, and any queued dispatch of an older epoch
+//! is superseded by the first claim that picks it, never run.
+//!
+//! # Availability
+//!
+//! Every request has a timeout; a timeout, a lost connection or a missing JetStream is
+//! `Unavailable`. The client reconnects by itself and the watcher resumes from its position,
+//! so a host rides out a server restart. Stored data survives per the stream's `replicas`.
+
+pub mod keys;
+mod log;
+mod mailbox;
+pub mod view;
+
+use std::fmt;
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard, Weak};
+use std::time::Duration;
+
+use async_nats::HeaderMap;
+use async_nats::jetstream::{self, consumer, stream};
+use bytes::Bytes;
+use futures_util::StreamExt;
+use serde::Deserialize;
+use tokio::sync::Notify;
+
+use self::keys::Key;
+use self::view::{Record, View};
+use crate::store::{SharedClock, Store, StoreError, StoreResult};
+
+/// How a host reaches its NATS cluster (`[store]` with `backend = "nats"`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct NatsConfig {
+    /// Server URLs; the client picks one and fails over to the others.
+    pub urls: Vec<String>,
+    /// A `.creds` file (JWT and NKey seed), when the server wants one.
+    pub credentials: Option<PathBuf>,
+    /// The stream name and the first token of every subject.
+    pub prefix: String,
+    /// Stream replicas: 1, or 3 on a cluster.
+    pub replicas: usize,
+    /// How long to wait for a connection at start.
+    pub connect_timeout: Duration,
+    /// How long any one request may take before it fails with `Unavailable`.
+    pub request_timeout: Duration,
+}
+
+impl Default for NatsConfig {
+    fn default() -> Self {
+        NatsConfig {
+            urls: vec!["nats://127.0.0.1:4222".into()],
+            credentials: None,
+            prefix: "homing".into(),
+            replicas: 1,
+            connect_timeout: Duration::from_secs(5),
+            request_timeout: Duration::from_secs(5),
+        }
+    }
+}
+
+impl NatsConfig {
+    /// Checks the settings a server cannot check for us.
+    pub fn validate(&self) -> Result<(), String> {
+        if self.urls.is_empty() {
+            return Err("url: at least one server URL is needed".into());
+        }
+        if self.prefix.is_empty()
+            || !self
+                .prefix
+                .chars()
+                .all(|c| c.is_ascii_alphanumeric() || c == '_' || c == '-')
+        {
+            return Err(format!(
+                "prefix `{}`: use letters, digits, `_` and `-` only (it names a stream)",
+                self.prefix
+            ));
+        }
+        if !matches!(self.replicas, 1 | 3 | 5) {
+            return Err(format!("replicas = {}: use 1, 3 or 5", self.replicas));
+        }
+        if self.request_timeout.is_zero() || self.connect_timeout.is_zero() {
+            return Err("timeouts must be above zero".into());
+        }
+        Ok(())
+    }
+}
+
+/// What `homing config check` reports about a server.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct NatsReport {
+    /// The server the client is connected to.
+    pub server: String,
+    /// The stream's name.
+    pub stream: String,
+    /// Whether the stream existed before this check.
+    pub existed: bool,
+    /// Messages in the stream.
+    pub messages: u64,
+    /// Its replicas.
+    pub replicas: usize,
+}
+
+/// A handle on the NATS backend; clones share one connection and one view.
+#[derive(Clone)]
+pub struct NatsStore {
+    inner: Arc<Inner>,
+}
+
+impl fmt::Debug for NatsStore {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("NatsStore")
+            .field("stream", &self.inner.stream)
+            .finish_non_exhaustive()
+    }
+}
+
+struct Inner {
+    client: async_nats::Client,
+    js: jetstream::Context,
+    stream: String,
+    prefix: String,
+    timeout: Duration,
+    clock: SharedClock,
+    view: Mutex<View>,
+    /// Fired whenever the watcher applied messages (barrier waiters listen).
+    applied: Notify,
+    /// Fired when work may have become claimable.
+    signal: Arc<Notify>,
+    watcher_restarts: AtomicU64,
+    /// Barrier callers so far, and (under the lock) the highest caller number the last
+    /// fetched target serves together with that target: concurrent barriers share a request.
+    barrier_calls: AtomicU64,
+    barrier_last: tokio::sync::Mutex<(u64, u64)>,
+    watcher: Mutex<Option<tokio::task::JoinHandle<()>>>,
+}
+
+impl Drop for Inner {
+    fn drop(&mut self) {
+        if let Ok(mut watcher) = self.watcher.lock()
+            && let Some(task) = watcher.take()
+        {
+            task.abort();
+        }
+    }
+}
+
+/// One write of an atomic batch.
+pub(crate) struct Write {
+    pub key: Key,
+    pub expect: u64,
+    pub record: Record,
+    pub payload: Bytes,
+}
+
+/// What an operation decided from the view.
+pub(crate) enum Plan<T> {
+    /// The answer, with nothing to write.
+    Done(StoreResult<T>),
+    /// A refusal read from the view; confirmed after a barrier before it is returned.
+    Refuse(StoreResult<T>),
+    /// Writes to commit atomically, then the answer (an error answer still commits the
+    /// writes: a stale-epoch holder write supersedes the dispatch and fails).
+    Write(Vec<Write>, StoreResult<T>, bool),
+}
+
+/// How many times an operation decides again after a failed expectation.
+const MAX_ATTEMPTS: usize = 64;
+/// Messages per atomic batch (the server allows 1,000).
+pub(crate) const MAX_BATCH: usize = 999;
+
+fn unavailable(what: &str, e: impl fmt::Display) -> StoreError {
+    StoreError::Unavailable(format!("nats: {what}: {e}"))
+}
+
+#[derive(Deserialize)]
+struct ApiError {
+    #[serde(default)]
+    code: u16,
+    #[serde(default)]
+    err_code: u32,
+    #[serde(default)]
+    description: String,
+}
+
+#[derive(Deserialize)]
+struct PubAck {
+    #[serde(default)]
+    seq: u64,
+    #[serde(default)]
+    error: Option<ApiError>,
+}
+
+#[derive(Deserialize)]
+struct InfoState {
+    #[serde(default)]
+    last_seq: u64,
+}
+
+#[derive(Deserialize)]
+struct InfoReply {
+    #[serde(default)]
+    state: Option<InfoState>,
+    #[serde(default)]
+    error: Option<ApiError>,
+}
+
+/// The outcome of a commit that the server refused.
+enum CommitError {
+    /// An expectation failed: someone wrote first.
+    Conflict,
+    Store(StoreError),
+}
+
+/// The JetStream error code for a failed `Nats-Expected-Last-Subject-Sequence`.
+const WRONG_LAST_SEQUENCE: u32 = 10071;
+
+impl NatsStore {
+    /// Connects, creates or checks the stream, replays it into the view, and starts following.
+    pub async fn connect(config: &NatsConfig, clock: SharedClock) -> StoreResult<NatsStore> {
+        config.validate().map_err(StoreError::Invalid)?;
+        let client = connect_client(config).await?;
+        let js = jetstream::ContextBuilder::new()
+            .timeout(config.request_timeout)
+            .build(client.clone());
+        ensure_stream(&js, config).await?;
+        let inner = Arc::new(Inner {
+            client,
+            js,
+            stream: config.prefix.clone(),
+            prefix: config.prefix.clone(),
+            timeout: config.request_timeout,
+            clock,
+            view: Mutex::new(View::default()),
+            applied: Notify::new(),
+            signal: Arc::new(Notify::new()),
+            watcher_restarts: AtomicU64::new(0),
+            barrier_calls: AtomicU64::new(0),
+            barrier_last: tokio::sync::Mutex::new((0, 0)),
+            watcher: Mutex::new(None),
+        });
+        let task = tokio::spawn(watch(Arc::downgrade(&inner)));
+        if let Ok(mut slot) = inner.watcher.lock() {
+            *slot = Some(task);
+        }
+        let store = NatsStore { inner };
+        store.barrier().await?;
+        Ok(store)
+    }
+
+    /// Opens the backend as the host holds it.
+    pub async fn open(config: &NatsConfig, clock: SharedClock) -> StoreResult<Store> {
+        let store = NatsStore::connect(config, clock.clone()).await?;
+        Ok(store.into_store())
+    }
+
+    /// Both halves over this instance.
+    pub fn into_store(self) -> Store {
+        let clock = self.inner.clock.clone();
+        let shared = Arc::new(self);
+        Store {
+            mailbox: shared.clone(),
+            log: shared,
+            clock,
+        }
+    }
+
+    /// Connects and reports what exists, creating nothing (`homing config check`).
+    pub async fn check(config: &NatsConfig) -> StoreResult<NatsReport> {
+        config.validate().map_err(StoreError::Invalid)?;
+        let client = connect_client(config).await?;
+        let server = client.server_info();
+        let js = jetstream::ContextBuilder::new()
+            .timeout(config.request_timeout)
+            .build(client.clone());
+        let (existed, messages, replicas) = match js.get_stream(&config.prefix).await {
+            Ok(mut s) => {
+                let info = s.info().await.map_err(|e| unavailable("stream info", e))?;
+                check_config(&info.config, config)?;
+                (true, info.state.messages, info.config.num_replicas)
+            }
+            Err(e) if e.to_string().contains("not found") => (false, 0, config.replicas),
+            Err(e) => return Err(unavailable("stream lookup", e)),
+        };
+        Ok(NatsReport {
+            server: format!(
+                "{}:{} (nats-server {})",
+                server.host, server.port, server.version
+            ),
+            stream: config.prefix.clone(),
+            existed,
+            messages,
+            replicas,
+        })
+    }
+
+    /// How many times the watcher had to restart its consumer.
+    pub fn watcher_restarts(&self) -> u64 {
+        self.inner.watcher_restarts.load(Ordering::Relaxed)
+    }
+
+    pub(crate) fn now(&self) -> u64 {
+        self.inner.clock.now_ms()
+    }
+
+    pub(crate) fn prefix(&self) -> &str {
+        &self.inner.prefix
+    }
+
+    pub(crate) fn view(&self) -> StoreResult<MutexGuard<'_, View>> {
+        self.inner
+            .view
+            .lock()
+            .map_err(|_| StoreError::Unavailable("nats: the view lock is poisoned".into()))
+    }
+
+    pub(crate) fn signal(&self) {
+        self.inner.signal.notify_waiters();
+        self.inner.signal.notify_one();
+    }
+
+    pub(crate) fn work_signal_handle(&self) -> Arc<Notify> {
+        self.inner.signal.clone()
+    }
+
+    /// Waits until the view has applied everything the stream held when this was called.
+    pub(crate) async fn barrier(&self) -> StoreResult<()> {
+        let ticket = self.inner.barrier_calls.fetch_add(1, Ordering::SeqCst) + 1;
+        let target = {
+            let mut last = self.inner.barrier_last.lock().await;
+            if last.0 >= ticket {
+                // A request sent after this call began already answered it.
+                last.1
+            } else {
+                let serves = self.inner.barrier_calls.load(Ordering::SeqCst);
+                let target = self.stream_last_seq().await?;
+                *last = (serves, target);
+                target
+            }
+        };
+        self.wait_for(target).await
+    }
+
+    /// The stream's last sequence, asked of the server.
+    async fn stream_last_seq(&self) -> StoreResult<u64> {
+        let subject = format!("$JS.API.STREAM.INFO.{}", self.inner.stream);
+        let reply = self
+            .request(subject, Bytes::new(), HeaderMap::new())
+            .await?;
+        let info: InfoReply =
+            serde_json::from_slice(&reply).map_err(|e| unavailable("stream info reply", e))?;
+        if let Some(error) = info.error {
+            return Err(unavailable(
+                "stream info",
+                format!("{} ({})", error.description, error.code),
+            ));
+        }
+        Ok(info.state.map_or(0, |s| s.last_seq))
+    }
+
+    /// Waits until the view applied stream sequence `target`.
+    async fn wait_for(&self, target: u64) -> StoreResult<()> {
+        let deadline = tokio::time::Instant::now() + self.inner.timeout;
+        loop {
+            let applied = self.inner.applied.notified();
+            tokio::pin!(applied);
+            applied.as_mut().enable();
+            if self.view()?.pos >= target {
+                return Ok(());
+            }
+            if tokio::time::timeout_at(deadline, applied).await.is_err() {
+                return Err(StoreError::Unavailable(format!(
+                    "nats: the watcher did not reach stream sequence {target} within {:?}",
+                    self.inner.timeout
+                )));
+            }
+        }
+    }
+
+    async fn request(
+        &self,
+        subject: String,
+        payload: Bytes,
+        headers: HeaderMap,
+    ) -> StoreResult<Bytes> {
+        let request = async_nats::Request::new()
+            .payload(payload)
+            .headers(headers)
+            .timeout(Some(self.inner.timeout));
+        let shown = subject.clone();
+        let fut = self.inner.client.send_request(subject, request);
+        match tokio::time::timeout(self.inner.timeout + Duration::from_millis(100), fut).await {
+            Ok(Ok(message)) => Ok(message.payload),
+            Ok(Err(e)) => Err(unavailable(&format!("request to {shown}"), e)),
+            Err(_) => Err(unavailable(&format!("request to {shown}"), "timed out")),
+        }
+    }
+
+    /// Reads a subject's last message straight from the server: its sequence and payload.
+    pub(crate) async fn get_last(&self, subject: &str) -> StoreResult<Option<(u64, Bytes)>> {
+        let api = format!("$JS.API.DIRECT.GET.{}.{subject}", self.inner.stream);
+        let request = async_nats::Request::new()
+            .payload(Bytes::new())
+            .timeout(Some(self.inner.timeout));
+        let fut = self.inner.client.send_request(api, request);
+        let message = match tokio::time::timeout(
+            self.inner.timeout + Duration::from_millis(100),
+            fut,
+        )
+        .await
+        {
+            Ok(Ok(message)) => message,
+            Ok(Err(e)) => return Err(unavailable("direct get", e)),
+            Err(_) => return Err(unavailable("direct get", "timed out")),
+        };
+        if let Some(status) = message.status {
+            if status.as_u16() == 404 {
+                return Ok(None);
+            }
+            return Err(unavailable(
+                "direct get",
+                format!(
+                    "status {status}: {}",
+                    message.description.unwrap_or_default()
+                ),
+            ));
+        }
+        let seq = message
+            .headers
+            .as_ref()
+            .and_then(|h| h.get("Nats-Sequence"))
+            .and_then(|v| v.as_str().parse::<u64>().ok())
+            .unwrap_or(0);
+        Ok(Some((seq, message.payload)))
+    }
+
+    /// Purges messages as `body` says (`filter`, `seq`: see the JetStream purge API).
+    pub(crate) async fn purge(&self, body: serde_json::Value) -> StoreResult<()> {
+        let api = format!("$JS.API.STREAM.PURGE.{}", self.inner.stream);
+        let body = body.to_string();
+        let reply = self
+            .request(api, Bytes::from(body), HeaderMap::new())
+            .await?;
+        let parsed: PubAck =
+            serde_json::from_slice(&reply).map_err(|e| unavailable("purge reply", e))?;
+        if let Some(error) = parsed.error {
+            return Err(unavailable("purge", error.description));
+        }
+        Ok(())
+    }
+
+    /// Stores `writes` atomically, each only if its subject's last sequence is what it expects.
+    /// Applies them to the view on success.
+    async fn commit(&self, writes: Vec<Write>) -> Result<(), CommitError> {
+        let n = writes.len();
+        if n == 0 {
+            return Ok(());
+        }
+        let batch = uuid::Uuid::now_v7().simple().to_string();
+        let mut last_seq = 0;
+        for (i, w) in writes.iter().enumerate() {
+            let mut headers = HeaderMap::new();
+            headers.insert("Nats-Expected-Last-Subject-Sequence", w.expect.to_string());
+            if n > 1 {
+                headers.insert("Nats-Batch-Id", batch.as_str());
+                headers.insert("Nats-Batch-Sequence", (i + 1).to_string());
+            }
+            let subject = w.key.subject(&self.inner.prefix);
+            if i + 1 < n {
+                self.inner
+                    .client
+                    .publish_with_headers(subject, headers, w.payload.clone())
+                    .await
+                    .map_err(|e| CommitError::Store(unavailable("publish", e)))?;
+                continue;
+            }
+            if n > 1 {
+                headers.insert("Nats-Batch-Commit", "1");
+            }
+            let reply = self
+                .request(subject, w.payload.clone(), headers)
+                .await
+                .map_err(CommitError::Store)?;
+            let ack: PubAck = serde_json::from_slice(&reply)
+                .map_err(|e| CommitError::Store(unavailable("publish reply", e)))?;
+            if let Some(error) = ack.error {
+                if error.err_code == WRONG_LAST_SEQUENCE
+                    || error.description.contains("wrong last sequence")
+                {
+                    return Err(CommitError::Conflict);
+                }
+                return Err(CommitError::Store(StoreError::Unavailable(format!(
+                    "nats: publish refused: {} (code {}, {})",
+                    error.description, error.code, error.err_code
+                ))));
+            }
+            last_seq = ack.seq;
+        }
+        // An atomic batch is stored contiguously, ending at the acknowledged sequence.
+        let first = last_seq.saturating_sub(n as u64 - 1);
+        if let Ok(mut view) = self.inner.view.lock() {
+            for (i, w) in writes.into_iter().enumerate() {
+                view.apply(first + i as u64, w.record);
+            }
+        }
+        self.inner.applied.notify_waiters();
+        Ok(())
+    }
+
+    /// Runs an operation: decide from the view, commit, and decide again after a barrier when
+    /// an expectation failed or the view's answer was a refusal.
+    pub(crate) async fn run<T>(
+        &self,
+        mut decide: impl FnMut(&mut View, u64, bool) -> StoreResult<Plan<T>>,
+    ) -> StoreResult<T> {
+        let mut fresh = false;
+        for _ in 0..MAX_ATTEMPTS {
+            let plan = {
+                let mut view = self.view()?;
+                decide(&mut view, self.now(), fresh)?
+            };
+            match plan {
+                Plan::Done(out) => return out,
+                Plan::Refuse(out) if fresh => return out,
+                Plan::Refuse(_) => {}
+                Plan::Write(writes, out, wake) => match self.commit(writes).await {
+                    Ok(()) => {
+                        if wake {
+                            self.signal();
+                        }
+                        return out;
+                    }
+                    Err(CommitError::Store(e)) => return Err(e),
+                    Err(CommitError::Conflict) => {}
+                },
+            }
+            self.barrier().await?;
+            fresh = true;
+        }
+        Err(StoreError::Contention(
+            "nats: too many concurrent writers on the same records; retry later".into(),
+        ))
+    }
+}
+
+async fn connect_client(config: &NatsConfig) -> StoreResult<async_nats::Client> {
+    let mut options = async_nats::ConnectOptions::new()
+        .connection_timeout(config.connect_timeout)
+        .request_timeout(Some(config.request_timeout))
+        .name("homing");
+    if let Some(creds) = &config.credentials {
+        options = options.credentials_file(creds).await.map_err(|e| {
+            StoreError::Invalid(format!("credentials file {}: {e}", creds.display()))
+        })?;
+    }
+    let connect = options.connect(config.urls.clone());
+    match tokio::time::timeout(config.connect_timeout + Duration::from_secs(1), connect).await {
+        Ok(Ok(client)) => Ok(client),
+        Ok(Err(e)) => Err(unavailable(
+            &format!("cannot connect to {}", config.urls.join(", ")),
+            e,
+        )),
+        Err(_) => Err(unavailable(
+            &format!("cannot connect to {}", config.urls.join(", ")),
+            "timed out",
+        )),
+    }
+}
+
+fn stream_config(config: &NatsConfig) -> stream::Config {
+    stream::Config {
+        name: config.prefix.clone(),
+        subjects: vec![format!("{}.>", config.prefix)],
+        max_messages_per_subject: 1,
+        discard: stream::DiscardPolicy::Old,
+        retention: stream::RetentionPolicy::Limits,
+        storage: stream::StorageType::File,
+        num_replicas: config.replicas,
+        allow_direct: true,
+        allow_rollup: true,
+        allow_message_ttl: true,
+        allow_atomic_publish: true,
+        ..Default::default()
+    }
+}
+
+/// Fails when an existing stream was made for another shape of deployment.
+fn check_config(found: &stream::Config, config: &NatsConfig) -> StoreResult<()> {
+    let want = stream_config(config);
+    let mut diffs = Vec::new();
+    if found.num_replicas != want.num_replicas {
+        diffs.push(format!(
+            "replicas {} (configured {})",
+            found.num_replicas, want.num_replicas
+        ));
+    }
+    if found.max_messages_per_subject != 1 {
+        diffs.push(format!(
+            "max_msgs_per_subject {} (need 1)",
+            found.max_messages_per_subject
+        ));
+    }
+    if !found.max_age.is_zero() || found.max_messages > 0 || found.max_bytes > 0 {
+        diffs.push("a retention limit (max_age, max_msgs or max_bytes) would drop records".into());
+    }
+    if !found.allow_atomic_publish || !found.allow_direct || !found.allow_message_ttl {
+        diffs.push("atomic batches, direct gets and message TTLs must be allowed".into());
+    }
+    if found.subjects != want.subjects {
+        diffs.push(format!(
+            "subjects {:?} (need {:?})",
+            found.subjects, want.subjects
+        ));
+    }
+    if diffs.is_empty() {
+        Ok(())
+    } else {
+        Err(StoreError::Invalid(format!(
+            "the NATS stream `{}` exists with other settings: {}; fix the config or the stream",
+            config.prefix,
+            diffs.join("; ")
+        )))
+    }
+}
+
+async fn ensure_stream(js: &jetstream::Context, config: &NatsConfig) -> StoreResult<()> {
+    match js.get_stream(&config.prefix).await {
+        Ok(mut s) => {
+            let info = s.info().await.map_err(|e| unavailable("stream info", e))?;
+            check_config(&info.config, config)
+        }
+        Err(e) if e.to_string().contains("not found") => {
+            match js.create_stream(stream_config(config)).await {
+                Ok(_) => Ok(()),
+                // Another host created it first: check what it made.
+                Err(e) if e.to_string().contains("already in use") => {
+                    let mut s = js
+                        .get_stream(&config.prefix)
+                        .await
+                        .map_err(|e| unavailable("stream lookup", e))?;
+                    let info = s.info().await.map_err(|e| unavailable("stream info", e))?;
+                    check_config(&info.config, config)
+                }
+                Err(e) => Err(unavailable("create stream", e)),
+            }
+        }
+        Err(e) => Err(unavailable("stream lookup", e)),
+    }
+}
+
+/// Follows the stream into the view until the store is dropped; restarts its consumer from the
+/// last applied sequence whenever it fails.
+async fn watch(weak: Weak<Inner>) {
+    let mut restarts = 0u64;
+    loop {
+        let Some(inner) = weak.upgrade() else { return };
+        let start = inner.view.lock().map(|v| v.pos).unwrap_or(0);
+        let js = inner.js.clone();
+        let stream = inner.stream.clone();
+        let deliver = inner.client.new_inbox();
+        drop(inner);
+
+        let policy = if start == 0 {
+            consumer::DeliverPolicy::All
+        } else {
+            consumer::DeliverPolicy::ByStartSequence {
+                start_sequence: start + 1,
+            }
+        };
+        let created = async {
+            let s = js
+                .get_stream_no_info(&stream)
+                .await
+                .map_err(|e| e.to_string())?;
+            let c = s
+                .create_consumer(consumer::push::OrderedConfig {
+                    deliver_subject: deliver,
+                    deliver_policy: policy,
+                    ..Default::default()
+                })
+                .await
+                .map_err(|e| e.to_string())?;
+            c.messages().await.map_err(|e| e.to_string())
+        }
+        .await;
+        match created {
+            Ok(mut messages) => {
+                while let Some(next) = messages.next().await {
+                    let Some(inner) = weak.upgrade() else { return };
+                    match next {
+                        Ok(message) => {
+                            let seq = match message.info() {
+                                Ok(info) => info.stream_sequence,
+                                Err(_) => continue,
+                            };
+                            inner.ingest(seq, message.subject.as_str(), &message.payload);
+                        }
+                        Err(e) => {
+                            tracing::warn!(error = %e, "nats watcher: consumer failed; resyncing");
+                            break;
+                        }
+                    }
+                }
+            }
+            Err(e) => tracing::warn!(error = %e, "nats watcher: cannot create its consumer"),
+        }
+        restarts += 1;
+        match weak.upgrade() {
+            Some(inner) => inner.watcher_restarts.store(restarts, Ordering::Relaxed),
+            None => return,
+        }
+        // Back off before asking a struggling server again (a retry pause, not a wait for state).
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+}
+
+impl Inner {
+    /// Decodes one message of the stream into the view.
+    fn ingest(&self, seq: u64, subject: &str, payload: &[u8]) {
+        let decoded = Key::parse(&self.prefix, subject).map(|key| key.decode(payload));
+        let mut wake = false;
+        if let Ok(mut view) = self.view.lock() {
+            match decoded {
+                Some(Ok(record)) => {
+                    wake = match &record {
+                        Record::Dispatch(_, Some(s)) => s.d.status == crate::store::Status::Queued,
+                        Record::Thread(_, t) => t.holder.is_none(),
+                        _ => false,
+                    };
+                    view.apply(seq, record);
+                }
+                Some(Err((key, reason))) => view.mark_corrupt(seq, key, reason),
+                None => view.pos = view.pos.max(seq),
+            }
+        }
+        self.applied.notify_waiters();
+        if wake {
+            self.signal.notify_waiters();
+            self.signal.notify_one();
+        }
+    }
+}

@@ -1,0 +1,64 @@
+//! The transition rules every backend applies the same way (SPEC section 2): what a record
+//! looks like after a settlement, a failed attempt or a re-submission.
+
+use crate::store::model::{Dispatch, NewDispatch, Status};
+
+/// Times are clamped into signed 64-bit integers (SQLite's, and the range JSON readers keep).
+pub(crate) fn clamp(ms: u64) -> u64 {
+    ms.min(i64::MAX as u64)
+}
+
+/// Clears the claim and settles the record into a terminal status.
+pub(crate) fn terminate(d: &mut Dispatch, status: Status, now: u64, reason: Option<&str>) {
+    d.status = status;
+    d.claim = None;
+    d.completed_at = Some(now);
+    d.updated_at = now;
+    if let Some(reason) = reason {
+        d.last_error = Some(reason.to_owned());
+    }
+}
+
+/// One failed attempt of a claimed dispatch: back to the queue at `retry_at`, or dead-lettered.
+/// Returns the record and whether it is ready now.
+pub(crate) fn fail_attempt(
+    d: &mut Dispatch,
+    now: u64,
+    retry_at: u64,
+    error: Option<&str>,
+    reason_at_max: &str,
+) -> bool {
+    d.attempt = d.attempt.saturating_add(1).min(d.max_attempts);
+    d.claim = None;
+    d.updated_at = now;
+    if let Some(error) = error {
+        d.last_error = Some(error.to_owned());
+    }
+    if d.attempt >= d.max_attempts {
+        d.status = Status::DeadLetter;
+        d.completed_at = Some(now);
+        if error.is_none() {
+            d.last_error = Some(reason_at_max.to_owned());
+        }
+        false
+    } else {
+        d.status = Status::Queued;
+        d.available_at = clamp(retry_at);
+        d.started_at = None;
+        d.result = None;
+        d.completed_at = None;
+        d.available_at <= now
+    }
+}
+
+/// Whether two submissions under one id carry the same content (an idempotent retry).
+pub(crate) fn same_content(stored: &Dispatch, new: &NewDispatch) -> bool {
+    stored.agent == new.agent
+        && stored.thread == new.thread
+        && new.run_id.as_ref().is_none_or(|run| *run == stored.run_id)
+        && stored.payload == new.payload
+        && stored.metadata == new.metadata
+        && stored.priority == new.priority
+        && stored.dedupe_key == new.dedupe_key
+        && stored.max_attempts == new.max_attempts
+}
