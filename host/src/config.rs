@@ -105,20 +105,52 @@ pub enum Pooling {
 #[derive(Debug, Clone, Deserialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct StoreConfig {
-    /// `embedded` (SQLite, one machine).
+    /// `embedded` (SQLite, one machine) or `nats` (JetStream, many hosts).
     pub backend: Backend,
     /// The embedded store's file (default `homing.db` next to the config).
     pub path: Option<PathBuf>,
     /// fsync every commit (survives power loss; slower).
     pub fsync: bool,
+    /// NATS server URLs: one string or a list (default `nats://127.0.0.1:4222`).
+    pub url: Option<Urls>,
+    /// A NATS `.creds` file.
+    pub credentials: Option<PathBuf>,
+    /// The NATS stream name and subject prefix (default `homing`); two deployments sharing a
+    /// server use two prefixes.
+    pub prefix: String,
+    /// Stream replicas: 1, or 3 on a cluster.
+    pub replicas: usize,
+    /// How long to wait for the NATS connection at start.
+    #[serde(deserialize_with = "duration")]
+    pub connect_timeout: Duration,
+    /// How long any one NATS request may take before it fails as unavailable.
+    #[serde(deserialize_with = "duration")]
+    pub request_timeout: Duration,
+}
+
+/// One URL or several.
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
+#[serde(untagged)]
+pub enum Urls {
+    /// `url = "nats://a:4222"`.
+    One(String),
+    /// `url = ["nats://a:4222", "nats://b:4222"]`.
+    Many(Vec<String>),
 }
 
 impl Default for StoreConfig {
     fn default() -> Self {
+        let nats = crate::store::nats::NatsConfig::default();
         StoreConfig {
             backend: Backend::Embedded,
             path: None,
             fsync: false,
+            url: None,
+            credentials: None,
+            prefix: nats.prefix,
+            replicas: nats.replicas,
+            connect_timeout: nats.connect_timeout,
+            request_timeout: nats.request_timeout,
         }
     }
 }
@@ -129,6 +161,8 @@ impl Default for StoreConfig {
 pub enum Backend {
     /// SQLite in one file.
     Embedded,
+    /// NATS JetStream.
+    Nats,
 }
 
 /// `[plugins.<name>]`: one agent.
@@ -289,11 +323,17 @@ impl Config {
         if let Ok(path) = std::env::var("HOMING_STORE_PATH") {
             config.store.path = Some(PathBuf::from(path));
         }
+        if let Ok(url) = std::env::var("HOMING_NATS_URL") {
+            config.store.url = Some(Urls::One(url));
+        }
         config.check().map_err(err)?;
         Ok(config)
     }
 
     fn check(&self) -> Result<(), String> {
+        if self.store.backend == Backend::Nats {
+            self.nats().validate().map_err(|e| format!("[store] {e}"))?;
+        }
         if self.host.lease < Duration::from_millis(100) {
             return Err("[host] lease: must be at least 100ms".into());
         }
@@ -384,6 +424,27 @@ impl Config {
         match &self.store.path {
             Some(path) => self.resolve(path),
             None => self.base_dir.join("homing.db"),
+        }
+    }
+
+    /// The NATS settings of `[store]` (meaningful when `backend = "nats"`).
+    pub fn nats(&self) -> crate::store::nats::NatsConfig {
+        let defaults = crate::store::nats::NatsConfig::default();
+        crate::store::nats::NatsConfig {
+            urls: match &self.store.url {
+                None => defaults.urls,
+                Some(Urls::One(url)) => url
+                    .split(',')
+                    .map(|u| u.trim().to_owned())
+                    .filter(|u| !u.is_empty())
+                    .collect(),
+                Some(Urls::Many(urls)) => urls.clone(),
+            },
+            credentials: self.store.credentials.as_ref().map(|p| self.resolve(p)),
+            prefix: self.store.prefix.clone(),
+            replicas: self.store.replicas,
+            connect_timeout: self.store.connect_timeout,
+            request_timeout: self.store.request_timeout,
         }
     }
 
@@ -603,5 +664,24 @@ mod tests {
             policy.delay(0, Some(Duration::from_secs(60))),
             Duration::from_secs(1)
         );
+    }
+
+    #[test]
+    fn nats_keys_take_one_url_or_several() {
+        let config = parse(
+            "[store]\nbackend = \"nats\"\nurl = \"nats://a:4222, nats://b:4222\"\nprefix = \"prod\"\nreplicas = 3\nrequest_timeout = \"750ms\"\ncredentials = \"me.creds\"\n",
+        )
+        .unwrap();
+        let nats = config.nats();
+        assert_eq!(nats.urls, vec!["nats://a:4222", "nats://b:4222"]);
+        assert_eq!(nats.prefix, "prod");
+        assert_eq!(nats.replicas, 3);
+        assert_eq!(nats.request_timeout, Duration::from_millis(750));
+        assert!(nats.credentials.unwrap().ends_with("me.creds"));
+        let config = parse("[store]\nbackend = \"nats\"\nurl = [\"nats://c:1\"]\n").unwrap();
+        assert_eq!(config.nats().urls, vec!["nats://c:1"]);
+        assert_eq!(config.nats().prefix, "homing");
+        let err = parse("[store]\nbackend = \"nats\"\nprefix = \"\"\n").unwrap_err();
+        assert!(err.to_string().contains("[store] prefix"), "{err}");
     }
 }

@@ -17,6 +17,7 @@ use serde_json::json;
 use crate::config::{Backend, Config, parse_duration};
 use crate::runtime::{Runtime, WasmContext, detect_world};
 use crate::store::embedded::{EmbeddedOptions, EmbeddedStore};
+use crate::store::nats::NatsStore;
 use crate::store::{Dispatch, ListFilter, NewDispatch, Status, Store, SystemClock};
 use crate::supervisor::Supervisor;
 
@@ -261,8 +262,20 @@ fn init_tracing(default: &str) {
 /// # Errors
 ///
 /// When the store cannot be opened.
-pub fn open_store(config: &Config) -> anyhow::Result<Store> {
+pub async fn open_store(config: &Config) -> anyhow::Result<Store> {
     match config.store.backend {
+        Backend::Nats => {
+            let nats = config.nats();
+            NatsStore::open(&nats, Arc::new(SystemClock))
+                .await
+                .with_context(|| {
+                    format!(
+                        "opening the NATS store `{}` at {}",
+                        nats.prefix,
+                        nats.urls.join(", ")
+                    )
+                })
+        }
         Backend::Embedded => {
             let path = config.store_path();
             let options = EmbeddedOptions {
@@ -287,7 +300,7 @@ async fn execute(cli: Cli) -> anyhow::Result<()> {
         return check(file.as_deref().unwrap_or(&cli.config), *json).await;
     }
     let config = Config::load(&cli.config)?;
-    let store = open_store(&config)?;
+    let store = open_store(&config).await?;
     match cli.command {
         Command::Run { until_idle } => {
             let supervisor = Supervisor::new(config, store)?;
@@ -510,7 +523,25 @@ async fn check(file: &Path, json: bool) -> anyhow::Result<()> {
         plugins.insert(name.clone(), world.name());
     }
     let store = match config.store.backend {
-        Backend::Embedded => config.store_path().display().to_string(),
+        Backend::Embedded => format!("embedded ({})", config.store_path().display()),
+        Backend::Nats => {
+            let nats = config.nats();
+            let report = NatsStore::check(&nats)
+                .await
+                .with_context(|| format!("checking the NATS store at {}", nats.urls.join(", ")))?;
+            format!(
+                "nats (server {}, stream `{}` {}, {} messages, {} replica(s))",
+                report.server,
+                report.stream,
+                if report.existed {
+                    "exists"
+                } else {
+                    "will be created"
+                },
+                report.messages,
+                report.replicas
+            )
+        }
     };
     if json {
         println!(
@@ -521,7 +552,7 @@ async fn check(file: &Path, json: bool) -> anyhow::Result<()> {
         );
     } else {
         println!("{}: ok", file.display());
-        println!("store: embedded ({store})");
+        println!("store: {store}");
         for (name, world) in plugins {
             println!("plugin {name}: {world} world");
         }

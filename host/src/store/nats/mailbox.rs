@@ -245,7 +245,11 @@ impl NatsStore {
                     view.reserve(&d.thread);
                     held = Some(d.thread.clone());
                     let (writes, claimed) = take(view, dseq, d, consumer, lease_ms, now, start)?;
-                    Ok(Plan::Write(writes, Ok(Claimed::Got(Box::new(claimed))), false))
+                    Ok(Plan::Write(
+                        writes,
+                        Ok(Claimed::Got(Box::new(claimed))),
+                        false,
+                    ))
                 })
                 .await;
             if let Some(thread) = held {

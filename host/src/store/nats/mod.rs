@@ -292,7 +292,19 @@ impl NatsStore {
         let js = jetstream::ContextBuilder::new()
             .timeout(config.request_timeout)
             .build(client.clone());
-        ensure_stream(&js, config).await?;
+        // A cluster electing its leaders answers late for a moment: keep asking until the
+        // connect timeout, then report what the server said.
+        let deadline = tokio::time::Instant::now() + config.connect_timeout;
+        loop {
+            match ensure_stream(&js, config).await {
+                Ok(()) => break,
+                Err(StoreError::Unavailable(e)) if tokio::time::Instant::now() < deadline => {
+                    tracing::debug!(error = %e, "nats: the stream is not available yet; retrying");
+                    tokio::time::sleep(Duration::from_millis(250)).await;
+                }
+                Err(e) => return Err(e),
+            }
+        }
         let inner = Arc::new(Inner {
             client,
             js,
@@ -438,8 +450,10 @@ impl NatsStore {
                 return Ok(());
             }
             if tokio::time::timeout_at(deadline, applied).await.is_err() {
+                let pos = self.view()?.pos;
                 return Err(StoreError::Unavailable(format!(
-                    "nats: the watcher did not reach stream sequence {target} within {:?}",
+                    "nats: the watcher did not reach stream sequence {target} within {:?} \
+                     (it applied up to {pos})",
                     self.inner.timeout
                 )));
             }

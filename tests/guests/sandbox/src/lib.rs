@@ -18,6 +18,7 @@
 //! | `wait-stop` | sleeps in short host calls until the host asks it to stop, then reports |
 //! | `print:<text>` | writes the text to stdout and to stderr |
 //! | `hang-once` | on its first attempt blocks for an hour; later attempts return `recovered` |
+//! | `journal:<ms>` | appends `start <id>` to the thread log, works `ms` milliseconds, appends `end <id>` |
 //! | `count` | returns how many dispatches this instance has handled (instance reuse) |
 //! | anything else | returns it |
 
@@ -101,6 +102,18 @@ impl Handler for Sandbox {
                 }
                 std::thread::sleep(Duration::from_millis(20));
             },
+            "journal" => {
+                // Two fenced appends around the work: overlapping claims of one thread would
+                // interleave their pairs, and a zombie's append is refused.
+                claim
+                    .append(format!("start {}", claim.id()))
+                    .map_err(|e| e.to_string())?;
+                std::thread::sleep(Duration::from_millis(arg.parse().unwrap_or(0)));
+                claim
+                    .append(format!("end {}", claim.id()))
+                    .map_err(|e| e.to_string())?;
+                Ok(b"journaled".to_vec())
+            }
             "count" => Ok(calls.to_string().into_bytes()),
             "hang-once" => {
                 if claim.attempt() == 0 {

@@ -1,0 +1,461 @@
+//! Many hosts on one NATS JetStream store, end to end: real `nats-server` processes, real
+//! `homing run` processes, the sandbox guest built from source.
+//!
+//! The guest's `journal:<ms>` action appends `start <id>` and `end <id>` to its thread's log
+//! through its claim (fenced appends). If two claims of one thread ever overlapped, or a zombie
+//! holder wrote after losing its claim, the log of that thread would show it: every test checks
+//! that each thread's log is a clean sequence of `start X`, `end X` pairs.
+
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+
+mod common;
+mod natsd;
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::process::Child;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use homing::store::nats::{NatsConfig, NatsStore};
+use homing::store::{ListFilter, NewDispatch, Status, Store, SystemClock};
+
+use common::{Env, guest, signal, toml_path, wait_exit};
+use natsd::NatsServer;
+
+const AGENT: &str = "sandbox";
+
+fn config(urls: &[String], prefix: &str, replicas: usize, lease: &str, concurrency: u32) -> String {
+    let urls: Vec<String> = urls.iter().map(|u| format!("\"{u}\"")).collect();
+    format!(
+        r#"
+[host]
+lease = "{lease}"
+sweep_interval = "200ms"
+shutdown_grace = "2s"
+
+[store]
+backend = "nats"
+url = [{urls}]
+prefix = "{prefix}"
+replicas = {replicas}
+request_timeout = "2s"
+connect_timeout = "60s"
+
+[plugins.sandbox]
+path = {path}
+concurrency = {concurrency}
+timeout = "60s"
+max_attempts = 5
+"#,
+        urls = urls.join(", "),
+        path = toml_path(&guest("sandbox")),
+    )
+}
+
+/// Opens a store instance; a cluster still electing leaders (or a loaded machine) may answer
+/// late, so this keeps trying for a minute.
+async fn open(urls: &[String], prefix: &str, replicas: usize) -> Store {
+    let config = NatsConfig {
+        urls: urls.to_vec(),
+        prefix: prefix.into(),
+        replicas,
+        connect_timeout: Duration::from_secs(60),
+        ..NatsConfig::default()
+    };
+    NatsStore::open(&config, Arc::new(SystemClock))
+        .await
+        .expect("open the NATS store")
+}
+
+/// Enqueues `n` journal dispatches over `threads` threads; returns their ids.
+async fn fill(store: &Store, n: usize, threads: usize, work_ms: u64) -> Vec<String> {
+    let mut ids = Vec::with_capacity(n);
+    for i in 0..n {
+        let d = store
+            .mailbox
+            .enqueue(NewDispatch::new(
+                AGENT,
+                format!("t{}", i % threads),
+                format!("journal:{work_ms}").into_bytes(),
+            ))
+            .await
+            .expect("enqueue");
+        ids.push(d.id);
+    }
+    ids
+}
+
+/// Every dispatch of the store, by id.
+async fn all(store: &Store) -> BTreeMap<String, homing::store::Dispatch> {
+    let mut out = BTreeMap::new();
+    let mut offset = 0;
+    loop {
+        let page = store
+            .mailbox
+            .list(&ListFilter {
+                limit: 1000,
+                offset,
+                ..ListFilter::default()
+            })
+            .await
+            .expect("list");
+        if page.is_empty() {
+            return out;
+        }
+        offset += page.len();
+        for d in page {
+            out.insert(d.id.clone(), d);
+        }
+    }
+}
+
+/// Polls until every dispatch of `ids` is acked, or fails after `within`.
+async fn wait_all_acked(
+    store: &Store,
+    ids: &[String],
+    within: Duration,
+    logs: &dyn Fn() -> String,
+) {
+    let deadline = Instant::now() + within;
+    loop {
+        let now = all(store).await;
+        let pending: Vec<&String> = ids
+            .iter()
+            .filter(|id| now.get(*id).is_none_or(|d| d.status != Status::Acked))
+            .collect();
+        if pending.is_empty() {
+            return;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "{} dispatches not acked within {within:?} (first: {:?})\nlogs:\n{}",
+            pending.len(),
+            now.get(pending[0]),
+            logs()
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+/// Checks each thread's log: clean `start X` / `end X` pairs, every dispatch journaled, and
+/// returns how many times each dispatch started.
+async fn check_journals(store: &Store, threads: usize, ids: &[String]) -> BTreeMap<String, usize> {
+    let mut starts: BTreeMap<String, usize> = BTreeMap::new();
+    for t in 0..threads {
+        let thread = format!("t{t}");
+        let entries = store.log.read(&thread, 0, 100_000).await.expect("read log");
+        let mut open: Option<String> = None;
+        let mut last_seq = 0;
+        for e in entries {
+            assert!(e.seq > last_seq, "{thread}: sequences go back");
+            last_seq = e.seq;
+            let text = String::from_utf8(e.data).unwrap();
+            let (what, id) = text.split_once(' ').unwrap();
+            match (what, &open) {
+                ("start", None) => {
+                    *starts.entry(id.to_owned()).or_default() += 1;
+                    open = Some(id.to_owned());
+                }
+                ("end", Some(current)) if current == id => open = None,
+                // A run cut short (its host killed) leaves a start without an end; the next
+                // holder's start follows. Anything else is an overlap.
+                ("start", Some(_)) => {
+                    *starts.entry(id.to_owned()).or_default() += 1;
+                    open = Some(id.to_owned());
+                }
+                _ => panic!("{thread}: `{text}` after {open:?}: two holders overlapped"),
+            }
+        }
+    }
+    let journaled: BTreeSet<&String> = starts.keys().collect();
+    let wanted: BTreeSet<&String> = ids.iter().collect();
+    assert_eq!(journaled, wanted, "every dispatch ran and nothing else did");
+    starts
+}
+
+fn settled(log: &str) -> usize {
+    log.lines()
+        .rev()
+        .filter_map(|line| line.split("completed=").nth(1))
+        .filter_map(|rest| {
+            rest.split(|c: char| !c.is_ascii_digit())
+                .next()
+                .and_then(|n| n.parse().ok())
+        })
+        .next()
+        .unwrap_or(0)
+}
+
+fn spawn_until_idle(env: &Env, host: &str) -> Child {
+    let log = std::fs::File::create(env.path().join(format!("{host}.log"))).unwrap();
+    env.command(&["run", "--until-idle"])
+        .env("HOMING_HOST_ID", host)
+        .stdin(std::process::Stdio::null())
+        .stdout(std::process::Stdio::null())
+        .stderr(log)
+        .spawn()
+        .unwrap()
+}
+
+fn spawn_run(env: &Env, host: &str) -> Child {
+    let log = std::fs::File::create(env.path().join(format!("{host}.log"))).unwrap();
+    env.command(&["run"])
+        .env("HOMING_HOST_ID", host)
+        .stdin(std::process::Stdio::null())
+        .stdout(std::process::Stdio::null())
+        .stderr(log)
+        .spawn()
+        .unwrap()
+}
+
+fn host_log(env: &Env, host: &str) -> String {
+    std::fs::read_to_string(env.path().join(format!("{host}.log"))).unwrap_or_default()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn two_hosts_share_a_backlog_and_run_each_dispatch_exactly_once() {
+    let server = NatsServer::start();
+    let urls = vec![server.url()];
+    let env = Env::new(&config(&urls, "share", 1, "30s", 4));
+    let store = open(&urls, "share", 1).await;
+    let ids = fill(&store, 1000, 50, 0).await;
+
+    let mut a = spawn_until_idle(&env, "host-a");
+    let mut b = spawn_until_idle(&env, "host-b");
+    let status_a = wait_exit(&mut a, Duration::from_secs(120));
+    let status_b = wait_exit(&mut b, Duration::from_secs(120));
+    let (log_a, log_b) = (host_log(&env, "host-a"), host_log(&env, "host-b"));
+    assert!(status_a.success(), "host a failed: {log_a}");
+    assert!(status_b.success(), "host b failed: {log_b}");
+
+    wait_all_acked(&store, &ids, Duration::from_secs(10), &|| {
+        format!("{log_a}\n{log_b}")
+    })
+    .await;
+    let starts = check_journals(&store, 50, &ids).await;
+    assert!(
+        starts.values().all(|n| *n == 1),
+        "a dispatch ran twice: {:?}",
+        starts.iter().filter(|(_, n)| **n > 1).collect::<Vec<_>>()
+    );
+    let records = all(&store).await;
+    assert!(
+        records
+            .values()
+            .all(|d| d.attempt == 0 && d.status == Status::Acked)
+    );
+    let (na, nb) = (settled(&log_a), settled(&log_b));
+    assert_eq!(
+        na + nb,
+        1000,
+        "each dispatch acked by exactly one host\n{log_a}\n{log_b}"
+    );
+    assert!(na > 0 && nb > 0, "both hosts took work: a={na} b={nb}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_sigkilled_hosts_claims_are_reclaimed_by_the_other_after_the_lease() {
+    let server = NatsServer::start();
+    let urls = vec![server.url()];
+    let env = Env::new(&config(&urls, "crash", 1, "1s", 4));
+    let store = open(&urls, "crash", 1).await;
+    // Long runs, so host a is surely in the middle of some when it dies.
+    let ids = fill(&store, 8, 8, 3000).await;
+
+    let mut a = spawn_run(&env, "host-a");
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        let claimed = all(&store)
+            .await
+            .values()
+            .filter(|d| d.status == Status::Claimed)
+            .count();
+        if claimed == 4 {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "host a never claimed 4: {}",
+            host_log(&env, "host-a")
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let held: Vec<String> = all(&store)
+        .await
+        .values()
+        .filter(|d| d.status == Status::Claimed)
+        .map(|d| d.id.clone())
+        .collect();
+    signal(&a, "KILL");
+    let _ = wait_exit(&mut a, Duration::from_secs(10));
+
+    let mut b = spawn_until_idle(&env, "host-b");
+    let status = wait_exit(&mut b, Duration::from_secs(120));
+    let log_b = host_log(&env, "host-b");
+    assert!(status.success(), "host b failed: {log_b}");
+    wait_all_acked(&store, &ids, Duration::from_secs(10), &|| log_b.clone()).await;
+    let records = all(&store).await;
+    for id in &held {
+        assert_eq!(
+            records[id].attempt, 1,
+            "the crash counts as an attempt: {id}"
+        );
+    }
+    let starts = check_journals(&store, 8, &ids).await;
+    for id in &held {
+        assert_eq!(starts[id], 2, "{id} started on a, then again on b");
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_server_killed_and_restarted_under_load_loses_nothing() {
+    let mut server = NatsServer::start();
+    let urls = vec![server.url()];
+    let env = Env::new(&config(&urls, "bounce", 1, "5s", 4));
+    let ids = {
+        let store = open(&urls, "bounce", 1).await;
+        fill(&store, 300, 20, 5).await
+    };
+
+    let mut host = spawn_run(&env, "host-a");
+    // Kill the server once the host is under way.
+    {
+        let store = open(&urls, "bounce", 1).await;
+        let deadline = Instant::now() + Duration::from_secs(60);
+        loop {
+            let acked = all(&store)
+                .await
+                .values()
+                .filter(|d| d.status == Status::Acked)
+                .count();
+            if acked >= 20 {
+                break;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "no progress: {}",
+                host_log(&env, "host-a")
+            );
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    }
+    server.kill();
+    // The outage lasts long enough for the host's requests to time out (2 s) at least once;
+    // the host stays up meanwhile.
+    tokio::time::sleep(Duration::from_millis(2500)).await;
+    assert!(
+        host.try_wait().unwrap().is_none(),
+        "the host died with the server: {}",
+        host_log(&env, "host-a")
+    );
+    server.restart();
+
+    let store = open(&urls, "bounce", 1).await;
+    wait_all_acked(&store, &ids, Duration::from_secs(120), &|| {
+        host_log(&env, "host-a")
+    })
+    .await;
+    signal(&host, "TERM");
+    let status = wait_exit(&mut host, Duration::from_secs(30));
+    assert!(status.success(), "host exit: {}", host_log(&env, "host-a"));
+    check_journals(&store, 20, &ids).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_three_node_cluster_with_three_replicas_keeps_serving_when_one_node_dies() {
+    let _ = tracing_subscriber::fmt()
+        .with_env_filter("homing=debug,async_nats=info")
+        .with_test_writer()
+        .try_init();
+    let mut nodes = NatsServer::cluster3();
+    let urls: Vec<String> = nodes.iter().map(NatsServer::url).collect();
+    let env = Env::new(&config(&urls, "ha", 3, "5s", 4));
+    let store = open(&urls, "ha", 3).await;
+    let ids = fill(&store, 200, 20, 5).await;
+    drop(store);
+
+    let mut host = spawn_run(&env, "host-a");
+    let store = open(&urls[1..], "ha", 3).await;
+    let deadline = Instant::now() + Duration::from_secs(60);
+    loop {
+        let acked = all(&store)
+            .await
+            .values()
+            .filter(|d| d.status == Status::Acked)
+            .count();
+        if acked >= 20 {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "no progress: {}",
+            host_log(&env, "host-a")
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    nodes[0].kill();
+    let store = open(&urls[1..], "ha", 3).await;
+    wait_all_acked(&store, &ids, Duration::from_secs(120), &|| {
+        host_log(&env, "host-a")
+    })
+    .await;
+    signal(&host, "TERM");
+    let status = wait_exit(&mut host, Duration::from_secs(30));
+    assert!(status.success(), "host exit: {}", host_log(&env, "host-a"));
+    check_journals(&store, 20, &ids).await;
+}
+
+#[test]
+fn config_check_connects_and_reports_the_stream() {
+    let server = NatsServer::start();
+    let env = Env::new(&config(&[server.url()], "checked", 1, "30s", 1));
+    let out = env.ok(&["config", "check"]);
+    assert!(out.contains("store: nats (server 127.0.0.1:"), "{out}");
+    assert!(out.contains("stream `checked` will be created"), "{out}");
+    // Opening creates it; the next check finds it.
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    rt.block_on(async {
+        let store = open(&[server.url()], "checked", 1).await;
+        fill(&store, 3, 1, 0).await;
+    });
+    let out = env.ok(&["config", "check"]);
+    assert!(out.contains("stream `checked` exists"), "{out}");
+    // The same stream with other replicas is refused, naming what differs.
+    let env3 = Env::new(&config(&[server.url()], "checked", 3, "30s", 1));
+    let err = env3.fails(&["config", "check"]);
+    assert!(err.contains("replicas 1 (configured 3)"), "{err}");
+}
+
+#[test]
+fn a_host_without_a_server_fails_fast_with_a_clear_error() {
+    let port = natsd::free_port();
+    let text = config(&[format!("nats://127.0.0.1:{port}")], "none", 1, "30s", 1)
+        .replace("connect_timeout = \"60s\"", "connect_timeout = \"1s\"");
+    let env = Env::new(&text);
+    let started = Instant::now();
+    let err = env.fails(&["run", "--until-idle"]);
+    assert!(err.contains("cannot connect to nats://127.0.0.1:"), "{err}");
+    assert!(
+        started.elapsed() < Duration::from_secs(30),
+        "gave up only after {:?}",
+        started.elapsed()
+    );
+}
+
+#[test]
+fn bad_nats_settings_are_refused_naming_the_key() {
+    for (from, to, says) in [
+        (
+            "prefix = \"bad\"",
+            "prefix = \"a.b\"",
+            "[store] prefix `a.b`",
+        ),
+        ("replicas = 1", "replicas = 2", "[store] replicas = 2"),
+        ("url = [\"nats://x:1\"]", "url = []", "[store] url"),
+    ] {
+        let text = config(&["nats://x:1".to_owned()], "bad", 1, "30s", 1).replace(from, to);
+        let env = Env::new(&text);
+        let err = env.fails(&["config", "check"]);
+        assert!(err.contains(says), "{to}: {err}");
+    }
+}
