@@ -64,7 +64,7 @@ pub enum Command {
     Plugin(PluginCommand),
     /// Measures the store, instance start and end-to-end throughput (median, min, max).
     Bench {
-        /// A few seconds instead of about a minute.
+        /// Seconds instead of minutes.
         #[arg(long)]
         quick: bool,
         /// The echo guest to run (default: examples/wasm/echo.wasm, built by `cargo xtask guests`).
@@ -73,6 +73,18 @@ pub enum Command {
         /// JSON output.
         #[arg(long)]
         json: bool,
+        /// Which store backends to measure.
+        #[arg(long, value_enum, default_value = "embedded")]
+        backend: bench::BenchBackend,
+        /// A NATS server to measure against (default: start a local nats-server).
+        #[arg(long)]
+        nats_url: Option<String>,
+        /// That server's monitoring endpoint, `http://host:port` (for request counts).
+        #[arg(long)]
+        nats_monitor: Option<String>,
+        /// Also measure claim latency with 1,000,000 queued on the embedded store (minutes).
+        #[arg(long)]
+        million: bool,
     },
 }
 
@@ -292,9 +304,26 @@ async fn execute(cli: Cli) -> anyhow::Result<()> {
     if let Command::Plugin(PluginCommand::Inspect { file, json }) = &cli.command {
         return inspect(file, *json);
     }
-    if let Command::Bench { quick, echo, json } = &cli.command {
-        let echo = echo.clone().unwrap_or_else(bench::default_echo);
-        return bench::run(&echo, *quick, *json).await;
+    if let Command::Bench {
+        quick,
+        echo,
+        json,
+        backend,
+        nats_url,
+        nats_monitor,
+        million,
+    } = &cli.command
+    {
+        return bench::run(&bench::BenchArgs {
+            echo: echo.clone().unwrap_or_else(bench::default_echo),
+            quick: *quick,
+            json: *json,
+            backend: *backend,
+            nats_url: nats_url.clone(),
+            nats_monitor: nats_monitor.clone(),
+            million: *million,
+        })
+        .await;
     }
     if let Command::Config(ConfigCommand::Check { file, json }) = &cli.command {
         return check(file.as_deref().unwrap_or(&cli.config), *json).await;

@@ -1,7 +1,12 @@
 //! Subjects of the stream and the records they hold.
 //!
+//! Everything mutable about a thread lives under its own subject tree `<p>.th.<thread>.>`, so
+//! one `Nats-Expected-Last-Subject-Sequence` against that tree fences a write by everything
+//! that happened to the thread (see the parent module).
+//!
 //! Ids, thread names and dedupe keys are arbitrary strings; each becomes one subject token as
-//! unpadded URL-safe base64 (`A-Z a-z 0-9 - _`), which never contains `.`, `*`, `>` or spaces.
+//! unpadded URL-safe base64 (`A-Z a-z 0-9 - _`), which never contains `.`, `*`, `>` or spaces;
+//! the empty string is `~`.
 
 use base64::Engine;
 use base64::engine::general_purpose::URL_SAFE_NO_PAD;
@@ -13,14 +18,14 @@ use crate::store::{StoreError, StoreResult};
 /// One key of the stream.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Key {
-    /// A dispatch record.
-    Dispatch(String),
-    /// A thread record.
+    /// A thread record: `<p>.th.<thread>.t`.
     Thread(String),
-    /// A dedupe key of a thread.
-    Dedupe(String, String),
-    /// One log entry of a thread.
+    /// A dispatch record: `<p>.th.<thread>.d.<id>`.
+    Dispatch(String, String),
+    /// One log entry: `<p>.th.<thread>.e.<seq>`.
     Entry(String, u64),
+    /// The thread a caller-chosen id belongs to: `<p>.id.<id>`.
+    Id(String),
 }
 
 /// The token of the empty string (base64 of nothing is empty, and subjects have no empty
@@ -46,29 +51,46 @@ impl Key {
     /// The subject under `prefix`.
     pub fn subject(&self, prefix: &str) -> String {
         match self {
-            Key::Dispatch(id) => format!("{prefix}.d.{}", enc(id)),
-            Key::Thread(t) => format!("{prefix}.t.{}", enc(t)),
-            Key::Dedupe(t, k) => format!("{prefix}.k.{}.{}", enc(t), enc(k)),
-            Key::Entry(t, seq) => format!("{prefix}.e.{}.{seq}", enc(t)),
+            Key::Thread(t) => format!("{prefix}.th.{}.t", enc(t)),
+            Key::Dispatch(t, id) => format!("{prefix}.th.{}.d.{}", enc(t), enc(id)),
+            Key::Entry(t, seq) => format!("{prefix}.th.{}.e.{seq}", enc(t)),
+            Key::Id(id) => format!("{prefix}.id.{}", enc(id)),
         }
+    }
+
+    /// The thread whose tree holds this key.
+    pub fn thread(&self) -> Option<&str> {
+        match self {
+            Key::Thread(t) | Key::Dispatch(t, _) | Key::Entry(t, _) => Some(t),
+            Key::Id(_) => None,
+        }
+    }
+
+    /// The subject filter of a thread's whole tree.
+    pub fn tree(prefix: &str, thread: &str) -> String {
+        format!("{prefix}.th.{}.>", enc(thread))
     }
 
     /// The subject filter of every log entry of a thread.
     pub fn entries_of(prefix: &str, thread: &str) -> String {
-        format!("{prefix}.e.{}.*", enc(thread))
+        format!("{prefix}.th.{}.e.*", enc(thread))
     }
 
     /// The key a subject names, if it is one of ours.
     pub fn parse(prefix: &str, subject: &str) -> Option<Key> {
         let rest = subject.strip_prefix(prefix)?.strip_prefix('.')?;
         let mut parts = rest.split('.');
-        let kind = parts.next()?;
-        let first = dec(parts.next()?)?;
-        let key = match kind {
-            "d" => Key::Dispatch(first),
-            "t" => Key::Thread(first),
-            "k" => Key::Dedupe(first, dec(parts.next()?)?),
-            "e" => Key::Entry(first, parts.next()?.parse().ok()?),
+        let key = match parts.next()? {
+            "th" => {
+                let thread = dec(parts.next()?)?;
+                match parts.next()? {
+                    "t" => Key::Thread(thread),
+                    "d" => Key::Dispatch(thread, dec(parts.next()?)?),
+                    "e" => Key::Entry(thread, parts.next()?.parse().ok()?),
+                    _ => return None,
+                }
+            }
+            "id" => Key::Id(dec(parts.next()?)?),
             _ => return None,
         };
         parts.next().is_none().then_some(key)
@@ -77,58 +99,46 @@ impl Key {
     /// The name a `Corrupt` error gives this key.
     pub fn describe(&self) -> String {
         match self {
-            Key::Dispatch(id) => format!("dispatches/{id}"),
+            Key::Dispatch(_, id) => format!("dispatches/{id}"),
             Key::Thread(t) => format!("threads/{t}"),
-            Key::Dedupe(t, k) => format!("dedupe/{t}/{k}"),
             Key::Entry(t, seq) => format!("log/{t}/{seq}"),
+            Key::Id(id) => format!("ids/{id}"),
         }
     }
 
-    /// Decodes the payload of this key's message. An empty payload is a tombstone.
+    /// Decodes the payload of this key's message. An empty dispatch payload is a tombstone.
     pub fn decode(self, payload: &[u8]) -> Result<Record, (String, String)> {
-        let corrupt = |key: &Key, e: String| (key.describe(), e);
+        let name = self.describe();
         match self {
-            Key::Dispatch(id) => {
+            Key::Dispatch(thread, id) => {
                 if payload.is_empty() {
-                    return Ok(Record::Dispatch(id, None));
+                    return Ok(Record::Dispatch(thread, id, None));
                 }
-                let stored: Stored = serde_json::from_slice(payload)
-                    .map_err(|e| corrupt(&Key::Dispatch(id.clone()), e.to_string()))?;
-                if stored.d.id != id {
+                let stored: Stored =
+                    serde_json::from_slice(payload).map_err(|e| (name.clone(), e.to_string()))?;
+                if stored.d.id != id || stored.d.thread != thread {
                     return Err((
-                        format!("dispatches/{id}"),
-                        format!("the record holds id `{}`", stored.d.id),
-                    ));
-                }
-                stored
-                    .d
-                    .check_shape()
-                    .map_err(|e| (format!("dispatches/{id}"), e))?;
-                Ok(Record::Dispatch(id, Some(Box::new(stored))))
-            }
-            Key::Thread(t) => {
-                let rec: ThreadRec = serde_json::from_slice(payload)
-                    .map_err(|e| corrupt(&Key::Thread(t.clone()), e.to_string()))?;
-                if rec.trimmed > rec.latest {
-                    return Err((
-                        format!("threads/{t}"),
+                        name,
                         format!(
-                            "watermarks out of order (latest {}, trimmed {})",
-                            rec.latest, rec.trimmed
+                            "the record holds id `{}` of thread `{}`",
+                            stored.d.id, stored.d.thread
                         ),
                     ));
                 }
+                stored.d.check_shape().map_err(|e| (name, e))?;
+                Ok(Record::Dispatch(thread, id, Some(Box::new(stored))))
+            }
+            Key::Thread(t) => {
+                let rec: ThreadRec =
+                    serde_json::from_slice(payload).map_err(|e| (name, e.to_string()))?;
                 Ok(Record::Thread(t, rec))
             }
-            Key::Dedupe(t, k) => {
-                if payload.is_empty() {
-                    return Ok(Record::Dedupe(t, k, None));
-                }
-                let holder = String::from_utf8(payload.to_vec())
-                    .map_err(|e| (format!("dedupe/{t}/{k}"), e.to_string()))?;
-                Ok(Record::Dedupe(t, k, Some(holder)))
+            Key::Entry(t, seq) => Ok(Record::Entry(t, seq)),
+            Key::Id(id) => {
+                let thread =
+                    String::from_utf8(payload.to_vec()).map_err(|e| (name, e.to_string()))?;
+                Ok(Record::Id(id, thread))
             }
-            Key::Entry(..) => Ok(Record::LogEntry),
         }
     }
 }
@@ -155,18 +165,18 @@ mod tests {
     fn subjects_round_trip_any_name() {
         for name in ["", "a", "thread.with.dots", "sp ace*>", "ünï/cødé", "-_-"] {
             for key in [
-                Key::Dispatch(name.into()),
                 Key::Thread(name.into()),
-                Key::Dedupe(name.into(), format!("{name}!")),
+                Key::Dispatch(name.into(), format!("{name}!")),
                 Key::Entry(name.into(), 42),
+                Key::Id(name.into()),
             ] {
                 let subject = key.subject("hm");
                 assert_eq!(Key::parse("hm", &subject), Some(key.clone()), "{subject}");
                 assert!(!subject.contains(' '));
             }
         }
-        assert_eq!(Key::parse("hm", "other.d.YQ"), None);
+        assert_eq!(Key::parse("hm", "other.th.YQ.t"), None);
         assert_eq!(Key::parse("hm", "hm.x.YQ"), None);
-        assert_eq!(Key::parse("hm", "hm.d.YQ.extra"), None);
+        assert_eq!(Key::parse("hm", "hm.th.YQ.t.extra"), None);
     }
 }

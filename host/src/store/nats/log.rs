@@ -1,19 +1,21 @@
 //! The thread log of the NATS backend.
 //!
-//! Each entry is its own subject `<p>.e.<thread>.<seq>` (payload: the append time as 8
-//! big-endian bytes, then the entry). An append is one atomic batch of the thread record, with
-//! its `latest` moved on, and the entry, so `reserved == latest` and nothing is visible out of
-//! order or half-written. A guest's fence is checked against the thread record's holder (a copy
-//! of the claim written with it) and epoch, which the same batch names by sequence.
+//! Each entry is its own subject `<p>.th.<thread>.e.<seq>` in its thread's tree (payload: the
+//! append time as 8 big-endian bytes, then the entry). An append is one message fenced by the
+//! thread's tree: the sequence it takes, the fence of a guest's claim (the dispatch record, its
+//! lease and epoch) and the thread's epoch are all read from the view and hold at commit, or the
+//! append is decided again. So `reserved == latest`, and nothing is visible out of order or
+//! half-written. `trimmed` lives in the thread record, and survives a delete as the tombstone
+//! that keeps sequences from being reused.
 
 use async_trait::async_trait;
 use bytes::{BufMut, Bytes, BytesMut};
 use futures_util::StreamExt;
 
 use super::keys::Key;
-use super::mailbox::{put_thread, supersede_writes};
-use super::view::Record;
-use super::{NatsStore, Plan, Write};
+use super::mailbox::{put_dispatch, put_thread, superseded};
+use super::view::{Record, Stored};
+use super::{Expect, NatsStore, Plan, Write};
 use crate::store::model::{Fence, LogEntry, Watermarks};
 use crate::store::{REASON_STALE_EPOCH, SequenceStore, StoreError, StoreResult};
 
@@ -33,24 +35,25 @@ impl NatsStore {
         if thread.trim().is_empty() {
             return Err(StoreError::Invalid("thread is blank".into()));
         }
-        // Unfenced writers (the host, the CLI) may not have this thread in view yet.
-        if fence.is_none() {
-            self.thread_record(thread).await?;
-        }
         self.run(|view, now, _| {
-            let (tseq, mut t) = view.thread(thread)?;
             if let Some(fence) = fence {
-                let (dseq, stored) = view.dispatch(&fence.dispatch)?;
-                let Some(stored) = stored else {
+                let Some(stored) = view.dispatch(&fence.dispatch)? else {
                     return Ok(Plan::Refuse(Err(StoreError::NotFound {
                         id: fence.dispatch.clone(),
                     })));
                 };
                 let d = &stored.d;
-                if d.claim.is_none() {
+                let Some(claim) = &d.claim else {
                     return Ok(Plan::Refuse(Err(StoreError::NotClaimed {
                         id: d.id.clone(),
                         status: d.status,
+                    })));
+                };
+                // A fenced append needs a live lease: once it runs out, another holder may be
+                // one reclaim away, and the log must not take the old holder's writes.
+                if claim.token != fence.token || d.epoch != fence.epoch || claim.lease_until < now {
+                    return Ok(Plan::Refuse(Err(StoreError::LostClaim {
+                        id: d.id.clone(),
                     })));
                 }
                 if d.thread != thread {
@@ -59,61 +62,42 @@ impl NatsStore {
                         d.id, d.thread
                     )))));
                 }
-                // A fenced append needs a live lease: the thread record's copy of the claim.
-                let holds = t.holder.as_ref().is_some_and(|h| {
-                    h.id == fence.dispatch && h.token == fence.token && h.lease_until >= now
-                });
-                if !holds || d.epoch != fence.epoch {
-                    return Ok(Plan::Refuse(Err(StoreError::LostClaim {
-                        id: d.id.clone(),
-                    })));
-                }
+                let t = view.thread(thread)?;
                 if d.epoch < t.epoch {
                     let error = StoreError::StaleEpoch {
                         id: d.id.clone(),
                         dispatch: d.epoch,
                         thread: t.epoch,
                     };
-                    let settled = Some((fence.token.clone(), "supersede".to_owned()));
-                    let (writes, _) =
-                        supersede_writes(view, dseq, d.clone(), now, REASON_STALE_EPOCH, settled)?;
-                    return Ok(Plan::Write(writes, Err(error), true));
+                    let write = put_dispatch(
+                        view,
+                        Stored {
+                            d: superseded(d.clone(), now, REASON_STALE_EPOCH),
+                            settled: Some((fence.token.clone(), "supersede".to_owned())),
+                        },
+                    )?;
+                    return Ok(Plan::Write(vec![write], Err(error), true));
                 }
             }
+            let latest = view.latest(thread);
             if let Some(expected) = expected
-                && t.latest != expected
+                && latest != expected
             {
-                return Ok(Plan::Refuse(Err(StoreError::Conflict { latest: t.latest })));
+                return Ok(Plan::Refuse(Err(StoreError::Conflict { latest })));
             }
-            let seq = t.latest + 1;
-            t.latest = seq;
+            let seq = latest + 1;
             let mut payload = BytesMut::with_capacity(8 + entry.len());
             payload.put_u64(now);
             payload.put_slice(entry);
-            let writes = vec![
-                put_thread(thread, tseq, t)?,
-                Write {
-                    key: Key::Entry(thread.to_owned(), seq),
-                    expect: 0,
-                    payload: payload.freeze(),
-                    record: Record::LogEntry,
-                },
-            ];
-            Ok(Plan::Write(writes, Ok(seq), false))
+            let write = Write {
+                key: Key::Entry(thread.to_owned(), seq),
+                expect: Expect::Thread(view.thread_seq(thread)),
+                payload: payload.freeze(),
+                record: Record::Entry(thread.to_owned(), seq),
+            };
+            Ok(Plan::Write(vec![write], Ok(seq), false))
         })
         .await
-    }
-
-    /// The thread record as the server holds it now (applied to the view).
-    pub(super) async fn thread_record(&self, thread: &str) -> StoreResult<super::view::ThreadRec> {
-        let key = Key::Thread(thread.to_owned());
-        if let Some((seq, payload)) = self.get_last(&key.subject(self.prefix())).await? {
-            match key.decode(&payload) {
-                Ok(record) => self.view()?.apply(seq, record),
-                Err((key, reason)) => return Err(StoreError::Corrupt { key, reason }),
-            }
-        }
-        Ok(self.view()?.thread(thread)?.1)
     }
 
     /// Drops the stored entries at or below `cut` (the watermark already says they are gone).
@@ -128,13 +112,11 @@ impl NatsStore {
         };
         // Entries of one thread are stored in sequence order, so everything of this thread
         // below the cut's stream sequence is at or below the cut.
-        self.purge_below(&Key::entries_of(self.prefix(), thread), seq + 1)
-            .await
-    }
-
-    async fn purge_below(&self, filter: &str, below: u64) -> StoreResult<()> {
-        self.purge(serde_json::json!({ "filter": filter, "seq": below }))
-            .await
+        self.purge(serde_json::json!({
+            "filter": Key::entries_of(self.prefix(), thread),
+            "seq": seq + 1,
+        }))
+        .await
     }
 
     fn decode_entry(&self, thread: &str, seq: u64, payload: &Bytes) -> StoreResult<LogEntry> {
@@ -151,6 +133,38 @@ impl NatsStore {
             data: payload[8..].to_vec(),
             appended_at: u64::from_be_bytes(at),
         })
+    }
+
+    /// The thread's watermarks once the view caught up with the stream.
+    async fn marks(&self, thread: &str) -> StoreResult<Watermarks> {
+        self.barrier().await?;
+        let view = self.view()?;
+        let latest = view.latest(thread);
+        Ok(Watermarks {
+            reserved: latest,
+            latest,
+            trimmed: view.thread(thread)?.trimmed,
+        })
+    }
+
+    async fn cut(&self, thread: &str, up_to: Option<u64>) -> StoreResult<()> {
+        let cut = self
+            .run(|view, _, _| {
+                let mut t = view.thread(thread)?;
+                let latest = view.latest(thread);
+                let cut = up_to.unwrap_or(latest).min(latest);
+                if cut <= t.trimmed {
+                    return Ok(Plan::Done(Ok(None)));
+                }
+                t.trimmed = cut;
+                let write = put_thread(view, thread, t)?;
+                Ok(Plan::Write(vec![write], Ok(Some(cut)), false))
+            })
+            .await?;
+        match cut {
+            Some(cut) => self.drop_entries(thread, cut).await,
+            None => Ok(()),
+        }
     }
 }
 
@@ -173,12 +187,12 @@ impl SequenceStore for NatsStore {
 
     async fn read(&self, thread: &str, after: u64, limit: usize) -> StoreResult<Vec<LogEntry>> {
         let limit = if limit == 0 { DEFAULT_READ } else { limit };
-        let t = self.thread_record(thread).await?;
-        let first = after.max(t.trimmed).saturating_add(1);
-        if after >= t.latest || first > t.latest {
+        let marks = self.marks(thread).await?;
+        let first = after.max(marks.trimmed).saturating_add(1);
+        if after >= marks.latest || first > marks.latest {
             return Ok(Vec::new());
         }
-        let last = t
+        let last = marks
             .latest
             .min(first.saturating_add(limit as u64).saturating_sub(1));
         let prefix = self.prefix().to_owned();
@@ -206,58 +220,18 @@ impl SequenceStore for NatsStore {
     }
 
     async fn latest(&self, thread: &str) -> StoreResult<u64> {
-        Ok(self.thread_record(thread).await?.latest)
+        Ok(self.marks(thread).await?.latest)
     }
 
     async fn watermarks(&self, thread: &str) -> StoreResult<Watermarks> {
-        let t = self.thread_record(thread).await?;
-        Ok(Watermarks {
-            reserved: t.latest,
-            latest: t.latest,
-            trimmed: t.trimmed,
-        })
+        self.marks(thread).await
     }
 
     async fn trim(&self, thread: &str, up_to: u64) -> StoreResult<()> {
-        self.thread_record(thread).await?;
-        let cut = self
-            .run(|view, _, _| {
-                let (tseq, mut t) = view.thread(thread)?;
-                let cut = up_to.min(t.latest);
-                if cut <= t.trimmed {
-                    return Ok(Plan::Done(Ok(None)));
-                }
-                t.trimmed = cut;
-                Ok(Plan::Write(
-                    vec![put_thread(thread, tseq, t)?],
-                    Ok(Some(cut)),
-                    false,
-                ))
-            })
-            .await?;
-        match cut {
-            Some(cut) => self.drop_entries(thread, cut).await,
-            None => Ok(()),
-        }
+        self.cut(thread, Some(up_to)).await
     }
 
     async fn delete(&self, thread: &str) -> StoreResult<()> {
-        self.thread_record(thread).await?;
-        let cut = self
-            .run(|view, _, _| {
-                let (tseq, mut t) = view.thread(thread)?;
-                if t.latest == 0 || t.trimmed == t.latest {
-                    return Ok(Plan::Done(Ok(t.latest)));
-                }
-                t.trimmed = t.latest;
-                let cut = t.latest;
-                Ok(Plan::Write(
-                    vec![put_thread(thread, tseq, t)?],
-                    Ok(cut),
-                    false,
-                ))
-            })
-            .await?;
-        self.drop_entries(thread, cut).await
+        self.cut(thread, None).await
     }
 }

@@ -1,6 +1,6 @@
-//! The mailbox operations of the NATS backend. Each decides from the view and commits one
-//! atomic batch (see the parent module); the decision functions mirror the embedded backend's
-//! transactions and share its transition rules (`store::rules`).
+//! The mailbox operations of the NATS backend. Each decides from the view and writes one
+//! message fenced by its thread's tree (see the parent module); the decisions mirror the
+//! embedded backend's transactions and share its transition rules (`store::rules`).
 
 use std::sync::Arc;
 
@@ -8,8 +8,8 @@ use async_trait::async_trait;
 use tokio::sync::Notify;
 
 use super::keys::{Key, encode_dispatch, encode_thread};
-use super::view::{HolderRec, Record, Stored, ThreadRec, View};
-use super::{MAX_BATCH, NatsStore, Plan, Write};
+use super::view::{Record, Stored, ThreadRec, View};
+use super::{Expect, MAX_BATCH, NatsStore, Plan, Write};
 use crate::store::model::{
     Claim, Dispatch, Interrupt, ListFilter, NewDispatch, RunResult, Status, StatusCount,
 };
@@ -22,19 +22,27 @@ use crate::store::{
 /// The page size of `list` and `list_terminal` when the caller gives 0.
 const DEFAULT_PAGE: usize = 100;
 
-pub(super) fn put_dispatch(seq: u64, stored: Stored) -> StoreResult<Write> {
+/// A write of a dispatch record, fenced by its thread's tree.
+pub(super) fn put_dispatch(view: &View, stored: Stored) -> StoreResult<Write> {
+    let expect = Expect::Thread(view.thread_seq(&stored.d.thread));
+    put_dispatch_expecting(expect, stored)
+}
+
+fn put_dispatch_expecting(expect: Expect, stored: Stored) -> StoreResult<Write> {
+    let (thread, id) = (stored.d.thread.clone(), stored.d.id.clone());
     Ok(Write {
-        key: Key::Dispatch(stored.d.id.clone()),
-        expect: seq,
+        key: Key::Dispatch(thread.clone(), id.clone()),
+        expect,
         payload: encode_dispatch(&stored)?,
-        record: Record::Dispatch(stored.d.id.clone(), Some(Box::new(stored))),
+        record: Record::Dispatch(thread, id, Some(Box::new(stored))),
     })
 }
 
-pub(super) fn put_thread(thread: &str, seq: u64, rec: ThreadRec) -> StoreResult<Write> {
+/// A write of a thread record, fenced by its tree.
+pub(super) fn put_thread(view: &View, thread: &str, rec: ThreadRec) -> StoreResult<Write> {
     Ok(Write {
         key: Key::Thread(thread.to_owned()),
-        expect: seq,
+        expect: Expect::Thread(view.thread_seq(thread)),
         payload: encode_thread(&rec)?,
         record: Record::Thread(thread.to_owned(), rec),
     })
@@ -44,48 +52,19 @@ fn plain(d: Dispatch) -> Stored {
     Stored { d, settled: None }
 }
 
-/// The thread record without `id` as its holder (unchanged when another holds it).
-fn released(mut t: ThreadRec, id: &str) -> ThreadRec {
-    if t.holder.as_ref().is_some_and(|h| h.id == id) {
-        t.holder = None;
-    }
-    t
-}
-
-/// Supersedes `d` (claimed or queued): the writes, and the superseded record.
-pub(super) fn supersede_writes(
-    view: &View,
-    dseq: u64,
-    mut d: Dispatch,
-    now: u64,
-    reason: &str,
-    settled: Option<(String, String)>,
-) -> StoreResult<(Vec<Write>, Dispatch)> {
-    let was_claimed = d.status == Status::Claimed;
+/// `d` superseded (claimed or queued) with `reason`.
+pub(super) fn superseded(mut d: Dispatch, now: u64, reason: &str) -> Dispatch {
     terminate(&mut d, Status::Superseded, now, Some(reason));
     d.started_at = None;
     d.result = None;
-    let mut writes = vec![put_dispatch(
-        dseq,
-        Stored {
-            d: d.clone(),
-            settled,
-        },
-    )?];
-    if was_claimed {
-        let (tseq, t) = view.thread(&d.thread)?;
-        if t.holder.as_ref().is_some_and(|h| h.id == d.id) {
-            writes.push(put_thread(&d.thread, tseq, released(t, &d.id))?);
-        }
-    }
-    Ok((writes, d))
+    d
 }
 
 /// What a holder check decided.
 enum Holder {
-    /// The caller holds the live claim: the record and its sequence.
-    Live(u64, Dispatch),
-    /// The answer is known without a write of the caller's (a repeat, a refusal, a supersede).
+    /// The caller holds the live claim.
+    Live(Dispatch),
+    /// The answer is known without the caller's write (a repeat, a refusal, a supersede).
     Answer(Plan<Dispatch>),
 }
 
@@ -97,8 +76,7 @@ fn check_holder(
     settle_op: Option<&str>,
     now: u64,
 ) -> StoreResult<Holder> {
-    let (dseq, stored) = view.dispatch(id)?;
-    let Some(stored) = stored else {
+    let Some(stored) = view.dispatch(id)? else {
         return Ok(Holder::Answer(Plan::Refuse(Err(StoreError::NotFound {
             id: id.to_owned(),
         }))));
@@ -121,95 +99,57 @@ fn check_holder(
             id: id.to_owned(),
         }))));
     }
-    let (_, t) = view.thread(&d.thread)?;
+    let t = view.thread(&d.thread)?;
     if d.epoch < t.epoch {
         let error = StoreError::StaleEpoch {
             id: id.to_owned(),
             dispatch: d.epoch,
             thread: t.epoch,
         };
-        let (writes, _) = supersede_writes(
+        let write = put_dispatch(
             view,
-            dseq,
-            d.clone(),
-            now,
-            REASON_STALE_EPOCH,
-            Some((token.to_owned(), "supersede".to_owned())),
+            Stored {
+                d: superseded(d.clone(), now, REASON_STALE_EPOCH),
+                settled: Some((token.to_owned(), "supersede".to_owned())),
+            },
         )?;
-        return Ok(Holder::Answer(Plan::Write(writes, Err(error), true)));
+        return Ok(Holder::Answer(Plan::Write(vec![write], Err(error), true)));
     }
-    Ok(Holder::Live(dseq, d.clone()))
+    Ok(Holder::Live(d.clone()))
 }
 
-/// Claims `d` for `consumer` and occupies its thread: the two writes and the claimed record.
-fn take(
-    view: &View,
-    dseq: u64,
-    mut d: Dispatch,
-    consumer: &str,
-    lease_ms: u64,
-    now: u64,
-    start: bool,
-) -> StoreResult<(Vec<Write>, Dispatch)> {
-    let (tseq, mut t) = view.thread(&d.thread)?;
-    let claim = Claim {
-        token: uuid::Uuid::now_v7().to_string(),
-        claimed_by: consumer.to_owned(),
-        lease_until: clamp(now.saturating_add(lease_ms)),
-    };
-    t.holder = Some(HolderRec {
-        id: d.id.clone(),
-        token: claim.token.clone(),
-        lease_until: claim.lease_until,
-    });
-    t.served = view.pos + 1;
+/// `d` claimed by `consumer` until `now + lease_ms`.
+fn claimed(mut d: Dispatch, consumer: &str, lease_ms: u64, now: u64, start: bool) -> Dispatch {
     d.status = Status::Claimed;
     if start {
         d.started_at = Some(now);
     }
-    d.claim = Some(claim);
+    d.claim = Some(Claim {
+        token: uuid::Uuid::now_v7().to_string(),
+        claimed_by: consumer.to_owned(),
+        lease_until: clamp(now.saturating_add(lease_ms)),
+    });
     d.updated_at = now;
-    let writes = vec![
-        put_dispatch(dseq, plain(d.clone()))?,
-        put_thread(&d.thread, tseq, t)?,
-    ];
-    Ok((writes, d))
+    d
 }
 
-/// Reclaims one expired claim: the writes, and the record when it was requeued or
-/// dead-lettered (`None` when superseded because its thread moved on). `t` is the thread record
-/// the caller will write (its holder is cleared here).
-fn reclaim_one(
-    dseq: u64,
-    mut d: Dispatch,
-    t: &mut ThreadRec,
-    now: u64,
-) -> StoreResult<(Write, Option<Dispatch>)> {
-    if t.holder.as_ref().is_some_and(|h| h.id == d.id) {
-        t.holder = None;
-    }
+/// An expired claim given back: requeued or dead-lettered, or superseded when its thread moved
+/// on (then `None` is reported).
+fn reclaimed(mut d: Dispatch, t: &ThreadRec, now: u64) -> (Dispatch, bool) {
     if d.epoch < t.epoch {
-        terminate(
-            &mut d,
-            Status::Superseded,
-            now,
-            Some(REASON_EXPIRED_AFTER_INTERRUPT),
-        );
-        d.started_at = None;
-        d.result = None;
-        return Ok((put_dispatch(dseq, plain(d))?, None));
+        return (superseded(d, now, REASON_EXPIRED_AFTER_INTERRUPT), false);
     }
     fail_attempt(&mut d, now, now, None, REASON_LEASE_EXPIRED_AT_MAX);
     d.started_at = None;
     d.result = None;
-    Ok((put_dispatch(dseq, plain(d.clone()))?, Some(d)))
+    (d, true)
 }
 
 /// What one claim decision came to.
 enum Claimed {
     Got(Box<Dispatch>),
     Nothing,
-    /// A stale candidate was superseded; pick again.
+    /// A stale candidate was superseded or an expired holder reclaimed; decide again.
     Again,
 }
 
@@ -235,19 +175,19 @@ impl NatsStore {
                         return Ok(Plan::Done(Ok(Claimed::Nothing)));
                     };
                     let d = pick.d.clone();
-                    let (dseq, _) = view.dispatch(&d.id)?;
-                    let (_, t) = view.thread(&d.thread)?;
+                    let t = view.thread(&d.thread)?;
                     if d.epoch < t.epoch {
-                        let (writes, _) =
-                            supersede_writes(view, dseq, d, now, REASON_STALE_EPOCH, None)?;
-                        return Ok(Plan::Write(writes, Ok(Claimed::Again), false));
+                        let write =
+                            put_dispatch(view, plain(superseded(d, now, REASON_STALE_EPOCH)))?;
+                        return Ok(Plan::Write(vec![write], Ok(Claimed::Again), false));
                     }
                     view.reserve(&d.thread);
                     held = Some(d.thread.clone());
-                    let (writes, claimed) = take(view, dseq, d, consumer, lease_ms, now, start)?;
+                    let d = claimed(d, consumer, lease_ms, now, start);
+                    let write = put_dispatch(view, plain(d.clone()))?;
                     Ok(Plan::Write(
-                        writes,
-                        Ok(Claimed::Got(Box::new(claimed))),
+                        vec![write],
+                        Ok(Claimed::Got(Box::new(d))),
                         false,
                     ))
                 })
@@ -266,85 +206,29 @@ impl NatsStore {
         )))
     }
 
-    /// A holder operation: check the claim, apply `f` to the record (and the thread record when
-    /// `f` returns one), store both.
+    /// A holder operation: check the claim, apply `f` to the record, store it.
     async fn holder_write(
         &self,
         id: &str,
         token: &str,
         settle_op: Option<&'static str>,
-        f: impl Fn(&mut Dispatch, &mut ThreadRec, u64) -> bool + Send,
+        f: impl Fn(&mut Dispatch, u64) + Send,
     ) -> StoreResult<Dispatch> {
         self.run(|view, now, _| {
-            let (dseq, mut d) = match check_holder(view, id, token, settle_op, now)? {
-                Holder::Live(seq, d) => (seq, d),
+            let mut d = match check_holder(view, id, token, settle_op, now)? {
+                Holder::Live(d) => d,
                 Holder::Answer(plan) => return Ok(plan),
             };
-            let (tseq, mut t) = view.thread(&d.thread)?;
-            let touch_thread = f(&mut d, &mut t, now);
+            f(&mut d, now);
             let settled = settle_op.map(|op| (token.to_owned(), op.to_owned()));
-            let mut writes = vec![put_dispatch(
-                dseq,
+            let write = put_dispatch(
+                view,
                 Stored {
                     d: d.clone(),
                     settled,
                 },
-            )?];
-            if touch_thread {
-                writes.push(put_thread(&d.thread, tseq, t)?);
-            }
-            Ok(Plan::Write(writes, Ok(d), settle_op.is_some()))
-        })
-        .await
-    }
-
-    async fn interrupt_chunk(
-        &self,
-        thread: &str,
-        reason: &str,
-        bump: bool,
-        epoch_seen: &mut u64,
-    ) -> StoreResult<(Option<Dispatch>, Vec<String>, bool)> {
-        self.run(|view, now, _| {
-            let (tseq, mut t) = view.thread(thread)?;
-            let mut writes = Vec::new();
-            let mut active = None;
-            if bump {
-                t.epoch += 1;
-                *epoch_seen = t.epoch;
-                // Rewrite the claimed dispatch in the same batch: a holder write racing this
-                // interrupt then fails its expectation and finds the new epoch.
-                if let Some(h) = &t.holder {
-                    let (hseq, stored) = view.dispatch(&h.id)?;
-                    if let Some(stored) = stored.filter(|s| s.d.status == Status::Claimed) {
-                        let mut s = stored.clone();
-                        s.d.updated_at = now;
-                        active = Some(s.d.clone());
-                        writes.push(put_dispatch(hseq, s)?);
-                    }
-                }
-                writes.push(put_thread(thread, tseq, t.clone())?);
-            }
-            let mut queued: Vec<&Stored> = view
-                .queued_of(thread)
-                .into_iter()
-                .filter(|s| s.d.epoch < *epoch_seen)
-                .collect();
-            queued.sort_by(|a, b| a.d.id.cmp(&b.d.id));
-            let room = MAX_BATCH.saturating_sub(writes.len());
-            let more = queued.len() > room;
-            let mut ids = Vec::new();
-            for s in queued.into_iter().take(room) {
-                let (seq, _) = view.dispatch(&s.d.id)?;
-                let mut d = s.d.clone();
-                terminate(&mut d, Status::Superseded, now, Some(reason));
-                ids.push(d.id.clone());
-                writes.push(put_dispatch(seq, plain(d))?);
-            }
-            if writes.is_empty() {
-                return Ok(Plan::Done(Ok((active, ids, more))));
-            }
-            Ok(Plan::Write(writes, Ok((active, ids, more)), true))
+            )?;
+            Ok(Plan::Write(vec![write], Ok(d), settle_op.is_some()))
         })
         .await
     }
@@ -354,13 +238,13 @@ impl NatsStore {
 impl Mailbox for NatsStore {
     async fn enqueue(&self, new: NewDispatch) -> StoreResult<Dispatch> {
         new.validate().map_err(StoreError::Invalid)?;
+        let chosen = new.id.is_some();
         let id = new
             .id
             .clone()
             .unwrap_or_else(|| uuid::Uuid::now_v7().to_string());
         self.run(|view, now, _| {
-            let (dseq, existing) = view.dispatch(&id)?;
-            if let Some(existing) = existing {
+            if let Some(existing) = view.dispatch(&id)? {
                 return Ok(Plan::Done(if same_content(&existing.d, &new) {
                     Ok(existing.d.clone())
                 } else {
@@ -370,30 +254,21 @@ impl Mailbox for NatsStore {
                     })
                 }));
             }
-            let mut writes = Vec::new();
-            if let Some(key) = &new.dedupe_key {
-                let (kseq, holder) = view.dedupe(&new.thread, key);
-                let live = holder
-                    .and_then(|h| view.dispatch(h).ok())
-                    .and_then(|(_, s)| s)
-                    .filter(|s| !s.d.status.is_terminal());
-                if let Some(holder) = live {
-                    return Ok(Plan::Refuse(Err(StoreError::Duplicate {
-                        id: id.clone(),
-                        holder: Some(holder.d.id.clone()),
-                    })));
-                }
-                writes.push(Write {
-                    key: Key::Dedupe(new.thread.clone(), key.clone()),
-                    expect: kseq,
-                    payload: bytes::Bytes::from(id.clone().into_bytes()),
-                    record: Record::Dedupe(new.thread.clone(), key.clone(), Some(id.clone())),
-                });
+            // The thread's tree fences the write, so the dedupe check and the epoch stamped
+            // here are current at commit: no concurrent enqueue or interrupt slips between
+            // (W9 and the dedupe race).
+            if let Some(key) = &new.dedupe_key
+                && let Some(holder) = view
+                    .live_of(&new.thread)
+                    .into_iter()
+                    .find(|s| s.d.dedupe_key.as_ref() == Some(key))
+            {
+                return Ok(Plan::Refuse(Err(StoreError::Duplicate {
+                    id: id.clone(),
+                    holder: Some(holder.d.id.clone()),
+                })));
             }
-            // The thread record is rewritten unchanged: naming its sequence makes the epoch
-            // stamped here current at commit, so an interrupt cannot slip between (W9).
-            let (tseq, t) = view.thread(&new.thread)?;
-            writes.push(put_thread(&new.thread, tseq, t.clone())?);
+            let t = view.thread(&new.thread)?;
             let available_at = clamp(now.saturating_add(new.delay_ms));
             let d = Dispatch {
                 run_id: new.run_id.clone().unwrap_or_else(|| id.clone()),
@@ -417,7 +292,18 @@ impl Mailbox for NatsStore {
                 updated_at: now,
                 completed_at: None,
             };
-            writes.push(put_dispatch(dseq, plain(d.clone()))?);
+            let mut writes = Vec::new();
+            if chosen {
+                // A caller-chosen id may be offered on two threads at once: the id index
+                // admits it once (a minted UUID v7 needs no such check).
+                writes.push(Write {
+                    key: Key::Id(id.clone()),
+                    expect: Expect::Subject(view.id_seq(&id)),
+                    payload: bytes::Bytes::from(new.thread.clone().into_bytes()),
+                    record: Record::Id(id.clone(), new.thread.clone()),
+                });
+            }
+            writes.push(put_dispatch(view, plain(d.clone()))?);
             Ok(Plan::Write(writes, Ok(d), true))
         })
         .await
@@ -448,50 +334,34 @@ impl Mailbox for NatsStore {
         lease_ms: u64,
     ) -> StoreResult<Option<Dispatch>> {
         self.run(|view, now, _| {
-            let (dseq, stored) = view.dispatch(id)?;
-            let Some(stored) = stored.filter(|s| s.d.status == Status::Queued) else {
+            let Some(stored) = view.dispatch(id)?.filter(|s| s.d.status == Status::Queued) else {
                 return Ok(Plan::Refuse(Ok(None)));
             };
             let d = stored.d.clone();
-            let (tseq, mut t) = view.thread(&d.thread)?;
+            let t = view.thread(&d.thread)?;
             if d.epoch < t.epoch {
-                let (writes, _) = supersede_writes(view, dseq, d, now, REASON_STALE_EPOCH, None)?;
-                return Ok(Plan::Write(writes, Ok(None), true));
+                let write = put_dispatch(view, plain(superseded(d, now, REASON_STALE_EPOCH)))?;
+                return Ok(Plan::Write(vec![write], Ok(None), true));
             }
             let mut writes = Vec::new();
-            if let Some(h) = t.holder.clone() {
-                let (hseq, holder) = view.dispatch(&h.id)?;
-                match holder.filter(|s| s.d.status == Status::Claimed) {
-                    Some(hs) => {
-                        let live = hs.d.claim.as_ref().is_some_and(|c| c.lease_until >= now);
-                        if live {
-                            return Ok(Plan::Refuse(Ok(None)));
-                        }
-                        let (w, _) = reclaim_one(hseq, hs.d.clone(), &mut t, now)?;
-                        writes.push(w);
-                    }
-                    // The holder settled without freeing the thread record: free it.
-                    None => t.holder = None,
+            if let Some(h) = view.holder(&d.thread) {
+                let live = h.d.claim.as_ref().is_some_and(|c| c.lease_until >= now);
+                if live {
+                    return Ok(Plan::Refuse(Ok(None)));
                 }
+                // Take over from an expired holder: reclaim it and claim this one in one
+                // atomic batch, decided by the first message's expectation.
+                let (back, _) = reclaimed(h.d.clone(), &t, now);
+                writes.push(put_dispatch(view, plain(back))?);
             }
-            let claim = Claim {
-                token: uuid::Uuid::now_v7().to_string(),
-                claimed_by: consumer.to_owned(),
-                lease_until: clamp(now.saturating_add(lease_ms)),
+            let d = claimed(d, consumer, lease_ms, now, false);
+            let expect = if writes.is_empty() {
+                Expect::Thread(view.thread_seq(&d.thread))
+            } else {
+                Expect::None
             };
-            t.holder = Some(HolderRec {
-                id: d.id.clone(),
-                token: claim.token.clone(),
-                lease_until: claim.lease_until,
-            });
-            t.served = view.pos + 1;
-            let mut d = d;
-            d.status = Status::Claimed;
-            d.claim = Some(claim);
-            d.updated_at = now;
-            writes.push(put_dispatch(dseq, plain(d.clone()))?);
-            writes.push(put_thread(&d.thread, tseq, t)?);
-            let wake = writes.len() > 2;
+            writes.push(put_dispatch_expecting(expect, plain(d.clone()))?);
+            let wake = writes.len() > 1;
             Ok(Plan::Write(writes, Ok(Some(d)), wake))
         })
         .await
@@ -499,16 +369,11 @@ impl Mailbox for NatsStore {
 
     async fn extend_lease(&self, id: &str, token: &str, extension_ms: u64) -> StoreResult<bool> {
         let out = self
-            .holder_write(id, token, None, |d, t, now| {
-                let until = clamp(now.saturating_add(extension_ms));
+            .holder_write(id, token, None, |d, now| {
                 if let Some(claim) = &mut d.claim {
-                    claim.lease_until = until;
-                }
-                if let Some(h) = t.holder.as_mut().filter(|h| h.id == d.id) {
-                    h.lease_until = until;
+                    claim.lease_until = clamp(now.saturating_add(extension_ms));
                 }
                 d.updated_at = now;
-                true
             })
             .await;
         match out {
@@ -524,11 +389,10 @@ impl Mailbox for NatsStore {
     }
 
     async fn record_start(&self, id: &str, token: &str) -> StoreResult<Dispatch> {
-        self.holder_write(id, token, None, |d, _, now| {
+        self.holder_write(id, token, None, |d, now| {
             d.started_at = Some(now);
             d.result = None;
             d.updated_at = now;
-            false
         })
         .await
     }
@@ -539,19 +403,16 @@ impl Mailbox for NatsStore {
         token: &str,
         result: RunResult,
     ) -> StoreResult<Dispatch> {
-        self.holder_write(id, token, None, |d, _, now| {
+        self.holder_write(id, token, None, |d, now| {
             d.result = Some(result.clone());
             d.updated_at = now;
-            false
         })
         .await
     }
 
     async fn ack(&self, id: &str, token: &str) -> StoreResult<Dispatch> {
-        self.holder_write(id, token, Some("ack"), |d, t, now| {
+        self.holder_write(id, token, Some("ack"), |d, now| {
             terminate(d, Status::Acked, now, None);
-            *t = released(t.clone(), &d.id);
-            true
         })
         .await
     }
@@ -563,46 +424,36 @@ impl Mailbox for NatsStore {
         retry_at: u64,
         error: &str,
     ) -> StoreResult<Dispatch> {
-        self.holder_write(id, token, Some("nack"), |d, t, now| {
+        self.holder_write(id, token, Some("nack"), |d, now| {
             fail_attempt(d, now, retry_at, Some(error), REASON_LEASE_EXPIRED_AT_MAX);
-            *t = released(t.clone(), &d.id);
-            true
         })
         .await
     }
 
     async fn dead_letter(&self, id: &str, token: &str, error: &str) -> StoreResult<Dispatch> {
-        self.holder_write(id, token, Some("dead_letter"), |d, t, now| {
+        self.holder_write(id, token, Some("dead_letter"), |d, now| {
             terminate(d, Status::DeadLetter, now, Some(error));
-            *t = released(t.clone(), &d.id);
-            true
         })
         .await
     }
 
     async fn complete(&self, id: &str, token: &str, result: RunResult) -> StoreResult<Dispatch> {
-        self.holder_write(id, token, Some("ack"), |d, t, now| {
+        self.holder_write(id, token, Some("ack"), |d, now| {
             d.result = Some(result.clone());
             terminate(d, Status::Acked, now, None);
-            *t = released(t.clone(), &d.id);
-            true
         })
         .await
     }
 
     async fn cancel(&self, id: &str) -> StoreResult<Option<Dispatch>> {
         self.run(|view, now, _| {
-            let (dseq, stored) = view.dispatch(id)?;
-            let Some(stored) = stored.filter(|s| s.d.status == Status::Queued) else {
+            let Some(stored) = view.dispatch(id)?.filter(|s| s.d.status == Status::Queued) else {
                 return Ok(Plan::Refuse(Ok(None)));
             };
             let mut d = stored.d.clone();
             terminate(&mut d, Status::Cancelled, now, None);
-            Ok(Plan::Write(
-                vec![put_dispatch(dseq, plain(d.clone()))?],
-                Ok(Some(d)),
-                false,
-            ))
+            let write = put_dispatch(view, plain(d.clone()))?;
+            Ok(Plan::Write(vec![write], Ok(Some(d)), false))
         })
         .await
     }
@@ -611,22 +462,60 @@ impl Mailbox for NatsStore {
         if thread.trim().is_empty() {
             return Err(StoreError::Invalid("thread is blank".into()));
         }
+        // One atomic batch: the epoch bump, fenced by the thread's tree, then the queued
+        // dispatches superseded. Past one batch's worth, the rest follow in further batches;
+        // a claim meanwhile finds their epoch stale and supersedes them instead of running them.
         let mut epoch = 0;
-        let (active, mut superseded, mut more) = self
-            .interrupt_chunk(thread, reason, true, &mut epoch)
-            .await?;
-        while more {
-            let (_, ids, again) = self
-                .interrupt_chunk(thread, reason, false, &mut epoch)
+        let mut active = None;
+        let mut ids: Vec<String> = Vec::new();
+        let mut first = true;
+        loop {
+            let (more, chunk) = self
+                .run(|view, now, _| {
+                    let mut t = view.thread(thread)?;
+                    let mut writes = Vec::new();
+                    if first {
+                        t.epoch += 1;
+                        epoch = t.epoch;
+                        active = view.holder(thread).map(|s| s.d.clone());
+                        writes.push(put_thread(view, thread, t)?);
+                    }
+                    let mut queued: Vec<&Stored> = view
+                        .live_of(thread)
+                        .into_iter()
+                        .filter(|s| s.d.status == Status::Queued && s.d.epoch < epoch)
+                        .collect();
+                    queued.sort_by(|a, b| a.d.id.cmp(&b.d.id));
+                    let room = MAX_BATCH.saturating_sub(writes.len());
+                    let more = queued.len() > room;
+                    let mut chunk = Vec::new();
+                    for s in queued.into_iter().take(room) {
+                        let d = superseded(s.d.clone(), now, reason);
+                        chunk.push(d.id.clone());
+                        let expect = if writes.is_empty() {
+                            Expect::Thread(view.thread_seq(thread))
+                        } else {
+                            Expect::None
+                        };
+                        writes.push(put_dispatch_expecting(expect, plain(d))?);
+                    }
+                    if writes.is_empty() {
+                        return Ok(Plan::Done(Ok((false, chunk))));
+                    }
+                    Ok(Plan::Write(writes, Ok((more, chunk)), true))
+                })
                 .await?;
-            superseded.extend(ids);
-            more = again;
+            first = false;
+            ids.extend(chunk);
+            if !more {
+                break;
+            }
         }
-        superseded.sort();
+        ids.sort();
         Ok(Interrupt {
             epoch,
             active,
-            superseded,
+            superseded: ids,
         })
     }
 
@@ -637,8 +526,7 @@ impl Mailbox for NatsStore {
         reason: &str,
     ) -> StoreResult<Option<Dispatch>> {
         self.run(|view, now, _| {
-            let (dseq, stored) = view.dispatch(id)?;
-            let Some(stored) = stored else {
+            let Some(stored) = view.dispatch(id)? else {
                 return Ok(Plan::Refuse(Ok(None)));
             };
             if let (Some(token), Some((settled_token, op))) = (token, &stored.settled)
@@ -658,8 +546,15 @@ impl Mailbox for NatsStore {
                 })));
             }
             let settled = Some((claim.token.clone(), "supersede".to_owned()));
-            let (writes, d) = supersede_writes(view, dseq, stored.d.clone(), now, reason, settled)?;
-            Ok(Plan::Write(writes, Ok(Some(d)), true))
+            let d = superseded(stored.d.clone(), now, reason);
+            let write = put_dispatch(
+                view,
+                Stored {
+                    d: d.clone(),
+                    settled,
+                },
+            )?;
+            Ok(Plan::Write(vec![write], Ok(Some(d)), true))
         })
         .await
     }
@@ -678,26 +573,21 @@ impl Mailbox for NatsStore {
         expired.truncate(limit);
         let mut out = Vec::new();
         for (_, id) in expired {
-            let reclaimed = self
+            let back = self
                 .run(|view, _, _| {
-                    let (dseq, stored) = view.dispatch(&id)?;
-                    let Some(stored) = stored.filter(|s| {
+                    let Some(stored) = view.dispatch(&id)?.filter(|s| {
                         s.d.status == Status::Claimed
                             && s.d.claim.as_ref().is_some_and(|c| c.lease_until < now)
                     }) else {
                         return Ok(Plan::Done(Ok(None)));
                     };
-                    let (tseq, mut t) = view.thread(&stored.d.thread)?;
-                    let holder_was = t.holder.clone();
-                    let (w, back) = reclaim_one(dseq, stored.d.clone(), &mut t, now)?;
-                    let mut writes = vec![w];
-                    if t.holder != holder_was {
-                        writes.push(put_thread(&stored.d.thread, tseq, t)?);
-                    }
-                    Ok(Plan::Write(writes, Ok(back), true))
+                    let t = view.thread(&stored.d.thread)?;
+                    let (d, requeued) = reclaimed(stored.d.clone(), &t, now);
+                    let write = put_dispatch(view, plain(d.clone()))?;
+                    Ok(Plan::Write(vec![write], Ok(requeued.then_some(d)), true))
                 })
                 .await?;
-            out.extend(reclaimed);
+            out.extend(back);
         }
         Ok(out)
     }
@@ -708,38 +598,30 @@ impl Mailbox for NatsStore {
         loop {
             let n = self
                 .run(|view, _, _| {
-                    let mut writes = Vec::new();
-                    let mut count = 0;
-                    let doomed: Vec<Dispatch> = view
+                    // Terminal records never change again, so each tombstone only needs its
+                    // own subject unchanged (another host purging the same record).
+                    let doomed: Vec<(u64, Dispatch)> = view
                         .all()
                         .filter(|s| {
                             s.d.status.is_terminal()
                                 && s.d.completed_at.is_some_and(|at| at < older_than)
                         })
-                        .map(|s| s.d.clone())
-                        .take(MAX_BATCH / 2)
+                        .take(MAX_BATCH)
+                        .map(|s| (view.dispatch_seq(&s.d.id), s.d.clone()))
                         .collect();
-                    for d in doomed {
-                        let (seq, _) = view.dispatch(&d.id)?;
-                        if let Some((kseq, key)) = view.dedupe_of(&d) {
-                            writes.push(Write {
-                                key: Key::Dedupe(d.thread.clone(), key.clone()),
-                                expect: kseq,
-                                payload: bytes::Bytes::new(),
-                                record: Record::Dedupe(d.thread.clone(), key, None),
-                            });
-                        }
-                        writes.push(Write {
-                            key: Key::Dispatch(d.id.clone()),
-                            expect: seq,
+                    let writes: Vec<Write> = doomed
+                        .into_iter()
+                        .map(|(seq, d)| Write {
+                            key: Key::Dispatch(d.thread.clone(), d.id.clone()),
+                            expect: Expect::Subject(seq),
                             payload: bytes::Bytes::new(),
-                            record: Record::Dispatch(d.id.clone(), None),
-                        });
-                        count += 1;
-                    }
+                            record: Record::Dispatch(d.thread, d.id, None),
+                        })
+                        .collect();
                     if writes.is_empty() {
                         return Ok(Plan::Done(Ok(0)));
                     }
+                    let count = writes.len();
                     Ok(Plan::Write(writes, Ok(count), false))
                 })
                 .await?;
@@ -751,21 +633,8 @@ impl Mailbox for NatsStore {
     }
 
     async fn load(&self, id: &str) -> StoreResult<Option<Dispatch>> {
-        let key = Key::Dispatch(id.to_owned());
-        let Some((seq, payload)) = self.get_last(&key.subject(self.prefix())).await? else {
-            return Ok(None);
-        };
-        match key.decode(&payload) {
-            Ok(record) => {
-                let out = match &record {
-                    Record::Dispatch(_, stored) => stored.as_ref().map(|s| s.d.clone()),
-                    _ => None,
-                };
-                self.view()?.apply(seq, record);
-                Ok(out)
-            }
-            Err((key, reason)) => Err(StoreError::Corrupt { key, reason }),
-        }
+        self.barrier().await?;
+        Ok(self.view()?.dispatch(id)?.map(|s| s.d.clone()))
     }
 
     async fn list(&self, filter: &ListFilter) -> StoreResult<Vec<Dispatch>> {
@@ -825,7 +694,8 @@ impl Mailbox for NatsStore {
     }
 
     async fn thread_epoch(&self, thread: &str) -> StoreResult<u64> {
-        Ok(self.thread_record(thread).await?.epoch)
+        self.barrier().await?;
+        Ok(self.view()?.thread(thread)?.epoch)
     }
 
     async fn queued_threads(&self) -> StoreResult<Vec<String>> {

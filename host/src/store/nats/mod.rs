@@ -4,37 +4,46 @@
 //!
 //! One stream per deployment, named by the configured `prefix` and holding the subjects
 //! `<prefix>.>`, with at most one message per subject (each subject is a key whose last message
-//! is its value), atomic batch publishing and per-message TTLs allowed:
+//! is its value). Everything mutable about a thread lives under the thread's own subject tree:
 //!
 //! | subject | value |
 //! | --- | --- |
-//! | `<p>.d.<id>` | a dispatch record (JSON), or a tombstone after purge |
-//! | `<p>.t.<thread>` | the thread record: epoch, holder (a copy of its claim), fairness stamp, log watermarks |
-//! | `<p>.k.<thread>.<key>` | the dispatch holding a dedupe key |
-//! | `<p>.e.<thread>.<seq>` | one thread-log entry |
+//! | `<p>.th.<thread>.t` | the thread record: epoch, trimmed log watermark |
+//! | `<p>.th.<thread>.d.<id>` | a dispatch record (JSON), or an empty tombstone after purge |
+//! | `<p>.th.<thread>.e.<seq>` | one thread-log entry |
+//! | `<p>.id.<id>` | the thread of a caller-chosen id (admits the id once) |
 //!
 //! Names are encoded as unpadded URL-safe base64 so that any id, thread or key is one subject
 //! token.
 //!
-//! # One compare-and-set decides
+//! # One compare-and-set per thread decides
 //!
-//! Every write names, per subject, the stream sequence of the message it replaces
-//! (`Nats-Expected-Last-Subject-Sequence`, 0 for a new subject). An operation that changes
-//! several records (a claim changes the dispatch and its thread; a settlement changes both
-//! back; a fenced append changes the thread record and adds an entry) publishes them as one
-//! JetStream atomic batch: either every message is stored with every expectation met, or none
-//! is. So:
+//! Every write is one message carrying `Nats-Expected-Last-Subject-Sequence: S` with
+//! `Nats-Expected-Last-Subject-Sequence-Subject: <p>.th.<thread>.>`: it is stored only if the
+//! last message anywhere in the thread's tree is still the one the writer decided from. So a
+//! write is fenced by *everything* that happened to its thread: the claim of a dispatch is
+//! refused if anything in the thread changed since the claimer looked (another claim, an
+//! enqueue, an interrupt), and a holder's ack is refused if an interrupt or a reclaim came
+//! first. Consequences:
 //!
-//! - Ownership of a thread is the `holder` of its thread record, written in the same batch as
-//!   the dispatch's claim fields; the two cannot disagree (seed defect: a guard key plus a
-//!   record written separately).
-//! - A claim, an ack and a reclaim of one dispatch all name the dispatch's sequence; whichever
-//!   is stored first wins and the others fail their expectation (guarantee 3).
-//! - An interrupt bumps the epoch and rewrites the claimed dispatch in one batch, so a holder
-//!   write racing it fails its expectation, re-reads, and finds its epoch stale (guarantee 7).
-//! - A log entry and the watermark that makes it visible are one batch: no gap, no
-//!   out-of-order or torn entry is ever visible (SPEC section 4).
+//! - Ownership of a thread is its one dispatch record in state `claimed`; there is no separate
+//!   guard record that could disagree with it (seed defects W4, W16). At most one exists because
+//!   a claim is decided on a complete view of the thread and fenced by it.
+//! - A claim, an ack and a reclaim of one dispatch all name the same sequence; whichever is
+//!   stored first wins and the others are refused (guarantee 3).
+//! - An enqueue stamps the epoch and checks the dedupe key against the thread as of its fence,
+//!   so an interrupt or a competing enqueue cannot slip between (guarantees 7 and 8).
+//! - A log entry's sequence is the thread's latest plus one, fenced the same way: no gap, no
+//!   out-of-order or torn entry is ever visible (SPEC section 4). A guest's fence (its claim's
+//!   token, lease and epoch) is read from the dispatch record the same write is fenced by.
 //! - Acks are fenced by the record; JetStream's own message acks play no part.
+//!
+//! Multi-record changes (an interrupt bumping the epoch and superseding the queued dispatches,
+//! a takeover of an expired holder) are one JetStream atomic batch whose first message carries
+//! the thread's expectation. Atomic batches on a file stream are synced to disk at every commit
+//! (the server's choice), about ten times the cost of a plain publish here, so the hot path
+//! (enqueue, claim, record, settle, append) never uses them; a caller-chosen id is the one
+//! exception on it (its id record and the dispatch go together).
 //!
 //! # Finding work without scans
 //!
@@ -48,27 +57,29 @@
 //! stream's last sequence and a wait until the watcher applied it. A failed expectation
 //! also waits for the barrier before deciding again.
 //!
-//! Wake-ups come from the watcher: an instance signals its own workers when a record it sees
-//! makes work claimable, so there is no re-signal storm between hosts. The watcher restarts
+//! There are no per-thread arrays (W19) and no key scans (W20): the index is rebuilt by the
+//! watcher's replay at start (one streamed pass, no per-key requests) and kept by it since.
+//! Wake-ups come from the watcher too: an instance signals its own workers when a record it
+//! sees makes work claimable, so there is no re-signal storm between hosts (W22). The watcher restarts
 //! from the last sequence it applied when its consumer fails (the stream deleted, the server
 //! gone) and counts the restarts ([`NatsStore::watcher_restarts`]).
 //!
 //! # Round trips per dispatch
 //!
-//! enqueue: one batch of two messages (the record, and the thread record rewritten so the
-//! stamped epoch is checked at commit; a third with a dedupe key); claim and start: a barrier
-//! and one batch of two messages; complete: one batch of two messages. Lease renewals add one
-//! batch per third of a lease. Concurrent writers of one thread (an enqueue racing a claim)
-//! contend on its thread record: the loser waits for a barrier and decides again.
+//! enqueue: one message; claim and start: a barrier (shared by concurrent claimers of one
+//! host) and one message; complete: one message. Lease renewals add one message per third of
+//! a lease. `homing bench --backend nats` counts them at the server.
 //!
 //! # Crash points
 //!
-//! Every operation is one atomic batch, so a crash (host or server) before the server stored
-//! the batch changes nothing and the caller saw an error; a crash after it leaves the new state
-//! complete. A host that dies holding claims leaves them to `reclaim_expired` of any host once
-//! the lease ends. An interrupt superseding more than one batch of queued dispatches (999) may
-//! stop between batches: the epoch is already bumped, and any queued dispatch of an older epoch
-//! is superseded by the first claim that picks it, never run.
+//! Every operation is one message or one atomic batch, so a crash (host or server) before the
+//! server stored it changes nothing and the caller saw an error; a crash after it leaves the
+//! new state complete. A host that dies holding claims leaves them to `reclaim_expired` of any
+//! host once the lease ends. An interrupt superseding more than one batch of queued dispatches
+//! (999) may stop between batches: the epoch is already bumped, and a queued dispatch of an
+//! older epoch is superseded by the first claim that picks it, never run. A trim moves the
+//! watermark first and purges entries after; a crash between leaves entries that reads no
+//! longer return, purged by the next trim or delete.
 //!
 //! # Availability
 //!
@@ -214,10 +225,22 @@ impl Drop for Inner {
     }
 }
 
-/// One write of an atomic batch.
+/// What a write expects of the stream before it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) enum Expect {
+    /// The last sequence of the key's own subject (0: never written).
+    Subject(u64),
+    /// The last sequence of the key's whole thread tree (0: the thread was never written).
+    Thread(u64),
+    /// Nothing: a later message of an atomic batch whose first message carries the
+    /// expectation for the whole batch.
+    None,
+}
+
+/// One write (one message).
 pub(crate) struct Write {
     pub key: Key,
-    pub expect: u64,
+    pub expect: Expect,
     pub record: Record,
     pub payload: Bytes,
 }
@@ -325,8 +348,17 @@ impl NatsStore {
             *slot = Some(task);
         }
         let store = NatsStore { inner };
-        store.barrier().await?;
-        Ok(store)
+        // The view must hold the whole stream before the first decision; on a loaded cluster
+        // the watcher's consumer may take a few tries to be created.
+        loop {
+            match store.barrier().await {
+                Ok(()) => return Ok(store),
+                Err(StoreError::Unavailable(e)) if tokio::time::Instant::now() < deadline => {
+                    tracing::debug!(error = %e, "nats: the view is not caught up yet; waiting");
+                }
+                Err(e) => return Err(e),
+            }
+        }
     }
 
     /// Opens the backend as the host holds it.
@@ -373,6 +405,17 @@ impl NatsStore {
             messages,
             replicas,
         })
+    }
+
+    /// Deletes the stream of `config` and everything in it (benchmarks and tests clean up with
+    /// it; a host never calls it).
+    pub async fn delete_stream(config: &NatsConfig) -> StoreResult<()> {
+        let client = connect_client(config).await?;
+        let js = jetstream::new(client);
+        js.delete_stream(&config.prefix)
+            .await
+            .map(|_| ())
+            .map_err(|e| unavailable("delete stream", e))
     }
 
     /// How many times the watcher had to restart its consumer.
@@ -543,7 +586,19 @@ impl NatsStore {
         let mut last_seq = 0;
         for (i, w) in writes.iter().enumerate() {
             let mut headers = HeaderMap::new();
-            headers.insert("Nats-Expected-Last-Subject-Sequence", w.expect.to_string());
+            match (&w.expect, w.key.thread()) {
+                (Expect::Thread(seq), Some(thread)) => {
+                    headers.insert("Nats-Expected-Last-Subject-Sequence", seq.to_string());
+                    headers.insert(
+                        "Nats-Expected-Last-Subject-Sequence-Subject",
+                        Key::tree(&self.inner.prefix, thread),
+                    );
+                }
+                (Expect::Thread(seq), None) | (Expect::Subject(seq), _) => {
+                    headers.insert("Nats-Expected-Last-Subject-Sequence", seq.to_string());
+                }
+                (Expect::None, _) => {}
+            }
             if n > 1 {
                 headers.insert("Nats-Batch-Id", batch.as_str());
                 headers.insert("Nats-Batch-Sequence", (i + 1).to_string());
@@ -805,15 +860,20 @@ impl Inner {
         if let Ok(mut view) = self.view.lock() {
             match decoded {
                 Some(Ok(record)) => {
+                    // A dispatch becoming queued, or leaving `claimed` (its thread is free).
                     wake = match &record {
-                        Record::Dispatch(_, Some(s)) => s.d.status == crate::store::Status::Queued,
-                        Record::Thread(_, t) => t.holder.is_none(),
+                        Record::Dispatch(_, id, Some(s)) => {
+                            s.d.status == crate::store::Status::Queued
+                                || view.dispatch(id).ok().flatten().is_some_and(|old| {
+                                    old.d.status == crate::store::Status::Claimed
+                                })
+                        }
                         _ => false,
                     };
                     view.apply(seq, record);
                 }
                 Some(Err((key, reason))) => view.mark_corrupt(seq, key, reason),
-                None => view.pos = view.pos.max(seq),
+                None => view.skip(seq),
             }
         }
         self.applied.notify_waiters();

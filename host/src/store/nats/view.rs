@@ -2,10 +2,10 @@
 //! instance's watcher (or written by this instance), and the claim index built from them.
 //!
 //! The view may lag the server. It is trusted only for what a compare-and-set then confirms:
-//! every write names the stream sequence of each record it replaces, so a decision taken on a
-//! stale view fails at the server and is retried after the view caught up. Refusals read from
-//! the view (not found, not claimed, nothing to claim) are confirmed the same way: the caller
-//! waits for the view to reach the stream's last sequence and decides again.
+//! every write names the last stream sequence of its thread's subject tree as the view knows
+//! it, so a decision taken on a stale view fails at the server and is retried after the view
+//! caught up. Refusals read from the view (not found, not claimed) are confirmed the same way:
+//! the caller waits for the view to reach the stream's last sequence and decides again.
 
 use std::collections::{BTreeSet, HashMap, HashSet};
 
@@ -26,34 +26,12 @@ pub struct Stored {
     pub settled: Option<(String, String)>,
 }
 
-/// The holder of a thread: a copy of its dispatch's claim, written in the same atomic batch as
-/// the dispatch record, so the two never disagree. Fenced appends are checked against it.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-pub struct HolderRec {
-    /// The claimed dispatch.
-    pub id: String,
-    /// Its claim token.
-    pub token: String,
-    /// Its lease.
-    pub lease_until: u64,
-}
-
-/// Everything per thread that one compare-and-set must decide: its epoch, its holder, its
-/// place in the fairness order and its log watermarks.
+/// What a thread keeps besides its dispatches and entries.
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct ThreadRec {
     /// Bumped by every interrupt.
     pub epoch: u64,
-    /// The live claim on the thread, if any.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub holder: Option<HolderRec>,
-    /// The stream position when the thread was last served (fairness across threads).
-    #[serde(default)]
-    pub served: u64,
-    /// Highest sequence of the thread log (reserved and visible are one here).
-    #[serde(default)]
-    pub latest: u64,
-    /// Log entries at or below this are trimmed.
+    /// Log entries at or below this are trimmed (the watermark survives a delete).
     #[serde(default)]
     pub trimmed: u64,
 }
@@ -62,7 +40,7 @@ pub struct ThreadRec {
 /// subject whose last message is a tombstone (a purged dispatch).
 #[derive(Debug, Clone)]
 pub struct Entry<T> {
-    /// The stream sequence of the subject's last message (what a compare-and-set names).
+    /// The stream sequence of the subject's last message.
     pub seq: u64,
     /// The decoded record.
     pub value: Option<T>,
@@ -71,14 +49,23 @@ pub struct Entry<T> {
 /// What one stream message holds, decoded from its subject and payload.
 #[derive(Debug, Clone)]
 pub enum Record {
-    /// `d.<id>`: a dispatch, or a tombstone.
-    Dispatch(String, Option<Box<Stored>>),
-    /// `t.<thread>`: a thread record.
+    /// A dispatch of a thread, or a tombstone.
+    Dispatch(String, String, Option<Box<Stored>>),
+    /// A thread record.
     Thread(String, ThreadRec),
-    /// `k.<thread>.<key>`: the dispatch holding a dedupe key, or a tombstone.
-    Dedupe(String, String, Option<String>),
-    /// `e.<thread>.<seq>`: a log entry (not kept in the view).
-    LogEntry,
+    /// A log entry of a thread (its content is not kept in the view).
+    Entry(String, u64),
+    /// The thread of a caller-chosen id.
+    Id(String, String),
+}
+
+impl Record {
+    fn thread(&self) -> Option<&str> {
+        match self {
+            Record::Dispatch(t, _, _) | Record::Thread(t, _) | Record::Entry(t, _) => Some(t),
+            Record::Id(..) => None,
+        }
+    }
 }
 
 /// The ordering key of a ready dispatch inside its thread: priority, then age, then id.
@@ -93,8 +80,24 @@ struct Lanes {
     open: BTreeSet<(u8, u64, u64, String)>,
     /// The key each thread has in `open`.
     open_key: HashMap<String, (u8, u64, u64)>,
-    /// Queued dispatches not yet available: (available_at, id).
+    /// Queued dispatches not yet promoted into `ready`: (available_at, id).
     delayed: BTreeSet<(u64, String)>,
+}
+
+/// Per thread: the last sequence of its tree and what is derived from its records.
+#[derive(Debug, Default)]
+struct ThreadState {
+    /// The last stream sequence of any message of the thread's tree (what a write names).
+    seq: u64,
+    record: ThreadRec,
+    /// The claimed dispatch, if any.
+    held: Option<String>,
+    /// The stream sequence of the thread's last claim (fairness across threads).
+    served: u64,
+    /// The highest log entry ever seen.
+    latest: u64,
+    /// Queued or claimed dispatches.
+    live: BTreeSet<String>,
 }
 
 /// The projection.
@@ -103,8 +106,8 @@ pub struct View {
     /// The highest stream sequence applied.
     pub pos: u64,
     dispatches: HashMap<String, Entry<Stored>>,
-    threads: HashMap<String, Entry<ThreadRec>>,
-    dedupe: HashMap<(String, String), Entry<String>>,
+    threads: HashMap<String, ThreadState>,
+    ids: HashMap<String, Entry<String>>,
     corrupt: HashMap<String, String>,
     lanes: HashMap<String, Lanes>,
     /// Ids of claimed dispatches (for reclaim).
@@ -116,33 +119,38 @@ pub struct View {
 }
 
 impl View {
-    /// Applies one message. Older sequences than the one held for the key are ignored, so the
+    /// Applies one message. A record older than the one held for its key is ignored, so the
     /// watcher can deliver what this instance already applied from its own write.
     pub fn apply(&mut self, seq: u64, record: Record) {
         self.pos = self.pos.max(seq);
+        if let Some(thread) = record.thread() {
+            let state = self.threads.entry(thread.to_owned()).or_default();
+            state.seq = state.seq.max(seq);
+        }
         match record {
-            Record::Dispatch(id, value) => self.apply_dispatch(id, seq, value),
+            Record::Dispatch(_, id, value) => self.apply_dispatch(id, seq, value.map(|b| *b)),
             Record::Thread(name, value) => {
-                if self.threads.get(&name).is_some_and(|e| e.seq >= seq) {
+                if let Some(state) = self.threads.get_mut(&name) {
+                    state.record = value;
+                }
+            }
+            Record::Entry(thread, n) => {
+                if let Some(state) = self.threads.get_mut(&thread) {
+                    state.latest = state.latest.max(n);
+                }
+            }
+            Record::Id(id, thread) => {
+                if self.ids.get(&id).is_some_and(|e| e.seq >= seq) {
                     return;
                 }
-                self.threads.insert(
-                    name.clone(),
+                self.ids.insert(
+                    id,
                     Entry {
                         seq,
-                        value: Some(value),
+                        value: Some(thread),
                     },
                 );
-                self.refresh_thread(&name);
             }
-            Record::Dedupe(thread, key, value) => {
-                let k = (thread, key);
-                if self.dedupe.get(&k).is_some_and(|e| e.seq >= seq) {
-                    return;
-                }
-                self.dedupe.insert(k, Entry { seq, value });
-            }
-            Record::LogEntry => {}
         }
     }
 
@@ -152,8 +160,12 @@ impl View {
         self.corrupt.insert(key, reason);
     }
 
-    fn apply_dispatch(&mut self, id: String, seq: u64, value: Option<Box<Stored>>) {
-        let value = value.map(|b| *b);
+    /// Moves the view's position on (a message of no interest).
+    pub fn skip(&mut self, seq: u64) {
+        self.pos = self.pos.max(seq);
+    }
+
+    fn apply_dispatch(&mut self, id: String, seq: u64, value: Option<Stored>) {
         if self.dispatches.get(&id).is_some_and(|e| e.seq >= seq) {
             return;
         }
@@ -169,22 +181,28 @@ impl View {
             self.unindex(&old.d);
         }
         if let Some(new) = value {
-            self.index(&new.d);
+            self.index(&new.d, seq);
         }
     }
 
-    fn index(&mut self, d: &Dispatch) {
+    fn index(&mut self, d: &Dispatch, seq: u64) {
+        let state = self.threads.entry(d.thread.clone()).or_default();
         match d.status {
             Status::Queued => {
                 self.live += 1;
+                state.live.insert(d.id.clone());
                 let lanes = self.lanes.entry(d.agent.clone()).or_default();
-                // Everything goes through `delayed`; `promote` moves it when due. A dispatch
-                // available at once is promoted on the next claim, which runs `promote` first.
+                // Everything waits in `delayed` until `promote` (run by every claim) finds it
+                // due, so an available dispatch is in its lane by the time anyone looks.
                 lanes.delayed.insert((d.available_at, d.id.clone()));
             }
             Status::Claimed => {
                 self.live += 1;
+                state.live.insert(d.id.clone());
+                state.held = Some(d.id.clone());
+                state.served = seq;
                 self.claimed.insert(d.id.clone());
+                self.refresh_thread(&d.thread);
             }
             _ => {}
         }
@@ -194,6 +212,9 @@ impl View {
         match d.status {
             Status::Queued => {
                 self.live = self.live.saturating_sub(1);
+                if let Some(state) = self.threads.get_mut(&d.thread) {
+                    state.live.remove(&d.id);
+                }
                 if let Some(lanes) = self.lanes.get_mut(&d.agent) {
                     lanes.delayed.remove(&(d.available_at, d.id.clone()));
                     let mut emptied = false;
@@ -210,6 +231,13 @@ impl View {
             Status::Claimed => {
                 self.live = self.live.saturating_sub(1);
                 self.claimed.remove(&d.id);
+                if let Some(state) = self.threads.get_mut(&d.thread) {
+                    state.live.remove(&d.id);
+                    if state.held.as_deref() == Some(d.id.as_str()) {
+                        state.held = None;
+                    }
+                }
+                self.refresh_thread(&d.thread);
             }
             _ => {}
         }
@@ -221,20 +249,17 @@ impl View {
             return;
         };
         let mut due = Vec::new();
-        while let Some(first) = lanes.delayed.first() {
-            if first.0 > now {
-                break;
-            }
+        while lanes.delayed.first().is_some_and(|first| first.0 <= now) {
             if let Some(item) = lanes.delayed.pop_first() {
                 due.push(item.1);
             }
         }
         let mut touched = Vec::new();
         for id in due {
-            let Some(d) = self.dispatches.get(&id).and_then(|e| e.value.as_ref()) else {
+            let Some(stored) = self.dispatches.get(&id).and_then(|e| e.value.as_ref()) else {
                 continue;
             };
-            let d = &d.d;
+            let d = &stored.d;
             if d.status != Status::Queued {
                 continue;
             }
@@ -254,16 +279,10 @@ impl View {
 
     /// Recomputes whether the lane of (agent, thread) is open, and its place.
     fn refresh_lane(&mut self, agent: &str, thread: &str) {
-        let held = self
+        let (held, served) = self
             .threads
             .get(thread)
-            .and_then(|e| e.value.as_ref())
-            .is_some_and(|t| t.holder.is_some());
-        let served = self
-            .threads
-            .get(thread)
-            .and_then(|e| e.value.as_ref())
-            .map_or(0, |t| t.served);
+            .map_or((false, 0), |s| (s.held.is_some(), s.served));
         let Some(lanes) = self.lanes.get_mut(agent) else {
             return;
         };
@@ -316,40 +335,63 @@ impl View {
         self.reserved.remove(thread);
     }
 
-    /// The dispatch and the sequence of its last message (0 when never written).
-    pub fn dispatch(&self, id: &str) -> StoreResult<(u64, Option<&Stored>)> {
+    /// The dispatch, if stored.
+    pub fn dispatch(&self, id: &str) -> StoreResult<Option<&Stored>> {
         if let Some(reason) = self.corrupt.get(&format!("dispatches/{id}")) {
             return Err(StoreError::Corrupt {
                 key: format!("dispatches/{id}"),
                 reason: reason.clone(),
             });
         }
-        Ok(match self.dispatches.get(id) {
-            Some(e) => (e.seq, e.value.as_ref()),
-            None => (0, None),
-        })
+        Ok(self.dispatches.get(id).and_then(|e| e.value.as_ref()))
     }
 
-    /// The thread record (a default one for a thread never written) and its sequence.
-    pub fn thread(&self, thread: &str) -> StoreResult<(u64, ThreadRec)> {
+    /// The sequence of a dispatch record's last message (0 when never written).
+    pub fn dispatch_seq(&self, id: &str) -> u64 {
+        self.dispatches.get(id).map_or(0, |e| e.seq)
+    }
+
+    /// Whether the id was ever written (a purged dispatch leaves a tombstone).
+    pub fn id_taken(&self, id: &str) -> bool {
+        self.dispatches.contains_key(id)
+    }
+
+    /// The sequence of the id-index record of a caller-chosen id (0 when absent).
+    pub fn id_seq(&self, id: &str) -> u64 {
+        self.ids.get(id).map_or(0, |e| e.seq)
+    }
+
+    /// The thread record (a default one for a thread never written).
+    pub fn thread(&self, thread: &str) -> StoreResult<ThreadRec> {
         if let Some(reason) = self.corrupt.get(&format!("threads/{thread}")) {
             return Err(StoreError::Corrupt {
                 key: format!("threads/{thread}"),
                 reason: reason.clone(),
             });
         }
-        Ok(match self.threads.get(thread) {
-            Some(e) => (e.seq, e.value.clone().unwrap_or_default()),
-            None => (0, ThreadRec::default()),
-        })
+        Ok(self
+            .threads
+            .get(thread)
+            .map(|s| s.record.clone())
+            .unwrap_or_default())
     }
 
-    /// The holder of a dedupe key and the sequence of its record.
-    pub fn dedupe(&self, thread: &str, key: &str) -> (u64, Option<&str>) {
-        match self.dedupe.get(&(thread.to_owned(), key.to_owned())) {
-            Some(e) => (e.seq, e.value.as_deref()),
-            None => (0, None),
-        }
+    /// The last stream sequence of the thread's tree (0 for a thread never written).
+    pub fn thread_seq(&self, thread: &str) -> u64 {
+        self.threads.get(thread).map_or(0, |s| s.seq)
+    }
+
+    /// The claimed dispatch of a thread.
+    pub fn holder(&self, thread: &str) -> Option<&Stored> {
+        let id = self.threads.get(thread)?.held.as_ref()?;
+        self.dispatches.get(id)?.value.as_ref()
+    }
+
+    /// The visible log watermark of a thread.
+    pub fn latest(&self, thread: &str) -> u64 {
+        self.threads
+            .get(thread)
+            .map_or(0, |s| s.latest.max(s.record.trimmed))
     }
 
     /// Every stored dispatch (for reads and maintenance; not on the claim path).
@@ -367,22 +409,20 @@ impl View {
         })
     }
 
-    /// Queued dispatches of one thread.
-    pub fn queued_of(&self, thread: &str) -> Vec<&Stored> {
-        self.all()
-            .filter(|s| s.d.thread == thread && s.d.status == Status::Queued)
+    /// The queued or claimed dispatches of one thread.
+    pub fn live_of(&self, thread: &str) -> Vec<&Stored> {
+        let Some(state) = self.threads.get(thread) else {
+            return Vec::new();
+        };
+        state
+            .live
+            .iter()
+            .filter_map(|id| self.dispatches.get(id).and_then(|e| e.value.as_ref()))
             .collect()
     }
 
     /// Whether any dispatch is queued or claimed.
     pub fn has_live(&self) -> bool {
         self.live > 0
-    }
-
-    /// The dedupe records pointing at `id` (to drop with it on purge).
-    pub fn dedupe_of(&self, d: &Dispatch) -> Option<(u64, String)> {
-        let key = d.dedupe_key.as_ref()?;
-        let (seq, holder) = self.dedupe(&d.thread, key);
-        (holder == Some(d.id.as_str())).then(|| (seq, key.clone()))
     }
 }
