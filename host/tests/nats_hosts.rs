@@ -186,6 +186,27 @@ fn settled(log: &str) -> usize {
         .unwrap_or(0)
 }
 
+/// Polls until at least `n` dispatches are acked, failing if `host` exits or a minute passes.
+async fn wait_progress(store: &Store, n: usize, host: &mut Child, env: &Env) {
+    let deadline = Instant::now() + Duration::from_secs(60);
+    loop {
+        let acked = all(store)
+            .await
+            .values()
+            .filter(|d| d.status == Status::Acked)
+            .count();
+        if acked >= n {
+            return;
+        }
+        assert!(
+            Instant::now() < deadline && host.try_wait().unwrap().is_none(),
+            "no progress: {}",
+            host_log(env, "host-a")
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
 fn spawn_until_idle(env: &Env, host: &str) -> Child {
     let log = std::fs::File::create(env.path().join(format!("{host}.log"))).unwrap();
     env.command(&["run", "--until-idle"])
@@ -321,23 +342,7 @@ async fn the_server_killed_and_restarted_under_load_loses_nothing() {
     // Kill the server once the host is under way.
     {
         let store = open(&urls, "bounce", 1).await;
-        let deadline = Instant::now() + Duration::from_secs(60);
-        loop {
-            let acked = all(&store)
-                .await
-                .values()
-                .filter(|d| d.status == Status::Acked)
-                .count();
-            if acked >= 20 {
-                break;
-            }
-            assert!(
-                Instant::now() < deadline,
-                "no progress: {}",
-                host_log(&env, "host-a")
-            );
-            tokio::time::sleep(Duration::from_millis(50)).await;
-        }
+        wait_progress(&store, 20, &mut host, &env).await;
     }
     server.kill();
     // The outage lasts long enough for the host's requests to time out (2 s) at least once;
@@ -376,23 +381,7 @@ async fn a_three_node_cluster_with_three_replicas_keeps_serving_when_one_node_di
 
     let mut host = spawn_run(&env, "host-a");
     let store = open(&urls[1..], "ha", 3).await;
-    let deadline = Instant::now() + Duration::from_secs(60);
-    loop {
-        let acked = all(&store)
-            .await
-            .values()
-            .filter(|d| d.status == Status::Acked)
-            .count();
-        if acked >= 20 {
-            break;
-        }
-        assert!(
-            Instant::now() < deadline,
-            "no progress: {}",
-            host_log(&env, "host-a")
-        );
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
+    wait_progress(&store, 20, &mut host, &env).await;
     nodes[0].kill();
     let store = open(&urls[1..], "ha", 3).await;
     wait_all_acked(&store, &ids, Duration::from_secs(120), &|| {

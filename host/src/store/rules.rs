@@ -62,3 +62,29 @@ pub(crate) fn same_content(stored: &Dispatch, new: &NewDispatch) -> bool {
         && stored.dedupe_key == new.dedupe_key
         && stored.max_attempts == new.max_attempts
 }
+
+/// The queued record an enqueue stores: `new` under `id`, stamped with the thread's `epoch`.
+pub(crate) fn queued_record(id: &str, new: &NewDispatch, epoch: u64, now: u64) -> Dispatch {
+    Dispatch {
+        run_id: new.run_id.clone().unwrap_or_else(|| id.to_owned()),
+        id: id.to_owned(),
+        agent: new.agent.clone(),
+        thread: new.thread.clone(),
+        payload: new.payload.clone(),
+        metadata: new.metadata.clone(),
+        priority: new.priority,
+        available_at: clamp(now.saturating_add(new.delay_ms)),
+        dedupe_key: new.dedupe_key.clone(),
+        max_attempts: new.max_attempts,
+        attempt: new.attempt,
+        epoch,
+        status: Status::Queued,
+        claim: None,
+        started_at: None,
+        result: None,
+        last_error: None,
+        created_at: now,
+        updated_at: now,
+        completed_at: None,
+    }
+}

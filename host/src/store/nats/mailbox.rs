@@ -13,7 +13,7 @@ use super::{Expect, MAX_BATCH, NatsStore, Plan, Write};
 use crate::store::model::{
     Claim, Dispatch, Interrupt, ListFilter, NewDispatch, RunResult, Status, StatusCount,
 };
-use crate::store::rules::{clamp, fail_attempt, same_content, terminate};
+use crate::store::rules::{clamp, fail_attempt, queued_record, same_content, terminate};
 use crate::store::{
     Mailbox, REASON_EXPIRED_AFTER_INTERRUPT, REASON_LEASE_EXPIRED_AT_MAX, REASON_STALE_EPOCH,
     StoreError, StoreResult,
@@ -269,29 +269,7 @@ impl Mailbox for NatsStore {
                 })));
             }
             let t = view.thread(&new.thread)?;
-            let available_at = clamp(now.saturating_add(new.delay_ms));
-            let d = Dispatch {
-                run_id: new.run_id.clone().unwrap_or_else(|| id.clone()),
-                id: id.clone(),
-                agent: new.agent.clone(),
-                thread: new.thread.clone(),
-                payload: new.payload.clone(),
-                metadata: new.metadata.clone(),
-                priority: new.priority,
-                available_at,
-                dedupe_key: new.dedupe_key.clone(),
-                max_attempts: new.max_attempts,
-                attempt: new.attempt,
-                epoch: t.epoch,
-                status: Status::Queued,
-                claim: None,
-                started_at: None,
-                result: None,
-                last_error: None,
-                created_at: now,
-                updated_at: now,
-                completed_at: None,
-            };
+            let d = queued_record(&id, &new, t.epoch, now);
             let mut writes = Vec::new();
             if chosen {
                 // A caller-chosen id may be offered on two threads at once: the id index
