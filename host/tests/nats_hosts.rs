@@ -207,7 +207,30 @@ async fn wait_progress(store: &Store, n: usize, host: &mut Child, env: &Env) {
     }
 }
 
-fn spawn_until_idle(env: &Env, host: &str) -> Child {
+/// A `homing` process killed when the test ends, passed or not.
+struct Host(Child);
+
+impl std::ops::Deref for Host {
+    type Target = Child;
+    fn deref(&self) -> &Child {
+        &self.0
+    }
+}
+
+impl std::ops::DerefMut for Host {
+    fn deref_mut(&mut self) -> &mut Child {
+        &mut self.0
+    }
+}
+
+impl Drop for Host {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+fn spawn_until_idle(env: &Env, host: &str) -> Host {
     let log = std::fs::File::create(env.path().join(format!("{host}.log"))).unwrap();
     env.command(&["run", "--until-idle"])
         .env("HOMING_HOST_ID", host)
@@ -215,10 +238,11 @@ fn spawn_until_idle(env: &Env, host: &str) -> Child {
         .stdout(std::process::Stdio::null())
         .stderr(log)
         .spawn()
+        .map(Host)
         .unwrap()
 }
 
-fn spawn_run(env: &Env, host: &str) -> Child {
+fn spawn_run(env: &Env, host: &str) -> Host {
     let log = std::fs::File::create(env.path().join(format!("{host}.log"))).unwrap();
     env.command(&["run"])
         .env("HOMING_HOST_ID", host)
@@ -226,6 +250,7 @@ fn spawn_run(env: &Env, host: &str) -> Child {
         .stdout(std::process::Stdio::null())
         .stderr(log)
         .spawn()
+        .map(Host)
         .unwrap()
 }
 
