@@ -128,7 +128,7 @@ pub enum Outcome {
     /// The records a sweep reclaimed.
     Reclaimed(Vec<Dispatch>),
     /// What an interrupt did.
-    Interrupted(Interrupt),
+    Interrupted(Box<Interrupt>),
     /// The sequence an append got, or a `latest`.
     Seq(u64),
     /// The entries a read returned.
@@ -363,9 +363,10 @@ impl Recorder {
         d.as_ref().map_or(Outcome::Nothing, Recorder::record)
     }
 
-    /// `enqueue`; the submission must carry its id.
+    /// `enqueue`. A submission without an id is recorded under the id the store minted (an
+    /// ambiguous failure of one cannot be matched to a record later).
     pub async fn enqueue(&self, new: NewDispatch) -> StoreResult<Dispatch> {
-        let id = new.id.clone().expect("recorded enqueues name their id");
+        let id = new.id.clone().unwrap_or_default();
         let op = Op::Enqueue {
             id,
             thread: new.thread.clone(),
@@ -535,7 +536,7 @@ impl Recorder {
         self.call(
             op,
             || mb.interrupt(thread, "fault test"),
-            |i: &Interrupt| Outcome::Interrupted(i.clone()),
+            |i: &Interrupt| Outcome::Interrupted(Box::new(i.clone())),
         )
         .await
     }
@@ -737,10 +738,8 @@ pub fn check(events: &[Event], final_state: &[Dispatch], expect: Expect) -> Repo
     // Enqueues: definite (success) and possible (an ambiguous failure).
     let mut enqueued: BTreeMap<String, String> = BTreeMap::new();
     let mut maybe_enqueued: BTreeSet<String> = BTreeSet::new();
-    let mut threads_of: BTreeMap<String, String> = BTreeMap::new();
     for e in events {
-        if let Op::Enqueue { id, thread } = &e.op {
-            threads_of.insert(id.clone(), thread.clone());
+        if let Op::Enqueue { id, .. } = &e.op {
             match &e.outcome {
                 Outcome::Record(d) => {
                     enqueued.insert(d.id.clone(), d.thread.clone());
@@ -808,8 +807,8 @@ pub fn check(events: &[Event], final_state: &[Dispatch], expect: Expect) -> Repo
         .collect();
 
     // The end of each claim's definite window: the start of the first call that could end it.
-    for h in 0..helds.len() {
-        let held = helds[h].clone();
+    for slot in &mut helds {
+        let held = slot.clone();
         let mut release = u64::MAX;
         for (i, e) in events.iter().enumerate() {
             if e.end < held.start || i == held.event {
@@ -853,7 +852,7 @@ pub fn check(events: &[Event], final_state: &[Dispatch], expect: Expect) -> Repo
                 release = release.min(e.start);
             }
         }
-        helds[h].release = release;
+        slot.release = release;
     }
 
     // Duplicated: two claims of one thread (or one dispatch) definitely held at one instant
@@ -1548,11 +1547,11 @@ mod checker_tests {
             .at(
                 3,
                 Op::Interrupt { thread: "t".into() },
-                Outcome::Interrupted(Interrupt {
+                Outcome::Interrupted(Box::new(Interrupt {
                     epoch: 1,
                     active: None,
                     superseded: Vec::new(),
-                }),
+                })),
             );
         b.holder(4, "d1", "t", "k1", HolderKind::Start, Status::Claimed);
         let report = b.check(&[fin("d1", "t", Status::Superseded)]);

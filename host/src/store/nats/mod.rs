@@ -638,7 +638,7 @@ impl NatsStore {
         let first = last_seq.saturating_sub(n as u64 - 1);
         if let Ok(mut view) = self.inner.view.lock() {
             for (i, w) in writes.into_iter().enumerate() {
-                view.apply(first + i as u64, w.record);
+                view.apply_own(first + i as u64, w.record);
             }
         }
         self.inner.applied.notify_waiters();

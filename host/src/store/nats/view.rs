@@ -103,7 +103,8 @@ struct ThreadState {
 /// The projection.
 #[derive(Debug, Default)]
 pub struct View {
-    /// The highest stream sequence applied.
+    /// The stream sequence up to which the watcher applied every message (this instance's own
+    /// writes applied ahead of it do not count).
     pub pos: u64,
     dispatches: HashMap<String, Entry<Stored>>,
     threads: HashMap<String, ThreadState>,
@@ -152,6 +153,15 @@ impl View {
                 );
             }
         }
+    }
+
+    /// Applies this instance's own write as soon as the server acknowledged it, ahead of the
+    /// watcher. It does not move `pos`: messages of other hosts below `seq` may not be applied
+    /// yet, and `pos` is what barriers wait for and where a restarted watcher resumes.
+    pub fn apply_own(&mut self, seq: u64, record: Record) {
+        let pos = self.pos;
+        self.apply(seq, record);
+        self.pos = pos;
     }
 
     /// Records that a key's last message could not be decoded.
