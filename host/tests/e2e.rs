@@ -548,7 +548,8 @@ fn bench_quick_reports_every_scenario_as_json() {
         .iter()
         .map(|f| f["scenario"].as_str().unwrap())
         .collect();
-    assert_eq!(figures.len(), 6, "{names:?}");
+    // Instance start twice, store ops, four end-to-end runs, p50 and p99 at two backlogs.
+    assert_eq!(figures.len(), 11, "{names:?}");
     for f in &figures {
         let (median, min, max) = (
             f["median"].as_f64().unwrap(),
@@ -560,6 +561,43 @@ fn bench_quick_reports_every_scenario_as_json() {
     assert!(names.iter().any(|n| n.contains("16 workers")), "{names:?}");
     let err = env.fails(&["bench", "--quick", "--echo", "missing.wasm"]);
     assert!(err.contains("cargo xtask guests"), "{err}");
+}
+
+#[test]
+fn bench_quick_on_nats_starts_its_own_server_and_counts_requests() {
+    let env = Env::new("");
+    let out = env.ok(&[
+        "bench",
+        "--quick",
+        "--json",
+        "--backend",
+        "nats",
+        "--echo",
+        guest("echo").to_str().unwrap(),
+    ]);
+    let figures: Vec<Value> = serde_json::from_str(&out).unwrap();
+    let names: Vec<&str> = figures
+        .iter()
+        .map(|f| f["scenario"].as_str().unwrap())
+        .collect();
+    // Store ops, requests per dispatch twice, four end-to-end runs, p50 and p99 at two backlogs.
+    assert_eq!(figures.len(), 11, "{names:?}");
+    for f in &figures {
+        assert!(f["median"].as_f64().unwrap() > 0.0, "{f}");
+        assert!(f["scenario"].as_str().unwrap().contains("nats"), "{f}");
+    }
+    let requests = figures
+        .iter()
+        .find(|f| {
+            f["scenario"]
+                .as_str()
+                .unwrap()
+                .contains("requests per dispatch, store ops")
+        })
+        .unwrap();
+    // Counted by the server itself: every lifecycle costs at least its enqueue, claim and
+    // completion, each one request.
+    assert!(requests["median"].as_f64().unwrap() >= 3.0, "{requests}");
 }
 
 #[test]

@@ -473,3 +473,75 @@ fn bad_nats_settings_are_refused_naming_the_key() {
         assert!(err.contains(says), "{to}: {err}");
     }
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_host_paused_past_its_lease_has_its_late_writes_refused() {
+    let server = NatsServer::start();
+    let urls = vec![server.url()];
+    let env = Env::new(&config(&urls, "pause", 1, "1s", 1));
+    let store = open(&urls, "pause", 1).await;
+    // One long run: host a starts it, journals its start, and is frozen mid-run.
+    let ids = fill(&store, 1, 1, 2_000).await;
+    let id = ids[0].clone();
+    let mut a = spawn_run(&env, "host-a");
+    let deadline = Instant::now() + Duration::from_secs(60);
+    loop {
+        let started = store.log.latest("t0").await.unwrap() >= 1;
+        if started {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline && a.try_wait().unwrap().is_none(),
+            "host a never started the run: {}",
+            host_log(&env, "host-a")
+        );
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    signal(&a, "STOP");
+    let held = store.mailbox.load(&id).await.unwrap().unwrap();
+    assert!(held.claim.as_ref().unwrap().claimed_by.starts_with("host-a/"));
+
+    // Host b reclaims the claim once the frozen lease runs out, and finishes the work.
+    let mut b = spawn_run(&env, "host-b");
+    wait_all_acked(&store, &ids, Duration::from_secs(60), &|| {
+        host_log(&env, "host-b")
+    })
+    .await;
+    let done = store.mailbox.load(&id).await.unwrap().unwrap();
+    assert_eq!(done.attempt, 1, "the frozen run counts as a failed attempt");
+
+    // Thaw host a: its run wakes up with a lost claim; whatever it writes is refused.
+    signal(&a, "CONT");
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while !host_log(&env, "host-a").contains("dispatch finished") {
+        assert!(
+            Instant::now() < deadline && a.try_wait().unwrap().is_none(),
+            "host a never finished its frozen run: {}",
+            host_log(&env, "host-a")
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let after = store.mailbox.load(&id).await.unwrap().unwrap();
+    assert_eq!(after, done, "the second holder's result stands");
+    let log: Vec<String> = store
+        .log
+        .read("t0", 0, 100)
+        .await
+        .unwrap()
+        .into_iter()
+        .map(|e| String::from_utf8(e.data).unwrap())
+        .collect();
+    assert_eq!(
+        log,
+        vec![
+            format!("start {id}"),
+            format!("start {id}"),
+            format!("end {id}")
+        ],
+        "the frozen host's late append was refused"
+    );
+    signal(&a, "TERM");
+    signal(&b, "TERM");
+    assert!(wait_exit(&mut a, Duration::from_secs(30)).success());
+    assert!(wait_exit(&mut b, Duration::from_secs(30)).success());
+}
