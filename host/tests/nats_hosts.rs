@@ -499,7 +499,13 @@ async fn a_host_paused_past_its_lease_has_its_late_writes_refused() {
     }
     signal(&a, "STOP");
     let held = store.mailbox.load(&id).await.unwrap().unwrap();
-    assert!(held.claim.as_ref().unwrap().claimed_by.starts_with("host-a/"));
+    assert!(
+        held.claim
+            .as_ref()
+            .unwrap()
+            .claimed_by
+            .starts_with("host-a/")
+    );
 
     // Host b reclaims the claim once the frozen lease runs out, and finishes the work.
     let mut b = spawn_run(&env, "host-b");
