@@ -533,21 +533,32 @@ fn guest_stdout_and_stderr_become_log_lines_tagged_with_plugin_dispatch_and_atte
     }
 }
 
-#[test]
-fn bench_quick_reports_every_scenario_as_json() {
-    let env = Env::new("");
-    let out = env.ok(&[
+/// `homing bench --quick --json` with the echo guest and `extra` arguments: its figures.
+fn quick_bench(env: &Env, extra: &[&str]) -> Vec<Value> {
+    let echo = guest("echo");
+    let mut args = vec![
         "bench",
         "--quick",
         "--json",
         "--echo",
-        guest("echo").to_str().unwrap(),
-    ]);
-    let figures: Vec<Value> = serde_json::from_str(&out).unwrap();
-    let names: Vec<&str> = figures
+        echo.to_str().unwrap(),
+    ];
+    args.extend_from_slice(extra);
+    serde_json::from_str(&env.ok(&args)).unwrap()
+}
+
+fn scenario_names(figures: &[Value]) -> Vec<&str> {
+    figures
         .iter()
         .map(|f| f["scenario"].as_str().unwrap())
-        .collect();
+        .collect()
+}
+
+#[test]
+fn bench_quick_reports_every_scenario_as_json() {
+    let env = Env::new("");
+    let figures = quick_bench(&env, &[]);
+    let names = scenario_names(&figures);
     // Instance start twice, store ops, four end-to-end runs, p50 and p99 at two backlogs.
     assert_eq!(figures.len(), 11, "{names:?}");
     for f in &figures {
@@ -566,20 +577,8 @@ fn bench_quick_reports_every_scenario_as_json() {
 #[test]
 fn bench_quick_on_nats_starts_its_own_server_and_counts_requests() {
     let env = Env::new("");
-    let out = env.ok(&[
-        "bench",
-        "--quick",
-        "--json",
-        "--backend",
-        "nats",
-        "--echo",
-        guest("echo").to_str().unwrap(),
-    ]);
-    let figures: Vec<Value> = serde_json::from_str(&out).unwrap();
-    let names: Vec<&str> = figures
-        .iter()
-        .map(|f| f["scenario"].as_str().unwrap())
-        .collect();
+    let figures = quick_bench(&env, &["--backend", "nats"]);
+    let names = scenario_names(&figures);
     // Store ops, requests per dispatch twice, four end-to-end runs, p50 and p99 at two backlogs.
     assert_eq!(figures.len(), 11, "{names:?}");
     for f in &figures {

@@ -230,9 +230,10 @@ impl Drop for Host {
     }
 }
 
-fn spawn_until_idle(env: &Env, host: &str) -> Host {
+/// Starts `homing <args>` as host `host`, logging to `<host>.log` in the scratch dir.
+fn spawn(env: &Env, host: &str, args: &[&str]) -> Host {
     let log = std::fs::File::create(env.path().join(format!("{host}.log"))).unwrap();
-    env.command(&["run", "--until-idle"])
+    env.command(args)
         .env("HOMING_HOST_ID", host)
         .stdin(std::process::Stdio::null())
         .stdout(std::process::Stdio::null())
@@ -242,16 +243,12 @@ fn spawn_until_idle(env: &Env, host: &str) -> Host {
         .unwrap()
 }
 
+fn spawn_until_idle(env: &Env, host: &str) -> Host {
+    spawn(env, host, &["run", "--until-idle"])
+}
+
 fn spawn_run(env: &Env, host: &str) -> Host {
-    let log = std::fs::File::create(env.path().join(format!("{host}.log"))).unwrap();
-    env.command(&["run"])
-        .env("HOMING_HOST_ID", host)
-        .stdin(std::process::Stdio::null())
-        .stdout(std::process::Stdio::null())
-        .stderr(log)
-        .spawn()
-        .map(Host)
-        .unwrap()
+    spawn(env, host, &["run"])
 }
 
 fn host_log(env: &Env, host: &str) -> String {

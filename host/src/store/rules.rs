@@ -2,6 +2,7 @@
 //! looks like after a settlement, a failed attempt or a re-submission.
 
 use crate::store::model::{Dispatch, NewDispatch, Status};
+use crate::store::{StoreError, StoreResult};
 
 /// Times are clamped into signed 64-bit integers (SQLite's, and the range JSON readers keep).
 pub(crate) fn clamp(ms: u64) -> u64 {
@@ -86,5 +87,20 @@ pub(crate) fn queued_record(id: &str, new: &NewDispatch, epoch: u64, now: u64) -
         created_at: now,
         updated_at: now,
         completed_at: None,
+    }
+}
+
+/// What `extend_lease` reports for a holder write's outcome: `false` when the claim is gone
+/// (missing, not claimed, another token, a stale epoch), other errors as they are.
+pub(crate) fn lease_extended(out: StoreResult<Dispatch>) -> StoreResult<bool> {
+    match out {
+        Ok(_) => Ok(true),
+        Err(
+            StoreError::NotFound { .. }
+            | StoreError::NotClaimed { .. }
+            | StoreError::LostClaim { .. }
+            | StoreError::StaleEpoch { .. },
+        ) => Ok(false),
+        Err(e) => Err(e),
     }
 }

@@ -12,7 +12,9 @@ use super::{EmbeddedStore, TxError};
 use crate::store::model::{
     Claim, Dispatch, Interrupt, ListFilter, NewDispatch, RunResult, Status, StatusCount,
 };
-use crate::store::rules::{clamp, fail_attempt, queued_record, same_content, terminate};
+use crate::store::rules::{
+    clamp, fail_attempt, lease_extended, queued_record, same_content, terminate,
+};
 use crate::store::{
     Mailbox, REASON_EXPIRED_AFTER_INTERRUPT, REASON_LEASE_EXPIRED_AT_MAX, REASON_STALE_EPOCH,
     StoreError, StoreResult,
@@ -523,16 +525,7 @@ impl Mailbox for EmbeddedStore {
                 Ok(d)
             })
             .await;
-        match out {
-            Ok(_) => Ok(true),
-            Err(
-                StoreError::NotFound { .. }
-                | StoreError::NotClaimed { .. }
-                | StoreError::LostClaim { .. }
-                | StoreError::StaleEpoch { .. },
-            ) => Ok(false),
-            Err(e) => Err(e),
-        }
+        lease_extended(out)
     }
 
     async fn record_start(&self, id: &str, token: &str) -> StoreResult<Dispatch> {

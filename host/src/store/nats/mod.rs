@@ -190,7 +190,7 @@ pub struct NatsStore {
 impl fmt::Debug for NatsStore {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("NatsStore")
-            .field("stream", &self.inner.stream)
+            .field("stream", &self.inner.prefix)
             .finish_non_exhaustive()
     }
 }
@@ -198,7 +198,7 @@ impl fmt::Debug for NatsStore {
 struct Inner {
     client: async_nats::Client,
     js: jetstream::Context,
-    stream: String,
+    /// The stream's name, and the first token of every subject.
     prefix: String,
     timeout: Duration,
     clock: SharedClock,
@@ -331,7 +331,6 @@ impl NatsStore {
         let inner = Arc::new(Inner {
             client,
             js,
-            stream: config.prefix.clone(),
             prefix: config.prefix.clone(),
             timeout: config.request_timeout,
             clock,
@@ -467,7 +466,7 @@ impl NatsStore {
 
     /// The stream's last sequence, asked of the server.
     async fn stream_last_seq(&self) -> StoreResult<u64> {
-        let subject = format!("$JS.API.STREAM.INFO.{}", self.inner.stream);
+        let subject = format!("$JS.API.STREAM.INFO.{}", self.inner.prefix);
         let reply = self
             .request(subject, Bytes::new(), HeaderMap::new())
             .await?;
@@ -524,7 +523,7 @@ impl NatsStore {
 
     /// Reads a subject's last message straight from the server: its sequence and payload.
     pub(crate) async fn get_last(&self, subject: &str) -> StoreResult<Option<(u64, Bytes)>> {
-        let api = format!("$JS.API.DIRECT.GET.{}.{subject}", self.inner.stream);
+        let api = format!("$JS.API.DIRECT.GET.{}.{subject}", self.inner.prefix);
         let request = async_nats::Request::new()
             .payload(Bytes::new())
             .timeout(Some(self.inner.timeout));
@@ -562,7 +561,7 @@ impl NatsStore {
 
     /// Purges messages as `body` says (`filter`, `seq`: see the JetStream purge API).
     pub(crate) async fn purge(&self, body: serde_json::Value) -> StoreResult<()> {
-        let api = format!("$JS.API.STREAM.PURGE.{}", self.inner.stream);
+        let api = format!("$JS.API.STREAM.PURGE.{}", self.inner.prefix);
         let body = body.to_string();
         let reply = self
             .request(api, Bytes::from(body), HeaderMap::new())
@@ -794,7 +793,7 @@ async fn watch(weak: Weak<Inner>) {
         let Some(inner) = weak.upgrade() else { return };
         let start = inner.view.lock().map(|v| v.pos).unwrap_or(0);
         let js = inner.js.clone();
-        let stream = inner.stream.clone();
+        let stream = inner.prefix.clone();
         let deliver = inner.client.new_inbox();
         drop(inner);
 

@@ -336,8 +336,8 @@ impl View {
     }
 
     /// Keeps other local claims off `thread` until [`View::release`].
-    pub fn reserve(&mut self, thread: &str) -> bool {
-        self.reserved.insert(thread.to_owned())
+    pub fn reserve(&mut self, thread: &str) {
+        self.reserved.insert(thread.to_owned());
     }
 
     /// Ends a reservation.
@@ -359,11 +359,6 @@ impl View {
     /// The sequence of a dispatch record's last message (0 when never written).
     pub fn dispatch_seq(&self, id: &str) -> u64 {
         self.dispatches.get(id).map_or(0, |e| e.seq)
-    }
-
-    /// Whether the id was ever written (a purged dispatch leaves a tombstone).
-    pub fn id_taken(&self, id: &str) -> bool {
-        self.dispatches.contains_key(id)
     }
 
     /// The sequence of the id-index record of a caller-chosen id (0 when absent).
