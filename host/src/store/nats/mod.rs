@@ -208,6 +208,8 @@ struct Inner {
     /// Fired when work may have become claimable.
     signal: Arc<Notify>,
     watcher_restarts: AtomicU64,
+    /// Asks the watcher to recreate its consumer from its position (a barrier timed out).
+    resync: Arc<Notify>,
     /// Barrier callers so far, and (under the lock) the highest caller number the last
     /// fetched target serves together with that target: concurrent barriers share a request.
     barrier_calls: AtomicU64,
@@ -338,6 +340,7 @@ impl NatsStore {
             applied: Notify::new(),
             signal: Arc::new(Notify::new()),
             watcher_restarts: AtomicU64::new(0),
+            resync: Arc::new(Notify::new()),
             barrier_calls: AtomicU64::new(0),
             barrier_last: tokio::sync::Mutex::new((0, 0)),
             watcher: Mutex::new(None),
@@ -492,6 +495,7 @@ impl NatsStore {
                 return Ok(());
             }
             if tokio::time::timeout_at(deadline, applied).await.is_err() {
+                self.inner.resync.notify_one();
                 let pos = self.view()?.pos;
                 return Err(StoreError::Unavailable(format!(
                     "nats: the watcher did not reach stream sequence {target} within {:?} \
@@ -795,6 +799,7 @@ async fn watch(weak: Weak<Inner>) {
         let js = inner.js.clone();
         let stream = inner.prefix.clone();
         let deliver = inner.client.new_inbox();
+        let resync = inner.resync.clone();
         drop(inner);
 
         let policy = if start == 0 {
@@ -821,8 +826,18 @@ async fn watch(weak: Weak<Inner>) {
         }
         .await;
         match created {
-            Ok(mut messages) => {
-                while let Some(next) = messages.next().await {
+            Ok(mut messages) => loop {
+                // A consumer can also stall without failing (seen after a client failed over
+                // to another cluster node): a barrier that times out asks for a resync.
+                let next = tokio::select! {
+                    next = messages.next() => next,
+                    () = resync.notified() => {
+                        tracing::warn!("nats watcher: behind the stream; resyncing");
+                        break;
+                    }
+                };
+                let Some(next) = next else { break };
+                {
                     let Some(inner) = weak.upgrade() else { return };
                     match next {
                         Ok(message) => {
@@ -838,7 +853,7 @@ async fn watch(weak: Weak<Inner>) {
                         }
                     }
                 }
-            }
+            },
             Err(e) => tracing::warn!(error = %e, "nats watcher: cannot create its consumer"),
         }
         restarts += 1;
