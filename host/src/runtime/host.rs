@@ -609,7 +609,11 @@ impl mailbox::HostClaim for GuestState {
         limit: u32,
     ) -> wasmtime::Result<Result<Vec<types::LogEntry>, GuestError>> {
         let thread = self.claim(&handle)?.dispatch.thread.clone();
-        let limit = usize::try_from(limit.clamp(1, MAX_READ)).unwrap_or(1);
+        // "Up to `limit`": none for 0 (the store would read its default page for 0).
+        if limit == 0 {
+            return Ok(Ok(Vec::new()));
+        }
+        let limit = usize::try_from(limit.min(MAX_READ)).unwrap_or(1);
         let out = self.plugin.store.log.read(&thread, after, limit).await;
         Ok(out
             .map(|entries| {
@@ -659,6 +663,29 @@ impl mailbox::HostClaim for GuestState {
         request: EnqueueRequest,
     ) -> wasmtime::Result<Result<String, GuestError>> {
         let claim = self.claim(&handle)?;
+        // A follow-up is a write through the claim: once the claim is settled, its lease lost
+        // or its thread interrupted, it is refused like every other one.
+        if claim.settled.is_some() {
+            return Ok(Err(GuestError::LostClaim(format!(
+                "dispatch `{}` was already settled through this claim",
+                claim.dispatch.id
+            ))));
+        }
+        match claim.control.stop_reason() {
+            Some(StopReason::Interrupted) => {
+                return Ok(Err(GuestError::Interrupted(format!(
+                    "the thread of dispatch `{}` was interrupted",
+                    claim.dispatch.id
+                ))));
+            }
+            Some(StopReason::LeaseLost) => {
+                return Ok(Err(GuestError::LostClaim(format!(
+                    "the lease on dispatch `{}` was lost",
+                    claim.dispatch.id
+                ))));
+            }
+            _ => {}
+        }
         if claim.enqueued >= MAX_ENQUEUES_PER_CLAIM {
             return Ok(Err(GuestError::Denied(format!(
                 "a dispatch may enqueue at most {MAX_ENQUEUES_PER_CLAIM} follow-ups"
