@@ -9,20 +9,20 @@
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
 mod common;
+mod hosts;
 mod natsd;
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::process::Child;
-use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use homing::store::nats::{NatsConfig, NatsStore};
-use homing::store::{ListFilter, NewDispatch, Status, Store, SystemClock};
+use homing::store::{Status, Store};
 
 use common::{Env, guest, signal, toml_path, wait_exit};
+use hosts::{
+    all, fill, host_log, journals, open_nats as open, spawn_run, spawn_until_idle, wait_all_acked,
+};
 use natsd::NatsServer;
-
-const AGENT: &str = "sandbox";
 
 fn config(urls: &[String], prefix: &str, replicas: usize, lease: &str, concurrency: u32) -> String {
     let urls: Vec<String> = urls.iter().map(|u| format!("\"{u}\"")).collect();
@@ -52,125 +52,18 @@ max_attempts = 5
     )
 }
 
-/// Opens a store instance; a cluster still electing leaders (or a loaded machine) may answer
-/// late, so this keeps trying for a minute.
-async fn open(urls: &[String], prefix: &str, replicas: usize) -> Store {
-    let config = NatsConfig {
-        urls: urls.to_vec(),
-        prefix: prefix.into(),
-        replicas,
-        connect_timeout: Duration::from_secs(60),
-        ..NatsConfig::default()
-    };
-    NatsStore::open(&config, Arc::new(SystemClock))
-        .await
-        .expect("open the NATS store")
-}
-
-/// Enqueues `n` journal dispatches over `threads` threads; returns their ids.
-async fn fill(store: &Store, n: usize, threads: usize, work_ms: u64) -> Vec<String> {
-    let mut ids = Vec::with_capacity(n);
-    for i in 0..n {
-        let d = store
-            .mailbox
-            .enqueue(NewDispatch::new(
-                AGENT,
-                format!("t{}", i % threads),
-                format!("journal:{work_ms}").into_bytes(),
-            ))
-            .await
-            .expect("enqueue");
-        ids.push(d.id);
-    }
-    ids
-}
-
-/// Every dispatch of the store, by id.
-async fn all(store: &Store) -> BTreeMap<String, homing::store::Dispatch> {
-    let mut out = BTreeMap::new();
-    let mut offset = 0;
-    loop {
-        let page = store
-            .mailbox
-            .list(&ListFilter {
-                limit: 1000,
-                offset,
-                ..ListFilter::default()
-            })
-            .await
-            .expect("list");
-        if page.is_empty() {
-            return out;
-        }
-        offset += page.len();
-        for d in page {
-            out.insert(d.id.clone(), d);
-        }
-    }
-}
-
-/// Polls until every dispatch of `ids` is acked, or fails after `within`.
-async fn wait_all_acked(
-    store: &Store,
-    ids: &[String],
-    within: Duration,
-    logs: &dyn Fn() -> String,
-) {
-    let deadline = Instant::now() + within;
-    loop {
-        let now = all(store).await;
-        let pending: Vec<&String> = ids
-            .iter()
-            .filter(|id| now.get(*id).is_none_or(|d| d.status != Status::Acked))
-            .collect();
-        if pending.is_empty() {
-            return;
-        }
-        assert!(
-            Instant::now() < deadline,
-            "{} dispatches not acked within {within:?} (first: {:?})\nlogs:\n{}",
-            pending.len(),
-            now.get(pending[0]),
-            logs()
-        );
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
-}
-
-/// Checks each thread's log: clean `start X` / `end X` pairs, every dispatch journaled, and
-/// returns how many times each dispatch started.
+/// Checks each thread's journal (see `hosts`): well-formed, every dispatch journaled and nothing
+/// else; returns how many times each dispatch started.
 async fn check_journals(store: &Store, threads: usize, ids: &[String]) -> BTreeMap<String, usize> {
-    let mut starts: BTreeMap<String, usize> = BTreeMap::new();
-    for t in 0..threads {
-        let thread = format!("t{t}");
-        let entries = store.log.read(&thread, 0, 100_000).await.expect("read log");
-        let mut open: Option<String> = None;
-        let mut last_seq = 0;
-        for e in entries {
-            assert!(e.seq > last_seq, "{thread}: sequences go back");
-            last_seq = e.seq;
-            let text = String::from_utf8(e.data).unwrap();
-            let (what, id) = text.split_once(' ').unwrap();
-            match (what, &open) {
-                ("start", None) => {
-                    *starts.entry(id.to_owned()).or_default() += 1;
-                    open = Some(id.to_owned());
-                }
-                ("end", Some(current)) if current == id => open = None,
-                // A run cut short (its host killed) leaves a start without an end; the next
-                // holder's start follows. Anything else is an overlap.
-                ("start", Some(_)) => {
-                    *starts.entry(id.to_owned()).or_default() += 1;
-                    open = Some(id.to_owned());
-                }
-                _ => panic!("{thread}: `{text}` after {open:?}: two holders overlapped"),
-            }
-        }
-    }
-    let journaled: BTreeSet<&String> = starts.keys().collect();
+    let threads: Vec<String> = (0..threads).map(|t| format!("t{t}")).collect();
+    let runs = journals(store, &threads).await;
+    let journaled: BTreeSet<&String> = runs.keys().collect();
     let wanted: BTreeSet<&String> = ids.iter().collect();
     assert_eq!(journaled, wanted, "every dispatch ran and nothing else did");
-    starts
+    for (id, r) in &runs {
+        assert!(r.last_complete, "{id}: its last run did not finish: {r:?}");
+    }
+    runs.into_iter().map(|(id, r)| (id, r.starts)).collect()
 }
 
 fn settled(log: &str) -> usize {
@@ -205,54 +98,6 @@ async fn wait_progress(store: &Store, n: usize, host: &mut Child, env: &Env) {
         );
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
-}
-
-/// A `homing` process killed when the test ends, passed or not.
-struct Host(Child);
-
-impl std::ops::Deref for Host {
-    type Target = Child;
-    fn deref(&self) -> &Child {
-        &self.0
-    }
-}
-
-impl std::ops::DerefMut for Host {
-    fn deref_mut(&mut self) -> &mut Child {
-        &mut self.0
-    }
-}
-
-impl Drop for Host {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
-}
-
-/// Starts `homing <args>` as host `host`, logging to `<host>.log` in the scratch dir.
-fn spawn(env: &Env, host: &str, args: &[&str]) -> Host {
-    let log = std::fs::File::create(env.path().join(format!("{host}.log"))).unwrap();
-    env.command(args)
-        .env("HOMING_HOST_ID", host)
-        .stdin(std::process::Stdio::null())
-        .stdout(std::process::Stdio::null())
-        .stderr(log)
-        .spawn()
-        .map(Host)
-        .unwrap()
-}
-
-fn spawn_until_idle(env: &Env, host: &str) -> Host {
-    spawn(env, host, &["run", "--until-idle"])
-}
-
-fn spawn_run(env: &Env, host: &str) -> Host {
-    spawn(env, host, &["run"])
-}
-
-fn host_log(env: &Env, host: &str) -> String {
-    std::fs::read_to_string(env.path().join(format!("{host}.log"))).unwrap_or_default()
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

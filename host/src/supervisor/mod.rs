@@ -194,6 +194,9 @@ impl Supervisor {
     ///
     /// When the store fails while checking for idleness.
     pub async fn run(self, until_idle: bool) -> anyhow::Result<RunReport> {
+        // Listen before any worker can claim: from here on SIGINT/SIGTERM is a graceful stop,
+        // never the default action ending the process with claims held.
+        let signals = shutdown_signal();
         let mut workers = JoinSet::new();
         for plugin in &self.plugins {
             for index in 0..plugin.ctx.config.concurrency {
@@ -219,7 +222,7 @@ impl Supervisor {
             workers = workers.len(),
             "homing host running"
         );
-        let stop = wait_for_stop(&self.store, until_idle).await;
+        let stop = wait_for_stop(&self.store, until_idle, signals).await;
         if let Err(e) = &stop {
             warn!("stopping: {e:#}");
         }
@@ -262,8 +265,11 @@ impl Supervisor {
     }
 }
 
-async fn wait_for_stop(store: &Store, until_idle: bool) -> anyhow::Result<()> {
-    let signals = shutdown_signal();
+async fn wait_for_stop(
+    store: &Store,
+    until_idle: bool,
+    signals: impl Future<Output = ()>,
+) -> anyhow::Result<()> {
     tokio::pin!(signals);
     if !until_idle {
         signals.await;
@@ -282,25 +288,35 @@ async fn wait_for_stop(store: &Store, until_idle: bool) -> anyhow::Result<()> {
     }
 }
 
-async fn shutdown_signal() {
+/// Resolves on SIGINT or SIGTERM. The handlers are installed when this is called, not when the
+/// future is first polled: a signal arriving in between is caught, not left to end the process.
+fn shutdown_signal() -> impl Future<Output = ()> {
     #[cfg(unix)]
     {
         use tokio::signal::unix::{SignalKind, signal};
-        match signal(SignalKind::terminate()) {
-            Ok(mut term) => {
-                tokio::select! {
-                    _ = tokio::signal::ctrl_c() => info!("SIGINT received; shutting down"),
-                    _ = term.recv() => info!("SIGTERM received; shutting down"),
+        let listening = (
+            signal(SignalKind::terminate()),
+            signal(SignalKind::interrupt()),
+        );
+        async move {
+            match listening {
+                (Ok(mut term), Ok(mut interrupt)) => {
+                    tokio::select! {
+                        _ = interrupt.recv() => info!("SIGINT received; shutting down"),
+                        _ = term.recv() => info!("SIGTERM received; shutting down"),
+                    }
                 }
-            }
-            Err(_) => {
-                let _ = tokio::signal::ctrl_c().await;
+                _ => {
+                    let _ = tokio::signal::ctrl_c().await;
+                }
             }
         }
     }
     #[cfg(not(unix))]
     {
-        let _ = tokio::signal::ctrl_c().await;
+        async {
+            let _ = tokio::signal::ctrl_c().await;
+        }
     }
 }
 
