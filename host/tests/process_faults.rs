@@ -255,13 +255,12 @@ async fn wait_acked(
     }
 }
 
-/// Where the `round`th of `rounds` kills goes: once the acked count passes a point spread over
-/// the work (jittered), and at least one more dispatch was acked since `now`, so every such kill
-/// follows progress and the work is not done before the last one.
-fn kill_target(rng: &mut Rng, n: usize, round: usize, rounds: usize, now: usize) -> usize {
-    let step = n / (rounds + 2);
-    let planned = step * (round + 1) + rng.below(step as u64 / 2) as usize;
-    planned.max(now + 1 + rng.below(5) as usize).min(n - 1)
+/// Where the next kill goes, `now` dispatches acked and `rounds_left` kills to come: once
+/// between a half and all of its share of the remaining work more is acked, so every such kill
+/// follows progress, and work is left for the kills after it however fast the hosts go.
+fn kill_target(rng: &mut Rng, n: usize, rounds_left: usize, now: usize) -> usize {
+    let share = (n - now) / (rounds_left + 1);
+    (now + 1 + share / 2 + rng.below(share as u64 / 2 + 1) as usize).min(n - 1)
 }
 
 /// The end state every test here checks (see the module doc).
@@ -394,7 +393,7 @@ async fn embedded_host_sigkilled_at_random_points_and_restarted_loses_nothing() 
                 format!("{wait} ms after its start")
             } else {
                 let now = acked(&all(&store).await);
-                let target = kill_target(&mut rng, n, round, rounds, now);
+                let target = kill_target(&mut rng, n, rounds - round, now);
                 wait_acked(&store, target, &mut dead, &mut live, &env).await;
                 let wait = rng.below(60);
                 tokio::time::sleep(ms(wait)).await;
@@ -480,7 +479,7 @@ async fn nats_hosts_sigkilled_at_random_points_and_restarted_lose_nothing() {
     let mut dead = Dead::default();
     for round in 0..rounds {
         let now = acked(&all(&store).await);
-        let target = kill_target(&mut rng, n, round, rounds, now);
+        let target = kill_target(&mut rng, n, rounds - round, now);
         wait_acked(&store, target, &mut dead, &mut live, &env).await;
         let wait = rng.below(100);
         tokio::time::sleep(ms(wait)).await;
