@@ -559,8 +559,9 @@ fn bench_quick_reports_every_scenario_as_json() {
     let env = Env::new("");
     let figures = quick_bench(&env, &[]);
     let names = scenario_names(&figures);
-    // Instance start twice, store ops, four end-to-end runs, p50 and p99 at two backlogs.
-    assert_eq!(figures.len(), 11, "{names:?}");
+    // Instance start and start + call, pooling on and off; store ops; four end-to-end runs,
+    // each with its host overhead; p50 and p99 at two backlogs.
+    assert_eq!(figures.len(), 17, "{names:?}");
     for f in &figures {
         let (median, min, max) = (
             f["median"].as_f64().unwrap(),
@@ -570,8 +571,34 @@ fn bench_quick_reports_every_scenario_as_json() {
         assert!(median > 0.0 && min <= median && median <= max, "{f}");
     }
     assert!(names.iter().any(|n| n.contains("16 workers")), "{names:?}");
+    assert!(
+        names
+            .iter()
+            .any(|n| n.starts_with("host overhead per dispatch p50, embedded, 1 workers")),
+        "{names:?}"
+    );
     let err = env.fails(&["bench", "--quick", "--echo", "missing.wasm"]);
     assert!(err.contains("cargo xtask guests"), "{err}");
+}
+
+#[test]
+fn bench_only_runs_the_chosen_scenario_groups() {
+    let env = Env::new("");
+    let figures = quick_bench(&env, &["--only", "start"]);
+    let names = scenario_names(&figures);
+    assert_eq!(
+        names,
+        [
+            "fresh instance start, echo, pooling on",
+            "fresh instance start + handle call, echo, pooling on",
+            "fresh instance start, echo, pooling off",
+            "fresh instance start + handle call, echo, pooling off",
+        ]
+    );
+    let figures = quick_bench(&env, &["--only", "store", "--only", "latency"]);
+    assert_eq!(figures.len(), 5, "{:?}", scenario_names(&figures));
+    let err = env.fails(&["bench", "--quick", "--only", "everything"]);
+    assert!(err.contains("everything"), "{err}");
 }
 
 #[test]
@@ -579,8 +606,9 @@ fn bench_quick_on_nats_starts_its_own_server_and_counts_requests() {
     let env = Env::new("");
     let figures = quick_bench(&env, &["--backend", "nats"]);
     let names = scenario_names(&figures);
-    // Store ops, requests per dispatch twice, four end-to-end runs, p50 and p99 at two backlogs.
-    assert_eq!(figures.len(), 11, "{names:?}");
+    // Store ops, requests per dispatch twice, four end-to-end runs each with its host
+    // overhead, p50 and p99 at two backlogs.
+    assert_eq!(figures.len(), 15, "{names:?}");
     for f in &figures {
         assert!(f["median"].as_f64().unwrap() > 0.0, "{f}");
         assert!(f["scenario"].as_str().unwrap().contains("nats"), "{f}");

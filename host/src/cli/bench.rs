@@ -22,8 +22,8 @@ use crate::runtime::Runtime;
 use crate::runtime::host::PluginContext;
 use crate::store::embedded::EmbeddedStore;
 use crate::store::nats::{NatsConfig, NatsStore};
-use crate::store::{NewDispatch, RunResult, Store, SystemClock};
-use crate::supervisor::Supervisor;
+use crate::store::{Clock, NewDispatch, RunResult, Store, SystemClock};
+use crate::supervisor::{RunReport, Supervisor};
 
 /// Threads the end-to-end workload spreads its dispatches over (the seed's measurement).
 const THREADS: u64 = 50;
@@ -88,6 +88,21 @@ pub enum BenchBackend {
     All,
 }
 
+/// A group of scenarios, for `--only`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum Scenario {
+    /// Fresh-instance start (and start plus call) of the guests.
+    Start,
+    /// Store operations without a host.
+    Store,
+    /// NATS requests per dispatch lifecycle.
+    Requests,
+    /// End to end with 1, 4, 8 and 16 workers, and the host's overhead per dispatch.
+    E2e,
+    /// Claim latency as the backlog grows.
+    Latency,
+}
+
 /// What `homing bench` was asked.
 #[derive(Debug, Clone)]
 pub struct BenchArgs {
@@ -105,6 +120,16 @@ pub struct BenchArgs {
     pub nats_monitor: Option<String>,
     /// Also measure claim latency with 1,000,000 queued (embedded; takes minutes).
     pub million: bool,
+    /// Only these scenario groups (all when empty).
+    pub only: Vec<Scenario>,
+    /// Also measure the start of the Python and JavaScript agents found next to the echo guest.
+    pub polyglot: bool,
+}
+
+impl BenchArgs {
+    fn wants(&self, scenario: Scenario) -> bool {
+        self.only.is_empty() || self.only.contains(&scenario)
+    }
 }
 
 /// Where a scenario gets fresh stores.
@@ -321,25 +346,41 @@ pub async fn run(args: &BenchArgs) -> anyhow::Result<()> {
     }
 
     let mut figures = Vec::new();
-    if matches!(args.backend, BenchBackend::Embedded | BenchBackend::All) {
-        for pooling in ["on", "off"] {
-            figures.push(instance_start(echo, pooling, size).await?);
+    if args.wants(Scenario::Start)
+        && matches!(args.backend, BenchBackend::Embedded | BenchBackend::All)
+    {
+        let mut guests = vec![Guest::echo(echo)];
+        if args.polyglot {
+            guests.extend(Guest::polyglot(echo)?);
+        }
+        for guest in &guests {
+            for pooling in ["on", "off"] {
+                figures.extend(instance_start(guest, pooling, size).await?);
+            }
         }
     }
     for target in &targets {
-        figures.push(store_ops(target, size).await?);
-        if let Some(f) = requests_per_dispatch(target, echo, size).await? {
+        if args.wants(Scenario::Store) {
+            figures.push(store_ops(target, size).await?);
+        }
+        if args.wants(Scenario::Requests)
+            && let Some(f) = requests_per_dispatch(target, echo, size).await?
+        {
             figures.extend(f);
         }
-        for workers in [1, 4, 8, 16] {
-            figures.push(end_to_end(target, echo, workers, size).await?);
+        if args.wants(Scenario::E2e) {
+            for workers in [1, 4, 8, 16] {
+                figures.extend(end_to_end(target, echo, workers, size).await?);
+            }
         }
-        let mut backlogs = size.backlogs.to_vec();
-        if args.million && matches!(target, Target::Embedded) {
-            backlogs.push(1_000_000);
-        }
-        for backlog in backlogs {
-            figures.extend(claim_latency(target, backlog, size.claims).await?);
+        if args.wants(Scenario::Latency) {
+            let mut backlogs = size.backlogs.to_vec();
+            if args.million && matches!(target, Target::Embedded) {
+                backlogs.push(1_000_000);
+            }
+            for backlog in backlogs {
+                figures.extend(claim_latency(target, backlog, size.claims).await?);
+            }
         }
     }
     if args.json {
@@ -440,66 +481,183 @@ fn bench_config(
     Ok(Config::parse(&text, "homing bench", dir)?)
 }
 
-/// Fresh store plus instantiation of the echo guest, one at a time.
-async fn instance_start(echo: &Path, pooling: &str, size: Size) -> anyhow::Result<Figure> {
+/// A guest whose start the bench measures.
+struct Guest {
+    name: &'static str,
+    path: PathBuf,
+    /// Its memory cap (the interpreters need more than the default).
+    memory: &'static str,
+    /// Where compiled artifacts are cached (the interpreters take seconds to compile).
+    cache: Option<PathBuf>,
+}
+
+impl Guest {
+    fn echo(path: &Path) -> Guest {
+        Guest {
+            name: "echo",
+            path: path.to_path_buf(),
+            memory: "64MiB",
+            cache: None,
+        }
+    }
+
+    /// The Python and JavaScript agents next to `echo` (`cargo xtask polyglot` builds them),
+    /// compiled through the cache in `.homing/cache` of the current directory.
+    fn polyglot(echo: &Path) -> anyhow::Result<Vec<Guest>> {
+        let dir = echo.parent().unwrap_or(Path::new("."));
+        let cache = std::env::current_dir()?.join(".homing").join("cache");
+        ["python-agent", "js-agent"]
+            .into_iter()
+            .map(|name| {
+                let path = dir.join(format!("{name}.wasm"));
+                if !path.exists() {
+                    bail!(
+                        "--polyglot: {} is missing; build it with `cargo xtask polyglot {}`",
+                        path.display(),
+                        dir.display()
+                    );
+                }
+                Ok(Guest {
+                    name,
+                    path,
+                    memory: "128MiB",
+                    cache: Some(cache.clone()),
+                })
+            })
+            .collect()
+    }
+}
+
+/// Fresh store plus instantiation of `guest`, one at a time; for the echo guest also a fresh
+/// instance plus one `handle` call (what a dispatch costs the host beyond the store).
+async fn instance_start(guest: &Guest, pooling: &str, size: Size) -> anyhow::Result<Vec<Figure>> {
     let dir = tempfile::tempdir()?;
-    let config = bench_config(dir.path(), echo, pooling, 4, "")?;
+    let cache = match &guest.cache {
+        Some(cache) => format!("cache_dir = {:?}\n", cache.display().to_string()),
+        None => String::new(),
+    };
+    let text = format!(
+        "[host]\npooling = \"{pooling}\"\n{cache}[plugins.{}]\npath = {:?}\nconcurrency = 4\nmemory = \"{}\"\n",
+        guest.name,
+        guest.path.display().to_string(),
+        guest.memory,
+    );
+    let config = Config::parse(&text, "homing bench", dir.path())?;
     let runtime = Runtime::new(&config)?;
     let plugin_config = config
         .plugins
-        .get("echo")
-        .context("the bench config has an echo plugin")?
+        .get(guest.name)
+        .context("the bench config has the guest")?
         .clone();
+    let store = EmbeddedStore::open_in_memory(Arc::new(SystemClock))?.store();
     let ctx = Arc::new(PluginContext::standalone(
-        "echo",
+        guest.name,
         plugin_config,
-        EmbeddedStore::open_in_memory(Arc::new(SystemClock))?.store(),
+        store.clone(),
         dir.path().to_path_buf(),
     ));
-    let plugin = runtime.load_plugin(ctx, echo)?;
-    let mut samples = Vec::with_capacity(size.instances);
-    for _ in 0..size.instances {
+    let plugin = runtime.load_plugin(ctx, &guest.path)?;
+    // Python and JavaScript instances cost milliseconds: fewer samples keep this to seconds.
+    let instances = if guest.cache.is_some() {
+        size.instances.min(200)
+    } else {
+        size.instances
+    };
+    let mut samples = Vec::with_capacity(instances);
+    for _ in 0..instances {
         let start = Instant::now();
         runtime.start_instance(&plugin).await?;
         samples.push(start.elapsed().as_secs_f64() * 1e6);
     }
-    Ok(figure(
-        format!("fresh instance start, echo, pooling {pooling}"),
+    let mut figures = vec![figure(
+        format!("fresh instance start, {}, pooling {pooling}", guest.name),
         "µs",
         samples,
-    ))
+    )];
+    if guest.name == "echo" {
+        store
+            .mailbox
+            .enqueue(NewDispatch::new("echo", "start-and-call", "hello"))
+            .await?;
+        let claimed = store
+            .mailbox
+            .claim_started("echo", "bench", 600_000)
+            .await?
+            .context("the dispatch just enqueued could not be claimed")?;
+        let mut samples = Vec::with_capacity(instances);
+        for _ in 0..instances {
+            let claim = crate::runtime::host::ClaimHandle {
+                dispatch: claimed.clone(),
+                token: claimed.token().unwrap_or_default().to_owned(),
+                settled: None,
+                control: Default::default(),
+                enqueued: 0,
+                lease: None,
+            };
+            let start = Instant::now();
+            let (_, end) = runtime.run_handler(&plugin, claim, &mut None).await;
+            samples.push(start.elapsed().as_secs_f64() * 1e6);
+            if !matches!(end, crate::runtime::CallEnd::Returned(_)) {
+                bail!("the echo guest's handle call did not return: {end:?}");
+            }
+        }
+        figures.push(figure(
+            format!("fresh instance start + handle call, echo, pooling {pooling}"),
+            "µs",
+            samples,
+        ));
+    }
+    Ok(figures)
 }
 
 /// Enqueue `dispatches` over 50 threads, then run a host with `workers` echo workers until
 /// idle; dispatches per second of the run.
+/// Also the host's own time per dispatch (see [`RunReport::host_overhead`]), p50 over each
+/// run's dispatches, median over the runs.
 async fn end_to_end(
     target: &Target,
     echo: &Path,
     workers: u32,
     size: Size,
-) -> anyhow::Result<Figure> {
+) -> anyhow::Result<Vec<Figure>> {
     let mut samples = Vec::new();
+    let mut overhead = Vec::new();
     for _ in 0..size.repeats {
         let scratch = target.scratch().await?;
         fill(&scratch.store, size.dispatches).await?;
-        let elapsed = run_host(target, &scratch, echo, workers).await?;
+        let (elapsed, report) = run_host(target, &scratch, echo, workers).await?;
         samples.push(size.dispatches as f64 / elapsed.as_secs_f64());
+        if let Some(p50) = report.host_overhead.quantile(0.5) {
+            overhead.push(p50 as f64);
+        }
         target.drop_scratch(scratch).await;
     }
-    Ok(figure(
-        format!("end to end, echo, {}, {workers} workers", target.name()),
-        "dispatches/s",
-        samples,
-    ))
+    Ok(vec![
+        figure(
+            format!("end to end, echo, {}, {workers} workers", target.name()),
+            "dispatches/s",
+            samples,
+        ),
+        figure(
+            format!(
+                "host overhead per dispatch p50, {}, {workers} workers",
+                target.name()
+            ),
+            "µs",
+            overhead,
+        ),
+    ])
 }
 
-/// Runs a host on `scratch` until idle; how long it took.
+/// Runs a host on `scratch` until idle; how long it took from the start of the run to the
+/// last completion. The run itself ends up to one idle check (`IDLE_CHECK`, 50 ms) later; that
+/// wait is the stop condition, not work, and would otherwise round every sample up to it.
 async fn run_host(
     target: &Target,
     scratch: &Scratch,
     echo: &Path,
     workers: u32,
-) -> anyhow::Result<std::time::Duration> {
+) -> anyhow::Result<(std::time::Duration, RunReport)> {
     let config = bench_config(
         scratch._dir.path(),
         echo,
@@ -508,13 +666,33 @@ async fn run_host(
         &target.store_toml(scratch),
     )?;
     let supervisor = Supervisor::new(config, scratch.store.clone())?;
+    let started_ms = SystemClock.now_ms();
     let start = Instant::now();
-    supervisor.run(true).await?;
+    let report = supervisor.run(true).await?;
     let elapsed = start.elapsed();
     if scratch.store.mailbox.has_live_work().await? {
         bail!("the end-to-end run stopped with work left");
     }
-    Ok(elapsed)
+    let busy = match last_completion(&scratch.store).await? {
+        Some(last) => std::time::Duration::from_millis(last.saturating_sub(started_ms).max(1)),
+        None => elapsed,
+    };
+    Ok((busy.min(elapsed), report))
+}
+
+/// When the last dispatch of `store` completed (Unix ms), if any did.
+async fn last_completion(store: &Store) -> anyhow::Result<Option<u64>> {
+    const PAGE: usize = 1_000;
+    let mut last = None;
+    let mut offset = 0;
+    loop {
+        let page = store.mailbox.list_terminal(PAGE, offset).await?;
+        last = page.iter().filter_map(|d| d.completed_at).chain(last).max();
+        if page.len() < PAGE {
+            return Ok(last);
+        }
+        offset += PAGE;
+    }
 }
 
 /// NATS only: the server's count of client messages per dispatch lifecycle, once for the store

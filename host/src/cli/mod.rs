@@ -85,6 +85,13 @@ pub enum Command {
         /// Also measure claim latency with 1,000,000 queued on the embedded store (minutes).
         #[arg(long)]
         million: bool,
+        /// Only these scenario groups (repeatable; default: all).
+        #[arg(long, value_enum)]
+        only: Vec<bench::Scenario>,
+        /// Also measure the start of the Python and JavaScript agents next to the echo guest
+        /// (compiled once into `.homing/cache`; the first run compiles each for 10-20 s).
+        #[arg(long)]
+        polyglot: bool,
     },
 }
 
@@ -312,6 +319,8 @@ async fn execute(cli: Cli) -> anyhow::Result<()> {
         nats_url,
         nats_monitor,
         million,
+        only,
+        polyglot,
     } = &cli.command
     {
         return bench::run(&bench::BenchArgs {
@@ -322,6 +331,8 @@ async fn execute(cli: Cli) -> anyhow::Result<()> {
             nats_url: nats_url.clone(),
             nats_monitor: nats_monitor.clone(),
             million: *million,
+            only: only.clone(),
+            polyglot: *polyglot,
         })
         .await;
     }

@@ -25,6 +25,7 @@
 //! guests are told through `stop-requested` and get `shutdown_grace` to finish; whatever is still
 //! held after that is nacked (its lease would otherwise block its thread until it runs out).
 
+pub mod histogram;
 pub mod lease;
 
 use std::collections::HashMap;
@@ -41,7 +42,8 @@ use crate::config::Config;
 use crate::runtime::bindings::StopReason;
 use crate::runtime::host::{Abort, ClaimControl, ClaimHandle, PluginContext, Settlement};
 use crate::runtime::{CallEnd, Plugin, Runtime, WarmInstance, World};
-use crate::store::{RunResult, Store, StoreError};
+use crate::store::{Dispatch, RunResult, Store, StoreError};
+pub use histogram::Histogram;
 use lease::LeaseGuard;
 
 /// The longest a worker waits between claim attempts when no signal arrives.
@@ -58,15 +60,24 @@ pub const RECLAIM_BATCH: usize = 1_000;
 ///
 /// When the store fails (not when nothing is available: that is `Ok(None)`).
 pub async fn claim_for(plugin: &Arc<PluginContext>) -> Result<Option<ClaimHandle>, StoreError> {
-    let store = &plugin.store;
+    Ok(claim_next(plugin)
+        .await?
+        .map(|dispatch| hold(plugin, dispatch)))
+}
+
+/// The store half of [`claim_for`]: claims the next dispatch and records its start.
+async fn claim_next(plugin: &PluginContext) -> Result<Option<Dispatch>, StoreError> {
     let lease_ms = u64::try_from(plugin.lease.as_millis()).unwrap_or(u64::MAX);
-    let Some(dispatch) = store
+    plugin
+        .store
         .mailbox
         .claim_started(&plugin.name, &plugin.consumer, lease_ms)
-        .await?
-    else {
-        return Ok(None);
-    };
+        .await
+}
+
+/// The host half of [`claim_for`]: wraps a claimed dispatch and starts its lease keeper.
+fn hold(plugin: &PluginContext, dispatch: Dispatch) -> ClaimHandle {
+    let store = &plugin.store;
     let token = dispatch.token().unwrap_or_default().to_owned();
     let control = Arc::new(ClaimControl::default());
     let lease = LeaseGuard::start(
@@ -76,14 +87,14 @@ pub async fn claim_for(plugin: &Arc<PluginContext>) -> Result<Option<ClaimHandle
         plugin.lease,
         control.clone(),
     );
-    Ok(Some(ClaimHandle {
+    ClaimHandle {
         dispatch,
         token,
         settled: None,
         control,
         enqueued: 0,
         lease: Some(lease),
-    }))
+    }
 }
 
 /// What a `homing run` did.
@@ -91,6 +102,11 @@ pub async fn claim_for(plugin: &Arc<PluginContext>) -> Result<Option<ClaimHandle
 pub struct RunReport {
     /// Dispatches this host settled, by outcome.
     pub outcomes: HashMap<&'static str, u64>,
+    /// The host's own time per `handler` dispatch, in µs: from the claim returned by the store
+    /// to the dispatch's bookkeeping done, less the settling store call. Instance creation,
+    /// the guest's call and the host's bookkeeping; for a guest that calls the store itself
+    /// (appends, enqueues), those calls too.
+    pub host_overhead: Histogram,
 }
 
 /// Claims held by this host's workers, for shutdown.
@@ -370,15 +386,23 @@ async fn worker(
         tokio::pin!(notified, woken);
         notified.as_mut().enable();
         woken.as_mut().enable();
-        match claim_for(&plugin.ctx).await {
-            Ok(Some(claim)) => {
+        match claim_next(&plugin.ctx).await {
+            Ok(Some(dispatch)) => {
                 failures = 0;
+                let claimed = std::time::Instant::now();
+                let claim = hold(&plugin.ctx, dispatch);
                 in_flight.add(&claim);
                 let id = claim.dispatch.id.clone();
-                let outcome = run_one(&runtime, &plugin, claim, &mut warm).await;
+                let (outcome, settling) = run_one(&runtime, &plugin, claim, &mut warm).await;
                 in_flight.remove(&id);
                 if let Ok(mut report) = report.lock() {
                     *report.outcomes.entry(outcome).or_default() += 1;
+                    if let Some(settling) = settling {
+                        let own = claimed.elapsed().saturating_sub(settling);
+                        report
+                            .host_overhead
+                            .record(u64::try_from(own.as_micros()).unwrap_or(u64::MAX));
+                    }
                 }
             }
             Ok(None) => {
@@ -401,20 +425,25 @@ async fn worker(
     }
 }
 
-/// Runs one claimed dispatch and settles it. Returns the outcome's name.
+/// Runs one claimed dispatch and settles it. Returns the outcome's name and, for a `handler`
+/// plugin (where the host settles), how long settling took.
 async fn run_one(
     runtime: &Runtime,
     plugin: &Plugin,
     claim: ClaimHandle,
     warm: &mut Option<WarmInstance>,
-) -> &'static str {
+) -> (&'static str, Option<Duration>) {
     let started = std::time::Instant::now();
     let (id, attempt) = (claim.dispatch.id.clone(), claim.dispatch.attempt);
     let name = plugin.ctx.name.clone();
+    let mut settling = None;
     let outcome = match plugin.world {
         World::Handler => {
             let (claim, end) = runtime.run_handler(plugin, claim, warm).await;
-            settle(plugin, claim, end).await
+            let settle_started = std::time::Instant::now();
+            let outcome = settle(plugin, claim, end).await;
+            settling = Some(settle_started.elapsed());
+            outcome
         }
         World::Agent => {
             let budget = plugin.ctx.config.reuse_instance;
@@ -442,7 +471,7 @@ async fn run_one(
         elapsed_us = started.elapsed().as_micros() as u64,
         "dispatch finished"
     );
-    outcome
+    (outcome, settling)
 }
 
 /// Settles what the guest left unsettled, by how its call ended.
