@@ -3,8 +3,11 @@
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
 mod common;
+mod natsd;
 
-use std::time::Duration;
+use std::time::{Duration, Instant};
+
+use base64::Engine;
 
 use common::{Env, guest, signal, toml_path, wait_exit};
 use serde_json::Value;
@@ -646,4 +649,269 @@ fn a_killed_hosts_claim_is_reclaimed_after_its_lease_and_the_crash_counts_as_an_
     assert_eq!(d["status"], "acked", "{d}");
     assert_eq!(d["attempt"], 1, "the crashed attempt counts");
     assert_eq!(d["result"]["output"], "recovered");
+}
+
+/// The sandbox guest's `big`/`oversize` bytes: byte `i` is `(i * 31 + 7) % 251`, with the top
+/// bits set every seventh byte (not UTF-8).
+fn pattern(n: usize) -> Vec<u8> {
+    (0..n)
+        .map(|i| ((i * 31 + 7) % 251) as u8 | if i % 7 == 0 { 0xC0 } else { 0 })
+        .collect()
+}
+
+/// Bytes as `dispatch show --json` and `thread log --json` print them.
+fn bytes_of(v: &Value) -> Vec<u8> {
+    match v {
+        Value::String(text) => text.clone().into_bytes(),
+        _ => base64::engine::general_purpose::STANDARD
+            .decode(
+                v["base64"]
+                    .as_str()
+                    .unwrap_or_else(|| panic!("not bytes: {v}")),
+            )
+            .unwrap(),
+    }
+}
+
+/// A sandbox host for the size tests: a lease far longer than the test may take, one attempt,
+/// enqueues allowed to itself, `[host] max_payload` when given, on `store` (a `[store]`
+/// section, empty for the embedded store).
+fn size_config(store: &str, max_payload: Option<&str>) -> String {
+    format!(
+        r#"
+[host]
+lease = "120s"
+sweep_interval = "200ms"
+{max_payload}
+{store}
+[plugins.sandbox]
+path = {sandbox}
+concurrency = 4
+timeout = "60s"
+memory = "64MiB"
+max_attempts = 1
+enqueue_to = ["sandbox"]
+"#,
+        max_payload = max_payload.map_or(String::new(), |m| format!("max_payload = \"{m}\"")),
+        sandbox = toml_path(&guest("sandbox")),
+    )
+}
+
+/// The size contract on one backend, with the host's cap at `cap` bytes: every guest value one
+/// byte over it is `invalid` naming the field and the cap; an output returned one byte over it
+/// fails the attempt at once (well within the lease) naming the cap; values at the cap, binary,
+/// round-trip through the store.
+fn values_over_the_cap_are_invalid_and_values_at_it_round_trip(
+    store: &str,
+    max_payload: Option<&str>,
+    cap: usize,
+) {
+    let env = Env::new(&size_config(store, max_payload));
+    let over = env.enqueue("sandbox", "over", &format!("oversize:{}", cap + 1), &[]);
+    let at = env.enqueue("sandbox", "at", &format!("oversize:{cap}"), &[]);
+    let returned_over = env.enqueue("sandbox", "big-over", &format!("big:{}", cap + 1), &[]);
+    let returned_at = env.enqueue("sandbox", "big-at", &format!("big:{cap}"), &[]);
+    let started = Instant::now();
+    let log = env.run_until_idle();
+    assert!(
+        started.elapsed() < Duration::from_secs(60),
+        "the run took {:?}: an attempt waited for its 120 s lease\n{log}",
+        started.elapsed()
+    );
+
+    // One byte over: `invalid`, naming the field and the cap, for every call.
+    let d = env.show(&over);
+    assert_eq!(d["status"], "acked", "{d}");
+    let report = String::from_utf8(bytes_of(&d["result"]["output"])).unwrap();
+    let limit = format!("max_payload of {cap} bytes");
+    for (call, field) in [
+        ("append", "entry"),
+        ("append-expected", "entry"),
+        ("enqueue", "payload"),
+        ("record-result", "output"),
+        ("complete", "output"),
+    ] {
+        let line = report
+            .lines()
+            .find(|l| l.starts_with(&format!("{call}: ")))
+            .unwrap_or_else(|| panic!("no {call} in {report}"));
+        assert!(
+            line.starts_with(&format!(
+                "{call}: invalid: {field}: {} bytes exceeds",
+                cap + 1
+            )) && line.contains(&limit),
+            "{line}"
+        );
+    }
+    let log_of_over: Vec<Value> =
+        serde_json::from_str(&env.ok(&["thread", "log", "over", "--json"])).unwrap();
+    assert!(
+        log_of_over.is_empty(),
+        "nothing oversized was appended: {log_of_over:?}"
+    );
+
+    // At the cap: everything is stored, and reads back byte for byte.
+    let data = pattern(cap);
+    let d = env.show(&at);
+    assert_eq!(d["status"], "acked", "{d}");
+    assert!(
+        bytes_of(&d["result"]["output"]) == data,
+        "the output at the cap differs"
+    );
+    let entries: Vec<Value> =
+        serde_json::from_str(&env.ok(&["thread", "log", "at", "--json"])).unwrap();
+    assert_eq!(entries.len(), 1, "one append at the cap");
+    assert!(
+        bytes_of(&entries[0]["data"]) == data,
+        "the entry at the cap differs"
+    );
+    let follow_up = env
+        .list()
+        .into_iter()
+        .find(|d| d["thread"] == format!("oversize-{at}"))
+        .unwrap_or_else(|| panic!("no follow-up of {at}"));
+    assert!(
+        bytes_of(&follow_up["payload"]) == data,
+        "the payload at the cap differs"
+    );
+
+    // A returned output one byte over: nacked (one attempt: dead-lettered) at once, naming the cap.
+    let d = env.show(&returned_over);
+    assert_eq!(d["status"], "dead_letter", "{d}");
+    let error = d["last_error"].as_str().unwrap();
+    assert!(
+        error.starts_with(&format!(
+            "output of {} bytes exceeds max_payload {cap}",
+            cap + 1
+        )),
+        "{error}"
+    );
+    assert!(d["result"].is_null(), "{d}");
+    let d = env.show(&returned_at);
+    assert_eq!(d["status"], "acked", "{d}");
+    assert!(
+        bytes_of(&d["result"]["output"]) == data,
+        "the returned output differs"
+    );
+}
+
+#[test]
+fn embedded_values_over_max_payload_are_invalid_and_at_it_round_trip() {
+    values_over_the_cap_are_invalid_and_values_at_it_round_trip("", Some("64KiB"), 64 * 1024);
+}
+
+fn nats_store_section(server: &natsd::NatsServer, prefix: &str) -> String {
+    format!(
+        "[store]\nbackend = \"nats\"\nurl = \"{}\"\nprefix = \"{prefix}\"\n",
+        server.url()
+    )
+}
+
+#[test]
+fn nats_values_over_max_payload_are_invalid_and_at_it_round_trip() {
+    let server = natsd::NatsServer::start();
+    values_over_the_cap_are_invalid_and_values_at_it_round_trip(
+        &nats_store_section(&server, "sizes"),
+        Some("64KiB"),
+        64 * 1024,
+    );
+}
+
+/// With the default `max_payload` (1 MiB) on a server with the default `max_payload` (1 MiB),
+/// the host caps guest values at what one NATS message holds for a payload and an output, says
+/// so at start-up naming both values, and a 1.5 MB output fails at once naming that cap.
+#[test]
+fn nats_host_cap_above_the_servers_is_clamped_with_a_warning() {
+    let server = natsd::NatsServer::start();
+    let holds = 489_467;
+    let env = Env::new(&size_config(&nats_store_section(&server, "clamped"), None));
+    let check = env.ok(&["config", "check"]);
+    assert!(check.contains("max_payload 1048576 bytes"), "{check}");
+    assert!(
+        check.contains(&format!("guest values are capped at {holds} bytes")),
+        "{check}"
+    );
+    let huge = env.enqueue("sandbox", "huge", "big:1500000", &[]);
+    let started = Instant::now();
+    let log = env.run_until_idle();
+    assert!(started.elapsed() < Duration::from_secs(60), "{log}");
+    assert!(
+        log.contains(&format!(
+            "[host] max_payload is 1048576 bytes but the store holds at most {holds} bytes"
+        )),
+        "no start-up warning naming both values:\n{log}"
+    );
+    let d = env.show(&huge);
+    assert_eq!(d["status"], "dead_letter", "{d}");
+    let error = d["last_error"].as_str().unwrap();
+    assert!(
+        error.starts_with(&format!(
+            "output of 1500000 bytes exceeds max_payload {holds}"
+        )) && error.contains("[host] max_payload is 1048576"),
+        "{error}"
+    );
+    // And the clamped cap is the one every guest value is held to, exactly at its edge.
+    values_over_the_cap_are_invalid_and_values_at_it_round_trip(
+        &nats_store_section(&server, "edge"),
+        None,
+        holds,
+    );
+}
+
+#[test]
+fn guest_log_text_cannot_forge_host_log_lines() {
+    let env = Env::new(&sandbox_config("5s", "5s", 1, ""));
+    let logged = env.enqueue(
+        "sandbox",
+        "forge-log",
+        "log:real\nERROR homing: FORGED by log.write\r\u{1b}[31mred\u{7}",
+        &[],
+    );
+    let printed = env.enqueue(
+        "sandbox",
+        "forge-print",
+        "print:one\nFORGED by stdout\r\u{1b}[2Jcleared",
+        &[],
+    );
+    let log = env.run_until_idle();
+    assert!(
+        !log.contains('\u{1b}'),
+        "a guest's escape sequence reached the log:\n{log}"
+    );
+    assert!(
+        !log.contains('\u{7}'),
+        "a guest's bell reached the log:\n{log}"
+    );
+    for line in log.lines() {
+        assert!(!line.contains('\r'), "a carriage return in {line:?}");
+        if line.contains("FORGED") {
+            // Every line holding guest text is a guest line: tagged with the plugin and the
+            // dispatch that wrote it.
+            assert!(
+                line.contains("guest")
+                    && (line.contains("plugin=\"sandbox\"") || line.contains("plugin=sandbox"))
+                    && (line.contains(&logged) || line.contains(&printed)),
+                "an untagged line: {line:?}\n{log}"
+            );
+        }
+    }
+    // log.write: one call, one line, the control characters spelled out.
+    let line = log
+        .lines()
+        .find(|l| l.contains(&logged) && l.contains("real"))
+        .unwrap_or_else(|| panic!("no log.write line:\n{log}"));
+    assert!(
+        line.contains(r"real\nERROR homing: FORGED by log.write\r\u{1b}[31mred\u{7}"),
+        "{line}"
+    );
+    // stdout: one guest line per line written, each tagged; the rest escaped.
+    let line = log
+        .lines()
+        .find(|l| l.contains("FORGED by stdout"))
+        .unwrap_or_else(|| panic!("no stdout line:\n{log}"));
+    assert!(line.contains(&printed), "{line}");
+    assert!(
+        line.contains(r"FORGED by stdout\r\u{1b}[2Jcleared"),
+        "{line}"
+    );
 }

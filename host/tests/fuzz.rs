@@ -8,7 +8,10 @@
 //!
 //! - the host never panicked and exits cleanly on SIGTERM; it stayed up throughout;
 //! - no call answered `internal`, and every outcome was one the contract allows (calls after
-//!   settling: `lost-claim`, or `ok` for a repeat of the same settlement);
+//!   settling: `lost-claim`, or `ok` for a repeat of the same settlement); a value over
+//!   `max_payload` (an output, a log entry, a follow-up's payload, up to 1.5 MB) is `invalid`
+//!   on both backends, before and after settling, never `unavailable`, and an oversized error
+//!   text is kept cut, so its nack or dead-letter succeeds;
 //! - every fuzzed dispatch ended terminal, as its last attempt's settlement says, with one
 //!   summary per attempt and the result the guest recorded (a repeat `complete` changes
 //!   nothing);

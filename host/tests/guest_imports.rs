@@ -9,7 +9,10 @@ use std::sync::{Arc, Mutex};
 use homing::config::PluginConfig;
 use homing::runtime::bindings::handler::homing::agent::mailbox::{Host, HostClaim};
 use homing::runtime::bindings::{EnqueueRequest, GuestError, StopReason};
-use homing::runtime::host::{ClaimHandle, GuestState, LogState, PluginContext};
+use homing::runtime::host::{
+    ClaimHandle, GuestState, LogState, PluginContext, check_returned_output, escape_log_text,
+    max_payload_warning,
+};
 use homing::store::embedded::EmbeddedStore;
 use homing::store::{ManualClock, NewDispatch, Status, Store};
 use wasmtime::component::Resource;
@@ -315,4 +318,162 @@ async fn stop_requested_reports_shutdown_and_cancellation() {
         guest.stop_requested(borrow(rep)).await.unwrap(),
         Some(StopReason::Interrupted)
     );
+}
+
+/// Asserts `invalid` naming the field, its size and the host's cap.
+fn expect_over_cap<T: std::fmt::Debug>(result: Result<T, GuestError>, field: &str, len: usize) {
+    match result {
+        Err(GuestError::Invalid(message)) => assert_eq!(
+            message,
+            format!("{field}: {len} bytes exceeds the host's max_payload of 1024 bytes")
+        ),
+        other => panic!("{field} of {len} bytes: expected invalid, got {other:?}"),
+    }
+}
+
+#[tokio::test]
+async fn every_guest_value_over_max_payload_is_invalid_naming_field_and_cap() {
+    let f = fixture("enqueue_to = [\"agent\"]\n");
+    let mut guest = f.guest();
+    let (rep, claim) = f.claim(&mut guest, "t").await;
+    let over = vec![0xffu8; 1025];
+    let request = |payload: Vec<u8>| EnqueueRequest {
+        agent: "agent".into(),
+        thread: Some("follow".into()),
+        payload,
+        metadata: Vec::new(),
+        priority: None,
+        delay_ms: None,
+        dedupe_key: None,
+        max_attempts: None,
+    };
+    expect_over_cap(
+        HostClaim::enqueue(&mut guest, borrow(rep), request(over.clone()))
+            .await
+            .unwrap(),
+        "payload",
+        1025,
+    );
+    expect_over_cap(
+        Host::enqueue(&mut guest, request(over.clone()))
+            .await
+            .unwrap(),
+        "payload",
+        1025,
+    );
+    expect_over_cap(
+        guest.append(borrow(rep), over.clone()).await.unwrap(),
+        "entry",
+        1025,
+    );
+    expect_over_cap(
+        guest
+            .append_expected(borrow(rep), over.clone(), 0)
+            .await
+            .unwrap(),
+        "entry",
+        1025,
+    );
+    expect_over_cap(
+        guest
+            .record_result(borrow(rep), over.clone())
+            .await
+            .unwrap(),
+        "output",
+        1025,
+    );
+    expect_over_cap(
+        guest.complete(borrow(rep), over.clone()).await.unwrap(),
+        "output",
+        1025,
+    );
+    // Nothing was written, and the claim is still the guest's to settle.
+    let d = f.store.mailbox.load(&claim.id).await.unwrap().unwrap();
+    assert_eq!(d.status, Status::Claimed);
+    assert!(d.result.is_none());
+    assert_eq!(f.store.log.latest(&claim.thread).await.unwrap(), 0);
+    assert_eq!(
+        f.store
+            .mailbox
+            .list(&Default::default())
+            .await
+            .unwrap()
+            .len(),
+        1
+    );
+
+    // At the cap, every one is accepted.
+    let at = vec![0xfeu8; 1024];
+    HostClaim::enqueue(&mut guest, borrow(rep), request(at.clone()))
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(
+        guest
+            .append(borrow(rep), at.clone())
+            .await
+            .unwrap()
+            .unwrap(),
+        1
+    );
+    guest
+        .record_result(borrow(rep), at.clone())
+        .await
+        .unwrap()
+        .unwrap();
+    guest
+        .complete(borrow(rep), at.clone())
+        .await
+        .unwrap()
+        .unwrap();
+    let d = f.store.mailbox.load(&claim.id).await.unwrap().unwrap();
+    assert_eq!(d.status, Status::Acked);
+    assert!(d.result.unwrap().output == at);
+}
+
+#[test]
+fn a_returned_output_over_the_cap_fails_naming_the_cap_and_a_cap_above_the_store_is_clamped() {
+    let f = fixture("");
+    assert_eq!(f.ctx.payload_cap(), 1024);
+    assert_eq!(check_returned_output(&f.ctx, &[0u8; 1024]), None);
+    assert_eq!(
+        check_returned_output(&f.ctx, &[0u8; 1025]).as_deref(),
+        Some("output of 1025 bytes exceeds max_payload 1024")
+    );
+    assert_eq!(max_payload_warning(1024, &f.store), None);
+
+    // A host cap above what the store holds is clamped to it, and says so.
+    let holds = f.store.max_value();
+    let ctx = PluginContext {
+        max_payload: u64::MAX,
+        ..PluginContext::standalone("agent", f.ctx.config.clone(), f.store.clone(), ".".into())
+    };
+    assert_eq!(ctx.payload_cap(), holds);
+    let over = usize::try_from(holds + 1).unwrap();
+    assert_eq!(
+        ctx.check_payload("entry", over),
+        Err(format!(
+            "entry: {over} bytes exceeds the host's max_payload of {holds} bytes (what the store \
+             can hold; [host] max_payload is {})",
+            u64::MAX
+        ))
+    );
+    let warning = max_payload_warning(u64::MAX, &f.store).unwrap();
+    assert!(
+        warning.contains(&u64::MAX.to_string()) && warning.contains(&holds.to_string()),
+        "{warning}"
+    );
+}
+
+#[test]
+fn guest_log_text_is_escaped_so_it_stays_one_line_without_terminal_escapes() {
+    assert_eq!(
+        escape_log_text("plain text\tand a tab"),
+        "plain text\tand a tab"
+    );
+    assert_eq!(
+        escape_log_text("one\nINFO host: forged\r\u{1b}[31mred\u{7}\u{0}\u{7f}\u{9b}"),
+        r"one\nINFO host: forged\r\u{1b}[31mred\u{7}\u{0}\u{7f}\u{9b}"
+    );
+    assert_eq!(escape_log_text("ünï\u{202e}🙂"), "ünï\u{202e}🙂");
 }

@@ -343,6 +343,11 @@ async fn execute(cli: Cli) -> anyhow::Result<()> {
     let store = open_store(&config).await?;
     match cli.command {
         Command::Run { until_idle } => {
+            if let Some(warning) =
+                crate::runtime::host::max_payload_warning(config.host.max_payload, &store)
+            {
+                tracing::warn!("{warning}");
+            }
             let supervisor = Supervisor::new(config, store)?;
             let report = supervisor.run(until_idle).await?;
             let mut outcomes: Vec<_> = report.outcomes.into_iter().collect();
@@ -569,8 +574,9 @@ async fn check(file: &Path, json: bool) -> anyhow::Result<()> {
             let report = NatsStore::check(&nats)
                 .await
                 .with_context(|| format!("checking the NATS store at {}", nats.urls.join(", ")))?;
-            format!(
-                "nats (server {}, stream `{}` {}, {} messages, {} replica(s))",
+            let mut line = format!(
+                "nats (server {}, stream `{}` {}, {} messages, {} replica(s), max_payload {} \
+                 bytes: payloads and outputs up to {} bytes, log entries up to {} bytes)",
                 report.server,
                 report.stream,
                 if report.existed {
@@ -579,8 +585,20 @@ async fn check(file: &Path, json: bool) -> anyhow::Result<()> {
                     "will be created"
                 },
                 report.messages,
-                report.replicas
-            )
+                report.replicas,
+                report.room.server,
+                report.room.value,
+                report.room.entry
+            );
+            let holds = report.room.value.min(report.room.entry);
+            if config.host.max_payload > holds {
+                line.push_str(&format!(
+                    "; warning: [host] max_payload is {} bytes, more than the server holds: \
+                     guest values are capped at {holds} bytes",
+                    config.host.max_payload
+                ));
+            }
+            line
         }
     };
     if json {

@@ -6,6 +6,21 @@
 //! to ask it to stop. Every write through a claim goes to the store with the token and is fenced
 //! there; the host adds what the store cannot know: the backoff policy, the enqueue allow-list,
 //! and caps on what one dispatch may do (enqueues, log volume, read sizes).
+//!
+//! # One cap on guest bytes
+//!
+//! Every byte string a guest hands the host to store (an enqueued payload, an output through
+//! `record-result` or `complete` or returned by `handle`, a thread-log entry) is held to one
+//! cap, [`PluginContext::payload_cap`]: `[host] max_payload`, or what the store can hold when
+//! that is less (a NATS server's `max_payload` bounds its backend). Over it the guest is told
+//! `invalid`, naming the field and the cap, on every backend alike; an oversized output
+//! returned by `handle` fails the attempt with that message ([`check_returned_output`]).
+//!
+//! # Guest log lines
+//!
+//! Guest text reaches the host's log (through `log.write`, stdout and stderr) with its control
+//! characters escaped ([`escape_log_text`]): a guest cannot end a line early, start a forged
+//! host line, or send terminal escape sequences to an operator's terminal.
 
 use std::sync::atomic::{AtomicU8, Ordering};
 use std::sync::{Arc, Mutex};
@@ -147,6 +162,30 @@ pub struct PluginContext {
 }
 
 impl PluginContext {
+    /// The cap on every byte string a guest hands the host to store (see the module): the
+    /// host's `max_payload`, or what the store holds when that is less.
+    pub fn payload_cap(&self) -> u64 {
+        self.max_payload.min(self.store.max_value())
+    }
+
+    /// Refuses `len` bytes of `field` over [`PluginContext::payload_cap`], naming the field,
+    /// the size and the cap.
+    pub fn check_payload(&self, field: &str, len: usize) -> Result<(), String> {
+        let cap = self.payload_cap();
+        if len as u64 <= cap {
+            return Ok(());
+        }
+        Err(if cap < self.max_payload {
+            format!(
+                "{field}: {len} bytes exceeds the host's max_payload of {cap} bytes (what the \
+                 store can hold; [host] max_payload is {})",
+                self.max_payload
+            )
+        } else {
+            format!("{field}: {len} bytes exceeds the host's max_payload of {cap} bytes")
+        })
+    }
+
     /// The context of a plugin run outside a supervisor (benchmarks, probes): a 30 s lease, no
     /// enqueue targets, a 1 MiB payload cap, never shutting down.
     pub fn standalone(
@@ -167,6 +206,59 @@ impl PluginContext {
             shutdown: Default::default(),
         }
     }
+}
+
+/// The failure of an attempt whose handler returned an output over the cap: `None` when the
+/// output fits. The supervisor settles a returned output with `complete`; an output the store
+/// must refuse is turned into this failure first, so the attempt is nacked at once with a
+/// message naming the limit instead of holding its thread until the lease runs out.
+pub fn check_returned_output(plugin: &PluginContext, output: &[u8]) -> Option<String> {
+    let cap = plugin.payload_cap();
+    (output.len() as u64 > cap).then(|| {
+        if cap < plugin.max_payload {
+            format!(
+                "output of {} bytes exceeds max_payload {cap} (what the store can hold; \
+                 [host] max_payload is {})",
+                output.len(),
+                plugin.max_payload
+            )
+        } else {
+            format!("output of {} bytes exceeds max_payload {cap}", output.len())
+        }
+    })
+}
+
+/// A warning for an operator whose `[host] max_payload` is more than `store` can hold (the
+/// host then caps guest bytes at what the store holds): `None` when it fits.
+pub fn max_payload_warning(max_payload: u64, store: &Store) -> Option<String> {
+    let holds = store.max_value();
+    (max_payload > holds).then(|| {
+        format!(
+            "[host] max_payload is {max_payload} bytes but the store holds at most {holds} bytes \
+             per payload, output or log entry; guest values are capped at {holds} bytes (lower \
+             max_payload to silence this, or raise the NATS server's max_payload)"
+        )
+    })
+}
+
+/// `text` with its control characters escaped, for the host's log: `\n` and `\r` as those
+/// two characters, any other control character (ESC, NUL, DEL, C1) as `\u{..}`; tabs are kept.
+/// So a guest's line stays one line of the host's log and carries no terminal escapes.
+pub fn escape_log_text(text: &str) -> std::borrow::Cow<'_, str> {
+    if !text.chars().any(|c| c.is_control() && c != '\t') {
+        return std::borrow::Cow::Borrowed(text);
+    }
+    let mut out = String::with_capacity(text.len() + 16);
+    for c in text.chars() {
+        match c {
+            '\t' => out.push(c),
+            '\n' => out.push_str("\\n"),
+            '\r' => out.push_str("\\r"),
+            c if c.is_control() => out.push_str(&format!("\\u{{{:x}}}", u32::from(c))),
+            c => out.push(c),
+        }
+    }
+    std::borrow::Cow::Owned(out)
 }
 
 /// Which dispatch an instance is working on, for log lines.
@@ -290,7 +382,7 @@ impl GuestState {
         while !message.is_char_boundary(end) {
             end -= 1;
         }
-        let message = &message[..end];
+        let message = escape_log_text(message.get(..end).unwrap_or_default());
         let (dispatch, attempt) = (&state.tag.dispatch, state.tag.attempt);
         match level {
             Level::Trace => trace!(target: "guest", plugin, %dispatch, attempt, "{message}"),
@@ -371,13 +463,9 @@ impl GuestState {
                 ));
             }
         };
-        if request.payload.len() as u64 > plugin.max_payload {
-            return Err(GuestError::Invalid(format!(
-                "payload: {} bytes exceeds the host's max_payload of {} bytes",
-                request.payload.len(),
-                plugin.max_payload
-            )));
-        }
+        plugin
+            .check_payload("payload", request.payload.len())
+            .map_err(GuestError::Invalid)?;
         let delay = request.delay_ms.unwrap_or(0);
         if Duration::from_millis(delay) > MAX_ENQUEUE_DELAY {
             return Err(GuestError::Invalid(format!(
@@ -495,6 +583,9 @@ impl mailbox::HostClaim for GuestState {
         output: Vec<u8>,
     ) -> wasmtime::Result<Result<(), GuestError>> {
         let claim = self.claim(&handle)?;
+        if let Err(e) = self.plugin.check_payload("output", output.len()) {
+            return Ok(Err(GuestError::Invalid(e)));
+        }
         let out = self
             .plugin
             .store
@@ -509,6 +600,10 @@ impl mailbox::HostClaim for GuestState {
         handle: Resource<ClaimHandle>,
         output: Vec<u8>,
     ) -> wasmtime::Result<Result<(), GuestError>> {
+        self.claim(&handle)?;
+        if let Err(e) = self.plugin.check_payload("output", output.len()) {
+            return Ok(Err(GuestError::Invalid(e)));
+        }
         self.settle(
             &handle,
             Settlement::Acked,
@@ -573,6 +668,9 @@ impl mailbox::HostClaim for GuestState {
         entry: Vec<u8>,
     ) -> wasmtime::Result<Result<u64, GuestError>> {
         let claim = self.claim(&handle)?;
+        if let Err(e) = self.plugin.check_payload("entry", entry.len()) {
+            return Ok(Err(GuestError::Invalid(e)));
+        }
         let fence = claim.fence();
         let thread = claim.dispatch.thread.clone();
         Ok(self
@@ -591,6 +689,9 @@ impl mailbox::HostClaim for GuestState {
         expected_latest: u64,
     ) -> wasmtime::Result<Result<u64, GuestError>> {
         let claim = self.claim(&handle)?;
+        if let Err(e) = self.plugin.check_payload("entry", entry.len()) {
+            return Ok(Err(GuestError::Invalid(e)));
+        }
         let fence = claim.fence();
         let thread = claim.dispatch.thread.clone();
         Ok(self

@@ -456,6 +456,18 @@ impl Runtime {
                 None,
             ),
         };
+        // The supervisor completes a returned output; one over the cap would be refused by
+        // the store there and the attempt would hold its thread until its lease ran out. Fail
+        // it now instead, naming the limit, so it is nacked at once.
+        let end = match end {
+            CallEnd::Returned(output) => {
+                match crate::runtime::host::check_returned_output(&plugin.ctx, &output) {
+                    Some(reason) => CallEnd::Failed(reason),
+                    None => CallEnd::Returned(output),
+                }
+            }
+            end => end,
+        };
         let claim = match store.data_mut().table().delete(resource) {
             Ok(claim) => claim,
             Err(_) => placeholder_claim(),

@@ -54,6 +54,12 @@
 //!   thread stays blocked. Thread-log appends are stricter: a fenced append needs a live lease
 //!   (`lease_until >= now`), because the log is shared by every later holder of the thread.
 //! - Time comes from the store's [`Clock`]; only maintenance takes an explicit `now`.
+//! - Every backend has a size limit of its own ([`Mailbox::max_value`],
+//!   [`SequenceStore::max_entry`]): a payload, an output or a log entry above it is refused with
+//!   `Invalid` naming the field and the limit, never with `Unavailable` (retrying cannot help). A
+//!   record that was accepted never outgrows its backend: error texts are kept up to
+//!   [`MAX_ERROR_TEXT`] bytes, and room for an output of up to `max_value` bytes is kept when
+//!   a dispatch is enqueued.
 //!
 //! # Backends
 //!
@@ -79,6 +85,7 @@ pub use model::{
     Claim, DEFAULT_MAX_ATTEMPTS, DEFAULT_PRIORITY, Dispatch, Fence, Interrupt, ListFilter,
     LogEntry, NewDispatch, RunResult, RunStatus, Status, StatusCount, Watermarks,
 };
+pub use rules::MAX_ERROR_TEXT;
 
 /// The `last_error` recorded when a lease runs out on a dispatch's last attempt.
 pub const REASON_LEASE_EXPIRED_AT_MAX: &str = "lease expired; max attempts reached";
@@ -218,6 +225,11 @@ pub trait Mailbox: Send + Sync + Debug + 'static {
     /// A signal fired when work may have become claimable (enqueue, settle, reclaim). Workers
     /// wait on it between claims; it is a hint, never the only way work is found.
     fn work_signal(&self) -> Arc<Notify>;
+
+    /// The largest payload, and the largest run output, a dispatch of this backend may carry
+    /// (bytes; one record holds both). `enqueue`, `record_result` and `complete` refuse larger
+    /// ones with `Invalid` naming the field and this limit.
+    fn max_value(&self) -> u64;
 }
 
 /// The per-thread sequence store (SPEC section 4).
@@ -250,6 +262,26 @@ pub trait SequenceStore: Send + Sync + Debug + 'static {
 
     /// Drops every entry; the watermarks stay as a tombstone so sequences are never reused.
     async fn delete(&self, thread: &str) -> StoreResult<()>;
+
+    /// The largest entry an append takes (bytes); larger ones are refused with `Invalid` naming
+    /// this limit.
+    fn max_entry(&self) -> u64;
+}
+
+/// The `Invalid` error of a value over a backend's limit: names the field, its size, the limit
+/// and where the limit comes from.
+pub(crate) fn too_large(field: &str, len: usize, limit: u64, why: &str) -> StoreError {
+    StoreError::Invalid(format!(
+        "{field}: {len} bytes exceeds the store's limit of {limit} bytes ({why})"
+    ))
+}
+
+/// Refuses `value` when it is longer than `limit`.
+pub(crate) fn check_size(field: &str, value: &[u8], limit: u64, why: &str) -> StoreResult<()> {
+    if value.len() as u64 > limit {
+        return Err(too_large(field, value.len(), limit, why));
+    }
+    Ok(())
 }
 
 /// A backend's two halves and the clock they read, as the host holds them.
@@ -267,5 +299,12 @@ impl Store {
     /// The current time of the store's clock.
     pub fn now(&self) -> u64 {
         self.clock.now_ms()
+    }
+
+    /// The largest value this store holds in every place a guest can put bytes: a payload, an
+    /// output, a log entry (the least of [`Mailbox::max_value`] and
+    /// [`SequenceStore::max_entry`]).
+    pub fn max_value(&self) -> u64 {
+        self.mailbox.max_value().min(self.log.max_entry())
     }
 }

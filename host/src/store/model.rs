@@ -497,8 +497,11 @@ pub struct Watermarks {
     pub trimmed: u64,
 }
 
-/// Bytes in JSON output: a UTF-8 string when they are valid text, else `{"base64": ...}`.
+/// Bytes in JSON: a UTF-8 string when they are valid text, else `{"base64": ...}` (standard
+/// alphabet, padded). `{"hex": ...}`, what earlier versions wrote, is still read.
 mod bytes_as_text {
+    use base64::Engine;
+    use base64::engine::general_purpose::STANDARD;
     use serde::de::Error as _;
     use serde::{Deserialize, Deserializer, Serialize, Serializer};
 
@@ -506,14 +509,15 @@ mod bytes_as_text {
     #[serde(untagged)]
     enum Repr {
         Text(String),
+        Base64 { base64: String },
         Hex { hex: String },
     }
 
     pub fn serialize<S: Serializer>(bytes: &[u8], serializer: S) -> Result<S::Ok, S::Error> {
         match std::str::from_utf8(bytes) {
             Ok(text) => Repr::Text(text.to_owned()).serialize(serializer),
-            Err(_) => Repr::Hex {
-                hex: bytes.iter().map(|b| format!("{b:02x}")).collect(),
+            Err(_) => Repr::Base64 {
+                base64: STANDARD.encode(bytes),
             }
             .serialize(serializer),
         }
@@ -522,6 +526,9 @@ mod bytes_as_text {
     pub fn deserialize<'de, D: Deserializer<'de>>(deserializer: D) -> Result<Vec<u8>, D::Error> {
         match Repr::deserialize(deserializer)? {
             Repr::Text(text) => Ok(text.into_bytes()),
+            Repr::Base64 { base64 } => STANDARD
+                .decode(base64.as_bytes())
+                .map_err(|e| D::Error::custom(format!("invalid base64: {e}"))),
             Repr::Hex { hex } => {
                 if hex.len() % 2 != 0 {
                     return Err(D::Error::custom("odd-length hex"));
@@ -536,5 +543,30 @@ mod bytes_as_text {
                     .collect()
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn binary_bytes_are_base64_in_json_and_hex_is_still_read() {
+        let result = RunResult::success(vec![0xff, 0x00, 0x41]);
+        let json = serde_json::to_string(&result).unwrap_or_default();
+        assert!(json.contains(r#""output":{"base64":"/wBB"}"#), "{json}");
+        let back: Option<RunResult> = serde_json::from_str(&json).ok();
+        assert_eq!(back, Some(result.clone()));
+        let legacy = r#"{"status":"succeeded","output":{"hex":"ff0041"},"error":null}"#;
+        assert_eq!(serde_json::from_str::<RunResult>(legacy).ok(), Some(result));
+        let text: Option<RunResult> =
+            serde_json::from_str(r#"{"status":"succeeded","output":"hi","error":null}"#).ok();
+        assert_eq!(text.map(|r| r.output), Some(b"hi".to_vec()));
+        assert!(
+            serde_json::from_str::<RunResult>(
+                r#"{"status":"succeeded","output":{"base64":"@@"},"error":null}"#
+            )
+            .is_err()
+        );
     }
 }

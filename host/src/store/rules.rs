@@ -9,6 +9,27 @@ pub(crate) fn clamp(ms: u64) -> u64 {
     ms.min(i64::MAX as u64)
 }
 
+/// The most of an error text (a nack's or dead-letter's error, a supersede reason) a record
+/// keeps as `last_error`; longer texts are cut at a character boundary, with a note saying how
+/// much was cut. This bounds what a settlement adds to a record, so a record that fit when it
+/// was enqueued still fits a backend's record size after any settlement.
+pub const MAX_ERROR_TEXT: usize = 8 * 1024;
+
+/// `text` cut to [`MAX_ERROR_TEXT`] bytes (with the note) when it is longer.
+pub(crate) fn error_text(text: &str) -> String {
+    if text.len() <= MAX_ERROR_TEXT {
+        return text.to_owned();
+    }
+    let note = format!(" [... {} bytes cut]", text.len());
+    let mut end = MAX_ERROR_TEXT.saturating_sub(note.len());
+    while end > 0 && !text.is_char_boundary(end) {
+        end -= 1;
+    }
+    let mut out = text.get(..end).unwrap_or_default().to_owned();
+    out.push_str(&note);
+    out
+}
+
 /// Clears the claim and settles the record into a terminal status.
 pub(crate) fn terminate(d: &mut Dispatch, status: Status, now: u64, reason: Option<&str>) {
     d.status = status;
@@ -16,7 +37,7 @@ pub(crate) fn terminate(d: &mut Dispatch, status: Status, now: u64, reason: Opti
     d.completed_at = Some(now);
     d.updated_at = now;
     if let Some(reason) = reason {
-        d.last_error = Some(reason.to_owned());
+        d.last_error = Some(error_text(reason));
     }
 }
 
@@ -33,7 +54,7 @@ pub(crate) fn fail_attempt(
     d.claim = None;
     d.updated_at = now;
     if let Some(error) = error {
-        d.last_error = Some(error.to_owned());
+        d.last_error = Some(error_text(error));
     }
     if d.attempt >= d.max_attempts {
         d.status = Status::DeadLetter;
@@ -102,5 +123,25 @@ pub(crate) fn lease_extended(out: StoreResult<Dispatch>) -> StoreResult<bool> {
             | StoreError::StaleEpoch { .. },
         ) => Ok(false),
         Err(e) => Err(e),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn long_error_texts_are_cut_at_a_char_boundary_with_a_note() {
+        assert_eq!(error_text("short"), "short");
+        let exact = "e".repeat(MAX_ERROR_TEXT);
+        assert_eq!(error_text(&exact), exact);
+        let long = "é".repeat(MAX_ERROR_TEXT);
+        let cut = error_text(&long);
+        assert!(cut.len() <= MAX_ERROR_TEXT, "{}", cut.len());
+        assert!(cut.starts_with("éé"));
+        assert!(
+            cut.ends_with(&format!(" [... {} bytes cut]", long.len())),
+            "{cut}"
+        );
     }
 }

@@ -292,3 +292,40 @@ pub async fn failed_append_leaves_earlier_entries_intact<F: Factory>(factory: &F
     assert_eq!(entries.len(), 3);
     assert_eq!(entries[2].data, b"after");
 }
+
+/// SPEC 4: an entry over the backend's limit is refused with `Invalid` naming the entry, its
+/// size and the limit, and appends nothing; a binary entry at the limit (or 2 MiB, whichever is
+/// less) reads back byte for byte on any instance.
+pub async fn entries_over_the_backends_limit_are_invalid_and_at_it_round_trip<F: Factory>(
+    factory: &F,
+) {
+    let env = Env::new(factory).await;
+    let s = env.open().await;
+    let limit = s.log.max_entry();
+    let over = usize::try_from(limit + 1).unwrap();
+    expect_too_large(
+        s.log.append("t", &vec![0u8; over], None).await,
+        "entry",
+        over,
+        limit,
+    );
+    expect_too_large(
+        s.log.append_expected("t", &vec![0u8; over], 0, None).await,
+        "entry",
+        over,
+        limit,
+    );
+    assert_eq!(s.log.watermarks("t").await.unwrap(), marks(0, 0, 0));
+
+    let n = usize::try_from(limit.min(2 << 20)).unwrap();
+    let entry = binary(n, 11);
+    assert_eq!(s.log.append("t", &entry, None).await.unwrap(), 1);
+    for store in [&s, &env.open().await] {
+        let read = store.log.read("t", 0, 10).await.unwrap();
+        assert_eq!(seqs(&read), vec![1]);
+        assert!(
+            read[0].data == entry,
+            "entry of {n} bytes differs after storage"
+        );
+    }
+}

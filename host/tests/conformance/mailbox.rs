@@ -1081,3 +1081,131 @@ pub async fn no_operation_panics_on_extreme_inputs<F: Factory>(factory: &F) {
         assert_shape(&d);
     }
 }
+
+/// SPEC 2: a payload or an output over the backend's own limit is refused with `Invalid`
+/// naming the field, the size and the limit (never `Unavailable`: retrying cannot help), and
+/// changes nothing.
+pub async fn values_over_the_backends_limit_are_invalid_naming_it<F: Factory>(factory: &F) {
+    let env = Env::new(factory).await;
+    let s = env.open().await;
+    let limit = s.mailbox.max_value();
+    assert!(
+        limit >= 64 * 1024,
+        "a backend holds at least 64 KiB: {limit}"
+    );
+    let over = usize::try_from(limit + 1).unwrap();
+    let refused = s
+        .mailbox
+        .enqueue(NewDispatch::new(AGENT, "t", vec![0u8; over]).with_id("big"))
+        .await;
+    expect_too_large(refused, "payload", over, limit);
+    assert!(all(&s).await.is_empty(), "a refused enqueue stores nothing");
+
+    put_on(&s, "t", "d1").await;
+    let c = claim_some(&s).await;
+    let token = tok(&c);
+    let recorded = s
+        .mailbox
+        .record_result("d1", &token, RunResult::success(vec![0u8; over]))
+        .await;
+    expect_too_large(recorded, "output", over, limit);
+    let completed = s
+        .mailbox
+        .complete("d1", &token, RunResult::success(vec![0u8; over]))
+        .await;
+    expect_too_large(completed, "output", over, limit);
+    let d = load(&s, "d1").await;
+    assert_eq!(d.status, Status::Claimed, "still held: {d:?}");
+    assert!(d.result.is_none(), "nothing recorded: {d:?}");
+    // The holder can still settle it within the limit.
+    let done = s
+        .mailbox
+        .complete("d1", &token, RunResult::success(b"fits".to_vec()))
+        .await
+        .unwrap();
+    assert_eq!(done.status, Status::Acked);
+}
+
+/// Binary (not UTF-8) payloads and outputs at the backend's limit (or 1 MiB, whichever is
+/// less) are stored and read back byte for byte, also by another instance.
+pub async fn binary_values_at_the_backends_limit_round_trip<F: Factory>(factory: &F) {
+    let env = Env::new(factory).await;
+    let s = env.open().await;
+    let n = usize::try_from(s.mailbox.max_value().min(1 << 20)).unwrap();
+    let (payload, output) = (binary(n, 3), binary(n, 5));
+    assert!(std::str::from_utf8(&payload).is_err() && std::str::from_utf8(&output).is_err());
+    let d = put(
+        &s,
+        NewDispatch::new(AGENT, "t", payload.clone())
+            .with_id("edge")
+            .with_metadata("k", "v"),
+    )
+    .await;
+    assert!(d.payload == payload, "enqueue returns the payload as given");
+    let c = claim_some(&s).await;
+    assert!(c.payload == payload, "the claim carries the payload");
+    let recorded = s
+        .mailbox
+        .record_result("edge", &tok(&c), RunResult::success(output.clone()))
+        .await
+        .unwrap();
+    assert!(recorded.result.as_ref().unwrap().output == output);
+    let done = s
+        .mailbox
+        .complete("edge", &tok(&c), RunResult::success(output.clone()))
+        .await
+        .unwrap();
+    assert_eq!(done.status, Status::Acked);
+    for store in [&s, &env.open().await] {
+        let d = load(store, "edge").await;
+        assert_eq!(d.status, Status::Acked);
+        assert!(
+            d.payload == payload,
+            "payload of {n} bytes differs after storage"
+        );
+        assert!(
+            d.result.as_ref().unwrap().output == output,
+            "output of {n} bytes differs after storage"
+        );
+        assert_eq!(d.metadata.get("k").map(String::as_str), Some("v"));
+    }
+}
+
+/// An error text longer than `MAX_ERROR_TEXT` is kept cut to it, with a note of how long it
+/// was: a settlement never makes a record outgrow its backend.
+pub async fn long_error_texts_are_kept_cut_to_the_error_text_limit<F: Factory>(factory: &F) {
+    let env = Env::new(factory).await;
+    let s = env.open().await;
+    let limit = homing::store::MAX_ERROR_TEXT;
+    let long = format!("why: {}", "é".repeat(limit));
+    put(&s, nd("t", "d1").with_max_attempts(3)).await;
+    let c = claim_some(&s).await;
+    let d = s
+        .mailbox
+        .nack("d1", &tok(&c), env.now(), &long)
+        .await
+        .unwrap();
+    let kept = d.last_error.clone().unwrap();
+    assert!(kept.len() <= limit, "{} bytes kept", kept.len());
+    assert!(kept.starts_with("why: éé"), "{kept}");
+    assert!(
+        kept.ends_with(&format!("[... {} bytes cut]", long.len())),
+        "{kept}"
+    );
+    assert_eq!(
+        load(&s, "d1").await.last_error.as_deref(),
+        Some(kept.as_str())
+    );
+    let c = claim_some(&s).await;
+    let d = s.mailbox.dead_letter("d1", &tok(&c), &long).await.unwrap();
+    assert_eq!(d.last_error.as_deref(), Some(kept.as_str()));
+    let short = "a short reason";
+    put(&s, nd("t", "d2")).await;
+    let c = claim_some(&s).await;
+    let d = s.mailbox.dead_letter("d2", &tok(&c), short).await.unwrap();
+    assert_eq!(
+        d.last_error.as_deref(),
+        Some(short),
+        "short texts are kept whole"
+    );
+}

@@ -283,6 +283,30 @@ pub fn assert_shape(dispatch: &Dispatch) {
     );
 }
 
+/// `n` bytes that are not UTF-8 (the top bits set every seventh byte), varied by `salt`.
+pub fn binary(n: usize, salt: u8) -> Vec<u8> {
+    (0..n)
+        .map(|i| ((i * 31 + usize::from(salt)) % 251) as u8 | if i % 7 == 0 { 0xC0 } else { 0 })
+        .collect()
+}
+
+/// Asserts an `Invalid` refusal naming `field`, the size refused and the limit.
+pub fn expect_too_large<T: std::fmt::Debug>(
+    result: StoreResult<T>,
+    field: &str,
+    size: usize,
+    limit: u64,
+) {
+    match result {
+        Err(StoreError::Invalid(message)) => assert!(
+            message.starts_with(&format!("{field}: {size} bytes"))
+                && message.contains(&format!("limit of {limit} bytes")),
+            "the refusal must name {field}, {size} and {limit}: {message}"
+        ),
+        other => panic!("{field} of {size} bytes (limit {limit}): expected Invalid, got {other:?}"),
+    }
+}
+
 /// Runs `op` again while the backend reports `Contention` (SPEC: "retry later").
 pub async fn retry<T, Fut, Op>(mut op: Op) -> StoreResult<T>
 where
@@ -407,6 +431,9 @@ macro_rules! suite {
                     enqueue_without_id_creates_distinct_dispatches,
                     busy_thread_blocks_claims_of_other_agents_on_it,
                     no_operation_panics_on_extreme_inputs,
+                    values_over_the_backends_limit_are_invalid_naming_it,
+                    binary_values_at_the_backends_limit_round_trip,
+                    long_error_texts_are_kept_cut_to_the_error_text_limit,
                 },
                 ordering::{
                     claim_skips_dispatch_until_its_available_at,
@@ -514,6 +541,7 @@ macro_rules! suite {
                     large_entry_round_trips,
                     append_on_one_instance_is_visible_on_another,
                     failed_append_leaves_earlier_entries_intact,
+                    entries_over_the_backends_limit_are_invalid_and_at_it_round_trip,
                 },
                 concurrency::{
                     g1_no_dispatch_lost_or_invented_under_concurrent_chaos,

@@ -9,7 +9,8 @@ use async_trait::async_trait;
 use rusqlite::{Connection, OptionalExtension, params};
 
 use super::rows::{self, db};
-use super::{EmbeddedStore, TxError};
+use super::{EmbeddedStore, MAX_VALUE, MAX_VALUE_WHY, TxError};
+use crate::store::check_size;
 use crate::store::model::{Fence, LogEntry, Status, Watermarks};
 use crate::store::{REASON_STALE_EPOCH, SequenceStore, StoreError, StoreResult};
 
@@ -126,13 +127,14 @@ impl EmbeddedStore {
         expected: Option<u64>,
         fence: Option<&Fence>,
     ) -> StoreResult<u64> {
+        if thread.trim().is_empty() {
+            return Err(StoreError::Invalid("thread is blank".into()));
+        }
+        check_size("entry", entry, MAX_VALUE, MAX_VALUE_WHY)?;
         let thread = thread.to_owned();
         let entry = entry.to_vec();
         let fence = fence.cloned();
 
-        if thread.trim().is_empty() {
-            return Err(StoreError::Invalid("thread is blank".into()));
-        }
         let out = self
             .write(move |tx, now| {
                 let thread = thread.as_str();
@@ -278,5 +280,9 @@ let thread = thread.as_str();
             Ok(())
         })
         .await
+    }
+
+    fn max_entry(&self) -> u64 {
+        MAX_VALUE
     }
 }

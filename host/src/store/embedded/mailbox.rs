@@ -8,7 +8,8 @@ use rusqlite::{Connection, OptionalExtension, params};
 use tokio::sync::Notify;
 
 use super::rows::{self, COLUMNS, Row_, db};
-use super::{EmbeddedStore, TxError};
+use super::{EmbeddedStore, MAX_VALUE, MAX_VALUE_WHY, TxError};
+use crate::store::check_size;
 use crate::store::model::{
     Claim, Dispatch, Interrupt, ListFilter, NewDispatch, RunResult, Status, StatusCount,
 };
@@ -390,6 +391,7 @@ impl EmbeddedStore {
 impl Mailbox for EmbeddedStore {
     async fn enqueue(&self, new: NewDispatch) -> StoreResult<Dispatch> {
         new.validate().map_err(StoreError::Invalid)?;
+        check_size("payload", &new.payload, MAX_VALUE, MAX_VALUE_WHY)?;
         let id = new
             .id
             .clone()
@@ -545,6 +547,7 @@ impl Mailbox for EmbeddedStore {
         token: &str,
         result: RunResult,
     ) -> StoreResult<Dispatch> {
+        check_size("output", &result.output, MAX_VALUE, MAX_VALUE_WHY)?;
         self.holder_write(id, token, None, move |tx, mut d, now, _| {
             d.result = Some(result);
             d.updated_at = now;
@@ -605,6 +608,7 @@ impl Mailbox for EmbeddedStore {
     }
 
     async fn complete(&self, id: &str, token: &str, result: RunResult) -> StoreResult<Dispatch> {
+        check_size("output", &result.output, MAX_VALUE, MAX_VALUE_WHY)?;
         self.holder_write(id, token, Some("ack"), move |tx, mut d, now, token| {
             d.result = Some(result);
             terminate(&mut d, Status::Acked, now, None);
@@ -898,5 +902,9 @@ let filter = &filter;
 
     fn work_signal(&self) -> Arc<Notify> {
         self.inner.signal.clone()
+    }
+
+    fn max_value(&self) -> u64 {
+        MAX_VALUE
     }
 }

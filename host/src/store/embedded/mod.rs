@@ -60,6 +60,15 @@ use super::{SharedClock, Store, StoreError, StoreResult};
 /// How long a writer waits for another connection's write lock before `Contention`.
 pub const BUSY_TIMEOUT: Duration = Duration::from_secs(5);
 
+/// The largest payload, run output or log entry this backend stores (256 MiB): SQLite keeps a
+/// value and a row under 1,000,000,000 bytes (`SQLITE_MAX_LENGTH`), and one dispatch row holds
+/// both a payload and an output. Larger values are refused with `Invalid`.
+pub const MAX_VALUE: u64 = 256 * 1024 * 1024;
+
+/// Why [`MAX_VALUE`] is what it is, for error messages.
+pub(crate) const MAX_VALUE_WHY: &str =
+    "the embedded store's cap, well below SQLite's limit of 1,000,000,000 bytes per row";
+
 /// The schema version this build writes.
 pub const SCHEMA_VERSION: i64 = 1;
 
@@ -421,6 +430,10 @@ fn sql_error(location: &str, err: rusqlite::Error) -> StoreError {
         Some(ErrorCode::DatabaseBusy | ErrorCode::DatabaseLocked) => {
             StoreError::Contention(format!("{location}: {err}"))
         }
+        // A value or row over SQLite's limits: retrying cannot help.
+        Some(ErrorCode::TooBig) => StoreError::Invalid(format!(
+            "{location}: the record is too large for the embedded store: {err}"
+        )),
         Some(ErrorCode::NotADatabase | ErrorCode::DatabaseCorrupt) => StoreError::Corrupt {
             key: location.to_owned(),
             reason: err.to_string(),

@@ -7,10 +7,26 @@
 //! Ids, thread names and dedupe keys are arbitrary strings; each becomes one subject token as
 //! unpadded URL-safe base64 (`A-Z a-z 0-9 - _`), which never contains `.`, `*`, `>` or spaces;
 //! the empty string is `~`.
+//!
+//! # Dispatch records
+//!
+//! A dispatch record is framed so that its two opaque byte fields cost exactly their length:
+//!
+//! | bytes | content |
+//! | --- | --- |
+//! | 1 | `1`, the format |
+//! | 4 | `H`, big-endian |
+//! | `H` | the record as JSON, with `payload` and the result's `output` left empty |
+//! | 4 | `P`, big-endian |
+//! | `P` | the payload |
+//! | the rest | the result's output (nothing when the record has no result) |
+//!
+//! Records written before the framing (plain JSON, binary bytes as `{"hex": ...}`) start with
+//! `{` and are still read.
 
 use base64::Engine;
 use base64::engine::general_purpose::URL_SAFE_NO_PAD;
-use bytes::Bytes;
+use bytes::{BufMut, Bytes, BytesMut};
 
 use super::view::{Record, Stored, ThreadRec};
 use crate::store::{StoreError, StoreResult};
@@ -114,8 +130,7 @@ impl Key {
                 if payload.is_empty() {
                     return Ok(Record::Dispatch(thread, id, None));
                 }
-                let stored: Stored =
-                    serde_json::from_slice(payload).map_err(|e| (name.clone(), e.to_string()))?;
+                let stored = decode_dispatch(payload).map_err(|e| (name.clone(), e))?;
                 if stored.d.id != id || stored.d.thread != thread {
                     return Err((
                         name,
@@ -143,11 +158,92 @@ impl Key {
     }
 }
 
-/// The payload of a dispatch record.
-pub fn encode_dispatch(stored: &Stored) -> StoreResult<Bytes> {
-    serde_json::to_vec(stored)
-        .map(Bytes::from)
-        .map_err(|e| StoreError::Invalid(format!("dispatch {}: cannot encode: {e}", stored.d.id)))
+/// The format byte of a framed dispatch record.
+const FRAMED: u8 = 1;
+/// What the frame adds to a dispatch record besides its JSON: the format byte, two lengths.
+pub const FRAME_OVERHEAD: u64 = 9;
+
+/// The payload of a dispatch record (framed; see the module). `stored` is handed back as it
+/// came: its payload and output are only moved out while the JSON part is written.
+pub fn encode_dispatch(stored: &mut Stored) -> StoreResult<Bytes> {
+    let payload = std::mem::take(&mut stored.d.payload);
+    let output = stored
+        .d
+        .result
+        .as_mut()
+        .map(|r| std::mem::take(&mut r.output));
+    let header = serde_json::to_vec(&*stored);
+    stored.d.payload = payload;
+    if let (Some(result), Some(output)) = (stored.d.result.as_mut(), output) {
+        result.output = output;
+    }
+    let id = &stored.d.id;
+    let header =
+        header.map_err(|e| StoreError::Invalid(format!("dispatch {id}: cannot encode: {e}")))?;
+    let length = |what: &str, n: usize| {
+        u32::try_from(n).map_err(|_| {
+            StoreError::Invalid(format!(
+                "dispatch {id}: {what} of {n} bytes is too large for a record"
+            ))
+        })
+    };
+    let output = stored.d.result.as_ref().map_or(&[][..], |r| &r.output[..]);
+    let mut out = BytesMut::with_capacity(
+        FRAME_OVERHEAD as usize + header.len() + stored.d.payload.len() + output.len(),
+    );
+    out.put_u8(FRAMED);
+    out.put_u32(length("the record's fields", header.len())?);
+    out.put_slice(&header);
+    out.put_u32(length("payload", stored.d.payload.len())?);
+    out.put_slice(&stored.d.payload);
+    out.put_slice(output);
+    Ok(out.freeze())
+}
+
+/// A big-endian `u32` at `at`, as a length.
+fn length_at(bytes: &[u8], at: usize) -> Result<usize, String> {
+    let raw: [u8; 4] = at
+        .checked_add(4)
+        .and_then(|end| bytes.get(at..end))
+        .and_then(|b| b.try_into().ok())
+        .ok_or_else(|| format!("record truncated at byte {at} (a length was expected)"))?;
+    usize::try_from(u32::from_be_bytes(raw)).map_err(|e| e.to_string())
+}
+
+/// Decodes a dispatch record: framed, or the plain JSON of earlier versions.
+fn decode_dispatch(bytes: &[u8]) -> Result<Stored, String> {
+    match bytes.first() {
+        Some(b'{') => serde_json::from_slice(bytes).map_err(|e| e.to_string()),
+        Some(&FRAMED) => {
+            let header_len = length_at(bytes, 1)?;
+            let header_end = 5usize.saturating_add(header_len);
+            let header = bytes
+                .get(5..header_end)
+                .ok_or_else(|| format!("record truncated: {header_len} bytes of fields missing"))?;
+            let mut stored: Stored = serde_json::from_slice(header).map_err(|e| e.to_string())?;
+            let payload_len = length_at(bytes, header_end)?;
+            let payload_start = header_end.saturating_add(4);
+            let payload_end = payload_start.saturating_add(payload_len);
+            stored.d.payload = bytes
+                .get(payload_start..payload_end)
+                .ok_or_else(|| format!("record truncated: payload of {payload_len} bytes missing"))?
+                .to_vec();
+            let rest = bytes.get(payload_end..).unwrap_or_default();
+            match stored.d.result.as_mut() {
+                Some(result) => result.output = rest.to_vec(),
+                None if rest.is_empty() => {}
+                None => {
+                    return Err(format!(
+                        "{} bytes of output in a record without a result",
+                        rest.len()
+                    ));
+                }
+            }
+            Ok(stored)
+        }
+        Some(other) => Err(format!("unknown record format (first byte {other:#04x})")),
+        None => Err("empty record".to_owned()),
+    }
 }
 
 /// The payload of a thread record.
@@ -160,6 +256,94 @@ pub fn encode_thread(rec: &ThreadRec) -> StoreResult<Bytes> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::store::NewDispatch;
+    use crate::store::model::{Claim, RunResult, Status};
+    use crate::store::rules::queued_record;
+
+    fn sample(payload: Vec<u8>, output: Option<Vec<u8>>) -> Stored {
+        let new = NewDispatch::new("agent", "thread", payload).with_metadata("k", "v");
+        let mut d = queued_record("d1", &new, 3, 1_700_000_000_000);
+        if let Some(output) = output {
+            d.status = Status::Claimed;
+            d.claim = Some(Claim {
+                token: "tok".into(),
+                claimed_by: "host/agent".into(),
+                lease_until: 1_700_000_030_000,
+            });
+            d.result = Some(RunResult::success(output));
+        }
+        Stored { d, settled: None }
+    }
+
+    fn round_trip(stored: &Stored) -> Result<Stored, (String, String)> {
+        let mut copy = stored.clone();
+        let bytes = encode_dispatch(&mut copy).map_err(|e| ("encode".to_owned(), e.to_string()))?;
+        assert_eq!(&copy, stored, "encoding hands the record back unchanged");
+        match Key::Dispatch("thread".into(), "d1".into()).decode(&bytes)? {
+            Record::Dispatch(_, _, Some(back)) => Ok(*back),
+            other => Err(("decode".into(), format!("not a dispatch: {other:?}"))),
+        }
+    }
+
+    #[test]
+    fn dispatch_records_are_framed_and_round_trip_binary_and_text() {
+        let binary: Vec<u8> = (0..=255u8).cycle().take(70_000).collect();
+        for (payload, output) in [
+            (Vec::new(), None),
+            (binary.clone(), None),
+            (b"text \"quoted\" \n".to_vec(), Some(binary.clone())),
+            (binary.clone(), Some(Vec::new())),
+            (vec![0xff; 3], Some(b"{\"json\": true}".to_vec())),
+        ] {
+            let stored = sample(payload, output);
+            assert_eq!(round_trip(&stored), Ok(stored.clone()));
+        }
+        // Bytes cost their length: no hex, no base64, no escapes.
+        let mut big = sample(binary.clone(), Some(binary.clone()));
+        let framed = encode_dispatch(&mut big).map(|b| b.len()).unwrap_or(0);
+        assert!(
+            framed > 2 * binary.len() && framed < 2 * binary.len() + 1024,
+            "{framed}"
+        );
+    }
+
+    #[test]
+    fn legacy_json_records_with_hex_bytes_are_still_read() {
+        let stored = sample(vec![0xff, 0x00], Some(vec![0x01, 0xfe]));
+        let mut json = serde_json::to_value(&stored).unwrap_or_default();
+        json["payload"] = serde_json::json!({"hex": "ff00"});
+        json["result"]["output"] = serde_json::json!({"hex": "01fe"});
+        let bytes = serde_json::to_vec(&json).unwrap_or_default();
+        let back = match Key::Dispatch("thread".into(), "d1".into()).decode(&bytes) {
+            Ok(Record::Dispatch(_, _, Some(back))) => Ok(*back),
+            other => Err(format!("{other:?}")),
+        };
+        assert_eq!(back, Ok(stored));
+    }
+
+    #[test]
+    fn damaged_records_are_corrupt_never_a_panic() {
+        let mut stored = sample(b"payload".to_vec(), Some(b"output".to_vec()));
+        let bytes = encode_dispatch(&mut stored).unwrap_or_default();
+        let key = Key::Dispatch("thread".into(), "d1".into());
+        for cut in 1..bytes.len() {
+            // Any prefix either fails to decode or (cut inside the output) decodes to less.
+            if let Ok(Record::Dispatch(_, _, Some(back))) = key.clone().decode(&bytes[..cut]) {
+                assert_ne!(*back, stored, "cut at {cut}");
+            }
+        }
+        for bad in [
+            &[7u8, 0, 0][..],
+            &[1u8, 0xff, 0xff, 0xff, 0xff][..],
+            &[1u8][..],
+        ] {
+            assert!(key.clone().decode(bad).is_err(), "{bad:?}");
+        }
+        let mut queued = sample(b"p".to_vec(), None);
+        let mut bytes = encode_dispatch(&mut queued).unwrap_or_default().to_vec();
+        bytes.extend_from_slice(b"stray");
+        assert!(key.decode(&bytes).is_err(), "output without a result");
+    }
 
     #[test]
     fn subjects_round_trip_any_name() {

@@ -17,7 +17,7 @@ use super::mailbox::{put_dispatch, put_thread, superseded};
 use super::view::{Record, Stored};
 use super::{Expect, NatsStore, Plan, Write};
 use crate::store::model::{Fence, LogEntry, Watermarks};
-use crate::store::{REASON_STALE_EPOCH, SequenceStore, StoreError, StoreResult};
+use crate::store::{REASON_STALE_EPOCH, SequenceStore, StoreError, StoreResult, check_size};
 
 /// The page size of `read` when the caller gives 0.
 const DEFAULT_READ: usize = 1000;
@@ -35,6 +35,8 @@ impl NatsStore {
         if thread.trim().is_empty() {
             return Err(StoreError::Invalid("thread is blank".into()));
         }
+        let room = self.room();
+        check_size("entry", entry, room.entry, &room.entry_why())?;
         self.run(|view, now, _| {
             if let Some(fence) = fence {
                 let Some(stored) = view.dispatch(&fence.dispatch)? else {
@@ -233,5 +235,9 @@ impl SequenceStore for NatsStore {
 
     async fn delete(&self, thread: &str) -> StoreResult<()> {
         self.cut(thread, None).await
+    }
+
+    fn max_entry(&self) -> u64 {
+        self.room().entry
     }
 }

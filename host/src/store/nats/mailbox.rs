@@ -7,9 +7,10 @@ use std::sync::Arc;
 use async_trait::async_trait;
 use tokio::sync::Notify;
 
-use super::keys::{Key, encode_dispatch, encode_thread};
+use super::keys::{FRAME_OVERHEAD, Key, encode_dispatch, encode_thread};
 use super::view::{Record, Stored, ThreadRec, View};
-use super::{Expect, MAX_BATCH, NatsStore, Plan, Write};
+use super::{Expect, GROWTH_ROOM, MAX_BATCH, NatsStore, Plan, Room, Write};
+use crate::store::check_size;
 use crate::store::model::{
     Claim, Dispatch, Interrupt, ListFilter, NewDispatch, RunResult, Status, StatusCount,
 };
@@ -30,12 +31,12 @@ pub(super) fn put_dispatch(view: &View, stored: Stored) -> StoreResult<Write> {
     put_dispatch_expecting(expect, stored)
 }
 
-fn put_dispatch_expecting(expect: Expect, stored: Stored) -> StoreResult<Write> {
+fn put_dispatch_expecting(expect: Expect, mut stored: Stored) -> StoreResult<Write> {
     let (thread, id) = (stored.d.thread.clone(), stored.d.id.clone());
     Ok(Write {
         key: Key::Dispatch(thread.clone(), id.clone()),
         expect,
-        payload: encode_dispatch(&stored)?,
+        payload: encode_dispatch(&mut stored)?,
         record: Record::Dispatch(thread, id, Some(Box::new(stored))),
     })
 }
@@ -48,6 +49,30 @@ pub(super) fn put_thread(view: &View, thread: &str, rec: ThreadRec) -> StoreResu
         payload: encode_thread(&rec)?,
         record: Record::Thread(thread.to_owned(), rec),
     })
+}
+
+/// Refuses a queued record whose fields besides the payload leave too little room in its
+/// message for an output of up to `room.value` bytes and for what a settlement adds: such a
+/// record could be enqueued but never completed.
+fn fits_with_output(write: &Write, d: &Dispatch, room: &Room) -> StoreResult<()> {
+    let record = write.payload.len() as u64;
+    let needed = record
+        .saturating_add(room.value)
+        .saturating_add(GROWTH_ROOM);
+    if needed <= room.record {
+        return Ok(());
+    }
+    let payload = d.payload.len() as u64;
+    let fields = record.saturating_sub(payload + FRAME_OVERHEAD);
+    let allowed = room
+        .record
+        .saturating_sub(room.value + GROWTH_ROOM + FRAME_OVERHEAD + payload);
+    Err(StoreError::Invalid(format!(
+        "metadata: dispatch `{}`: its metadata, names and dedupe key take {fields} bytes of its \
+         record; beside a payload of {payload} bytes and room for an output of up to {} bytes, \
+         at most {allowed} fit (the NATS server's max_payload is {} bytes)",
+        d.id, room.value, room.server
+    )))
 }
 
 fn plain(d: Dispatch) -> Stored {
@@ -240,6 +265,8 @@ impl NatsStore {
 impl Mailbox for NatsStore {
     async fn enqueue(&self, new: NewDispatch) -> StoreResult<Dispatch> {
         new.validate().map_err(StoreError::Invalid)?;
+        let room = self.room();
+        check_size("payload", &new.payload, room.value, &room.value_why())?;
         let chosen = new.id.is_some();
         let id = new
             .id
@@ -283,7 +310,11 @@ impl Mailbox for NatsStore {
                     record: Record::Id(id.clone(), new.thread.clone()),
                 });
             }
-            writes.push(put_dispatch(view, plain(d.clone()))?);
+            let write = put_dispatch(view, plain(d.clone()))?;
+            if let Err(e) = fits_with_output(&write, &d, &room) {
+                return Ok(Plan::Done(Err(e)));
+            }
+            writes.push(write);
             Ok(Plan::Write(writes, Ok(d), true))
         })
         .await
@@ -374,6 +405,8 @@ impl Mailbox for NatsStore {
         token: &str,
         result: RunResult,
     ) -> StoreResult<Dispatch> {
+        let room = self.room();
+        check_size("output", &result.output, room.value, &room.value_why())?;
         self.holder_write(id, token, None, |d, now| {
             d.result = Some(result.clone());
             d.updated_at = now;
@@ -409,6 +442,8 @@ impl Mailbox for NatsStore {
     }
 
     async fn complete(&self, id: &str, token: &str, result: RunResult) -> StoreResult<Dispatch> {
+        let room = self.room();
+        check_size("output", &result.output, room.value, &room.value_why())?;
         self.holder_write(id, token, Some("ack"), |d, now| {
             d.result = Some(result.clone());
             terminate(d, Status::Acked, now, None);
@@ -689,5 +724,9 @@ impl Mailbox for NatsStore {
 
     fn work_signal(&self) -> Arc<Notify> {
         self.work_signal_handle()
+    }
+
+    fn max_value(&self) -> u64 {
+        self.room().value
     }
 }

@@ -81,6 +81,19 @@
 //! watermark first and purges entries after; a crash between leaves entries that reads no
 //! longer return, purged by the next trim or delete.
 //!
+//! # Size limits
+//!
+//! The server refuses a message over its `max_payload` (1 MiB unless configured; headers
+//! count). [`Room`] derives Homing's limits from the value the server advertises when the
+//! connection is made: one dispatch record holds its payload and its output, so each may take
+//! a little under half of a message ([`NatsStore::room`], `value`); a log entry may take nearly
+//! a whole message (`entry`). Bytes are stored as they are (dispatch records are framed, see
+//! [`keys`]), so the limits are exact. Larger values are refused with `Invalid` naming the
+//! field and the limit before anything is sent, and an enqueue keeps room in its record for an
+//! output of up to `value` bytes and for what a settlement adds, so a record that was accepted
+//! can always be claimed and settled. A message the server or client still finds too large
+//! (the server's limit lowered under a running host) is `Invalid` too, never `Unavailable`.
+//!
 //! # Availability
 //!
 //! Every request has a timeout; a timeout, a lost connection or a missing JetStream is
@@ -166,6 +179,64 @@ impl NatsConfig {
     }
 }
 
+/// Room kept in each message for its NATS headers (expectations, batch ids, the subject filter
+/// of a thread's tree): they count against the server's `max_payload`.
+const HEADER_ROOM: u64 = 4 * 1024;
+/// Room kept in a dispatch record for everything but its payload and output: names, metadata,
+/// dedupe key, claim, error texts.
+const FIELDS_ROOM: u64 = 64 * 1024;
+/// What a record may grow by after its enqueue besides its output: a claim, a settlement's
+/// token, an error text of up to [`crate::store::MAX_ERROR_TEXT`] bytes.
+const GROWTH_ROOM: u64 = 16 * 1024;
+/// What a log entry's message adds to the entry: the append time.
+const ENTRY_HEADER: u64 = 8;
+/// The smallest server `max_payload` the backend works with.
+pub const MIN_SERVER_PAYLOAD: u64 = 256 * 1024;
+
+/// How much one message of the stream can carry, from the server's advertised `max_payload`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Room {
+    /// The server's `max_payload`: headers and payload of one message.
+    pub server: u64,
+    /// The largest record (message payload) written: `server` less [`HEADER_ROOM`].
+    pub record: u64,
+    /// The largest payload, and the largest output, of a dispatch: the two share one record
+    /// with its other fields.
+    pub value: u64,
+    /// The largest log entry.
+    pub entry: u64,
+}
+
+impl Room {
+    /// The room under a server whose `max_payload` is `server` bytes.
+    pub fn of(server: u64) -> Room {
+        let record = server.saturating_sub(HEADER_ROOM);
+        Room {
+            server,
+            record,
+            value: record.saturating_sub(keys::FRAME_OVERHEAD + FIELDS_ROOM) / 2,
+            entry: record.saturating_sub(ENTRY_HEADER),
+        }
+    }
+
+    /// Why `value` is what it is, for error messages.
+    pub(crate) fn value_why(&self) -> String {
+        format!(
+            "a dispatch's payload and output share one NATS message, and the server's \
+             max_payload is {} bytes",
+            self.server
+        )
+    }
+
+    /// Why `entry` is what it is, for error messages.
+    pub(crate) fn entry_why(&self) -> String {
+        format!(
+            "one NATS message per entry, and the server's max_payload is {} bytes",
+            self.server
+        )
+    }
+}
+
 /// What `homing config check` reports about a server.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct NatsReport {
@@ -179,6 +250,8 @@ pub struct NatsReport {
     pub messages: u64,
     /// Its replicas.
     pub replicas: usize,
+    /// What one message can carry under the server's `max_payload`.
+    pub room: Room,
 }
 
 /// A handle on the NATS backend; clones share one connection and one view.
@@ -201,6 +274,8 @@ struct Inner {
     /// The stream's name, and the first token of every subject.
     prefix: String,
     timeout: Duration,
+    /// What one message can carry (from the server's `max_payload` at connect).
+    room: Room,
     clock: SharedClock,
     view: Mutex<View>,
     /// Fired whenever the watcher applied messages (barrier waiters listen).
@@ -314,6 +389,7 @@ impl NatsStore {
     pub async fn connect(config: &NatsConfig, clock: SharedClock) -> StoreResult<NatsStore> {
         config.validate().map_err(StoreError::Invalid)?;
         let client = connect_client(config).await?;
+        let room = room_of(&client)?;
         let js = jetstream::ContextBuilder::new()
             .timeout(config.request_timeout)
             .build(client.clone());
@@ -335,6 +411,7 @@ impl NatsStore {
             js,
             prefix: config.prefix.clone(),
             timeout: config.request_timeout,
+            room,
             clock,
             view: Mutex::new(View::default()),
             applied: Notify::new(),
@@ -385,6 +462,7 @@ impl NatsStore {
         config.validate().map_err(StoreError::Invalid)?;
         let client = connect_client(config).await?;
         let server = client.server_info();
+        let room = room_of(&client)?;
         let js = jetstream::ContextBuilder::new()
             .timeout(config.request_timeout)
             .build(client.clone());
@@ -406,6 +484,7 @@ impl NatsStore {
             existed,
             messages,
             replicas,
+            room,
         })
     }
 
@@ -427,6 +506,12 @@ impl NatsStore {
 
     pub(crate) fn now(&self) -> u64 {
         self.inner.clock.now_ms()
+    }
+
+    /// What one message can carry under the server's `max_payload`, as advertised when this
+    /// instance connected.
+    pub fn room(&self) -> Room {
+        self.inner.room
     }
 
     pub(crate) fn prefix(&self) -> &str {
@@ -520,9 +605,22 @@ impl NatsStore {
         let fut = self.inner.client.send_request(subject, request);
         match tokio::time::timeout(self.inner.timeout + Duration::from_millis(100), fut).await {
             Ok(Ok(message)) => Ok(message.payload),
+            Ok(Err(e)) if e.kind() == async_nats::RequestErrorKind::MaxPayloadExceeded => {
+                Err(self.too_big(&shown, e))
+            }
             Ok(Err(e)) => Err(unavailable(&format!("request to {shown}"), e)),
             Err(_) => Err(unavailable(&format!("request to {shown}"), "timed out")),
         }
+    }
+
+    /// The error of a message the client or server refused as over `max_payload`: retrying
+    /// cannot help, so it is `Invalid`, not `Unavailable`.
+    fn too_big(&self, subject: &str, e: impl fmt::Display) -> StoreError {
+        StoreError::Invalid(format!(
+            "nats: the message to {subject} is over the server's max_payload ({e}; {} bytes \
+             when this host connected)",
+            self.inner.room.server
+        ))
     }
 
     /// Reads a subject's last message straight from the server: its sequence and payload.
@@ -585,6 +683,18 @@ impl NatsStore {
         if n == 0 {
             return Ok(());
         }
+        // Nothing of a batch is sent when one of its records is too large for a message.
+        let room = self.inner.room;
+        if let Some(w) = writes.iter().find(|w| w.payload.len() as u64 > room.record) {
+            return Err(CommitError::Store(StoreError::Invalid(format!(
+                "{}: the record would take {} bytes, over the {} bytes one NATS message can \
+                 carry (the server's max_payload is {} bytes)",
+                w.key.describe(),
+                w.payload.len(),
+                room.record,
+                room.server
+            ))));
+        }
         let batch = uuid::Uuid::now_v7().simple().to_string();
         let mut last_seq = 0;
         for (i, w) in writes.iter().enumerate() {
@@ -610,9 +720,18 @@ impl NatsStore {
             if i + 1 < n {
                 self.inner
                     .client
-                    .publish_with_headers(subject, headers, w.payload.clone())
+                    .publish_with_headers(subject.clone(), headers, w.payload.clone())
                     .await
-                    .map_err(|e| CommitError::Store(unavailable("publish", e)))?;
+                    .map_err(|e| {
+                        CommitError::Store(
+                            if e.kind() == async_nats::client::PublishErrorKind::MaxPayloadExceeded
+                            {
+                                self.too_big(&subject, e)
+                            } else {
+                                unavailable("publish", e)
+                            },
+                        )
+                    })?;
                 continue;
             }
             if n > 1 {
@@ -682,6 +801,24 @@ impl NatsStore {
             "nats: too many concurrent writers on the same records; retry later".into(),
         ))
     }
+}
+
+/// The room of the server `client` is connected to, from its advertised `max_payload` (the
+/// client's own negotiated value when the server info does not say).
+fn room_of(client: &async_nats::Client) -> StoreResult<Room> {
+    let advertised = client.server_info().max_payload;
+    let server = if advertised > 0 {
+        advertised
+    } else {
+        client.max_payload()
+    } as u64;
+    if server < MIN_SERVER_PAYLOAD {
+        return Err(StoreError::Invalid(format!(
+            "the NATS server's max_payload is {server} bytes; Homing needs at least \
+             {MIN_SERVER_PAYLOAD} (raise max_payload in the server's configuration)"
+        )));
+    }
+    Ok(Room::of(server))
 }
 
 async fn connect_client(config: &NatsConfig) -> StoreResult<async_nats::Client> {

@@ -34,7 +34,8 @@ const MAX_ENQUEUES: u32 = 1000;
 const KEEP_VIOLATIONS: usize = 4;
 /// A summary line must stay under the host's 4 KiB log-line cap.
 const MAX_SUMMARY: usize = 3900;
-/// The size of an "oversized" value: beyond a NATS message (1 MiB), fine for SQLite.
+/// The size of an "oversized" value: beyond a NATS message (1 MiB) and the host's
+/// `max_payload`; as an error text, beyond what a record keeps (cut to 8 KiB).
 const XL: usize = 1_500_000;
 
 /// splitmix64: a tiny seeded generator, good enough to pick calls and arguments.
@@ -471,12 +472,14 @@ impl Run {
     }
 
     fn record_result(&mut self, claim: &Claim) {
-        let (output, xl) = data(&mut self.rng);
+        let (output, _) = data(&mut self.rng);
         let out = claim.record_result(&output);
-        let allowed: &[&str] = match (self.settled.is_some(), xl) {
-            (true, _) => &["lost-claim"],
+        // The host checks sizes first: over `max_payload` is `invalid` on every backend, also
+        // after settling (never `unavailable`: retrying cannot help).
+        let allowed: &[&str] = match (self.settled.is_some(), output.len() > MAX_PAYLOAD) {
+            (_, true) => &["invalid"],
+            (true, false) => &["lost-claim"],
             (false, false) => &["ok"],
-            (false, true) => &["ok", "unavailable"],
         };
         let class = self.note("result", &out, allowed);
         if self.settled.is_none() {
@@ -488,10 +491,11 @@ impl Run {
         }
     }
 
-    /// What a settling call may return, given what settled the attempt before.
-    fn settle_allowed(&self, kind: Kind, xl: bool) -> &'static [&'static str] {
+    /// What a settling call may return, given what settled the attempt before; `oversized`
+    /// when it carries an output over `max_payload` (then `invalid`, whatever came before).
+    fn settle_allowed(&self, kind: Kind, oversized: bool) -> &'static [&'static str] {
         match self.settled {
-            None if xl => &["ok", "unavailable"],
+            _ if oversized => &["invalid"],
             None => &["ok"],
             // A repeat of the settling operation with the same token is idempotent.
             Some((Kind::Ack, _)) if kind == Kind::Ack => &["ok"],
@@ -511,9 +515,9 @@ impl Run {
     }
 
     fn complete(&mut self, claim: &Claim) {
-        let (output, xl) = data(&mut self.rng);
+        let (output, _) = data(&mut self.rng);
         let out = claim.complete(&output);
-        let allowed = self.settle_allowed(Kind::Ack, xl);
+        let allowed = self.settle_allowed(Kind::Ack, output.len() > MAX_PAYLOAD);
         let class = self.note("complete", &out, allowed);
         if self.settled.is_none() {
             match class {
@@ -533,7 +537,8 @@ impl Run {
     }
 
     fn nack(&mut self, claim: &Claim) {
-        let (error, xl) = error_text(&mut self.rng);
+        // An oversized error text is kept cut (8 KiB): the nack itself succeeds.
+        let (error, _) = error_text(&mut self.rng);
         let retry = match self.rng.below(7) {
             0 => None,
             1 => Some(0),
@@ -544,15 +549,15 @@ impl Run {
             _ => Some(self.rng.next_u64()),
         };
         let out = claim.nack(&error, retry);
-        let allowed = self.settle_allowed(Kind::Nack, xl);
+        let allowed = self.settle_allowed(Kind::Nack, false);
         let class = self.note("nack", &out, allowed);
         self.settled_by(Kind::Nack, class);
     }
 
     fn dead_letter(&mut self, claim: &Claim) {
-        let (error, xl) = error_text(&mut self.rng);
+        let (error, _) = error_text(&mut self.rng);
         let out = claim.dead_letter(&error);
-        let allowed = self.settle_allowed(Kind::Dead, xl);
+        let allowed = self.settle_allowed(Kind::Dead, false);
         let class = self.note("dead", &out, allowed);
         self.settled_by(Kind::Dead, class);
     }
@@ -606,19 +611,20 @@ impl Run {
     }
 
     fn append(&mut self, claim: &Claim) {
-        let (entry, xl) = self.entry();
+        let (entry, _) = self.entry();
         let out = claim.append(&entry);
-        let allowed: &[&str] = match (self.settled.is_some(), xl) {
-            (true, _) => &["lost-claim"],
+        let allowed: &[&str] = match (self.settled.is_some(), entry.len() > MAX_PAYLOAD) {
+            (_, true) => &["invalid"],
+            (true, false) => &["lost-claim"],
             (false, false) => &["ok"],
-            (false, true) => &["ok", "unavailable"],
         };
         let class = self.note("append", &out, allowed);
         self.appended(&entry, class, out.ok());
     }
 
     fn append_expected(&mut self, claim: &Claim) {
-        let (entry, xl) = self.entry();
+        let (entry, _) = self.entry();
+        let oversized = entry.len() > MAX_PAYLOAD;
         let known = self.latest;
         let expected = match (self.rng.below(9), known) {
             (0..=3, Some(l)) => l,
@@ -629,15 +635,12 @@ impl Run {
             _ => 0,
         };
         let out = claim.append_expected(&entry, expected);
-        let live_ok: &[&str] = if xl {
-            &["ok", "conflict", "unavailable"]
-        } else {
-            &["ok", "conflict"]
-        };
-        let allowed: &[&str] = if self.settled.is_some() {
+        let allowed: &[&str] = if oversized {
+            &["invalid"]
+        } else if self.settled.is_some() {
             &["lost-claim"]
         } else {
-            live_ok
+            &["ok", "conflict"]
         };
         let class = self.note("expect", &out, allowed);
         if self.settled.is_some() {

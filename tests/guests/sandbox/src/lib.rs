@@ -20,6 +20,9 @@
 //! | `hang-once` | on its first attempt blocks for an hour; later attempts return `recovered` |
 //! | `journal:<ms>` | appends `start <id>` to the thread log, works `ms` milliseconds, appends `end <id>` |
 //! | `count` | returns how many dispatches this instance has handled (instance reuse) |
+//! | `big:<n>` | returns `n` bytes of binary output ([`pattern`], not UTF-8) |
+//! | `oversize:<n>` | tries `n` bytes through append, append-expected, enqueue (to `sandbox`), record-result and complete; returns one line per call: `<call>: <outcome>` |
+//! | `log:<text>` | writes the text with `log.write` (info), as it is |
 //! | anything else | returns it |
 
 use std::hint::black_box;
@@ -29,6 +32,22 @@ use std::time::Duration;
 use homing_guest::{Claim, Enqueue, Handler};
 
 struct Sandbox;
+
+/// `n` bytes where byte `i` is `(i * 31 + 7) % 251`: binary (0xC0 and 0xFF make it invalid
+/// UTF-8), and easy to check by whoever reads it back.
+pub fn pattern(n: usize) -> Vec<u8> {
+    (0..n)
+        .map(|i| ((i * 31 + 7) % 251) as u8 | if i % 7 == 0 { 0xC0 } else { 0 })
+        .collect()
+}
+
+/// `ok` or the error, for `oversize`'s report.
+fn outcome<T>(result: Result<T, homing_guest::Error>) -> String {
+    match result {
+        Ok(_) => "ok".to_owned(),
+        Err(e) => e.to_string(),
+    }
+}
 
 /// Dispatches handled by this instance.
 static CALLS: AtomicU32 = AtomicU32::new(0);
@@ -90,7 +109,11 @@ impl Handler for Sandbox {
             "enqueue-storm" => {
                 let mut sent = 0u32;
                 loop {
-                    match claim.enqueue(Enqueue::to(arg).thread(format!("storm-{sent}")).payload("x")) {
+                    match claim.enqueue(
+                        Enqueue::to(arg)
+                            .thread(format!("storm-{sent}"))
+                            .payload("x"),
+                    ) {
                         Ok(_) => sent += 1,
                         Err(e) => return Ok(format!("sent {sent} then refused: {e}").into_bytes()),
                     }
@@ -115,6 +138,34 @@ impl Handler for Sandbox {
                 Ok(b"journaled".to_vec())
             }
             "count" => Ok(calls.to_string().into_bytes()),
+            "big" => Ok(pattern(arg.parse().unwrap_or(0))),
+            "oversize" => {
+                let data = pattern(arg.parse().unwrap_or(0));
+                let report = [
+                    format!("append: {}", outcome(claim.append(&data))),
+                    format!(
+                        "append-expected: {}",
+                        outcome(claim.append_expected(&data, 0))
+                    ),
+                    format!(
+                        "enqueue: {}",
+                        outcome(
+                            claim.enqueue(
+                                Enqueue::to("sandbox")
+                                    .thread(format!("oversize-{}", claim.id()))
+                                    .payload(data.clone())
+                            )
+                        )
+                    ),
+                    format!("record-result: {}", outcome(claim.record_result(&data))),
+                    format!("complete: {}", outcome(claim.complete(&data))),
+                ];
+                Ok(report.join("\n").into_bytes())
+            }
+            "log" => {
+                homing_guest::logging::info(arg);
+                Ok(b"logged".to_vec())
+            }
             "hang-once" => {
                 if claim.attempt() == 0 {
                     std::thread::sleep(Duration::from_secs(3600));
