@@ -22,6 +22,7 @@
 
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
+mod common;
 mod history;
 mod natsd;
 
@@ -37,15 +38,12 @@ use homing::store::{
 use tokio::sync::Barrier;
 use tokio::task::JoinSet;
 
+use common::{Rng, seed, soak};
 use history::{Expect, History, Recorder};
 use natsd::NatsServer;
 
 const T0: u64 = 1_700_000_000_000;
 const AGENT: &str = "agent";
-
-fn soak() -> bool {
-    std::env::var("HOMING_SOAK").is_ok_and(|v| v == "1")
-}
 
 /// Where a scenario's data lives; `open` gives another instance (another host) on it.
 enum Backend {
@@ -91,45 +89,6 @@ impl Backend {
             }
         }
     }
-}
-
-/// A small deterministic random source (xorshift), seeded per task.
-#[derive(Debug, Clone)]
-struct Rng(u64);
-
-impl Rng {
-    fn new(seed: u64) -> Rng {
-        Rng(seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1)
-    }
-
-    fn next(&mut self) -> u64 {
-        let mut x = self.0;
-        x ^= x << 13;
-        x ^= x >> 7;
-        x ^= x << 17;
-        self.0 = x;
-        x
-    }
-
-    fn below(&mut self, n: u64) -> u64 {
-        self.next() % n.max(1)
-    }
-}
-
-fn seed() -> u64 {
-    std::env::var("HOMING_SEED")
-        .ok()
-        .and_then(|s| s.parse().ok())
-        .unwrap_or_else(|| {
-            u64::try_from(
-                std::time::SystemTime::now()
-                    .duration_since(std::time::UNIX_EPOCH)
-                    .unwrap()
-                    .as_nanos()
-                    % 1_000_000_007,
-            )
-            .unwrap()
-        })
 }
 
 /// Waits for every task, re-raising the first panic with its own message.

@@ -27,6 +27,7 @@
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
 mod common;
+mod hosts;
 mod natsd;
 
 use std::collections::{BTreeMap, BTreeSet};
@@ -36,10 +37,11 @@ use std::time::{Duration, Instant};
 
 use homing::store::embedded::EmbeddedStore;
 use homing::store::nats::{NatsConfig, NatsStore};
-use homing::store::{Dispatch, ListFilter, NewDispatch, Status, Store, SystemClock};
+use homing::store::{Dispatch, NewDispatch, Status, Store, SystemClock};
 use serde_json::Value;
 
 use common::{Env, guest, signal, toml_path, wait_exit};
+use hosts::all;
 use natsd::NatsServer;
 
 const HANDLER: &str = "fuzzer";
@@ -174,30 +176,6 @@ fn log_tail(env: &Env) -> String {
     let log = host_log(env);
     let lines: Vec<&str> = log.lines().collect();
     lines[lines.len().saturating_sub(40)..].join("\n")
-}
-
-/// Every dispatch of the store, by id.
-async fn all(store: &Store) -> BTreeMap<String, Dispatch> {
-    let mut out = BTreeMap::new();
-    let mut offset = 0;
-    loop {
-        let page = store
-            .mailbox
-            .list(&ListFilter {
-                limit: 1000,
-                offset,
-                ..ListFilter::default()
-            })
-            .await
-            .expect("list");
-        if page.is_empty() {
-            return out;
-        }
-        offset += page.len();
-        for d in page {
-            out.insert(d.id.clone(), d);
-        }
-    }
 }
 
 /// The thread name of primary dispatch `i`: plain, or odd (unicode, subject wildcards, NUL).

@@ -43,7 +43,7 @@ use std::time::{Duration, Instant};
 use homing::store::embedded::EmbeddedStore;
 use homing::store::{Dispatch, Status, Store, SystemClock};
 
-use common::{Env, guest, shared_cache_dir, signal, toml_path};
+use common::{Env, Rng, guest, seed, shared_cache_dir, signal, soak, toml_path};
 use hosts::{
     AGENT, Host, acked, all, enqueue_journal, fill, finished, host_log, journals, open_nats,
     released, spawn_run,
@@ -59,47 +59,9 @@ const CONCURRENCY: usize = 4;
 /// The hosts' `shutdown_grace`.
 const GRACE: Duration = Duration::from_secs(2);
 
-fn soak() -> bool {
-    std::env::var("HOMING_SOAK").is_ok_and(|v| v == "1")
-}
-
-/// A small deterministic random source (xorshift).
-struct Rng(u64);
-
-impl Rng {
-    fn new(seed: u64) -> Rng {
-        Rng(seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1)
-    }
-
-    fn next(&mut self) -> u64 {
-        let mut x = self.0;
-        x ^= x << 13;
-        x ^= x >> 7;
-        x ^= x << 17;
-        self.0 = x;
-        x
-    }
-
-    fn below(&mut self, n: u64) -> u64 {
-        self.next() % n.max(1)
-    }
-}
-
 /// `HOMING_SEED`, else a fresh one; printed either way so a failure can be replayed.
 fn seeded(test: &str) -> Rng {
-    let seed = std::env::var("HOMING_SEED")
-        .ok()
-        .and_then(|s| s.parse().ok())
-        .unwrap_or_else(|| {
-            u64::try_from(
-                std::time::SystemTime::now()
-                    .duration_since(std::time::UNIX_EPOCH)
-                    .unwrap()
-                    .as_nanos()
-                    % 1_000_000_007,
-            )
-            .unwrap()
-        });
+    let seed = seed();
     eprintln!("{test}: HOMING_SEED={seed}");
     Rng::new(seed)
 }

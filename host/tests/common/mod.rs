@@ -270,3 +270,48 @@ pub fn polyglot_guest(name: &str) -> PathBuf {
 pub fn shared_cache_dir() -> PathBuf {
     target_dir().join("polyglot-cache")
 }
+
+/// `HOMING_SOAK=1`: run the long variants of the fault and fuzz tests.
+pub fn soak() -> bool {
+    std::env::var("HOMING_SOAK").is_ok_and(|v| v == "1")
+}
+
+/// `HOMING_SEED`, else a fresh seed from the clock (tests print it so a run can be replayed).
+pub fn seed() -> u64 {
+    std::env::var("HOMING_SEED")
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .unwrap_or_else(|| {
+            u64::try_from(
+                std::time::SystemTime::now()
+                    .duration_since(std::time::UNIX_EPOCH)
+                    .unwrap()
+                    .as_nanos()
+                    % 1_000_000_007,
+            )
+            .unwrap()
+        })
+}
+
+/// A small deterministic random source (xorshift), seeded per task.
+#[derive(Debug, Clone)]
+pub struct Rng(u64);
+
+impl Rng {
+    pub fn new(seed: u64) -> Rng {
+        Rng(seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1)
+    }
+
+    pub fn next(&mut self) -> u64 {
+        let mut x = self.0;
+        x ^= x << 13;
+        x ^= x >> 7;
+        x ^= x << 17;
+        self.0 = x;
+        x
+    }
+
+    pub fn below(&mut self, n: u64) -> u64 {
+        self.next() % n.max(1)
+    }
+}
