@@ -57,6 +57,28 @@ enqueue_to = ["echo"]
 }
 
 #[test]
+fn stored_text_prints_with_its_control_characters_escaped() {
+    let env = Env::new(&examples_config());
+    let nasty = "hi\u{1b}[2J\nforged line\rback";
+    env.enqueue("memory", "tty", nasty, &[]);
+    env.run_until_idle();
+    let text = env.ok(&["thread", "log", "tty"]);
+    assert!(
+        !text.contains('\u{1b}') && !text.contains('\r'),
+        "raw control characters reached the terminal: {text:?}"
+    );
+    assert!(
+        text.contains("user: hi\\u{1b}[2J\\nforged line\\rback"),
+        "{text}"
+    );
+    assert!(!text.lines().any(|l| l.starts_with("forged")), "{text}");
+    // JSON keeps the exact bytes.
+    let log: Vec<Value> =
+        serde_json::from_str(&env.ok(&["thread", "log", "tty", "--json"])).unwrap();
+    assert_eq!(log[0]["data"], format!("user: {nasty}"));
+}
+
+#[test]
 fn every_example_agent_processes_real_dispatches() {
     let env = Env::new(&examples_config());
     env.enqueue("echo", "e1", "hello", &[]);

@@ -659,9 +659,11 @@ fn inspect(file: &Path, json: bool) -> anyhow::Result<()> {
     Ok(())
 }
 
+/// Bytes for a terminal: text with its control characters escaped (a stored value cannot move
+/// the cursor or forge lines), anything else as its length and leading hex.
 fn printable(bytes: &[u8]) -> String {
     match std::str::from_utf8(bytes) {
-        Ok(text) => text.to_owned(),
+        Ok(text) => crate::runtime::host::escape_log_text(text).into_owned(),
         Err(_) => format!(
             "<{} bytes, hex {}>",
             bytes.len(),
