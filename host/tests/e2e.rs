@@ -246,7 +246,22 @@ fn sandbox_grants_files_env_and_network_when_configured() {
 
 #[test]
 fn hostile_guests_are_stopped_nacked_with_the_reason_and_dead_lettered() {
-    let env = Env::new(&sandbox_config("5s", "1s", 2, ""));
+    hostile_guests_dead_letter(&sandbox_config("5s", "1s", 2, ""));
+}
+
+/// The same poison guests on NATS: the crashes count as attempts and dead-letter there too.
+#[test]
+fn nats_hostile_guests_are_stopped_nacked_with_the_reason_and_dead_lettered() {
+    let server = natsd::NatsServer::start();
+    hostile_guests_dead_letter(&format!(
+        "{}\n{}",
+        sandbox_config("5s", "1s", 2, ""),
+        nats_store_section(&server, "hostile")
+    ));
+}
+
+fn hostile_guests_dead_letter(config: &str) {
+    let env = Env::new(config);
     let cases = [
         ("alloc", "memory limit"),
         ("spin", "timed out"),
