@@ -710,16 +710,7 @@ async fn requests_per_dispatch(
     let scratch = target.scratch().await?;
     let store = scratch.store.clone();
     let before = target.in_msgs().unwrap_or(0);
-    for i in 0..n {
-        store
-            .mailbox
-            .enqueue(NewDispatch::new(
-                "echo",
-                format!("thread-{}", i % THREADS),
-                "hello",
-            ))
-            .await?;
-    }
+    fill(&store, n).await?;
     let mut done = 0;
     while let Some(d) = store.mailbox.claim_started("echo", "bench", 30_000).await? {
         let token = d.token().unwrap_or_default().to_owned();
