@@ -5,7 +5,13 @@
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::time::{SystemTime, UNIX_EPOCH};
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+/// A duration in the store's unit, whole milliseconds, saturating at `u64::MAX`: the one
+/// conversion between the host's `Duration`s and the store's millisecond times.
+pub fn millis(d: Duration) -> u64 {
+    u64::try_from(d.as_millis()).unwrap_or(u64::MAX)
+}
 
 /// A source of Unix-millisecond timestamps.
 pub trait Clock: Send + Sync + std::fmt::Debug + 'static {
@@ -23,7 +29,7 @@ impl Clock for SystemClock {
         // which is the safe direction.
         SystemTime::now()
             .duration_since(UNIX_EPOCH)
-            .map(|d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX))
+            .map(millis)
             .unwrap_or(0)
     }
 }

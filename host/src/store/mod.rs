@@ -79,7 +79,7 @@ use std::sync::Arc;
 use async_trait::async_trait;
 use tokio::sync::Notify;
 
-pub use clock::{Clock, ManualClock, SharedClock, SystemClock};
+pub use clock::{Clock, ManualClock, SharedClock, SystemClock, millis};
 pub use error::{StoreError, StoreResult};
 pub use model::{
     Claim, DEFAULT_MAX_ATTEMPTS, DEFAULT_PRIORITY, Dispatch, Fence, Interrupt, ListFilter,
@@ -299,6 +299,11 @@ impl Store {
     /// The current time of the store's clock.
     pub fn now(&self) -> u64 {
         self.clock.now_ms()
+    }
+
+    /// The store time `after` from now (saturating).
+    pub fn after(&self, after: std::time::Duration) -> u64 {
+        self.now().saturating_add(millis(after))
     }
 
     /// The largest value this store holds in every place a guest can put bytes: a payload, an
