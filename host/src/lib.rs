@@ -11,6 +11,7 @@
 
 pub mod cli;
 pub mod config;
+pub mod input;
 pub mod runtime;
 pub mod store;
 pub mod supervisor;

