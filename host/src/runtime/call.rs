@@ -54,8 +54,9 @@ pub enum HandlerRun {
     /// The claim came back from the instance's resource table, with what the guest did to it
     /// (its settlement, if any), and the call ended as `end`.
     Finished {
-        /// The claim, to settle what the guest left unsettled.
-        claim: ClaimHandle,
+        /// The claim, to settle what the guest left unsettled (boxed: a dispatch is large
+        /// beside the other outcome).
+        claim: Box<ClaimHandle>,
         /// How the call ended.
         end: CallEnd,
     },
@@ -124,7 +125,7 @@ impl Runtime {
         warm: &mut Option<WarmInstance>,
     ) -> HandlerRun {
         let not_started = |claim, reason| HandlerRun::Finished {
-            claim,
+            claim: Box::new(claim),
             end: CallEnd::not_started(reason),
         };
         let PluginPre::Handler(pre) = &plugin.pre else {
@@ -189,7 +190,10 @@ impl Runtime {
             end => end,
         };
         let run = match store.data_mut().table().delete(resource) {
-            Ok(claim) => HandlerRun::Finished { claim, end },
+            Ok(claim) => HandlerRun::Finished {
+                claim: Box::new(claim),
+                end,
+            },
             Err(_) => HandlerRun::ClaimLost { end },
         };
         if let Some(instance) = instance

@@ -397,7 +397,7 @@ async fn run_one(
             let run = runtime.run_handler(plugin, claim, warm).await;
             let settle_started = std::time::Instant::now();
             let outcome = match run {
-                HandlerRun::Finished { claim, end } => settle(plugin, claim, end).await,
+                HandlerRun::Finished { claim, end } => settle(plugin, *claim, end).await,
                 HandlerRun::ClaimLost { .. } => {
                     warn!(plugin = %name, dispatch = %id, "the claim could not be taken back from the instance; its lease will run out and the sweeper reclaims it");
                     "lost"
