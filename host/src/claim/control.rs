@@ -82,3 +82,30 @@ impl ClaimControl {
         self.stop_reason().is_some_and(StopReason::is_final)
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::{ClaimControl, StopReason};
+
+    #[test]
+    fn a_final_stop_reason_is_never_replaced() {
+        let control = ClaimControl::default();
+        control.request_stop(StopReason::LeaseLost);
+        control.request_stop(StopReason::Interrupted);
+        control.request_stop(StopReason::Shutdown);
+        assert_eq!(control.stop_reason(), Some(StopReason::LeaseLost));
+        assert!(control.must_cancel());
+    }
+
+    #[test]
+    fn a_request_to_finish_gives_way_to_a_final_reason() {
+        let control = ClaimControl::default();
+        assert_eq!(control.stop_reason(), None);
+        control.request_stop(StopReason::Shutdown);
+        assert_eq!(control.stop_reason(), Some(StopReason::Shutdown));
+        assert!(!control.must_cancel());
+        control.request_stop(StopReason::Interrupted);
+        assert_eq!(control.stop_reason(), Some(StopReason::Interrupted));
+        assert!(control.must_cancel());
+    }
+}
