@@ -1,14 +1,25 @@
 //! Homing: a host for sandboxed AI-agent plugins.
 //!
 //! Agents are WebAssembly components (WASI p2) that the host runs over a durable mailbox of
-//! dispatches and a per-thread log. The modules follow the architecture:
+//! dispatches and a per-thread log.
 //!
-//! - [`store`] — the mailbox and sequence-store contract and its backends;
-//! - [`runtime`] — the wasmtime engine, plugins, limits and the host side of the WIT imports;
-//! - [`supervisor`] — workers, the lease keeper, the sweeper and shutdown;
-//! - [`config`] — `homing.toml`;
-//! - [`cli`] — the `homing` command.
+//! # Module map
+//!
+//! Dependencies run one way, down this list; each layer uses only the layers below it, and
+//! [`config`] is read by all:
+//!
+//! - [`cli`] — the `homing` command: run a host, enqueue and inspect work;
+//! - [`supervisor`] — workers per plugin (claim, run, settle what the guest left unsettled),
+//!   the sweeper, shutdown;
+//! - [`runtime`] — the wasmtime engine, plugin loading, the call paths, limits, and in
+//!   [`runtime::host`] the host side of the WIT imports, one file per interface;
+//! - [`claim`] — a claimed dispatch as the host holds it: the claim handle, its stop requests,
+//!   the lease guard, settlement and retry time, and claiming;
+//! - [`store`] — the mailbox and sequence-store contract, the decisions made once
+//!   (`store::rules`), and the two backends, `embedded` (SQLite) and `nats` (JetStream);
+//! - [`config`] — `homing.toml`.
 
+pub mod claim;
 pub mod cli;
 pub mod config;
 pub mod input;

@@ -834,9 +834,10 @@ async fn fuzzed_guests_on_nats_break_no_rule() {
 mod found {
     use std::sync::{Arc, Mutex};
 
+    use homing::claim::StopReason;
     use homing::config::PluginConfig;
     use homing::runtime::bindings::handler::homing::agent::mailbox::HostClaim;
-    use homing::runtime::bindings::{EnqueueRequest, GuestError, StopReason};
+    use homing::runtime::bindings::{EnqueueRequest, GuestError};
     use homing::runtime::host::{ClaimHandle, GuestState, LogState, PluginContext};
     use homing::store::embedded::EmbeddedStore;
     use homing::store::{ListFilter, ManualClock, NewDispatch, Store};
@@ -871,7 +872,10 @@ mod found {
             .enqueue(NewDispatch::new("agent", "t", "payload"))
             .await
             .unwrap();
-        let claim: ClaimHandle = homing::supervisor::claim_for(&ctx).await.unwrap().unwrap();
+        let claim: ClaimHandle = homing::claim::claim_for(&ctx.claimer())
+            .await
+            .unwrap()
+            .unwrap();
         let rep = guest.table().push(claim).unwrap().rep();
         (store, guest, rep)
     }

@@ -70,7 +70,7 @@ impl Fixture {
             .enqueue(NewDispatch::new("agent", thread, "payload"))
             .await
             .unwrap();
-        let claim: ClaimHandle = homing::supervisor::claim_for(&self.ctx)
+        let claim: ClaimHandle = homing::claim::claim_for(&self.ctx.claimer())
             .await
             .unwrap()
             .unwrap();
@@ -214,7 +214,7 @@ async fn nack_applies_the_plugins_backoff_and_the_guests_hint_as_a_floor() {
 
     let mut guest = f.guest();
     f.clock.advance(10_000);
-    let claim: ClaimHandle = homing::supervisor::claim_for(&f.ctx)
+    let claim: ClaimHandle = homing::claim::claim_for(&f.ctx.claimer())
         .await
         .unwrap()
         .unwrap();
@@ -313,7 +313,7 @@ async fn stop_requested_reports_shutdown_and_cancellation() {
         .get(&borrow(rep))
         .unwrap()
         .control
-        .request_stop(StopReason::Interrupted);
+        .request_stop(homing::claim::StopReason::Interrupted);
     assert_eq!(
         guest.stop_requested(borrow(rep)).await.unwrap(),
         Some(StopReason::Interrupted)

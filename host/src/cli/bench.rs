@@ -595,10 +595,13 @@ async fn instance_start(guest: &Guest, pooling: &str, size: Size) -> anyhow::Res
                 lease: None,
             };
             let start = Instant::now();
-            let (_, end) = runtime.run_handler(&plugin, claim, &mut None).await;
+            let run = runtime.run_handler(&plugin, claim, &mut None).await;
             samples.push(start.elapsed().as_secs_f64() * 1e6);
-            if !matches!(end, crate::runtime::CallEnd::Returned(_)) {
-                bail!("the echo guest's handle call did not return: {end:?}");
+            if !matches!(run.end(), crate::runtime::CallEnd::Returned(_)) {
+                bail!(
+                    "the echo guest's handle call did not return: {:?}",
+                    run.end()
+                );
             }
         }
         figures.push(figure(

@@ -14,7 +14,7 @@ pub mod handler {
         imports: { default: async | trappable },
         exports: { default: async },
         with: {
-            "homing:agent/mailbox.claim": crate::runtime::host::ClaimHandle,
+            "homing:agent/mailbox.claim": crate::claim::ClaimHandle,
         },
     });
 }

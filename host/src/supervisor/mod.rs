@@ -1,11 +1,11 @@
-//! The supervisor: workers that claim and run dispatches, the lease keeper, the sweeper, and
-//! shutdown.
+//! The supervisor: workers that claim and run dispatches, the sweeper, and shutdown.
 //!
 //! Per plugin, `concurrency` workers loop: claim the best available dispatch routed to the
-//! plugin, run it on a fresh instance, settle what the guest left unsettled. Between claims a
-//! worker waits on the store's work signal, and re-checks at least every [`IDLE_POLL`], because
-//! signals are hints (another process, such as `homing enqueue`, writes the same store without
-//! signalling this one; delayed dispatches become available without any write).
+//! plugin (through the claim layer, which keeps its lease alive while it runs), run it on a
+//! fresh instance, settle what the guest left unsettled. Between claims a worker waits on the
+//! store's work signal, and re-checks at least every [`IDLE_POLL`], because signals are hints
+//! (another process, such as `homing enqueue`, writes the same store without signalling this
+//! one; delayed dispatches become available without any write).
 //!
 //! How a call ends decides the settlement when the guest did not settle itself:
 //!
@@ -26,7 +26,6 @@
 //! held after that is nacked (its lease would otherwise block its thread until it runs out).
 
 pub mod histogram;
-pub mod lease;
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -38,13 +37,12 @@ use tokio::sync::Notify;
 use tokio::task::JoinSet;
 use tracing::{debug, info, warn};
 
+use crate::claim::{self, ClaimControl, ClaimHandle, Settlement, StopReason};
 use crate::config::Config;
-use crate::runtime::bindings::StopReason;
-use crate::runtime::host::{Abort, ClaimControl, ClaimHandle, PluginContext, Settlement};
-use crate::runtime::{CallEnd, Plugin, Runtime, WarmInstance, World};
-use crate::store::{Dispatch, RunResult, Store, StoreError};
+use crate::runtime::host::{Abort, PluginContext};
+use crate::runtime::{CallEnd, HandlerRun, Plugin, Runtime, WarmInstance, World};
+use crate::store::{Dispatch, Status, Store, StoreError, millis};
 pub use histogram::Histogram;
-use lease::LeaseGuard;
 
 /// The longest a worker waits between claim attempts when no signal arrives.
 pub const IDLE_POLL: Duration = Duration::from_millis(250);
@@ -52,50 +50,6 @@ pub const IDLE_POLL: Duration = Duration::from_millis(250);
 pub const IDLE_CHECK: Duration = Duration::from_millis(50);
 /// Expired leases reclaimed per sweep.
 pub const RECLAIM_BATCH: usize = 1_000;
-
-/// Claims the next dispatch for `plugin`, recording its start in the same step, and wraps it as
-/// a guest claim with its lease keeper running.
-///
-/// # Errors
-///
-/// When the store fails (not when nothing is available: that is `Ok(None)`).
-pub async fn claim_for(plugin: &Arc<PluginContext>) -> Result<Option<ClaimHandle>, StoreError> {
-    Ok(claim_next(plugin)
-        .await?
-        .map(|dispatch| hold(plugin, dispatch)))
-}
-
-/// The store half of [`claim_for`]: claims the next dispatch and records its start.
-async fn claim_next(plugin: &PluginContext) -> Result<Option<Dispatch>, StoreError> {
-    let lease_ms = u64::try_from(plugin.lease.as_millis()).unwrap_or(u64::MAX);
-    plugin
-        .store
-        .mailbox
-        .claim_started(&plugin.name, &plugin.consumer, lease_ms)
-        .await
-}
-
-/// The host half of [`claim_for`]: wraps a claimed dispatch and starts its lease keeper.
-fn hold(plugin: &PluginContext, dispatch: Dispatch) -> ClaimHandle {
-    let store = &plugin.store;
-    let token = dispatch.token().unwrap_or_default().to_owned();
-    let control = Arc::new(ClaimControl::default());
-    let lease = LeaseGuard::start(
-        store.clone(),
-        &dispatch,
-        token.clone(),
-        plugin.lease,
-        control.clone(),
-    );
-    ClaimHandle {
-        dispatch,
-        token,
-        settled: None,
-        control,
-        enqueued: 0,
-        lease: Some(lease),
-    }
-}
 
 /// What a `homing run` did.
 #[derive(Debug, Default, Clone)]
@@ -342,7 +296,7 @@ async fn sweep_loop(
     retention: Duration,
     shutdown: Arc<AtomicBool>,
 ) {
-    let retention_ms = u64::try_from(retention.as_millis()).unwrap_or(u64::MAX);
+    let retention_ms = millis(retention);
     while !shutdown.load(Ordering::SeqCst) {
         tokio::time::sleep(interval).await;
         let now = store.now();
@@ -386,11 +340,12 @@ async fn worker(
         tokio::pin!(notified, woken);
         notified.as_mut().enable();
         woken.as_mut().enable();
-        match claim_next(&plugin.ctx).await {
+        let claimer = plugin.ctx.claimer();
+        match claim::claim_next(&claimer).await {
             Ok(Some(dispatch)) => {
                 failures = 0;
                 let claimed = std::time::Instant::now();
-                let claim = hold(&plugin.ctx, dispatch);
+                let claim = claim::hold(&claimer, dispatch);
                 in_flight.add(&claim);
                 let id = claim.dispatch.id.clone();
                 let (outcome, settling) = run_one(&runtime, &plugin, claim, &mut warm).await;
@@ -439,9 +394,15 @@ async fn run_one(
     let mut settling = None;
     let outcome = match plugin.world {
         World::Handler => {
-            let (claim, end) = runtime.run_handler(plugin, claim, warm).await;
+            let run = runtime.run_handler(plugin, claim, warm).await;
             let settle_started = std::time::Instant::now();
-            let outcome = settle(plugin, claim, end).await;
+            let outcome = match run {
+                HandlerRun::Finished { claim, end } => settle(plugin, *claim, end).await,
+                HandlerRun::ClaimLost { .. } => {
+                    warn!(plugin = %name, dispatch = %id, "the claim could not be taken back from the instance; its lease will run out and the sweeper reclaims it");
+                    "lost"
+                }
+            };
             settling = Some(settle_started.elapsed());
             outcome
         }
@@ -474,63 +435,53 @@ async fn run_one(
     (outcome, settling)
 }
 
-/// Settles what the guest left unsettled, by how its call ended.
+/// Settles what the guest left unsettled, by how its call ended (see the module's table).
 async fn settle(plugin: &Plugin, mut claim: ClaimHandle, end: CallEnd) -> &'static str {
     // Stop renewing: from here on the host settles promptly or not at all.
-    claim.lease = None;
-    let store = &plugin.ctx.store;
-    let (id, token) = (claim.dispatch.id.as_str(), claim.token.as_str());
-    if id.is_empty() {
-        return "lost";
-    }
+    claim.stop_renewing();
     if let Some(settled) = claim.settled {
         return match settled {
             Settlement::Acked => "acked",
             Settlement::Nacked => "nacked",
             Settlement::DeadLettered => "dead-lettered",
+            Settlement::Superseded => "superseded",
         };
     }
-    let nack = |error: String| async move {
-        let policy = &plugin.ctx.config.retry;
-        let delay = policy.delay(claim.dispatch.attempt, None);
-        let retry_at = store
-            .now()
-            .saturating_add(u64::try_from(delay.as_millis()).unwrap_or(u64::MAX));
-        store.mailbox.nack(id, token, retry_at, &error).await
-    };
+    let (store, retry) = (&plugin.ctx.store, &plugin.ctx.config.retry);
     let result = match end {
-        CallEnd::Returned(output) => store
-            .mailbox
-            .complete(id, token, RunResult::success(output))
+        CallEnd::Returned(output) => claim.complete(store, output).await.map(|_| "completed"),
+        CallEnd::Failed(message) => claim
+            .nack(store, retry, &message, None)
             .await
-            .map(|_| "completed"),
-        CallEnd::Failed(message) => nack(message).await.map(|d| failed_outcome(&d)),
+            .map(|d| failed_outcome(&d)),
         CallEnd::Trapped {
             abort: Some(Abort::Cancelled(StopReason::Interrupted)),
             ..
-        } => store
-            .mailbox
-            .supersede_claimed(id, Some(token), "thread interrupted while running")
+        } => claim
+            .supersede(store, "thread interrupted while running")
             .await
             .map(|_| "superseded"),
         CallEnd::Trapped {
             abort: Some(Abort::Cancelled(_)),
             ..
         } => Ok("lease-lost"),
-        CallEnd::Trapped { reason, .. } => nack(reason).await.map(|d| failed_outcome(&d)),
+        CallEnd::Trapped { reason, .. } => claim
+            .nack(store, retry, &reason, None)
+            .await
+            .map(|d| failed_outcome(&d)),
     };
     match result {
         Ok(outcome) => outcome,
         Err(StoreError::StaleEpoch { .. }) => "superseded",
         Err(e) => {
-            warn!(plugin = %plugin.ctx.name, dispatch = %id, "could not settle: {e}");
+            warn!(plugin = %plugin.ctx.name, dispatch = %claim.dispatch.id, "could not settle: {e}");
             "unsettled"
         }
     }
 }
 
-fn failed_outcome(d: &crate::store::Dispatch) -> &'static str {
-    if d.status == crate::store::Status::DeadLetter {
+fn failed_outcome(d: &Dispatch) -> &'static str {
+    if d.status == Status::DeadLetter {
         "dead-lettered"
     } else {
         "retrying"

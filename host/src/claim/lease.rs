@@ -1,4 +1,4 @@
-//! The lease keeper: renews a claim's lease while its guest runs.
+//! The lease guard: keeps a claim's lease alive while its guest runs.
 //!
 //! Renewal happens at a third of the lease, so two renewals can fail (a slow store, a pause)
 //! before the lease runs out. Between renewals the keeper reads the thread's epoch every
@@ -14,9 +14,8 @@ use std::time::Duration;
 use tokio::task::AbortHandle;
 use tracing::{debug, warn};
 
-use crate::runtime::bindings::StopReason;
-use crate::runtime::host::ClaimControl;
-use crate::store::{Dispatch, Status, Store};
+use super::{ClaimControl, StopReason};
+use crate::store::{Dispatch, Status, Store, millis};
 
 /// Renews one claim until dropped.
 #[derive(Debug)]
@@ -47,7 +46,7 @@ impl LeaseGuard {
     ) -> Self {
         let (id, thread, epoch) = (dispatch.id.clone(), dispatch.thread.clone(), dispatch.epoch);
         let period = (lease / 3).max(Duration::from_millis(10));
-        let lease_ms = u64::try_from(lease.as_millis()).unwrap_or(u64::MAX);
+        let lease_ms = millis(lease);
         let task = tokio::spawn(async move {
             // When the lease was last extended, and when to try next (sooner after a failure).
             let mut renewed_at = tokio::time::Instant::now();

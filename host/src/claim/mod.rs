@@ -1,0 +1,120 @@
+//! The claim layer: a claimed dispatch as the host holds it while a guest works on it.
+//!
+//! A claim is taken from the store with [`claim_for`] (or its two halves, [`claim_next`] and
+//! [`hold`]) and held as a [`ClaimHandle`]: the dispatch as claimed, its token (which never
+//! crosses into a guest), how it was settled, the [`ClaimControl`] through which the host asks
+//! its guest to stop, and the [`LeaseGuard`] that renews its lease until the claim is settled
+//! or dropped. Settling ([`ClaimHandle::complete`], [`ClaimHandle::nack`] and the rest) goes
+//! through the handle whoever does it, the guest or the supervisor, and a nack's retry time is
+//! computed in one place, [`retry_at`].
+//!
+//! This layer sits on the store and the config: it knows nothing of wasm, the WIT or workers.
+//! What it needs of a plugin (store, agent name, consumer, lease, backoff) it is given as a
+//! [`Claimer`].
+
+mod control;
+mod lease;
+mod settle;
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use crate::config::RetryPolicy;
+use crate::store::{Dispatch, Fence, Store, StoreError, millis};
+pub use control::{ClaimControl, StopReason};
+pub use lease::{INTERRUPT_POLL, LeaseGuard};
+pub use settle::{Settlement, retry_at};
+
+/// Who claims, and on what terms: what the claim layer needs of a plugin.
+#[derive(Debug, Clone, Copy)]
+pub struct Claimer<'a> {
+    /// The store claims come from.
+    pub store: &'a Store,
+    /// The agent whose dispatches are claimed.
+    pub agent: &'a str,
+    /// `claimed_by` of the claims.
+    pub consumer: &'a str,
+    /// Lease length of the claims.
+    pub lease: Duration,
+    /// The backoff of a failed attempt.
+    pub retry: &'a RetryPolicy,
+}
+
+/// A claimed dispatch as the host holds it (as a guest's `claim` resource, or in a worker).
+#[derive(Debug)]
+pub struct ClaimHandle {
+    /// The dispatch as claimed.
+    pub dispatch: Dispatch,
+    /// Its claim token.
+    pub token: String,
+    /// Set once it is settled.
+    pub settled: Option<Settlement>,
+    /// Stop requests for this claim.
+    pub control: Arc<ClaimControl>,
+    /// Follow-ups enqueued through this claim.
+    pub enqueued: u32,
+    /// Keeps the lease alive until dropped.
+    pub lease: Option<LeaseGuard>,
+}
+
+impl ClaimHandle {
+    /// The fence of this claim's thread-log writes.
+    pub fn fence(&self) -> Fence {
+        Fence {
+            dispatch: self.dispatch.id.clone(),
+            token: self.token.clone(),
+            epoch: self.dispatch.epoch,
+        }
+    }
+
+    /// Stops renewing the lease: from here on the claim is settled promptly or not at all.
+    pub fn stop_renewing(&mut self) {
+        self.lease = None;
+    }
+}
+
+/// Claims the next dispatch for `claimer`, recording its start in the same step, and holds it
+/// with its lease guard running.
+///
+/// # Errors
+///
+/// When the store fails (not when nothing is available: that is `Ok(None)`).
+pub async fn claim_for(claimer: &Claimer<'_>) -> Result<Option<ClaimHandle>, StoreError> {
+    Ok(claim_next(claimer)
+        .await?
+        .map(|dispatch| hold(claimer, dispatch)))
+}
+
+/// The store half of [`claim_for`]: claims the next dispatch and records its start.
+///
+/// # Errors
+///
+/// When the store fails.
+pub async fn claim_next(claimer: &Claimer<'_>) -> Result<Option<Dispatch>, StoreError> {
+    claimer
+        .store
+        .mailbox
+        .claim_started(claimer.agent, claimer.consumer, millis(claimer.lease))
+        .await
+}
+
+/// The host half of [`claim_for`]: holds a claimed dispatch and starts its lease guard.
+pub fn hold(claimer: &Claimer<'_>, dispatch: Dispatch) -> ClaimHandle {
+    let token = dispatch.token().unwrap_or_default().to_owned();
+    let control = Arc::new(ClaimControl::default());
+    let lease = LeaseGuard::start(
+        claimer.store.clone(),
+        &dispatch,
+        token.clone(),
+        claimer.lease,
+        control.clone(),
+    );
+    ClaimHandle {
+        dispatch,
+        token,
+        settled: None,
+        control,
+        enqueued: 0,
+        lease: Some(lease),
+    }
+}

@@ -1,0 +1,134 @@
+//! Settlement: the writes that end a claim, and when a failed attempt is retried.
+//!
+//! A claim is settled once, by the guest through its imports or, for what the guest left
+//! unsettled, by the supervisor. Both go through the methods here, so the store sees the same
+//! writes whoever settles, and a successful settlement is recorded on the handle (later
+//! writes through it are refused) and stops the lease guard. A refused settlement changes
+//! nothing on the handle: the store's error says why (a lost claim, an interrupted thread).
+//!
+//! A nack is turned into a retry time here, with [`retry_at`]: the plugin's backoff for the
+//! attempt, never sooner than the guest asked.
+
+use std::time::Duration;
+
+use super::ClaimHandle;
+use crate::config::RetryPolicy;
+use crate::store::{Dispatch, RunResult, Store, StoreError};
+
+/// How a claim was settled.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Settlement {
+    /// ack or complete.
+    Acked,
+    /// nack (requeued or dead-lettered by the store).
+    Nacked,
+    /// dead-letter.
+    DeadLettered,
+    /// superseded: its thread was interrupted while it ran.
+    Superseded,
+}
+
+/// The store time at which a failed attempt number `attempt` is retried: now plus the
+/// backoff `retry` gives it, at least `asked` (the guest's hint) but never beyond the policy's
+/// maximum.
+pub fn retry_at(store: &Store, retry: &RetryPolicy, attempt: u32, asked: Option<Duration>) -> u64 {
+    store.after(retry.delay(attempt, asked))
+}
+
+impl ClaimHandle {
+    /// Completes the dispatch: records `output` as its result and acks it.
+    ///
+    /// # Errors
+    ///
+    /// When the store refuses the write (the claim is no longer held) or fails.
+    pub async fn complete(
+        &mut self,
+        store: &Store,
+        output: Vec<u8>,
+    ) -> Result<Dispatch, StoreError> {
+        let out = store
+            .mailbox
+            .complete(&self.dispatch.id, &self.token, RunResult::success(output))
+            .await;
+        self.settled_by(Settlement::Acked, out)
+    }
+
+    /// Acks the dispatch (its result, if any, was recorded before).
+    ///
+    /// # Errors
+    ///
+    /// When the store refuses the write or fails.
+    pub async fn ack(&mut self, store: &Store) -> Result<Dispatch, StoreError> {
+        let out = store.mailbox.ack(&self.dispatch.id, &self.token).await;
+        self.settled_by(Settlement::Acked, out)
+    }
+
+    /// Fails the attempt with `error`: the store requeues the dispatch at [`retry_at`], or
+    /// dead-letters it when this was its last attempt.
+    ///
+    /// # Errors
+    ///
+    /// When the store refuses the write or fails.
+    pub async fn nack(
+        &mut self,
+        store: &Store,
+        retry: &RetryPolicy,
+        error: &str,
+        asked: Option<Duration>,
+    ) -> Result<Dispatch, StoreError> {
+        let at = retry_at(store, retry, self.dispatch.attempt, asked);
+        let out = store
+            .mailbox
+            .nack(&self.dispatch.id, &self.token, at, error)
+            .await;
+        self.settled_by(Settlement::Nacked, out)
+    }
+
+    /// Dead-letters the dispatch with `error`, whatever attempts it has left.
+    ///
+    /// # Errors
+    ///
+    /// When the store refuses the write or fails.
+    pub async fn dead_letter(
+        &mut self,
+        store: &Store,
+        error: &str,
+    ) -> Result<Dispatch, StoreError> {
+        let out = store
+            .mailbox
+            .dead_letter(&self.dispatch.id, &self.token, error)
+            .await;
+        self.settled_by(Settlement::DeadLettered, out)
+    }
+
+    /// Supersedes the dispatch, whose thread was interrupted while it ran, with `reason`
+    /// (`None`: it had already ended).
+    ///
+    /// # Errors
+    ///
+    /// When the store refuses the write or fails.
+    pub async fn supersede(
+        &mut self,
+        store: &Store,
+        reason: &str,
+    ) -> Result<Option<Dispatch>, StoreError> {
+        let out = store
+            .mailbox
+            .supersede_claimed(&self.dispatch.id, Some(&self.token), reason)
+            .await;
+        self.settled_by(Settlement::Superseded, out)
+    }
+
+    /// Records a successful settlement and stops renewing the lease.
+    fn settled_by<T>(
+        &mut self,
+        how: Settlement,
+        out: Result<T, StoreError>,
+    ) -> Result<T, StoreError> {
+        if out.is_ok() {
+            self.settled = Some(how);
+            self.stop_renewing();
+        }
+        out
+    }
+}

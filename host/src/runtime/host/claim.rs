@@ -1,0 +1,310 @@
+//! The `claim` resource of the `mailbox` interface: what a guest can do with a dispatch it
+//! was given.
+//!
+//! The resource's host representation is a [`ClaimHandle`] in the instance's resource table;
+//! the guest holds only its index, never the token. Every write through it goes to the store
+//! with the token and is fenced there (a lost lease or an interrupted thread refuses it).
+//! Settling goes through the claim layer ([`ClaimHandle::ack`] and the rest), which records the
+//! settlement on the handle and stops its lease guard; a follow-up enqueued through a settled
+//! or stopped claim is refused here, like every other write through it.
+//!
+//! In the `agent` world the guest owns its claims: one it drops unsettled is a failed attempt,
+//! nacked with the plugin's backoff (unless it was already told to stop, when the store would
+//! refuse the nack anyway).
+
+use std::sync::atomic::Ordering;
+use std::time::Duration;
+
+use tracing::debug;
+use wasmtime::component::Resource;
+
+use super::GuestState;
+use super::policy::{MAX_ENQUEUES_PER_CLAIM, MAX_READ, guest_error};
+use crate::claim::{self, ClaimHandle};
+use crate::runtime::bindings::handler::homing::agent::{mailbox, types};
+use crate::runtime::bindings::{DispatchInfo, EnqueueRequest, GuestError, StopReason};
+use crate::store::{Dispatch, RunResult};
+
+impl From<claim::StopReason> for StopReason {
+    fn from(reason: claim::StopReason) -> Self {
+        match reason {
+            claim::StopReason::Interrupted => StopReason::Interrupted,
+            claim::StopReason::LeaseLost => StopReason::LeaseLost,
+            claim::StopReason::Shutdown => StopReason::Shutdown,
+            claim::StopReason::Deadline => StopReason::Deadline,
+        }
+    }
+}
+
+/// The `info` record of a dispatch.
+pub fn dispatch_info(d: &Dispatch) -> DispatchInfo {
+    DispatchInfo {
+        id: d.id.clone(),
+        agent: d.agent.clone(),
+        thread: d.thread.clone(),
+        run_id: d.run_id.clone(),
+        payload: d.payload.clone(),
+        metadata: d
+            .metadata
+            .iter()
+            .map(|(k, v)| (k.clone(), v.clone()))
+            .collect(),
+        attempt: d.attempt,
+        max_attempts: d.max_attempts,
+        priority: d.priority,
+    }
+}
+
+impl GuestState {
+    /// The claim behind `handle`; a handle not in the table traps the guest.
+    fn claim(&self, handle: &Resource<ClaimHandle>) -> wasmtime::Result<&ClaimHandle> {
+        Ok(self.table.get(handle)?)
+    }
+
+    /// The claim behind `handle`, to write through.
+    fn claim_mut(&mut self, handle: &Resource<ClaimHandle>) -> wasmtime::Result<&mut ClaimHandle> {
+        Ok(self.table.get_mut(handle)?)
+    }
+}
+
+/// Why a follow-up may not be enqueued through `claim`, if it may not: the claim is settled,
+/// told to stop for good, or has used up its follow-ups.
+fn refuse_follow_up(claim: &ClaimHandle) -> Option<GuestError> {
+    let id = &claim.dispatch.id;
+    if claim.settled.is_some() {
+        return Some(GuestError::LostClaim(format!(
+            "dispatch `{id}` was already settled through this claim"
+        )));
+    }
+    match claim.control.stop_reason() {
+        Some(claim::StopReason::Interrupted) => {
+            return Some(GuestError::Interrupted(format!(
+                "the thread of dispatch `{id}` was interrupted"
+            )));
+        }
+        Some(claim::StopReason::LeaseLost) => {
+            return Some(GuestError::LostClaim(format!(
+                "the lease on dispatch `{id}` was lost"
+            )));
+        }
+        _ => {}
+    }
+    (claim.enqueued >= MAX_ENQUEUES_PER_CLAIM).then(|| {
+        GuestError::Denied(format!(
+            "a dispatch may enqueue at most {MAX_ENQUEUES_PER_CLAIM} follow-ups"
+        ))
+    })
+}
+
+impl mailbox::HostClaim for GuestState {
+    async fn info(&mut self, handle: Resource<ClaimHandle>) -> wasmtime::Result<DispatchInfo> {
+        Ok(dispatch_info(&self.claim(&handle)?.dispatch))
+    }
+
+    async fn record_start(
+        &mut self,
+        handle: Resource<ClaimHandle>,
+    ) -> wasmtime::Result<Result<(), GuestError>> {
+        let claim = self.claim(&handle)?;
+        let out = self
+            .plugin
+            .store
+            .mailbox
+            .record_start(&claim.dispatch.id, &claim.token)
+            .await;
+        Ok(out.map(drop).map_err(guest_error))
+    }
+
+    async fn record_result(
+        &mut self,
+        handle: Resource<ClaimHandle>,
+        output: Vec<u8>,
+    ) -> wasmtime::Result<Result<(), GuestError>> {
+        let claim = self.claim(&handle)?;
+        if let Err(e) = self.plugin.check_payload("output", output.len()) {
+            return Ok(Err(GuestError::Invalid(e)));
+        }
+        let out = self
+            .plugin
+            .store
+            .mailbox
+            .record_result(&claim.dispatch.id, &claim.token, RunResult::success(output))
+            .await;
+        Ok(out.map(drop).map_err(guest_error))
+    }
+
+    async fn complete(
+        &mut self,
+        handle: Resource<ClaimHandle>,
+        output: Vec<u8>,
+    ) -> wasmtime::Result<Result<(), GuestError>> {
+        let claim = self.table.get_mut(&handle)?;
+        if let Err(e) = self.plugin.check_payload("output", output.len()) {
+            return Ok(Err(GuestError::Invalid(e)));
+        }
+        let out = claim.complete(&self.plugin.store, output).await;
+        Ok(out.map(drop).map_err(guest_error))
+    }
+
+    async fn ack(
+        &mut self,
+        handle: Resource<ClaimHandle>,
+    ) -> wasmtime::Result<Result<(), GuestError>> {
+        let claim = self.table.get_mut(&handle)?;
+        let out = claim.ack(&self.plugin.store).await;
+        Ok(out.map(drop).map_err(guest_error))
+    }
+
+    async fn nack(
+        &mut self,
+        handle: Resource<ClaimHandle>,
+        error: String,
+        retry_after_ms: Option<u64>,
+    ) -> wasmtime::Result<Result<(), GuestError>> {
+        let claim = self.table.get_mut(&handle)?;
+        let (store, retry) = (&self.plugin.store, &self.plugin.config.retry);
+        let asked = retry_after_ms.map(Duration::from_millis);
+        let out = claim.nack(store, retry, &error, asked).await;
+        Ok(out.map(drop).map_err(guest_error))
+    }
+
+    async fn dead_letter(
+        &mut self,
+        handle: Resource<ClaimHandle>,
+        error: String,
+    ) -> wasmtime::Result<Result<(), GuestError>> {
+        let claim = self.table.get_mut(&handle)?;
+        let out = claim.dead_letter(&self.plugin.store, &error).await;
+        Ok(out.map(drop).map_err(guest_error))
+    }
+
+    async fn append(
+        &mut self,
+        handle: Resource<ClaimHandle>,
+        entry: Vec<u8>,
+    ) -> wasmtime::Result<Result<u64, GuestError>> {
+        let claim = self.claim(&handle)?;
+        if let Err(e) = self.plugin.check_payload("entry", entry.len()) {
+            return Ok(Err(GuestError::Invalid(e)));
+        }
+        let fence = claim.fence();
+        let thread = claim.dispatch.thread.clone();
+        Ok(self
+            .plugin
+            .store
+            .log
+            .append(&thread, &entry, Some(&fence))
+            .await
+            .map_err(guest_error))
+    }
+
+    async fn append_expected(
+        &mut self,
+        handle: Resource<ClaimHandle>,
+        entry: Vec<u8>,
+        expected_latest: u64,
+    ) -> wasmtime::Result<Result<u64, GuestError>> {
+        let claim = self.claim(&handle)?;
+        if let Err(e) = self.plugin.check_payload("entry", entry.len()) {
+            return Ok(Err(GuestError::Invalid(e)));
+        }
+        let fence = claim.fence();
+        let thread = claim.dispatch.thread.clone();
+        Ok(self
+            .plugin
+            .store
+            .log
+            .append_expected(&thread, &entry, expected_latest, Some(&fence))
+            .await
+            .map_err(guest_error))
+    }
+
+    async fn read_log(
+        &mut self,
+        handle: Resource<ClaimHandle>,
+        after: u64,
+        limit: u32,
+    ) -> wasmtime::Result<Result<Vec<types::LogEntry>, GuestError>> {
+        let thread = self.claim(&handle)?.dispatch.thread.clone();
+        // "Up to `limit`": none for 0 (the store would read its default page for 0).
+        if limit == 0 {
+            return Ok(Ok(Vec::new()));
+        }
+        let limit = usize::try_from(limit.min(MAX_READ)).unwrap_or(1);
+        let out = self.plugin.store.log.read(&thread, after, limit).await;
+        Ok(out
+            .map(|entries| {
+                entries
+                    .into_iter()
+                    .map(|e| types::LogEntry {
+                        seq: e.seq,
+                        data: e.data,
+                        appended_at: e.appended_at,
+                    })
+                    .collect()
+            })
+            .map_err(guest_error))
+    }
+
+    async fn log_latest(
+        &mut self,
+        handle: Resource<ClaimHandle>,
+    ) -> wasmtime::Result<Result<u64, GuestError>> {
+        let thread = self.claim(&handle)?.dispatch.thread.clone();
+        Ok(self
+            .plugin
+            .store
+            .log
+            .latest(&thread)
+            .await
+            .map_err(guest_error))
+    }
+
+    async fn stop_requested(
+        &mut self,
+        handle: Resource<ClaimHandle>,
+    ) -> wasmtime::Result<Option<StopReason>> {
+        let claim = self.claim(&handle)?;
+        if let Some(reason) = claim.control.stop_reason() {
+            return Ok(Some(reason.into()));
+        }
+        if self.plugin.shutdown.load(Ordering::SeqCst) {
+            return Ok(Some(StopReason::Shutdown));
+        }
+        Ok(None)
+    }
+
+    async fn enqueue(
+        &mut self,
+        handle: Resource<ClaimHandle>,
+        request: EnqueueRequest,
+    ) -> wasmtime::Result<Result<String, GuestError>> {
+        let claim = self.claim(&handle)?;
+        if let Some(refusal) = refuse_follow_up(claim) {
+            return Ok(Err(refusal));
+        }
+        let parent = claim.dispatch.clone();
+        let new = match self.enqueue_request(request, Some(&parent)) {
+            Ok(new) => new,
+            Err(e) => return Ok(Err(e)),
+        };
+        let out = self.plugin.store.mailbox.enqueue(new).await;
+        if out.is_ok() {
+            self.claim_mut(&handle)?.enqueued += 1;
+        }
+        Ok(out.map(|d| d.id).map_err(guest_error))
+    }
+
+    async fn drop(&mut self, handle: Resource<ClaimHandle>) -> wasmtime::Result<()> {
+        let mut claim = self.table.delete(handle)?;
+        if claim.settled.is_none() && !claim.control.must_cancel() {
+            // The agent world's guest dropped a claim it never settled: a failed attempt.
+            let (store, retry) = (&self.plugin.store, &self.plugin.config.retry);
+            let error = "guest dropped the claim without settling it";
+            if let Err(e) = claim.nack(store, retry, error, None).await {
+                debug!(plugin = %self.plugin.name, dispatch = %claim.dispatch.id, "nack of dropped claim refused: {e}");
+            }
+        }
+        Ok(())
+    }
+}

@@ -1,0 +1,100 @@
+//! The `mailbox` interface outside a claim: `enqueue`, and the checks every follow-up request
+//! passes, through a claim or not.
+//!
+//! A guest may enqueue only to the agents its plugin's `enqueue_to` names, with a payload
+//! within the payload cap and a delay within [`MAX_ENQUEUE_DELAY`]; its `max-attempts` is held
+//! to the target's own. The host records who enqueued it (`enqueued-by`) and, through a claim,
+//! the parent dispatch (`parent`), whose thread is the default.
+
+use std::time::Duration;
+
+use super::GuestState;
+use super::policy::{MAX_ENQUEUE_DELAY, guest_error};
+use crate::runtime::bindings::handler::homing::agent::mailbox;
+use crate::runtime::bindings::{EnqueueRequest, GuestError};
+use crate::store::{DEFAULT_PRIORITY, Dispatch, NewDispatch};
+
+impl GuestState {
+    /// The dispatch `request` asks for, or why the guest may not have it. `parent` is the
+    /// claim it is enqueued through, whose thread is the default; outside a claim the request
+    /// must name its thread.
+    pub(super) fn enqueue_request(
+        &self,
+        request: EnqueueRequest,
+        parent: Option<&Dispatch>,
+    ) -> Result<NewDispatch, GuestError> {
+        let plugin = &self.plugin;
+        let Some((_, target_max)) = plugin
+            .targets
+            .iter()
+            .find(|(name, _)| *name == request.agent)
+        else {
+            return Err(GuestError::Denied(format!(
+                "plugin `{}` may not enqueue to `{}` (allowed: {})",
+                plugin.name,
+                request.agent,
+                if plugin.config.enqueue_to.is_empty() {
+                    "none".to_owned()
+                } else {
+                    plugin.config.enqueue_to.join(", ")
+                }
+            )));
+        };
+        let thread = match (request.thread, parent) {
+            (Some(thread), _) => thread,
+            (None, Some(parent)) => parent.thread.clone(),
+            (None, None) => {
+                return Err(GuestError::Invalid(
+                    "thread: required outside a claim".into(),
+                ));
+            }
+        };
+        plugin
+            .check_payload("payload", request.payload.len())
+            .map_err(GuestError::Invalid)?;
+        let delay = request.delay_ms.unwrap_or(0);
+        if Duration::from_millis(delay) > MAX_ENQUEUE_DELAY {
+            return Err(GuestError::Invalid(format!(
+                "delay-ms: {delay} exceeds the host's cap of {} days",
+                MAX_ENQUEUE_DELAY.as_secs() / 86400
+            )));
+        }
+        let mut new = NewDispatch::new(request.agent, thread, request.payload)
+            .with_priority(request.priority.unwrap_or(DEFAULT_PRIORITY))
+            .with_delay_ms(delay)
+            .with_max_attempts(
+                request
+                    .max_attempts
+                    .unwrap_or(*target_max)
+                    .clamp(1, (*target_max).max(1)),
+            );
+        new.metadata = request.metadata.into_iter().collect();
+        new.metadata
+            .insert("enqueued-by".into(), plugin.name.clone());
+        if let Some(parent) = parent {
+            new.metadata.insert("parent".into(), parent.id.clone());
+        }
+        new.dedupe_key = request.dedupe_key;
+        Ok(new)
+    }
+}
+
+impl mailbox::Host for GuestState {
+    async fn enqueue(
+        &mut self,
+        request: EnqueueRequest,
+    ) -> wasmtime::Result<Result<String, GuestError>> {
+        let new = match self.enqueue_request(request, None) {
+            Ok(new) => new,
+            Err(e) => return Ok(Err(e)),
+        };
+        Ok(self
+            .plugin
+            .store
+            .mailbox
+            .enqueue(new)
+            .await
+            .map(|d| d.id)
+            .map_err(guest_error))
+    }
+}

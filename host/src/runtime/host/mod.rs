@@ -1,0 +1,184 @@
+//! The host side of the WIT imports, one file per interface, and the per-instance state they
+//! share.
+//!
+//! - [`GuestState`] (here): the data of one wasmtime `Store`, one guest instance: WASI, the
+//!   resource table the guest's claims live in, its limits, its log budget, and what the epoch
+//!   callback reads (the deadline and the current claim's stop request);
+//! - [`PluginContext`] (here): what every instance of one plugin shares;
+//! - `claim`: the `claim` resource of `mailbox` (reads, fenced writes, settlement);
+//! - `mailbox`: `mailbox.enqueue` and the checks every follow-up request passes;
+//! - `queue`: the `agent` world's `claim-next`;
+//! - `log`: the `log` interface and every guest log line, escaped and budgeted;
+//! - `policy`: the caps of one dispatch, the one cap on guest bytes, and store errors as the
+//!   guest sees them.
+//!
+//! The host adds what the store cannot know: the backoff policy, the enqueue allow-list, and
+//! caps on what one dispatch may do (enqueues, log volume, read sizes). The `types` interface
+//! has no functions.
+
+mod claim;
+mod log;
+mod mailbox;
+mod policy;
+mod queue;
+
+use std::path::PathBuf;
+use std::sync::atomic::AtomicBool;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use wasmtime::component::ResourceTable;
+use wasmtime_wasi::{WasiCtx, WasiCtxView, WasiView};
+
+use super::bindings::handler::homing::agent::types;
+use super::limits::MemoryLimiter;
+/// The host representation of a guest's `claim` resource.
+pub use crate::claim::ClaimHandle;
+use crate::claim::{ClaimControl, Claimer, StopReason};
+use crate::config::PluginConfig;
+use crate::store::Store;
+pub use claim::dispatch_info;
+pub use log::{LogState, LogTag, escape_log_text};
+pub use policy::{
+    MAX_CLAIM_WAIT, MAX_ENQUEUE_DELAY, MAX_ENQUEUES_PER_CLAIM, MAX_LOG_LINE, MAX_LOG_LINES,
+    MAX_READ, check_returned_output, guest_error, max_payload_warning,
+};
+
+/// Shared by every instance of one plugin.
+#[derive(Debug)]
+pub struct PluginContext {
+    /// The plugin (agent) name.
+    pub name: String,
+    /// Its config.
+    pub config: PluginConfig,
+    /// The store.
+    pub store: Store,
+    /// `claimed_by` for this plugin's claims.
+    pub consumer: String,
+    /// Lease length of claims.
+    pub lease: Duration,
+    /// Max attempts of each plugin the guest may enqueue to (target name, default).
+    pub targets: Vec<(String, u32)>,
+    /// The largest payload a follow-up may carry.
+    pub max_payload: u64,
+    /// The directory relative grant paths resolve against (the config file's).
+    pub config_dir: PathBuf,
+    /// Set when the host is shutting down.
+    pub shutdown: Arc<AtomicBool>,
+}
+
+impl PluginContext {
+    /// The context of a plugin run outside a supervisor (benchmarks, probes): a 30 s lease, no
+    /// enqueue targets, a 1 MiB payload cap, never shutting down.
+    pub fn standalone(name: &str, config: PluginConfig, store: Store, config_dir: PathBuf) -> Self {
+        PluginContext {
+            name: name.to_owned(),
+            config,
+            store,
+            consumer: format!("standalone/{name}"),
+            lease: Duration::from_secs(30),
+            targets: Vec::new(),
+            max_payload: 1 << 20,
+            config_dir,
+            shutdown: Default::default(),
+        }
+    }
+
+    /// This plugin as the claim layer sees it: whose dispatches it claims, as whom, with what
+    /// lease and backoff.
+    pub fn claimer(&self) -> Claimer<'_> {
+        Claimer {
+            store: &self.store,
+            agent: &self.name,
+            consumer: &self.consumer,
+            lease: self.lease,
+            retry: &self.config.retry,
+        }
+    }
+}
+
+/// Why a call into the guest was cut short by the epoch callback.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Abort {
+    /// The per-dispatch time limit passed.
+    Timeout,
+    /// The claim must stop (interrupt or lost lease).
+    Cancelled(StopReason),
+}
+
+/// The data of one wasmtime `Store`: one guest instance.
+pub struct GuestState {
+    wasi: WasiCtx,
+    table: ResourceTable,
+    /// The memory cap.
+    pub limits: MemoryLimiter,
+    /// The plugin this instance belongs to.
+    pub plugin: Arc<PluginContext>,
+    /// The log tag and budget, shared with stdout/stderr.
+    pub log: Arc<Mutex<LogState>>,
+    /// The current dispatch's deadline.
+    pub deadline: Option<Instant>,
+    /// The current claim's control, for the epoch callback.
+    pub control: Option<Arc<ClaimControl>>,
+    /// Set by the epoch callback when it ends a call.
+    pub abort: Option<Abort>,
+    /// `agent` world: dispatches this instance may still claim.
+    pub claims_left: u32,
+    /// `agent` world: a dispatch the host claimed before starting the instance.
+    pub first_claim: Option<ClaimHandle>,
+}
+
+impl std::fmt::Debug for GuestState {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("GuestState")
+            .field("plugin", &self.plugin.name)
+            .finish_non_exhaustive()
+    }
+}
+
+impl WasiView for GuestState {
+    fn ctx(&mut self) -> WasiCtxView<'_> {
+        WasiCtxView {
+            ctx: &mut self.wasi,
+            table: &mut self.table,
+        }
+    }
+}
+
+impl GuestState {
+    /// A fresh state for one instance.
+    pub fn new(wasi: WasiCtx, plugin: Arc<PluginContext>, log: Arc<Mutex<LogState>>) -> Self {
+        GuestState {
+            wasi,
+            table: ResourceTable::new(),
+            limits: MemoryLimiter::new(plugin.config.memory),
+            plugin,
+            log,
+            deadline: None,
+            control: None,
+            abort: None,
+            claims_left: 0,
+            first_claim: None,
+        }
+    }
+
+    /// The resource table (claims live here while the guest holds them).
+    pub fn table(&mut self) -> &mut ResourceTable {
+        &mut self.table
+    }
+
+    /// Starts work on `claim`: sets the deadline, the control the epoch callback reads and the
+    /// log tag.
+    pub fn begin(&mut self, claim: &ClaimHandle) {
+        self.deadline = Some(Instant::now() + self.plugin.config.timeout);
+        self.control = Some(claim.control.clone());
+        if let Ok(mut log) = self.log.lock() {
+            log.begin(LogTag {
+                dispatch: claim.dispatch.id.clone(),
+                attempt: claim.dispatch.attempt,
+            });
+        }
+    }
+}
+
+impl types::Host for GuestState {}
