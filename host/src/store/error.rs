@@ -1,4 +1,4 @@
-//! The one closed error enum every backend returns (SPEC section 2).
+//! The one closed error enum every backend returns (the contract, docs/contract.md, section 2).
 //!
 //! Callers branch on the variant, never on the message: a guest told `LostClaim` stops
 //! work, one told `Contention` tries again, one told `Invalid` fixes its input.

@@ -23,7 +23,7 @@
 //!
 //! # The guarantees
 //!
-//! `../shared/SPEC.md` (section 3) is the contract; every backend honours it and the
+//! The contract (docs/contract.md, section 3) states them; every backend honours it and the
 //! conformance suite (`host/tests/conformance/`) asserts it against each backend:
 //!
 //! 1. An enqueue that returned success ends in exactly one terminal state or is still live.
@@ -38,7 +38,7 @@
 //! 8. Two concurrent enqueues with one (thread, dedupe key) admit one.
 //! 9. A restart loses nothing acknowledged to a caller.
 //!
-//! Where SPEC leaves room, Homing decides (and the suite pins it):
+//! Where the contract leaves room, Homing decides (and the suite pins it):
 //!
 //! - A claim is exclusive per thread *and* at most one dispatch of a thread is ever in the
 //!   `claimed` state: a thread whose holder's lease ran out stays blocked until maintenance
@@ -64,7 +64,12 @@
 //! # Backends
 //!
 //! - [`embedded`]: SQLite in one file (WAL mode) for one machine, or in memory for tests.
-//! - NATS JetStream for many hosts (a later module with the same traits and suite).
+//! - [`nats`]: NATS JetStream for many hosts.
+//!
+//! Both decide the same way because neither decides on its own: who may write a claimed
+//! dispatch, whether a fence holds, how a queued record is taken and an expired one given back,
+//! and what a settlement or a supersede makes of a record are the pure functions of `rules`;
+//! a backend reads what they need and stores what they return.
 
 pub mod clock;
 pub mod embedded;
@@ -95,7 +100,7 @@ pub const REASON_STALE_EPOCH: &str = "superseded: its thread was interrupted (ne
 pub const REASON_EXPIRED_AFTER_INTERRUPT: &str =
     "superseded: lease expired after its thread was interrupted";
 
-/// The durable mailbox of dispatches (SPEC sections 1 to 3).
+/// The durable mailbox of dispatches (the contract, docs/contract.md, sections 1 to 3).
 ///
 /// Every method is atomic with respect to every other call on any instance of the same
 /// backend. None panics on any input or stored state.
@@ -232,7 +237,7 @@ pub trait Mailbox: Send + Sync + Debug + 'static {
     fn max_value(&self) -> u64;
 }
 
-/// The per-thread sequence store (SPEC section 4).
+/// The per-thread sequence store (the contract, docs/contract.md, section 4).
 #[async_trait]
 pub trait SequenceStore: Send + Sync + Debug + 'static {
     /// Appends `entry` and returns its sequence. With a fence, refused atomically when the claim

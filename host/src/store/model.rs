@@ -1,6 +1,6 @@
 //! The records the store keeps: dispatches, run results, interrupts and log entries.
 //!
-//! A [`Dispatch`] is the unit of agent work (SPEC section 1). Its shape rules are structural
+//! A [`Dispatch`] is the unit of agent work (the contract, docs/contract.md, section 1). Its shape rules are structural
 //! where Rust allows it: the three claim fields live in one `Option<Claim>`, so a record can
 //! never carry half a claim. The rest (a queued record has no result, a terminal one has
 //! `completed_at`) is checked by [`Dispatch::check_shape`] on every decode and every write.
@@ -157,7 +157,7 @@ impl RunResult {
     }
 }
 
-/// A stored dispatch (SPEC section 1).
+/// A stored dispatch (the contract, docs/contract.md, section 1).
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Dispatch {
     /// Unique id (UUID v7 when the submitter gives none).
@@ -209,7 +209,7 @@ impl Dispatch {
         self.claim.as_ref().map(|claim| claim.token.as_str())
     }
 
-    /// Checks the shape rules of SPEC section 1: which fields each status may carry.
+    /// Checks the shape rules of the contract (docs/contract.md) section 1: which fields each status may carry.
     ///
     /// # Errors
     ///
@@ -366,7 +366,7 @@ impl NewDispatch {
         self
     }
 
-    /// Checks what enqueue requires of a submission (SPEC section 2).
+    /// Checks what enqueue requires of a submission (the contract, docs/contract.md, section 2).
     ///
     /// # Errors
     ///
@@ -486,7 +486,7 @@ pub struct LogEntry {
     pub appended_at: u64,
 }
 
-/// The watermarks of a thread log (SPEC section 4): `reserved >= latest >= trimmed`.
+/// The watermarks of a thread log (the contract, docs/contract.md, section 4): `reserved >= latest >= trimmed`.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Watermarks {
     /// The highest sequence handed to any writer.

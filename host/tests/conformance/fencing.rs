@@ -877,3 +877,51 @@ pub async fn w8_append_after_reclaim_and_new_claim_is_lost_claim<F: Factory>(fac
     let data: Vec<&[u8]> = entries.iter().map(|e| e.data.as_slice()).collect();
     assert_eq!(data, vec![b"old".as_slice(), b"new".as_slice()]);
 }
+
+/// A guest's append with a stale epoch supersedes its dispatch the same way a stale holder
+/// write does: the record is superseded and settled by the holder's token (a repeat of the
+/// supersede with that token answers with it), the thread is released at once so its next
+/// queued dispatch is claimable without waiting for the (long) lease, and a holder of another
+/// thread keeps its claim, its lease and its blocked sibling.
+pub async fn stale_fenced_append_supersedes_through_the_shared_path<F: Factory>(factory: &F) {
+    let env = Env::new(factory).await;
+    let s = env.open().await;
+    let (d1, fence) = fenced(&s, "t", "d1", 3_600_000).await;
+    let (u1, _) = fenced(&s, "u", "u1", 3_600_000).await;
+    put_on(&s, "u", "u2").await;
+    s.mailbox.interrupt("t", "stop").await.unwrap();
+    put_on(&s, "t", "d2").await;
+    assert_eq!(claim(&s).await, None, "d1 and u1 hold both threads");
+
+    expect_stale_epoch(
+        s.log.append("t", b"zombie", Some(&fence)).await,
+        "d1",
+        0,
+        1,
+        "append",
+    );
+    assert_eq!(s.log.latest("t").await.unwrap(), 0, "nothing was appended");
+    let gone = load(&s, "d1").await;
+    assert_eq!(gone.status, Status::Superseded);
+    assert_eq!(gone.claim, None);
+    assert_eq!(gone.last_error.as_deref(), Some(REASON_STALE_EPOCH));
+    assert_shape(&gone);
+    assert_eq!(
+        s.mailbox
+            .supersede_claimed("d1", Some(&tok(&d1)), "again")
+            .await
+            .unwrap(),
+        Some(gone.clone()),
+        "the supersede is recorded as settled by the holder's token"
+    );
+
+    let d2 = claim_some(&s).await;
+    assert_eq!((d2.id.as_str(), d2.epoch), ("d2", 1));
+    assert_eq!(claim(&s).await, None, "u1 still holds its thread");
+    let still = load(&s, "u1").await;
+    assert_eq!(still.status, Status::Claimed);
+    assert_eq!(still.claim, u1.claim);
+    assert_eq!(load(&s, "u2").await.status, Status::Queued);
+    s.mailbox.ack("u1", &tok(&u1)).await.unwrap();
+    assert_eq!(claim_some(&s).await.id, "u2");
+}

@@ -485,6 +485,7 @@ macro_rules! suite {
                     w8_append_expected_is_fenced_too,
                     w8_fence_of_another_thread_cannot_append,
                     w8_append_after_reclaim_and_new_claim_is_lost_claim,
+                    stale_fenced_append_supersedes_through_the_shared_path,
                 },
                 dedupe::{
                     dedupe_key_held_by_live_dispatch_is_duplicate_with_holder,

@@ -3,16 +3,19 @@
 //! An append reserves the next sequence, writes the entry and moves `latest`, all in one
 //! transaction, so `reserved == latest` here: nothing is visible out of order or half-written,
 //! and a failed append leaves no trace. The fence of a guest's append is checked against the
-//! dispatch row and the thread's epoch in the same transaction.
+//! dispatch row and the thread's epoch in the same transaction, by the store's rules; a stale
+//! one supersedes the dispatch the same way a stale holder write does.
 
 use async_trait::async_trait;
 use rusqlite::{Connection, OptionalExtension, params};
 
+use super::lanes::{store_superseded, thread_row};
 use super::rows::{self, db};
 use super::{EmbeddedStore, MAX_VALUE, MAX_VALUE_WHY, TxError};
 use crate::store::check_size;
-use crate::store::model::{Fence, LogEntry, Status, Watermarks};
-use crate::store::{REASON_STALE_EPOCH, SequenceStore, StoreError, StoreResult};
+use crate::store::model::{Fence, LogEntry, Watermarks};
+use crate::store::rules::{self, Fenced};
+use crate::store::{SequenceStore, StoreError, StoreResult};
 
 /// The page size of `read` when the caller gives 0.
 const DEFAULT_READ: usize = 1000;
@@ -55,68 +58,26 @@ fn save_marks(tx: &Connection, thread: &str, m: Watermarks) -> StoreResult<()> {
     Ok(())
 }
 
-/// Checks a guest's fence: the dispatch is claimed by this token, on this thread, at a
-/// current epoch. A stale epoch supersedes the dispatch (committed) and fails.
+/// Checks a guest's fence as the rules say; a stale epoch supersedes the dispatch through the
+/// shared supersede path (committed) and fails.
 fn check_fence(tx: &Connection, thread: &str, fence: &Fence, now: u64) -> Result<(), TxError> {
-    let Some(row) = rows::load(tx, &fence.dispatch)? else {
-        return Err(StoreError::NotFound {
-            id: fence.dispatch.clone(),
-        }
-        .into());
+    let d = rows::load(tx, &fence.dispatch)?.map(|row| row.dispatch);
+    let thread_epoch = match &d {
+        Some(d) => thread_row(tx, &d.thread)?.epoch,
+        None => 0,
     };
-    let d = row.dispatch;
-    let Some(claim) = &d.claim else {
-        return Err(StoreError::NotClaimed {
-            id: d.id.clone(),
-            status: d.status,
+    match rules::check_fence(d.as_ref(), thread, fence, thread_epoch, now) {
+        Fenced::Live => Ok(()),
+        Fenced::Refuse(e) => Err(TxError::Abort(e)),
+        Fenced::Supersede {
+            record,
+            token,
+            error,
+        } => {
+            store_superseded(tx, &record, Some(&token))?;
+            Err(TxError::Commit(error))
         }
-        .into());
-    };
-    // A fenced append needs a live lease (`lease_until >= now`): once it runs out, another
-    // holder may be one reclaim away, and the log must not take the old holder's writes.
-    if claim.token != fence.token || d.epoch != fence.epoch || claim.lease_until < now {
-        return Err(StoreError::LostClaim { id: d.id.clone() }.into());
     }
-    if d.thread != thread {
-        return Err(StoreError::Invalid(format!(
-            "dispatch `{}` belongs to thread `{}`, not `{thread}`",
-            d.id, d.thread
-        ))
-        .into());
-    }
-    let thread_epoch: u64 = tx
-        .prepare_cached("SELECT epoch FROM threads WHERE thread = ?1")
-        .map_err(db)?
-        .query_row(params![thread], |row| row.get(0))
-        .optional()
-        .map_err(db)?
-        .unwrap_or(0);
-    if d.epoch < thread_epoch {
-        let (id, epoch, token) = (d.id.clone(), d.epoch, claim.token.clone());
-        let mut d = d;
-        d.status = Status::Superseded;
-        d.claim = None;
-        d.started_at = None;
-        d.result = None;
-        d.completed_at = Some(now);
-        d.updated_at = now;
-        d.last_error = Some(REASON_STALE_EPOCH.to_owned());
-        rows::store(tx, &d, false, Some((&token, "supersede")))?;
-        tx.prepare_cached("UPDATE threads SET holder = NULL WHERE thread = ?1 AND holder = ?2")
-            .map_err(db)?
-            .execute(params![thread, id])
-            .map_err(db)?;
-        tx.prepare_cached("UPDATE lanes SET busy = 0 WHERE thread = ?1")
-            .map_err(db)?
-            .execute(params![thread])
-            .map_err(db)?;
-        return Err(TxError::Commit(StoreError::StaleEpoch {
-            id,
-            dispatch: epoch,
-            thread: thread_epoch,
-        }));
-    }
-    Ok(())
 }
 
 impl EmbeddedStore {
@@ -284,5 +245,85 @@ let thread = thread.as_str();
 
     fn max_entry(&self) -> u64 {
         MAX_VALUE
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+
+    use super::*;
+    use crate::store::{Mailbox, ManualClock, NewDispatch, Status};
+
+    /// Reads the thread's holder column and whether its lane is marked busy.
+    async fn hold_of(store: &EmbeddedStore, thread: &str) -> (Option<String>, bool) {
+        let thread = thread.to_owned();
+        store
+            .write(move |tx, _| {
+                let holder = tx.query_row(
+                    "SELECT holder FROM threads WHERE thread = ?1",
+                    params![thread],
+                    |row| row.get::<_, Option<String>>(0),
+                )?;
+                let busy = tx.query_row(
+                    "SELECT busy FROM lanes WHERE thread = ?1",
+                    params![thread],
+                    |row| row.get::<_, bool>(0),
+                )?;
+                Ok((holder, busy))
+            })
+            .await
+            .unwrap()
+    }
+
+    /// A stale fence supersedes its dispatch through the shared supersede path: the thread's
+    /// hold is released only when this dispatch has it. A scheduling table that names another
+    /// holder (a hand-edited file; nothing the store does leads there) keeps its lane busy,
+    /// where a blanket `busy = 0` would have freed a thread someone else holds.
+    #[tokio::test]
+    async fn a_stale_fence_releases_only_its_own_hold() {
+        let store = EmbeddedStore::open_in_memory(ManualClock::new(1_000)).unwrap();
+        let put = |id: &str| NewDispatch::new("agent", "t", b"p".to_vec()).with_id(id);
+        store.enqueue(put("d1")).await.unwrap();
+        let d1 = store.claim("agent", "w", 60_000).await.unwrap().unwrap();
+        let fence = Fence::of(&d1).unwrap();
+        store.interrupt("t", "stop").await.unwrap();
+        store.enqueue(put("d2")).await.unwrap();
+        assert_eq!(hold_of(&store, "t").await, (Some("d1".into()), true));
+        store
+            .write(|tx, _| {
+                tx.execute("UPDATE threads SET holder = 'other' WHERE thread = 't'", [])?;
+                Ok(())
+            })
+            .await
+            .unwrap();
+
+        let refused = store.append("t", b"zombie", Some(&fence)).await;
+        assert!(
+            matches!(refused, Err(StoreError::StaleEpoch { .. })),
+            "{refused:?}"
+        );
+        assert_eq!(
+            store.load("d1").await.unwrap().unwrap().status,
+            Status::Superseded
+        );
+        assert_eq!(hold_of(&store, "t").await, (Some("other".into()), true));
+    }
+
+    /// The same path, when the stale dispatch does hold its thread: the hold is released and
+    /// the thread's next queued dispatch is claimable at once.
+    #[tokio::test]
+    async fn a_stale_fence_frees_its_own_thread() {
+        let store = EmbeddedStore::open_in_memory(ManualClock::new(1_000)).unwrap();
+        let put = |id: &str| NewDispatch::new("agent", "t", b"p".to_vec()).with_id(id);
+        store.enqueue(put("d1")).await.unwrap();
+        let d1 = store.claim("agent", "w", 60_000).await.unwrap().unwrap();
+        let fence = Fence::of(&d1).unwrap();
+        store.interrupt("t", "stop").await.unwrap();
+        store.enqueue(put("d2")).await.unwrap();
+        assert!(store.append("t", b"zombie", Some(&fence)).await.is_err());
+        assert_eq!(hold_of(&store, "t").await, (None, false));
+        let d2 = store.claim("agent", "w", 60_000).await.unwrap().unwrap();
+        assert_eq!((d2.id.as_str(), d2.epoch), ("d2", 1));
     }
 }

@@ -1,296 +1,32 @@
 //! The mailbox operations of the embedded backend; each is one transaction (see the parent
-//! module for the schema and the scheduling tables).
+//! module for the schema and [`lanes`](super::lanes) for the scheduling tables). Every holder,
+//! claim and reclaim decision is the store's rules' (`store::rules`); this file reads what they
+//! need and writes what they decide.
 
 use std::sync::Arc;
 
 use async_trait::async_trait;
-use rusqlite::{Connection, OptionalExtension, params};
+use rusqlite::{OptionalExtension, params};
 use tokio::sync::Notify;
 
-use super::rows::{self, COLUMNS, Row_, db};
+use super::lanes::{
+    ensure_thread, promote_due, refresh_lane, release_thread, store_claimed, store_reclaim,
+    store_superseded, thread_row,
+};
+use super::rows::{self, COLUMNS, db};
 use super::{EmbeddedStore, MAX_VALUE, MAX_VALUE_WHY, TxError};
 use crate::store::check_size;
 use crate::store::model::{
-    Claim, Dispatch, Interrupt, ListFilter, NewDispatch, RunResult, Status, StatusCount,
+    Dispatch, Interrupt, ListFilter, NewDispatch, RunResult, Status, StatusCount,
 };
 use crate::store::rules::{
-    clamp, fail_attempt, lease_extended, queued_record, same_content, terminate,
+    self, Holder, HolderOp, SupersedeClaimed, Take, clamp, lease_extended, lease_live,
+    queued_record, same_content,
 };
-use crate::store::{
-    Mailbox, REASON_EXPIRED_AFTER_INTERRUPT, REASON_LEASE_EXPIRED_AT_MAX, REASON_STALE_EPOCH,
-    StoreError, StoreResult,
-};
+use crate::store::{Mailbox, StoreError, StoreResult};
 
 /// The page size of `list` and `list_terminal` when the caller gives 0.
 const DEFAULT_PAGE: usize = 100;
-
-/// Per-thread scheduling state.
-struct ThreadRow {
-    epoch: u64,
-    holder: Option<String>,
-    served: u64,
-}
-
-fn thread_row(tx: &Connection, thread: &str) -> StoreResult<ThreadRow> {
-    let mut stmt = tx
-        .prepare_cached("SELECT epoch, holder, served FROM threads WHERE thread = ?1")
-        .map_err(db)?;
-    let row = stmt
-        .query_row(params![thread], |row| {
-            Ok(ThreadRow {
-                epoch: row.get(0)?,
-                holder: row.get(1)?,
-                served: row.get(2)?,
-            })
-        })
-        .optional()
-        .map_err(db)?;
-    Ok(row.unwrap_or(ThreadRow {
-        epoch: 0,
-        holder: None,
-        served: 0,
-    }))
-}
-
-fn ensure_thread(tx: &Connection, thread: &str) -> StoreResult<()> {
-    tx.prepare_cached("INSERT INTO threads (thread) VALUES (?1) ON CONFLICT (thread) DO NOTHING")
-        .map_err(db)?
-        .execute(params![thread])
-        .map_err(db)?;
-    Ok(())
-}
-
-/// Recomputes the lane of (agent, thread): its best ready dispatch, or no lane.
-fn refresh_lane(tx: &Connection, agent: &str, thread: &str) -> StoreResult<()> {
-    let head = tx
-        .prepare_cached(
-            "SELECT id, priority, created_at FROM dispatches INDEXED BY dispatches_lane_heads \
-             WHERE agent = ?1 AND thread = ?2 \
-             AND status = 'queued' AND ready = 1 ORDER BY priority, created_at, id LIMIT 1",
-        )
-        .map_err(db)?
-        .query_row(params![agent, thread], |row| {
-            Ok((
-                row.get::<_, String>(0)?,
-                row.get::<_, i64>(1)?,
-                row.get::<_, u64>(2)?,
-            ))
-        })
-        .optional()
-        .map_err(db)?;
-    match head {
-        Some((id, priority, created)) => {
-            let t = thread_row(tx, thread)?;
-            tx.prepare_cached(
-                "INSERT INTO lanes (agent, thread, priority, served, created, head, busy) \
-                 VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7) ON CONFLICT (agent, thread) DO UPDATE SET \
-                 priority = excluded.priority, served = excluded.served, created = excluded.created, \
-                 head = excluded.head, busy = excluded.busy",
-            )
-            .map_err(db)?
-            .execute(params![agent, thread, priority, t.served, created, id, t.holder.is_some()])
-            .map_err(db)?;
-        }
-        None => {
-            tx.prepare_cached("DELETE FROM lanes WHERE agent = ?1 AND thread = ?2")
-                .map_err(db)?
-                .execute(params![agent, thread])
-                .map_err(db)?;
-        }
-    }
-    Ok(())
-}
-
-/// Marks the thread as held by `id` and moves it to the back of its priority class.
-fn occupy_thread(tx: &Connection, thread: &str, id: &str) -> StoreResult<()> {
-    let served = tx
-        .prepare_cached(
-            "INSERT INTO counters (name, value) VALUES ('served', 1) \
-             ON CONFLICT (name) DO UPDATE SET value = value + 1 RETURNING value",
-        )
-        .map_err(db)?
-        .query_row([], |row| row.get::<_, u64>(0))
-        .map_err(db)?;
-    ensure_thread(tx, thread)?;
-    tx.prepare_cached("UPDATE threads SET holder = ?2, served = ?3 WHERE thread = ?1")
-        .map_err(db)?
-        .execute(params![thread, id, served])
-        .map_err(db)?;
-    tx.prepare_cached("UPDATE lanes SET busy = 1, served = ?2 WHERE thread = ?1")
-        .map_err(db)?
-        .execute(params![thread, served])
-        .map_err(db)?;
-    Ok(())
-}
-
-/// Frees the thread if `id` holds it.
-fn release_thread(tx: &Connection, thread: &str, id: &str) -> StoreResult<()> {
-    let changed = tx
-        .prepare_cached("UPDATE threads SET holder = NULL WHERE thread = ?1 AND holder = ?2")
-        .map_err(db)?
-        .execute(params![thread, id])
-        .map_err(db)?;
-    if changed > 0 {
-        tx.prepare_cached("UPDATE lanes SET busy = 0 WHERE thread = ?1")
-            .map_err(db)?
-            .execute(params![thread])
-            .map_err(db)?;
-    }
-    Ok(())
-}
-
-/// Moves delayed dispatches whose time has come into their lanes.
-fn promote_due(tx: &Connection, now: u64) -> StoreResult<()> {
-    let due: Vec<(String, String, String)> = {
-        let mut stmt = tx
-            .prepare_cached(
-                "SELECT id, agent, thread FROM dispatches INDEXED BY dispatches_delayed \
-                 WHERE status = 'queued' AND ready = 0 \
-                 AND available_at <= ?1 ORDER BY available_at LIMIT 1000",
-            )
-            .map_err(db)?;
-        let rows = stmt
-            .query_map(params![clamp(now)], |row| {
-                Ok((row.get(0)?, row.get(1)?, row.get(2)?))
-            })
-            .map_err(db)?;
-        rows.collect::<Result<_, _>>().map_err(db)?
-    };
-    for (id, agent, thread) in &due {
-        tx.prepare_cached("UPDATE dispatches SET ready = 1 WHERE id = ?1")
-            .map_err(db)?
-            .execute(params![id])
-            .map_err(db)?;
-        refresh_lane(tx, agent, thread)?;
-    }
-    Ok(())
-}
-
-/// Supersedes a claimed dispatch whose epoch is stale and frees its thread.
-fn supersede(
-    tx: &Connection,
-    mut d: Dispatch,
-    now: u64,
-    reason: &str,
-    settled: Option<(&str, &str)>,
-) -> StoreResult<Dispatch> {
-    let was_claimed = d.status == Status::Claimed;
-    let was_queued = d.status == Status::Queued;
-    terminate(&mut d, Status::Superseded, now, Some(reason));
-    d.started_at = None;
-    d.result = None;
-    rows::store(tx, &d, false, settled)?;
-    if was_claimed {
-        release_thread(tx, &d.thread, &d.id)?;
-    }
-    if was_queued {
-        refresh_lane(tx, &d.agent, &d.thread)?;
-    }
-    Ok(d)
-}
-
-/// What a holder check found.
-enum Holder {
-    /// The caller holds the live claim.
-    Live(Dispatch),
-    /// The same token already settled the dispatch with the same operation.
-    Repeat(Dispatch),
-}
-
-/// Checks, inside the transaction, that `token` holds `id` at a current epoch (SPEC section 2).
-/// A stale epoch supersedes the dispatch and fails with `StaleEpoch`, committing the supersede.
-fn check_holder(
-    tx: &Connection,
-    id: &str,
-    token: &str,
-    settle_op: Option<&str>,
-    now: u64,
-) -> Result<Holder, TxError> {
-    let Some(Row_ {
-        dispatch,
-        settled_token,
-        settled_op,
-    }) = rows::load(tx, id)?
-    else {
-        return Err(StoreError::NotFound { id: id.to_owned() }.into());
-    };
-    if let Some(op) = settle_op
-        && settled_token.as_deref() == Some(token)
-        && settled_op.as_deref() == Some(op)
-    {
-        return Ok(Holder::Repeat(dispatch));
-    }
-    let Some(claim) = &dispatch.claim else {
-        return Err(StoreError::NotClaimed {
-            id: id.to_owned(),
-            status: dispatch.status,
-        }
-        .into());
-    };
-    if claim.token != token {
-        return Err(StoreError::LostClaim { id: id.to_owned() }.into());
-    }
-    let thread_epoch = thread_row(tx, &dispatch.thread)?.epoch;
-    if dispatch.epoch < thread_epoch {
-        let dispatch_epoch = dispatch.epoch;
-        supersede(
-            tx,
-            dispatch,
-            now,
-            REASON_STALE_EPOCH,
-            Some((token, "supersede")),
-        )?;
-        return Err(TxError::Commit(StoreError::StaleEpoch {
-            id: id.to_owned(),
-            dispatch: dispatch_epoch,
-            thread: thread_epoch,
-        }));
-    }
-    Ok(Holder::Live(dispatch))
-}
-
-/// Claims `d` for `consumer` until `now + lease_ms` and occupies its thread.
-fn take(
-    tx: &Connection,
-    mut d: Dispatch,
-    consumer: &str,
-    lease_ms: u64,
-    now: u64,
-    start: bool,
-) -> StoreResult<Dispatch> {
-    d.status = Status::Claimed;
-    if start {
-        d.started_at = Some(now);
-    }
-    d.claim = Some(Claim {
-        token: uuid::Uuid::now_v7().to_string(),
-        claimed_by: consumer.to_owned(),
-        lease_until: clamp(now.saturating_add(lease_ms)),
-    });
-    d.updated_at = now;
-    rows::store(tx, &d, false, None)?;
-    occupy_thread(tx, &d.thread, &d.id)?;
-    refresh_lane(tx, &d.agent, &d.thread)?;
-    Ok(d)
-}
-
-/// Reclaims one expired claim (T12/T13), or supersedes it when its thread moved on.
-/// Returns the record when it was requeued or dead-lettered.
-fn reclaim_one(tx: &Connection, mut d: Dispatch, now: u64) -> StoreResult<Option<Dispatch>> {
-    let thread_epoch = thread_row(tx, &d.thread)?.epoch;
-    if d.epoch < thread_epoch {
-        supersede(tx, d, now, REASON_EXPIRED_AFTER_INTERRUPT, None)?;
-        return Ok(None);
-    }
-    let ready = fail_attempt(&mut d, now, now, None, REASON_LEASE_EXPIRED_AT_MAX);
-    // The abandoned run's projection goes with its lease, whether requeued or dead-lettered.
-    d.started_at = None;
-    d.result = None;
-    rows::store(tx, &d, ready, None)?;
-    release_thread(tx, &d.thread, &d.id)?;
-    refresh_lane(tx, &d.agent, &d.thread)?;
-    Ok(Some(d))
-}
 
 impl EmbeddedStore {
     /// `claim`, also recording the start when `start` is set.
@@ -328,11 +64,13 @@ impl EmbeddedStore {
                 let candidate = rows::load(tx, &head)?.map(|row| row.dispatch);
                 match candidate {
                     Some(d) if d.status == Status::Queued && t.holder.is_none() => {
-                        if d.epoch < t.epoch {
-                            supersede(tx, d, now, REASON_STALE_EPOCH, None)?;
-                            continue;
+                        match rules::take(d, t.epoch, consumer, lease_ms, now, start) {
+                            Take::Claimed(d) => {
+                                store_claimed(tx, &d)?;
+                                return Ok(Some(d));
+                            }
+                            Take::Stale(d) => store_superseded(tx, &d, None)?,
                         }
-                        return Ok(Some(take(tx, d, consumer, lease_ms, now, start)?));
                     }
                     _ => {
                         // The lane disagrees with the records (it cannot, short of a bug or a
@@ -353,22 +91,44 @@ impl EmbeddedStore {
         .await
     }
 
-    /// A holder operation: check the claim, apply `f`, store the result.
-    async fn holder_write(
-        &self,
-        id: &str,
-        token: &str,
-        settle_op: Option<&'static str>,
-        f: impl FnOnce(&Connection, Dispatch, u64, &str) -> StoreResult<Dispatch> + Send + 'static,
-    ) -> StoreResult<Dispatch> {
+    /// A holder operation: check the claim as the rules say, apply `op` to a live holder's
+    /// record, store it and keep the thread's scheduling state in step.
+    async fn holder_write(&self, id: &str, token: &str, op: HolderOp) -> StoreResult<Dispatch> {
         let (id, token) = (id.to_owned(), token.to_owned());
+        let settles = op.settles();
         let out = self
-            .write(
-                move |tx, now| match check_holder(tx, &id, &token, settle_op, now)? {
+            .write(move |tx, now| {
+                let row = rows::load(tx, &id)?;
+                let thread_epoch = match &row {
+                    Some(row) => thread_row(tx, &row.dispatch.thread)?.epoch,
+                    None => 0,
+                };
+                let found = row.as_ref().map(rows::Row_::found);
+                match rules::check_holder(found, &id, &token, settles, thread_epoch, now) {
                     Holder::Repeat(d) => Ok((d, false)),
-                    Holder::Live(d) => Ok((f(tx, d, now, &token)?, settle_op.is_some())),
-                },
-            )
+                    Holder::Refuse(e) => Err(TxError::Abort(e)),
+                    Holder::Supersede {
+                        record,
+                        token,
+                        error,
+                    } => {
+                        store_superseded(tx, &record, Some(&token))?;
+                        Err(TxError::Commit(error))
+                    }
+                    Holder::Live(mut d) => {
+                        let ready = op.apply(&mut d, now);
+                        let settled = settles.map(|op| (token.as_str(), op.as_str()));
+                        rows::store(tx, &d, ready, settled)?;
+                        if d.status != Status::Claimed {
+                            release_thread(tx, &d.thread, &d.id)?;
+                        }
+                        if d.status == Status::Queued {
+                            refresh_lane(tx, &d.agent, &d.thread)?;
+                        }
+                        Ok((d, settles.is_some()))
+                    }
+                }
+            })
             .await;
         match out {
             Ok((d, settled)) => {
@@ -481,19 +241,19 @@ impl Mailbox for EmbeddedStore {
                     return Ok((None, false));
                 }
                 let t = thread_row(tx, &d.thread)?;
-                if d.epoch < t.epoch {
-                    supersede(tx, d, now, REASON_STALE_EPOCH, None)?;
+                if rules::stale(&d, t.epoch) {
+                    let d = rules::superseded(d, now, crate::store::REASON_STALE_EPOCH);
+                    store_superseded(tx, &d, None)?;
                     return Ok((None, true));
                 }
                 let mut reclaimed = false;
                 if let Some(holder) = &t.holder {
                     match rows::load(tx, holder)?.map(|row| row.dispatch) {
                         Some(h) if h.status == Status::Claimed => {
-                            let live = h.claim.as_ref().is_some_and(|c| c.lease_until >= now);
-                            if live {
+                            if lease_live(&h, now) {
                                 return Ok((None, false));
                             }
-                            reclaim_one(tx, h, now)?;
+                            store_reclaim(tx, rules::reclaim(h, t.epoch, now))?;
                             reclaimed = true;
                         }
                         // The holder column points at a settled record: free the thread.
@@ -504,10 +264,16 @@ impl Mailbox for EmbeddedStore {
                 let Some(row) = rows::load(tx, id)? else {
                     return Ok((None, reclaimed));
                 };
-                Ok((
-                    Some(take(tx, row.dispatch, consumer, lease_ms, now, false)?),
-                    reclaimed,
-                ))
+                match rules::take(row.dispatch, t.epoch, consumer, lease_ms, now, false) {
+                    Take::Claimed(d) => {
+                        store_claimed(tx, &d)?;
+                        Ok((Some(d), reclaimed))
+                    }
+                    Take::Stale(d) => {
+                        store_superseded(tx, &d, None)?;
+                        Ok((None, true))
+                    }
+                }
             })
             .await?;
         if out.1 {
@@ -517,28 +283,14 @@ impl Mailbox for EmbeddedStore {
     }
 
     async fn extend_lease(&self, id: &str, token: &str, extension_ms: u64) -> StoreResult<bool> {
-        let out = self
-            .holder_write(id, token, None, move |tx, mut d, now, _| {
-                if let Some(claim) = &mut d.claim {
-                    claim.lease_until = clamp(now.saturating_add(extension_ms));
-                }
-                d.updated_at = now;
-                rows::store(tx, &d, false, None)?;
-                Ok(d)
-            })
-            .await;
-        lease_extended(out)
+        lease_extended(
+            self.holder_write(id, token, HolderOp::Extend { extension_ms })
+                .await,
+        )
     }
 
     async fn record_start(&self, id: &str, token: &str) -> StoreResult<Dispatch> {
-        self.holder_write(id, token, None, move |tx, mut d, now, _| {
-            d.started_at = Some(now);
-            d.result = None;
-            d.updated_at = now;
-            rows::store(tx, &d, false, None)?;
-            Ok(d)
-        })
-        .await
+        self.holder_write(id, token, HolderOp::Start).await
     }
 
     async fn record_result(
@@ -548,23 +300,11 @@ impl Mailbox for EmbeddedStore {
         result: RunResult,
     ) -> StoreResult<Dispatch> {
         check_size("output", &result.output, MAX_VALUE, MAX_VALUE_WHY)?;
-        self.holder_write(id, token, None, move |tx, mut d, now, _| {
-            d.result = Some(result);
-            d.updated_at = now;
-            rows::store(tx, &d, false, None)?;
-            Ok(d)
-        })
-        .await
+        self.holder_write(id, token, HolderOp::Result(result)).await
     }
 
     async fn ack(&self, id: &str, token: &str) -> StoreResult<Dispatch> {
-        self.holder_write(id, token, Some("ack"), move |tx, mut d, now, token| {
-            terminate(&mut d, Status::Acked, now, None);
-            rows::store(tx, &d, false, Some((token, "ack")))?;
-            release_thread(tx, &d.thread, &d.id)?;
-            Ok(d)
-        })
-        .await
+        self.holder_write(id, token, HolderOp::Ack).await
     }
 
     async fn nack(
@@ -575,48 +315,20 @@ impl Mailbox for EmbeddedStore {
         error: &str,
     ) -> StoreResult<Dispatch> {
         let error = error.to_owned();
-        self.holder_write(id, token, Some("nack"), move |tx, mut d, now, token| {
-            let ready = fail_attempt(
-                &mut d,
-                now,
-                retry_at,
-                Some(error.as_str()),
-                REASON_LEASE_EXPIRED_AT_MAX,
-            );
-            rows::store(tx, &d, ready, Some((token, "nack")))?;
-            release_thread(tx, &d.thread, &d.id)?;
-            refresh_lane(tx, &d.agent, &d.thread)?;
-            Ok(d)
-        })
-        .await
+        self.holder_write(id, token, HolderOp::Nack { retry_at, error })
+            .await
     }
 
     async fn dead_letter(&self, id: &str, token: &str, error: &str) -> StoreResult<Dispatch> {
         let error = error.to_owned();
-        self.holder_write(
-            id,
-            token,
-            Some("dead_letter"),
-            move |tx, mut d, now, token| {
-                terminate(&mut d, Status::DeadLetter, now, Some(error.as_str()));
-                rows::store(tx, &d, false, Some((token, "dead_letter")))?;
-                release_thread(tx, &d.thread, &d.id)?;
-                Ok(d)
-            },
-        )
-        .await
+        self.holder_write(id, token, HolderOp::DeadLetter { error })
+            .await
     }
 
     async fn complete(&self, id: &str, token: &str, result: RunResult) -> StoreResult<Dispatch> {
         check_size("output", &result.output, MAX_VALUE, MAX_VALUE_WHY)?;
-        self.holder_write(id, token, Some("ack"), move |tx, mut d, now, token| {
-            d.result = Some(result);
-            terminate(&mut d, Status::Acked, now, None);
-            rows::store(tx, &d, false, Some((token, "ack")))?;
-            release_thread(tx, &d.thread, &d.id)?;
-            Ok(d)
-        })
-        .await
+        self.holder_write(id, token, HolderOp::Complete(result))
+            .await
     }
 
     async fn cancel(&self, id: &str) -> StoreResult<Option<Dispatch>> {
@@ -632,7 +344,7 @@ impl Mailbox for EmbeddedStore {
             if d.status != Status::Queued {
                 return Ok(None);
             }
-            terminate(&mut d, Status::Cancelled, now, None);
+            rules::terminate(&mut d, Status::Cancelled, now, None);
             rows::store(tx, &d, false, None)?;
             refresh_lane(tx, &d.agent, &d.thread)?;
             Ok(Some(d))
@@ -704,32 +416,17 @@ let reason = reason.as_str();
                 let token = token.as_deref();
                 let reason = reason.as_str();
 
-                let Some(row) = rows::load(tx, id)? else {
-                    return Ok(None);
-                };
-                if let Some(token) = token
-                    && row.settled_token.as_deref() == Some(token)
-                    && row.settled_op.as_deref() == Some("supersede")
-                {
-                    return Ok(Some(row.dispatch));
+                let row = rows::load(tx, id)?;
+                let found = row.as_ref().map(rows::Row_::found);
+                match rules::supersede_claimed(found, id, token, reason, now) {
+                    SupersedeClaimed::Nothing => Ok(None),
+                    SupersedeClaimed::Repeat(d) => Ok(Some(d)),
+                    SupersedeClaimed::Refuse(e) => Err(e.into()),
+                    SupersedeClaimed::Supersede { record, token } => {
+                        store_superseded(tx, &record, Some(&token))?;
+                        Ok(Some(record))
+                    }
                 }
-                let d = row.dispatch;
-                let Some(claim) = &d.claim else {
-                    return Ok(None);
-                };
-                if let Some(token) = token
-                    && claim.token != token
-                {
-                    return Err(StoreError::LostClaim { id: id.to_owned() }.into());
-                }
-                let settled_token = claim.token.clone();
-                Ok(Some(supersede(
-                    tx,
-                    d,
-                    now,
-                    reason,
-                    Some((&settled_token, "supersede")),
-                )?))
             })
             .await?;
         if out.is_some() {
@@ -742,6 +439,8 @@ let reason = reason.as_str();
         let limit = i64::try_from(limit).unwrap_or(i64::MAX);
         let out = self
             .write(move |tx, _| {
+                // The index finds the candidates; the rules decide each one (and leave a
+                // record alone whose lease turns out live).
                 let expired = rows::query(
                     tx,
                     &format!(
@@ -753,7 +452,8 @@ let reason = reason.as_str();
                 )?;
                 let mut out = Vec::new();
                 for d in expired {
-                    if let Some(d) = reclaim_one(tx, d, now)? {
+                    let thread_epoch = thread_row(tx, &d.thread)?.epoch;
+                    if let Some(d) = store_reclaim(tx, rules::reclaim(d, thread_epoch, now))? {
                         out.push(d);
                     }
                 }

@@ -4,7 +4,8 @@
 //!
 //! Every operation is one SQLite transaction. Writers open it with `BEGIN IMMEDIATE`, so the
 //! write lock is taken before the first read and a decision made on what was read cannot be
-//! invalidated by another connection before commit. That single rule gives SPEC section 3 on
+//! invalidated by another connection before commit. That single rule gives the guarantees of
+//! the contract (docs/contract.md, section 3) on
 //! this backend: a claim, a holder write, an interrupt or an append either sees the state it
 //! checks and commits its change, or changes nothing. Several processes (the host and the
 //! CLI, or several store instances standing for several hosts in tests) share one file
@@ -13,7 +14,7 @@
 //!
 //! # Schema
 //!
-//! - `dispatches`: one row per dispatch (the SPEC record) plus scheduler bookkeeping: `ready`
+//! - `dispatches`: one row per dispatch (the record of the contract, section 1) plus scheduler bookkeeping: `ready`
 //!   (queued and past `available_at` when last looked at) and the token and kind of the
 //!   operation that settled it (`settled_token`, `settled_op`), which makes a repeated holder
 //!   operation after a lost reply succeed without changing anything.
@@ -43,6 +44,7 @@
 //! `synchronous = FULL` through [`EmbeddedOptions::fsync_every_commit`] to survive power loss
 //! at the cost of an fsync per operation.
 
+mod lanes;
 mod log;
 mod mailbox;
 mod rows;

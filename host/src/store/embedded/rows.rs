@@ -6,6 +6,7 @@ use std::collections::BTreeMap;
 use rusqlite::{Connection, OptionalExtension, Row, params};
 
 use crate::store::model::{Claim, Dispatch, RunResult, RunStatus, Status};
+use crate::store::rules::Found;
 use crate::store::{StoreError, StoreResult};
 
 /// The columns every dispatch query selects, in the order [`decode`] reads them.
@@ -20,6 +21,19 @@ pub(super) struct Row_ {
     pub dispatch: Dispatch,
     pub settled_token: Option<String>,
     pub settled_op: Option<String>,
+}
+
+impl Row_ {
+    /// The record and its settlement, as the store's rules read them.
+    pub fn found(&self) -> Found<'_> {
+        Found {
+            d: &self.dispatch,
+            settled: self
+                .settled_token
+                .as_deref()
+                .zip(self.settled_op.as_deref()),
+        }
+    }
 }
 
 fn corrupt(id: &str, reason: impl Into<String>) -> StoreError {

@@ -3,8 +3,8 @@
 //! Each entry is its own subject `<p>.th.<thread>.e.<seq>` in its thread's tree (payload: the
 //! append time as 8 big-endian bytes, then the entry). An append is one message fenced by the
 //! thread's tree: the sequence it takes, the fence of a guest's claim (the dispatch record, its
-//! lease and epoch) and the thread's epoch are all read from the view and hold at commit, or the
-//! append is decided again. So `reserved == latest`, and nothing is visible out of order or
+//! lease and epoch) and the thread's epoch are all read from the view, judged by the store's
+//! rules, and hold at commit, or the append is decided again. So `reserved == latest`, and nothing is visible out of order or
 //! half-written. `trimmed` lives in the thread record, and survives a delete as the tombstone
 //! that keeps sequences from being reused.
 
@@ -12,12 +12,13 @@ use async_trait::async_trait;
 use bytes::{BufMut, Bytes, BytesMut};
 use futures_util::StreamExt;
 
+use super::NatsStore;
+use super::commit::{Expect, Plan, Write, put_dispatch, put_thread, settled};
 use super::keys::Key;
-use super::mailbox::{put_dispatch, put_thread, superseded};
-use super::view::{Record, Stored};
-use super::{Expect, NatsStore, Plan, Write};
+use super::view::Record;
 use crate::store::model::{Fence, LogEntry, Watermarks};
-use crate::store::{REASON_STALE_EPOCH, SequenceStore, StoreError, StoreResult, check_size};
+use crate::store::rules::{self, Fenced, Settle};
+use crate::store::{SequenceStore, StoreError, StoreResult, check_size};
 
 /// The page size of `read` when the caller gives 0.
 const DEFAULT_READ: usize = 1000;
@@ -39,46 +40,30 @@ impl NatsStore {
         check_size("entry", entry, room.entry, &room.entry_why())?;
         self.run(|view, now, _| {
             if let Some(fence) = fence {
-                let Some(stored) = view.dispatch(&fence.dispatch)? else {
-                    return Ok(Plan::Refuse(Err(StoreError::NotFound {
-                        id: fence.dispatch.clone(),
-                    })));
+                let d = view.dispatch(&fence.dispatch)?.map(|s| &s.d);
+                let thread_epoch = match d {
+                    Some(d) => view.thread(&d.thread)?.epoch,
+                    None => 0,
                 };
-                let d = &stored.d;
-                let Some(claim) = &d.claim else {
-                    return Ok(Plan::Refuse(Err(StoreError::NotClaimed {
-                        id: d.id.clone(),
-                        status: d.status,
-                    })));
-                };
-                // A fenced append needs a live lease: once it runs out, another holder may be
-                // one reclaim away, and the log must not take the old holder's writes.
-                if claim.token != fence.token || d.epoch != fence.epoch || claim.lease_until < now {
-                    return Ok(Plan::Refuse(Err(StoreError::LostClaim {
-                        id: d.id.clone(),
-                    })));
-                }
-                if d.thread != thread {
-                    return Ok(Plan::Done(Err(StoreError::Invalid(format!(
-                        "dispatch `{}` belongs to thread `{}`, not `{thread}`",
-                        d.id, d.thread
-                    )))));
-                }
-                let t = view.thread(thread)?;
-                if d.epoch < t.epoch {
-                    let error = StoreError::StaleEpoch {
-                        id: d.id.clone(),
-                        dispatch: d.epoch,
-                        thread: t.epoch,
-                    };
-                    let write = put_dispatch(
-                        view,
-                        Stored {
-                            d: superseded(d.clone(), now, REASON_STALE_EPOCH),
-                            settled: Some((fence.token.clone(), "supersede".to_owned())),
-                        },
-                    )?;
-                    return Ok(Plan::Write(vec![write], Err(error), true));
+                match rules::check_fence(d, thread, fence, thread_epoch, now) {
+                    Fenced::Live => {}
+                    // A fence naming another thread stays wrong however far the view gets.
+                    Fenced::Refuse(e @ StoreError::Invalid(_)) => return Ok(Plan::Done(Err(e))),
+                    Fenced::Refuse(e) => return Ok(Plan::Refuse(Err(e))),
+                    Fenced::Supersede {
+                        record,
+                        token,
+                        error,
+                    } => {
+                        return Ok(Plan::Write {
+                            writes: vec![put_dispatch(
+                                view,
+                                settled(*record, &token, Settle::Supersede),
+                            )?],
+                            answer: Err(error),
+                            wake: true,
+                        });
+                    }
                 }
             }
             let latest = view.latest(thread);
@@ -97,7 +82,11 @@ impl NatsStore {
                 payload: payload.freeze(),
                 record: Record::Entry(thread.to_owned(), seq),
             };
-            Ok(Plan::Write(vec![write], Ok(seq), false))
+            Ok(Plan::Write {
+                writes: vec![write],
+                answer: Ok(seq),
+                wake: false,
+            })
         })
         .await
     }
@@ -159,8 +148,11 @@ impl NatsStore {
                     return Ok(Plan::Done(Ok(None)));
                 }
                 t.trimmed = cut;
-                let write = put_thread(view, thread, t)?;
-                Ok(Plan::Write(vec![write], Ok(Some(cut)), false))
+                Ok(Plan::Write {
+                    writes: vec![put_thread(view, thread, t)?],
+                    answer: Ok(Some(cut)),
+                    wake: false,
+                })
             })
             .await?;
         match cut {

@@ -1,55 +1,30 @@
 //! The mailbox operations of the NATS backend. Each decides from the view and writes one
-//! message fenced by its thread's tree (see the parent module); the decisions mirror the
-//! embedded backend's transactions and share its transition rules (`store::rules`).
+//! message fenced by its thread's tree (see the parent module); every holder, claim and
+//! reclaim decision is the store's rules' (`store::rules`), the same the embedded backend
+//! applies. Read-only queries are in [`queries`](super::queries).
 
 use std::sync::Arc;
 
 use async_trait::async_trait;
 use tokio::sync::Notify;
 
-use super::keys::{FRAME_OVERHEAD, Key, encode_dispatch, encode_thread};
-use super::view::{Record, Stored, ThreadRec, View};
-use super::{Expect, GROWTH_ROOM, MAX_BATCH, NatsStore, Plan, Room, Write};
+use super::NatsStore;
+use super::commit::{
+    Expect, MAX_BATCH, Plan, Write, plain, put_dispatch, put_dispatch_expecting, put_thread,
+    settled,
+};
+use super::config::{GROWTH_ROOM, Room};
+use super::keys::{FRAME_OVERHEAD, Key};
+use super::view::{Record, Stored, View};
 use crate::store::check_size;
 use crate::store::model::{
-    Claim, Dispatch, Interrupt, ListFilter, NewDispatch, RunResult, Status, StatusCount,
+    Dispatch, Interrupt, ListFilter, NewDispatch, RunResult, Status, StatusCount,
 };
 use crate::store::rules::{
-    clamp, fail_attempt, lease_extended, queued_record, same_content, terminate,
+    self, Holder, HolderOp, Reclaim, Settle, SupersedeClaimed, Take, lease_extended, lease_live,
+    queued_record, same_content,
 };
-use crate::store::{
-    Mailbox, REASON_EXPIRED_AFTER_INTERRUPT, REASON_LEASE_EXPIRED_AT_MAX, REASON_STALE_EPOCH,
-    StoreError, StoreResult,
-};
-
-/// The page size of `list` and `list_terminal` when the caller gives 0.
-const DEFAULT_PAGE: usize = 100;
-
-/// A write of a dispatch record, fenced by its thread's tree.
-pub(super) fn put_dispatch(view: &View, stored: Stored) -> StoreResult<Write> {
-    let expect = Expect::Thread(view.thread_seq(&stored.d.thread));
-    put_dispatch_expecting(expect, stored)
-}
-
-fn put_dispatch_expecting(expect: Expect, mut stored: Stored) -> StoreResult<Write> {
-    let (thread, id) = (stored.d.thread.clone(), stored.d.id.clone());
-    Ok(Write {
-        key: Key::Dispatch(thread.clone(), id.clone()),
-        expect,
-        payload: encode_dispatch(&mut stored)?,
-        record: Record::Dispatch(thread, id, Some(Box::new(stored))),
-    })
-}
-
-/// A write of a thread record, fenced by its tree.
-pub(super) fn put_thread(view: &View, thread: &str, rec: ThreadRec) -> StoreResult<Write> {
-    Ok(Write {
-        key: Key::Thread(thread.to_owned()),
-        expect: Expect::Thread(view.thread_seq(thread)),
-        payload: encode_thread(&rec)?,
-        record: Record::Thread(thread.to_owned(), rec),
-    })
-}
+use crate::store::{Mailbox, REASON_STALE_EPOCH, StoreError, StoreResult};
 
 /// Refuses a queued record whose fields besides the payload leave too little room in its
 /// message for an output of up to `room.value` bytes and for what a settlement adds: such a
@@ -75,101 +50,28 @@ fn fits_with_output(write: &Write, d: &Dispatch, room: &Room) -> StoreResult<()>
     )))
 }
 
-fn plain(d: Dispatch) -> Stored {
-    Stored { d, settled: None }
-}
-
-/// `d` superseded (claimed or queued) with `reason`.
-pub(super) fn superseded(mut d: Dispatch, now: u64, reason: &str) -> Dispatch {
-    terminate(&mut d, Status::Superseded, now, Some(reason));
-    d.started_at = None;
-    d.result = None;
-    d
-}
-
-/// What a holder check decided.
-enum Holder {
-    /// The caller holds the live claim.
-    Live(Dispatch),
-    /// The answer is known without the caller's write (a repeat, a refusal, a supersede).
-    Answer(Plan<Dispatch>),
-}
-
-/// Checks that `token` holds `id` at a current epoch (SPEC section 2).
+/// The rules' holder verdict for `id` as the view has it.
 fn check_holder(
     view: &View,
     id: &str,
     token: &str,
-    settle_op: Option<&str>,
+    settles: Option<Settle>,
     now: u64,
 ) -> StoreResult<Holder> {
-    let Some(stored) = view.dispatch(id)? else {
-        return Ok(Holder::Answer(Plan::Refuse(Err(StoreError::NotFound {
-            id: id.to_owned(),
-        }))));
+    let stored = view.dispatch(id)?;
+    let thread_epoch = match stored {
+        Some(s) => view.thread(&s.d.thread)?.epoch,
+        None => 0,
     };
-    if let (Some(op), Some((settled_token, settled_op))) = (settle_op, &stored.settled)
-        && settled_token == token
-        && settled_op == op
-    {
-        return Ok(Holder::Answer(Plan::Done(Ok(stored.d.clone()))));
-    }
-    let d = &stored.d;
-    let Some(claim) = &d.claim else {
-        return Ok(Holder::Answer(Plan::Refuse(Err(StoreError::NotClaimed {
-            id: id.to_owned(),
-            status: d.status,
-        }))));
-    };
-    if claim.token != token {
-        return Ok(Holder::Answer(Plan::Refuse(Err(StoreError::LostClaim {
-            id: id.to_owned(),
-        }))));
-    }
-    let t = view.thread(&d.thread)?;
-    if d.epoch < t.epoch {
-        let error = StoreError::StaleEpoch {
-            id: id.to_owned(),
-            dispatch: d.epoch,
-            thread: t.epoch,
-        };
-        let write = put_dispatch(
-            view,
-            Stored {
-                d: superseded(d.clone(), now, REASON_STALE_EPOCH),
-                settled: Some((token.to_owned(), "supersede".to_owned())),
-            },
-        )?;
-        return Ok(Holder::Answer(Plan::Write(vec![write], Err(error), true)));
-    }
-    Ok(Holder::Live(d.clone()))
-}
-
-/// `d` claimed by `consumer` until `now + lease_ms`.
-fn claimed(mut d: Dispatch, consumer: &str, lease_ms: u64, now: u64, start: bool) -> Dispatch {
-    d.status = Status::Claimed;
-    if start {
-        d.started_at = Some(now);
-    }
-    d.claim = Some(Claim {
-        token: uuid::Uuid::now_v7().to_string(),
-        claimed_by: consumer.to_owned(),
-        lease_until: clamp(now.saturating_add(lease_ms)),
-    });
-    d.updated_at = now;
-    d
-}
-
-/// An expired claim given back: requeued or dead-lettered, or superseded when its thread moved
-/// on (then `None` is reported).
-fn reclaimed(mut d: Dispatch, t: &ThreadRec, now: u64) -> (Dispatch, bool) {
-    if d.epoch < t.epoch {
-        return (superseded(d, now, REASON_EXPIRED_AFTER_INTERRUPT), false);
-    }
-    fail_attempt(&mut d, now, now, None, REASON_LEASE_EXPIRED_AT_MAX);
-    d.started_at = None;
-    d.result = None;
-    (d, true)
+    let found = stored.map(Stored::found);
+    Ok(rules::check_holder(
+        found,
+        id,
+        token,
+        settles,
+        thread_epoch,
+        now,
+    ))
 }
 
 /// What one claim decision came to.
@@ -202,21 +104,23 @@ impl NatsStore {
                         return Ok(Plan::Done(Ok(Claimed::Nothing)));
                     };
                     let d = pick.d.clone();
-                    let t = view.thread(&d.thread)?;
-                    if d.epoch < t.epoch {
-                        let write =
-                            put_dispatch(view, plain(superseded(d, now, REASON_STALE_EPOCH)))?;
-                        return Ok(Plan::Write(vec![write], Ok(Claimed::Again), false));
+                    let thread_epoch = view.thread(&d.thread)?.epoch;
+                    match rules::take(d, thread_epoch, consumer, lease_ms, now, start) {
+                        Take::Stale(d) => Ok(Plan::Write {
+                            writes: vec![put_dispatch(view, plain(d))?],
+                            answer: Ok(Claimed::Again),
+                            wake: false,
+                        }),
+                        Take::Claimed(d) => {
+                            view.reserve(&d.thread);
+                            held = Some(d.thread.clone());
+                            Ok(Plan::Write {
+                                writes: vec![put_dispatch(view, plain(d.clone()))?],
+                                answer: Ok(Claimed::Got(Box::new(d))),
+                                wake: false,
+                            })
+                        }
                     }
-                    view.reserve(&d.thread);
-                    held = Some(d.thread.clone());
-                    let d = claimed(d, consumer, lease_ms, now, start);
-                    let write = put_dispatch(view, plain(d.clone()))?;
-                    Ok(Plan::Write(
-                        vec![write],
-                        Ok(Claimed::Got(Box::new(d))),
-                        false,
-                    ))
                 })
                 .await;
             if let Some(thread) = held {
@@ -233,30 +137,40 @@ impl NatsStore {
         )))
     }
 
-    /// A holder operation: check the claim, apply `f` to the record, store it.
-    async fn holder_write(
-        &self,
-        id: &str,
-        token: &str,
-        settle_op: Option<&'static str>,
-        f: impl Fn(&mut Dispatch, u64) + Send,
-    ) -> StoreResult<Dispatch> {
-        self.run(|view, now, _| {
-            let mut d = match check_holder(view, id, token, settle_op, now)? {
-                Holder::Live(d) => d,
-                Holder::Answer(plan) => return Ok(plan),
-            };
-            f(&mut d, now);
-            let settled = settle_op.map(|op| (token.to_owned(), op.to_owned()));
-            let write = put_dispatch(
-                view,
-                Stored {
-                    d: d.clone(),
-                    settled,
-                },
-            )?;
-            Ok(Plan::Write(vec![write], Ok(d), settle_op.is_some()))
-        })
+    /// A holder operation: check the claim as the rules say, apply `op` to a live holder's
+    /// record and store it.
+    async fn holder_write(&self, id: &str, token: &str, op: HolderOp) -> StoreResult<Dispatch> {
+        let settles = op.settles();
+        self.run(
+            |view, now, _| match check_holder(view, id, token, settles, now)? {
+                Holder::Repeat(d) => Ok(Plan::Done(Ok(d))),
+                Holder::Refuse(e) => Ok(Plan::Refuse(Err(e))),
+                Holder::Supersede {
+                    record,
+                    token,
+                    error,
+                } => Ok(Plan::Write {
+                    writes: vec![put_dispatch(
+                        view,
+                        settled(record, &token, Settle::Supersede),
+                    )?],
+                    answer: Err(error),
+                    wake: true,
+                }),
+                Holder::Live(mut d) => {
+                    op.clone().apply(&mut d, now);
+                    let stored = match settles {
+                        Some(op) => settled(d.clone(), token, op),
+                        None => plain(d.clone()),
+                    };
+                    Ok(Plan::Write {
+                        writes: vec![put_dispatch(view, stored)?],
+                        answer: Ok(d),
+                        wake: settles.is_some(),
+                    })
+                }
+            },
+        )
         .await
     }
 }
@@ -285,7 +199,8 @@ impl Mailbox for NatsStore {
             }
             // The thread's tree fences the write, so the dedupe check and the epoch stamped
             // here are current at commit: no concurrent enqueue or interrupt slips between
-            // (W9 and the dedupe race).
+            // (neither an enqueue stamped with an epoch an interrupt already moved past, nor two
+            // enqueues that both saw a dedupe key free).
             if let Some(key) = &new.dedupe_key
                 && let Some(holder) = view
                     .live_of(&new.thread)
@@ -315,7 +230,11 @@ impl Mailbox for NatsStore {
                 return Ok(Plan::Done(Err(e)));
             }
             writes.push(write);
-            Ok(Plan::Write(writes, Ok(d), true))
+            Ok(Plan::Write {
+                writes,
+                answer: Ok(d),
+                wake: true,
+            })
         })
         .await
     }
@@ -349,23 +268,33 @@ impl Mailbox for NatsStore {
                 return Ok(Plan::Refuse(Ok(None)));
             };
             let d = stored.d.clone();
-            let t = view.thread(&d.thread)?;
-            if d.epoch < t.epoch {
-                let write = put_dispatch(view, plain(superseded(d, now, REASON_STALE_EPOCH)))?;
-                return Ok(Plan::Write(vec![write], Ok(None), true));
+            let thread_epoch = view.thread(&d.thread)?.epoch;
+            if rules::stale(&d, thread_epoch) {
+                let d = rules::superseded(d, now, REASON_STALE_EPOCH);
+                return Ok(Plan::Write {
+                    writes: vec![put_dispatch(view, plain(d))?],
+                    answer: Ok(None),
+                    wake: true,
+                });
             }
             let mut writes = Vec::new();
             if let Some(h) = view.holder(&d.thread) {
-                let live = h.d.claim.as_ref().is_some_and(|c| c.lease_until >= now);
-                if live {
+                if lease_live(&h.d, now) {
                     return Ok(Plan::Refuse(Ok(None)));
                 }
                 // Take over from an expired holder: reclaim it and claim this one in one
                 // atomic batch, decided by the first message's expectation.
-                let (back, _) = reclaimed(h.d.clone(), &t, now);
+                let back = match rules::reclaim(h.d.clone(), thread_epoch, now) {
+                    Reclaim::Live => return Ok(Plan::Refuse(Ok(None))),
+                    Reclaim::Requeued(d) | Reclaim::DeadLettered(d) | Reclaim::Superseded(d) => d,
+                };
                 writes.push(put_dispatch(view, plain(back))?);
             }
-            let d = claimed(d, consumer, lease_ms, now, false);
+            let d = match rules::take(d, thread_epoch, consumer, lease_ms, now, false) {
+                Take::Claimed(d) => d,
+                // Not reached: the epoch was checked above.
+                Take::Stale(_) => return Ok(Plan::Refuse(Ok(None))),
+            };
             let expect = if writes.is_empty() {
                 Expect::Thread(view.thread_seq(&d.thread))
             } else {
@@ -373,30 +302,24 @@ impl Mailbox for NatsStore {
             };
             writes.push(put_dispatch_expecting(expect, plain(d.clone()))?);
             let wake = writes.len() > 1;
-            Ok(Plan::Write(writes, Ok(Some(d)), wake))
+            Ok(Plan::Write {
+                writes,
+                answer: Ok(Some(d)),
+                wake,
+            })
         })
         .await
     }
 
     async fn extend_lease(&self, id: &str, token: &str, extension_ms: u64) -> StoreResult<bool> {
-        let out = self
-            .holder_write(id, token, None, |d, now| {
-                if let Some(claim) = &mut d.claim {
-                    claim.lease_until = clamp(now.saturating_add(extension_ms));
-                }
-                d.updated_at = now;
-            })
-            .await;
-        lease_extended(out)
+        lease_extended(
+            self.holder_write(id, token, HolderOp::Extend { extension_ms })
+                .await,
+        )
     }
 
     async fn record_start(&self, id: &str, token: &str) -> StoreResult<Dispatch> {
-        self.holder_write(id, token, None, |d, now| {
-            d.started_at = Some(now);
-            d.result = None;
-            d.updated_at = now;
-        })
-        .await
+        self.holder_write(id, token, HolderOp::Start).await
     }
 
     async fn record_result(
@@ -407,18 +330,11 @@ impl Mailbox for NatsStore {
     ) -> StoreResult<Dispatch> {
         let room = self.room();
         check_size("output", &result.output, room.value, &room.value_why())?;
-        self.holder_write(id, token, None, |d, now| {
-            d.result = Some(result.clone());
-            d.updated_at = now;
-        })
-        .await
+        self.holder_write(id, token, HolderOp::Result(result)).await
     }
 
     async fn ack(&self, id: &str, token: &str) -> StoreResult<Dispatch> {
-        self.holder_write(id, token, Some("ack"), |d, now| {
-            terminate(d, Status::Acked, now, None);
-        })
-        .await
+        self.holder_write(id, token, HolderOp::Ack).await
     }
 
     async fn nack(
@@ -428,27 +344,22 @@ impl Mailbox for NatsStore {
         retry_at: u64,
         error: &str,
     ) -> StoreResult<Dispatch> {
-        self.holder_write(id, token, Some("nack"), |d, now| {
-            fail_attempt(d, now, retry_at, Some(error), REASON_LEASE_EXPIRED_AT_MAX);
-        })
-        .await
+        let error = error.to_owned();
+        self.holder_write(id, token, HolderOp::Nack { retry_at, error })
+            .await
     }
 
     async fn dead_letter(&self, id: &str, token: &str, error: &str) -> StoreResult<Dispatch> {
-        self.holder_write(id, token, Some("dead_letter"), |d, now| {
-            terminate(d, Status::DeadLetter, now, Some(error));
-        })
-        .await
+        let error = error.to_owned();
+        self.holder_write(id, token, HolderOp::DeadLetter { error })
+            .await
     }
 
     async fn complete(&self, id: &str, token: &str, result: RunResult) -> StoreResult<Dispatch> {
         let room = self.room();
         check_size("output", &result.output, room.value, &room.value_why())?;
-        self.holder_write(id, token, Some("ack"), |d, now| {
-            d.result = Some(result.clone());
-            terminate(d, Status::Acked, now, None);
-        })
-        .await
+        self.holder_write(id, token, HolderOp::Complete(result))
+            .await
     }
 
     async fn cancel(&self, id: &str) -> StoreResult<Option<Dispatch>> {
@@ -457,9 +368,12 @@ impl Mailbox for NatsStore {
                 return Ok(Plan::Refuse(Ok(None)));
             };
             let mut d = stored.d.clone();
-            terminate(&mut d, Status::Cancelled, now, None);
-            let write = put_dispatch(view, plain(d.clone()))?;
-            Ok(Plan::Write(vec![write], Ok(Some(d)), false))
+            rules::terminate(&mut d, Status::Cancelled, now, None);
+            Ok(Plan::Write {
+                writes: vec![put_dispatch(view, plain(d.clone()))?],
+                answer: Ok(Some(d)),
+                wake: false,
+            })
         })
         .await
     }
@@ -489,14 +403,14 @@ impl Mailbox for NatsStore {
                     let mut queued: Vec<&Stored> = view
                         .live_of(thread)
                         .into_iter()
-                        .filter(|s| s.d.status == Status::Queued && s.d.epoch < epoch)
+                        .filter(|s| s.d.status == Status::Queued && rules::stale(&s.d, epoch))
                         .collect();
                     queued.sort_by(|a, b| a.d.id.cmp(&b.d.id));
                     let room = MAX_BATCH.saturating_sub(writes.len());
                     let more = queued.len() > room;
                     let mut chunk = Vec::new();
                     for s in queued.into_iter().take(room) {
-                        let d = superseded(s.d.clone(), now, reason);
+                        let d = rules::superseded(s.d.clone(), now, reason);
                         chunk.push(d.id.clone());
                         let expect = if writes.is_empty() {
                             Expect::Thread(view.thread_seq(thread))
@@ -508,7 +422,11 @@ impl Mailbox for NatsStore {
                     if writes.is_empty() {
                         return Ok(Plan::Done(Ok((false, chunk))));
                     }
-                    Ok(Plan::Write(writes, Ok((more, chunk)), true))
+                    Ok(Plan::Write {
+                        writes,
+                        answer: Ok((more, chunk)),
+                        wake: true,
+                    })
                 })
                 .await?;
             first = false;
@@ -532,35 +450,22 @@ impl Mailbox for NatsStore {
         reason: &str,
     ) -> StoreResult<Option<Dispatch>> {
         self.run(|view, now, _| {
-            let Some(stored) = view.dispatch(id)? else {
-                return Ok(Plan::Refuse(Ok(None)));
-            };
-            if let (Some(token), Some((settled_token, op))) = (token, &stored.settled)
-                && settled_token == token
-                && op == "supersede"
-            {
-                return Ok(Plan::Done(Ok(Some(stored.d.clone()))));
-            }
-            let Some(claim) = &stored.d.claim else {
-                return Ok(Plan::Refuse(Ok(None)));
-            };
-            if let Some(token) = token
-                && claim.token != token
-            {
-                return Ok(Plan::Refuse(Err(StoreError::LostClaim {
-                    id: id.to_owned(),
-                })));
-            }
-            let settled = Some((claim.token.clone(), "supersede".to_owned()));
-            let d = superseded(stored.d.clone(), now, reason);
-            let write = put_dispatch(
-                view,
-                Stored {
-                    d: d.clone(),
-                    settled,
+            let found = view.dispatch(id)?.map(Stored::found);
+            Ok(
+                match rules::supersede_claimed(found, id, token, reason, now) {
+                    SupersedeClaimed::Nothing => Plan::Refuse(Ok(None)),
+                    SupersedeClaimed::Repeat(d) => Plan::Done(Ok(Some(d))),
+                    SupersedeClaimed::Refuse(e) => Plan::Refuse(Err(e)),
+                    SupersedeClaimed::Supersede { record, token } => Plan::Write {
+                        writes: vec![put_dispatch(
+                            view,
+                            settled(record.clone(), &token, Settle::Supersede),
+                        )?],
+                        answer: Ok(Some(record)),
+                        wake: true,
+                    },
                 },
-            )?;
-            Ok(Plan::Write(vec![write], Ok(Some(d)), true))
+            )
         })
         .await
     }
@@ -570,10 +475,8 @@ impl Mailbox for NatsStore {
         let mut expired: Vec<(u64, String)> = self
             .view()?
             .claimed()
-            .filter_map(|s| {
-                let until = s.d.claim.as_ref()?.lease_until;
-                (until < now).then(|| (until, s.d.id.clone()))
-            })
+            .filter(|s| rules::lease_expired(&s.d, now))
+            .filter_map(|s| Some((s.d.claim.as_ref()?.lease_until, s.d.id.clone())))
             .collect();
         expired.sort();
         expired.truncate(limit);
@@ -581,16 +484,23 @@ impl Mailbox for NatsStore {
         for (_, id) in expired {
             let back = self
                 .run(|view, _, _| {
-                    let Some(stored) = view.dispatch(&id)?.filter(|s| {
-                        s.d.status == Status::Claimed
-                            && s.d.claim.as_ref().is_some_and(|c| c.lease_until < now)
-                    }) else {
+                    let Some(stored) = view.dispatch(&id)? else {
                         return Ok(Plan::Done(Ok(None)));
                     };
-                    let t = view.thread(&stored.d.thread)?;
-                    let (d, requeued) = reclaimed(stored.d.clone(), &t, now);
-                    let write = put_dispatch(view, plain(d.clone()))?;
-                    Ok(Plan::Write(vec![write], Ok(requeued.then_some(d)), true))
+                    let thread_epoch = view.thread(&stored.d.thread)?.epoch;
+                    let verdict = rules::reclaim(stored.d.clone(), thread_epoch, now);
+                    let reported = verdict.reported().cloned();
+                    let d = match verdict {
+                        Reclaim::Live => return Ok(Plan::Done(Ok(None))),
+                        Reclaim::Requeued(d)
+                        | Reclaim::DeadLettered(d)
+                        | Reclaim::Superseded(d) => d,
+                    };
+                    Ok(Plan::Write {
+                        writes: vec![put_dispatch(view, plain(d))?],
+                        answer: Ok(reported),
+                        wake: true,
+                    })
                 })
                 .await?;
             out.extend(back);
@@ -628,7 +538,11 @@ impl Mailbox for NatsStore {
                         return Ok(Plan::Done(Ok(0)));
                     }
                     let count = writes.len();
-                    Ok(Plan::Write(writes, Ok(count), false))
+                    Ok(Plan::Write {
+                        writes,
+                        answer: Ok(count),
+                        wake: false,
+                    })
                 })
                 .await?;
             if n == 0 {
@@ -639,87 +553,31 @@ impl Mailbox for NatsStore {
     }
 
     async fn load(&self, id: &str) -> StoreResult<Option<Dispatch>> {
-        self.barrier().await?;
-        Ok(self.view()?.dispatch(id)?.map(|s| s.d.clone()))
+        self.load_dispatch(id).await
     }
 
     async fn list(&self, filter: &ListFilter) -> StoreResult<Vec<Dispatch>> {
-        self.barrier().await?;
-        let limit = if filter.limit == 0 {
-            DEFAULT_PAGE
-        } else {
-            filter.limit
-        };
-        let view = self.view()?;
-        let mut rows: Vec<&Dispatch> = view
-            .all()
-            .map(|s| &s.d)
-            .filter(|d| filter.thread.as_ref().is_none_or(|t| *t == d.thread))
-            .filter(|d| filter.agent.as_ref().is_none_or(|a| *a == d.agent))
-            .filter(|d| filter.statuses.is_empty() || filter.statuses.contains(&d.status))
-            .collect();
-        rows.sort_by(|a, b| {
-            (a.priority, a.created_at, &a.id).cmp(&(b.priority, b.created_at, &b.id))
-        });
-        Ok(rows
-            .into_iter()
-            .skip(filter.offset)
-            .take(limit)
-            .cloned()
-            .collect())
+        self.list_dispatches(filter).await
     }
 
     async fn counts(&self) -> StoreResult<Vec<StatusCount>> {
-        self.barrier().await?;
-        let view = self.view()?;
-        let mut counts: std::collections::BTreeMap<(String, Status), u64> = Default::default();
-        for s in view.all() {
-            *counts.entry((s.d.agent.clone(), s.d.status)).or_default() += 1;
-        }
-        Ok(counts
-            .into_iter()
-            .map(|((agent, status), count)| StatusCount {
-                agent,
-                status,
-                count,
-            })
-            .collect())
+        self.count_dispatches().await
     }
 
     async fn list_terminal(&self, limit: usize, offset: usize) -> StoreResult<Vec<Dispatch>> {
-        self.barrier().await?;
-        let limit = if limit == 0 { DEFAULT_PAGE } else { limit };
-        let view = self.view()?;
-        let mut rows: Vec<&Dispatch> = view
-            .all()
-            .map(|s| &s.d)
-            .filter(|d| d.status.is_terminal() && d.completed_at.is_some())
-            .collect();
-        rows.sort_by(|a, b| (a.completed_at, &a.id).cmp(&(b.completed_at, &b.id)));
-        Ok(rows.into_iter().skip(offset).take(limit).cloned().collect())
+        self.list_terminal_dispatches(limit, offset).await
     }
 
     async fn thread_epoch(&self, thread: &str) -> StoreResult<u64> {
-        self.barrier().await?;
-        Ok(self.view()?.thread(thread)?.epoch)
+        self.epoch_of(thread).await
     }
 
     async fn queued_threads(&self) -> StoreResult<Vec<String>> {
-        self.barrier().await?;
-        let view = self.view()?;
-        let mut threads: Vec<String> = view
-            .all()
-            .filter(|s| s.d.status == Status::Queued)
-            .map(|s| s.d.thread.clone())
-            .collect();
-        threads.sort();
-        threads.dedup();
-        Ok(threads)
+        self.threads_with_queued_work().await
     }
 
     async fn has_live_work(&self) -> StoreResult<bool> {
-        self.barrier().await?;
-        Ok(self.view()?.has_live())
+        self.any_live_work().await
     }
 
     fn work_signal(&self) -> Arc<Notify> {

@@ -27,15 +27,17 @@
 //! first. Consequences:
 //!
 //! - Ownership of a thread is its one dispatch record in state `claimed`; there is no separate
-//!   guard record that could disagree with it (seed defects W4, W16). At most one exists because
-//!   a claim is decided on a complete view of the thread and fenced by it.
+//!   guard record that could disagree with it (and so leave a thread blocked, or held twice,
+//!   when the two fell out of step). At most one exists because a claim is decided on a
+//!   complete view of the thread and fenced by it.
 //! - A claim, an ack and a reclaim of one dispatch all name the same sequence; whichever is
 //!   stored first wins and the others are refused (guarantee 3).
 //! - An enqueue stamps the epoch and checks the dedupe key against the thread as of its fence,
 //!   so an interrupt or a competing enqueue cannot slip between (guarantees 7 and 8).
 //! - A log entry's sequence is the thread's latest plus one, fenced the same way: no gap, no
-//!   out-of-order or torn entry is ever visible (SPEC section 4). A guest's fence (its claim's
-//!   token, lease and epoch) is read from the dispatch record the same write is fenced by.
+//!   out-of-order or torn entry is ever visible (the contract, docs/contract.md, section 4). A
+//!   guest's fence (its claim's token, lease and epoch) is read from the dispatch record the
+//!   same write is fenced by.
 //! - Acks are fenced by the record; JetStream's own message acks play no part.
 //!
 //! Multi-record changes (an interrupt bumping the epoch and superseding the queued dispatches,
@@ -57,12 +59,26 @@
 //! stream's last sequence and a wait until the watcher applied it. A failed expectation
 //! also waits for the barrier before deciding again.
 //!
-//! There are no per-thread arrays (W19) and no key scans (W20): the index is rebuilt by the
-//! watcher's replay at start (one streamed pass, no per-key requests) and kept by it since.
-//! Wake-ups come from the watcher too: an instance signals its own workers when a record it
-//! sees makes work claimable, so there is no re-signal storm between hosts (W22). The watcher restarts
-//! from the last sequence it applied when its consumer fails (the stream deleted, the server
-//! gone) and counts the restarts ([`NatsStore::watcher_restarts`]).
+//! There are no per-thread arrays of dispatch ids (which grow with the backlog and are
+//! rewritten on every change) and no key scans (whose cost grows with the stream): the index
+//! is rebuilt by the watcher's replay at start (one streamed pass, no per-key requests) and
+//! kept by it since. Wake-ups come from the watcher too: an instance signals its own workers
+//! when a record it sees makes work claimable, so hosts do not wake each other in a storm of
+//! re-signals. The watcher restarts from the last sequence it applied when its consumer fails
+//! (the stream deleted, the server gone) and counts the restarts
+//! ([`NatsStore::watcher_restarts`]).
+//!
+//! # Modules
+//!
+//! - `config`: [`NatsConfig`], and [`Room`], what one message can carry.
+//! - `jetstream`: the connection and the stream, plain requests, and what the server's
+//!   errors mean (by their JetStream error codes).
+//! - `commit`: the commit engine: an operation's `Plan` and its writes, committed
+//!   with their expectations and decided again after a conflict.
+//! - `watcher`: the consumer that keeps the view, and the barrier.
+//! - [`view`] and [`keys`]: the projection and the subject and record encoding.
+//! - `mailbox`, `queries` and `log`: the operations. Every holder, fence, claim and reclaim
+//!   decision in them is the store's rules' (`store::rules`), shared with the embedded backend.
 //!
 //! # Round trips per dispatch
 //!
@@ -100,142 +116,29 @@
 //! `Unavailable`. The client reconnects by itself and the watcher resumes from its position,
 //! so a host rides out a server restart. Stored data survives per the stream's `replicas`.
 
+mod commit;
+mod config;
+mod jetstream;
 pub mod keys;
 mod log;
 mod mailbox;
+mod queries;
 pub mod view;
+mod watcher;
 
 use std::fmt;
-use std::path::PathBuf;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Mutex, MutexGuard, Weak};
+use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 
-use async_nats::HeaderMap;
-use async_nats::jetstream::{self, consumer, stream};
-use bytes::Bytes;
-use futures_util::StreamExt;
-use serde::Deserialize;
 use tokio::sync::Notify;
 
-use self::keys::Key;
-use self::view::{Record, View};
+pub use self::config::{MIN_SERVER_PAYLOAD, NatsConfig, Room};
+use self::jetstream::{
+    check_config, connect_client, ensure_stream, find_stream, room_of, unavailable,
+};
+use self::view::View;
 use crate::store::{SharedClock, Store, StoreError, StoreResult};
-
-/// How a host reaches its NATS cluster (`[store]` with `backend = "nats"`).
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct NatsConfig {
-    /// Server URLs; the client picks one and fails over to the others.
-    pub urls: Vec<String>,
-    /// A `.creds` file (JWT and NKey seed), when the server wants one.
-    pub credentials: Option<PathBuf>,
-    /// The stream name and the first token of every subject.
-    pub prefix: String,
-    /// Stream replicas: 1, or 3 on a cluster.
-    pub replicas: usize,
-    /// How long to wait for a connection at start.
-    pub connect_timeout: Duration,
-    /// How long any one request may take before it fails with `Unavailable`.
-    pub request_timeout: Duration,
-}
-
-impl Default for NatsConfig {
-    fn default() -> Self {
-        NatsConfig {
-            urls: vec!["nats://127.0.0.1:4222".into()],
-            credentials: None,
-            prefix: "homing".into(),
-            replicas: 1,
-            connect_timeout: Duration::from_secs(5),
-            request_timeout: Duration::from_secs(5),
-        }
-    }
-}
-
-impl NatsConfig {
-    /// Checks the settings a server cannot check for us.
-    pub fn validate(&self) -> Result<(), String> {
-        if self.urls.is_empty() {
-            return Err("url: at least one server URL is needed".into());
-        }
-        if self.prefix.is_empty()
-            || !self
-                .prefix
-                .chars()
-                .all(|c| c.is_ascii_alphanumeric() || c == '_' || c == '-')
-        {
-            return Err(format!(
-                "prefix `{}`: use letters, digits, `_` and `-` only (it names a stream)",
-                self.prefix
-            ));
-        }
-        if !matches!(self.replicas, 1 | 3 | 5) {
-            return Err(format!("replicas = {}: use 1, 3 or 5", self.replicas));
-        }
-        if self.request_timeout.is_zero() || self.connect_timeout.is_zero() {
-            return Err("timeouts must be above zero".into());
-        }
-        Ok(())
-    }
-}
-
-/// Room kept in each message for its NATS headers (expectations, batch ids, the subject filter
-/// of a thread's tree): they count against the server's `max_payload`.
-const HEADER_ROOM: u64 = 4 * 1024;
-/// Room kept in a dispatch record for everything but its payload and output: names, metadata,
-/// dedupe key, claim, error texts.
-const FIELDS_ROOM: u64 = 64 * 1024;
-/// What a record may grow by after its enqueue besides its output: a claim, a settlement's
-/// token, an error text of up to [`crate::store::MAX_ERROR_TEXT`] bytes.
-const GROWTH_ROOM: u64 = 16 * 1024;
-/// What a log entry's message adds to the entry: the append time.
-const ENTRY_HEADER: u64 = 8;
-/// The smallest server `max_payload` the backend works with.
-pub const MIN_SERVER_PAYLOAD: u64 = 256 * 1024;
-
-/// How much one message of the stream can carry, from the server's advertised `max_payload`.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Room {
-    /// The server's `max_payload`: headers and payload of one message.
-    pub server: u64,
-    /// The largest record (message payload) written: `server` less [`HEADER_ROOM`].
-    pub record: u64,
-    /// The largest payload, and the largest output, of a dispatch: the two share one record
-    /// with its other fields.
-    pub value: u64,
-    /// The largest log entry.
-    pub entry: u64,
-}
-
-impl Room {
-    /// The room under a server whose `max_payload` is `server` bytes.
-    pub fn of(server: u64) -> Room {
-        let record = server.saturating_sub(HEADER_ROOM);
-        Room {
-            server,
-            record,
-            value: record.saturating_sub(keys::FRAME_OVERHEAD + FIELDS_ROOM) / 2,
-            entry: record.saturating_sub(ENTRY_HEADER),
-        }
-    }
-
-    /// Why `value` is what it is, for error messages.
-    pub(crate) fn value_why(&self) -> String {
-        format!(
-            "a dispatch's payload and output share one NATS message, and the server's \
-             max_payload is {} bytes",
-            self.server
-        )
-    }
-
-    /// Why `entry` is what it is, for error messages.
-    pub(crate) fn entry_why(&self) -> String {
-        format!(
-            "one NATS message per entry, and the server's max_payload is {} bytes",
-            self.server
-        )
-    }
-}
 
 /// What `homing config check` reports about a server.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -270,7 +173,7 @@ impl fmt::Debug for NatsStore {
 
 struct Inner {
     client: async_nats::Client,
-    js: jetstream::Context,
+    js: async_nats::jetstream::Context,
     /// The stream's name, and the first token of every subject.
     prefix: String,
     timeout: Duration,
@@ -302,95 +205,13 @@ impl Drop for Inner {
     }
 }
 
-/// What a write expects of the stream before it.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub(crate) enum Expect {
-    /// The last sequence of the key's own subject (0: never written).
-    Subject(u64),
-    /// The last sequence of the key's whole thread tree (0: the thread was never written).
-    Thread(u64),
-    /// Nothing: a later message of an atomic batch whose first message carries the
-    /// expectation for the whole batch.
-    None,
-}
-
-/// One write (one message).
-pub(crate) struct Write {
-    pub key: Key,
-    pub expect: Expect,
-    pub record: Record,
-    pub payload: Bytes,
-}
-
-/// What an operation decided from the view.
-pub(crate) enum Plan<T> {
-    /// The answer, with nothing to write.
-    Done(StoreResult<T>),
-    /// A refusal read from the view; confirmed after a barrier before it is returned.
-    Refuse(StoreResult<T>),
-    /// Writes to commit atomically, then the answer (an error answer still commits the
-    /// writes: a stale-epoch holder write supersedes the dispatch and fails).
-    Write(Vec<Write>, StoreResult<T>, bool),
-}
-
-/// How many times an operation decides again after a failed expectation.
-const MAX_ATTEMPTS: usize = 64;
-/// Messages per atomic batch (the server allows 1,000).
-pub(crate) const MAX_BATCH: usize = 999;
-
-fn unavailable(what: &str, e: impl fmt::Display) -> StoreError {
-    StoreError::Unavailable(format!("nats: {what}: {e}"))
-}
-
-#[derive(Deserialize)]
-struct ApiError {
-    #[serde(default)]
-    code: u16,
-    #[serde(default)]
-    err_code: u32,
-    #[serde(default)]
-    description: String,
-}
-
-#[derive(Deserialize)]
-struct PubAck {
-    #[serde(default)]
-    seq: u64,
-    #[serde(default)]
-    error: Option<ApiError>,
-}
-
-#[derive(Deserialize)]
-struct InfoState {
-    #[serde(default)]
-    last_seq: u64,
-}
-
-#[derive(Deserialize)]
-struct InfoReply {
-    #[serde(default)]
-    state: Option<InfoState>,
-    #[serde(default)]
-    error: Option<ApiError>,
-}
-
-/// The outcome of a commit that the server refused.
-enum CommitError {
-    /// An expectation failed: someone wrote first.
-    Conflict,
-    Store(StoreError),
-}
-
-/// The JetStream error code for a failed `Nats-Expected-Last-Subject-Sequence`.
-const WRONG_LAST_SEQUENCE: u32 = 10071;
-
 impl NatsStore {
     /// Connects, creates or checks the stream, replays it into the view, and starts following.
     pub async fn connect(config: &NatsConfig, clock: SharedClock) -> StoreResult<NatsStore> {
         config.validate().map_err(StoreError::Invalid)?;
         let client = connect_client(config).await?;
         let room = room_of(&client)?;
-        let js = jetstream::ContextBuilder::new()
+        let js = async_nats::jetstream::ContextBuilder::new()
             .timeout(config.request_timeout)
             .build(client.clone());
         // A cluster electing its leaders answers late for a moment: keep asking until the
@@ -422,7 +243,7 @@ impl NatsStore {
             barrier_last: tokio::sync::Mutex::new((0, 0)),
             watcher: Mutex::new(None),
         });
-        let task = tokio::spawn(watch(Arc::downgrade(&inner)));
+        let task = tokio::spawn(watcher::watch(Arc::downgrade(&inner)));
         if let Ok(mut slot) = inner.watcher.lock() {
             *slot = Some(task);
         }
@@ -463,17 +284,15 @@ impl NatsStore {
         let client = connect_client(config).await?;
         let server = client.server_info();
         let room = room_of(&client)?;
-        let js = jetstream::ContextBuilder::new()
+        let js = async_nats::jetstream::ContextBuilder::new()
             .timeout(config.request_timeout)
             .build(client.clone());
-        let (existed, messages, replicas) = match js.get_stream(&config.prefix).await {
-            Ok(mut s) => {
-                let info = s.info().await.map_err(|e| unavailable("stream info", e))?;
+        let (existed, messages, replicas) = match find_stream(&js, config).await? {
+            Some(info) => {
                 check_config(&info.config, config)?;
                 (true, info.state.messages, info.config.num_replicas)
             }
-            Err(e) if e.to_string().contains("not found") => (false, 0, config.replicas),
-            Err(e) => return Err(unavailable("stream lookup", e)),
+            None => (false, 0, config.replicas),
         };
         Ok(NatsReport {
             server: format!(
@@ -492,7 +311,7 @@ impl NatsStore {
     /// it; a host never calls it).
     pub async fn delete_stream(config: &NatsConfig) -> StoreResult<()> {
         let client = connect_client(config).await?;
-        let js = jetstream::new(client);
+        let js = async_nats::jetstream::new(client);
         js.delete_stream(&config.prefix)
             .await
             .map(|_| ())
@@ -532,505 +351,5 @@ impl NatsStore {
 
     pub(crate) fn work_signal_handle(&self) -> Arc<Notify> {
         self.inner.signal.clone()
-    }
-
-    /// Waits until the view has applied everything the stream held when this was called.
-    pub(crate) async fn barrier(&self) -> StoreResult<()> {
-        let ticket = self.inner.barrier_calls.fetch_add(1, Ordering::SeqCst) + 1;
-        let target = {
-            let mut last = self.inner.barrier_last.lock().await;
-            if last.0 >= ticket {
-                // A request sent after this call began already answered it.
-                last.1
-            } else {
-                let serves = self.inner.barrier_calls.load(Ordering::SeqCst);
-                let target = self.stream_last_seq().await?;
-                *last = (serves, target);
-                target
-            }
-        };
-        self.wait_for(target).await
-    }
-
-    /// The stream's last sequence, asked of the server.
-    async fn stream_last_seq(&self) -> StoreResult<u64> {
-        let subject = format!("$JS.API.STREAM.INFO.{}", self.inner.prefix);
-        let reply = self
-            .request(subject, Bytes::new(), HeaderMap::new())
-            .await?;
-        let info: InfoReply =
-            serde_json::from_slice(&reply).map_err(|e| unavailable("stream info reply", e))?;
-        if let Some(error) = info.error {
-            return Err(unavailable(
-                "stream info",
-                format!("{} ({})", error.description, error.code),
-            ));
-        }
-        Ok(info.state.map_or(0, |s| s.last_seq))
-    }
-
-    /// Waits until the view applied stream sequence `target`.
-    async fn wait_for(&self, target: u64) -> StoreResult<()> {
-        let deadline = tokio::time::Instant::now() + self.inner.timeout;
-        loop {
-            let applied = self.inner.applied.notified();
-            tokio::pin!(applied);
-            applied.as_mut().enable();
-            if self.view()?.pos >= target {
-                return Ok(());
-            }
-            if tokio::time::timeout_at(deadline, applied).await.is_err() {
-                self.inner.resync.notify_one();
-                let pos = self.view()?.pos;
-                return Err(StoreError::Unavailable(format!(
-                    "nats: the watcher did not reach stream sequence {target} within {:?} \
-                     (it applied up to {pos})",
-                    self.inner.timeout
-                )));
-            }
-        }
-    }
-
-    async fn request(
-        &self,
-        subject: String,
-        payload: Bytes,
-        headers: HeaderMap,
-    ) -> StoreResult<Bytes> {
-        let request = async_nats::Request::new()
-            .payload(payload)
-            .headers(headers)
-            .timeout(Some(self.inner.timeout));
-        let shown = subject.clone();
-        let fut = self.inner.client.send_request(subject, request);
-        match tokio::time::timeout(self.inner.timeout + Duration::from_millis(100), fut).await {
-            Ok(Ok(message)) => Ok(message.payload),
-            Ok(Err(e)) if e.kind() == async_nats::RequestErrorKind::MaxPayloadExceeded => {
-                Err(self.too_big(&shown, e))
-            }
-            Ok(Err(e)) => Err(unavailable(&format!("request to {shown}"), e)),
-            Err(_) => Err(unavailable(&format!("request to {shown}"), "timed out")),
-        }
-    }
-
-    /// The error of a message the client or server refused as over `max_payload`: retrying
-    /// cannot help, so it is `Invalid`, not `Unavailable`.
-    fn too_big(&self, subject: &str, e: impl fmt::Display) -> StoreError {
-        StoreError::Invalid(format!(
-            "nats: the message to {subject} is over the server's max_payload ({e}; {} bytes \
-             when this host connected)",
-            self.inner.room.server
-        ))
-    }
-
-    /// Reads a subject's last message straight from the server: its sequence and payload.
-    pub(crate) async fn get_last(&self, subject: &str) -> StoreResult<Option<(u64, Bytes)>> {
-        let api = format!("$JS.API.DIRECT.GET.{}.{subject}", self.inner.prefix);
-        let request = async_nats::Request::new()
-            .payload(Bytes::new())
-            .timeout(Some(self.inner.timeout));
-        let fut = self.inner.client.send_request(api, request);
-        let message = match tokio::time::timeout(
-            self.inner.timeout + Duration::from_millis(100),
-            fut,
-        )
-        .await
-        {
-            Ok(Ok(message)) => message,
-            Ok(Err(e)) => return Err(unavailable("direct get", e)),
-            Err(_) => return Err(unavailable("direct get", "timed out")),
-        };
-        if let Some(status) = message.status {
-            if status.as_u16() == 404 {
-                return Ok(None);
-            }
-            return Err(unavailable(
-                "direct get",
-                format!(
-                    "status {status}: {}",
-                    message.description.unwrap_or_default()
-                ),
-            ));
-        }
-        let seq = message
-            .headers
-            .as_ref()
-            .and_then(|h| h.get("Nats-Sequence"))
-            .and_then(|v| v.as_str().parse::<u64>().ok())
-            .unwrap_or(0);
-        Ok(Some((seq, message.payload)))
-    }
-
-    /// Purges messages as `body` says (`filter`, `seq`: see the JetStream purge API).
-    pub(crate) async fn purge(&self, body: serde_json::Value) -> StoreResult<()> {
-        let api = format!("$JS.API.STREAM.PURGE.{}", self.inner.prefix);
-        let body = body.to_string();
-        let reply = self
-            .request(api, Bytes::from(body), HeaderMap::new())
-            .await?;
-        let parsed: PubAck =
-            serde_json::from_slice(&reply).map_err(|e| unavailable("purge reply", e))?;
-        if let Some(error) = parsed.error {
-            return Err(unavailable("purge", error.description));
-        }
-        Ok(())
-    }
-
-    /// Stores `writes` atomically, each only if its subject's last sequence is what it expects.
-    /// Applies them to the view on success.
-    async fn commit(&self, writes: Vec<Write>) -> Result<(), CommitError> {
-        let n = writes.len();
-        if n == 0 {
-            return Ok(());
-        }
-        // Nothing of a batch is sent when one of its records is too large for a message.
-        let room = self.inner.room;
-        if let Some(w) = writes.iter().find(|w| w.payload.len() as u64 > room.record) {
-            return Err(CommitError::Store(StoreError::Invalid(format!(
-                "{}: the record would take {} bytes, over the {} bytes one NATS message can \
-                 carry (the server's max_payload is {} bytes)",
-                w.key.describe(),
-                w.payload.len(),
-                room.record,
-                room.server
-            ))));
-        }
-        let batch = uuid::Uuid::now_v7().simple().to_string();
-        let mut last_seq = 0;
-        for (i, w) in writes.iter().enumerate() {
-            let mut headers = HeaderMap::new();
-            match (&w.expect, w.key.thread()) {
-                (Expect::Thread(seq), Some(thread)) => {
-                    headers.insert("Nats-Expected-Last-Subject-Sequence", seq.to_string());
-                    headers.insert(
-                        "Nats-Expected-Last-Subject-Sequence-Subject",
-                        Key::tree(&self.inner.prefix, thread),
-                    );
-                }
-                (Expect::Thread(seq), None) | (Expect::Subject(seq), _) => {
-                    headers.insert("Nats-Expected-Last-Subject-Sequence", seq.to_string());
-                }
-                (Expect::None, _) => {}
-            }
-            if n > 1 {
-                headers.insert("Nats-Batch-Id", batch.as_str());
-                headers.insert("Nats-Batch-Sequence", (i + 1).to_string());
-            }
-            let subject = w.key.subject(&self.inner.prefix);
-            if i + 1 < n {
-                self.inner
-                    .client
-                    .publish_with_headers(subject.clone(), headers, w.payload.clone())
-                    .await
-                    .map_err(|e| {
-                        CommitError::Store(
-                            if e.kind() == async_nats::client::PublishErrorKind::MaxPayloadExceeded
-                            {
-                                self.too_big(&subject, e)
-                            } else {
-                                unavailable("publish", e)
-                            },
-                        )
-                    })?;
-                continue;
-            }
-            if n > 1 {
-                headers.insert("Nats-Batch-Commit", "1");
-            }
-            let reply = self
-                .request(subject, w.payload.clone(), headers)
-                .await
-                .map_err(CommitError::Store)?;
-            let ack: PubAck = serde_json::from_slice(&reply)
-                .map_err(|e| CommitError::Store(unavailable("publish reply", e)))?;
-            if let Some(error) = ack.error {
-                if error.err_code == WRONG_LAST_SEQUENCE
-                    || error.description.contains("wrong last sequence")
-                {
-                    return Err(CommitError::Conflict);
-                }
-                return Err(CommitError::Store(StoreError::Unavailable(format!(
-                    "nats: publish refused: {} (code {}, {})",
-                    error.description, error.code, error.err_code
-                ))));
-            }
-            last_seq = ack.seq;
-        }
-        // An atomic batch is stored contiguously, ending at the acknowledged sequence.
-        let first = last_seq.saturating_sub(n as u64 - 1);
-        if let Ok(mut view) = self.inner.view.lock() {
-            for (i, w) in writes.into_iter().enumerate() {
-                view.apply_own(first + i as u64, w.record);
-            }
-        }
-        self.inner.applied.notify_waiters();
-        Ok(())
-    }
-
-    /// Runs an operation: decide from the view, commit, and decide again after a barrier when
-    /// an expectation failed or the view's answer was a refusal.
-    pub(crate) async fn run<T>(
-        &self,
-        mut decide: impl FnMut(&mut View, u64, bool) -> StoreResult<Plan<T>>,
-    ) -> StoreResult<T> {
-        let mut fresh = false;
-        for _ in 0..MAX_ATTEMPTS {
-            let plan = {
-                let mut view = self.view()?;
-                decide(&mut view, self.now(), fresh)?
-            };
-            match plan {
-                Plan::Done(out) => return out,
-                Plan::Refuse(out) if fresh => return out,
-                Plan::Refuse(_) => {}
-                Plan::Write(writes, out, wake) => match self.commit(writes).await {
-                    Ok(()) => {
-                        if wake {
-                            self.signal();
-                        }
-                        return out;
-                    }
-                    Err(CommitError::Store(e)) => return Err(e),
-                    Err(CommitError::Conflict) => {}
-                },
-            }
-            self.barrier().await?;
-            fresh = true;
-        }
-        Err(StoreError::Contention(
-            "nats: too many concurrent writers on the same records; retry later".into(),
-        ))
-    }
-}
-
-/// The room of the server `client` is connected to, from its advertised `max_payload` (the
-/// client's own negotiated value when the server info does not say).
-fn room_of(client: &async_nats::Client) -> StoreResult<Room> {
-    let advertised = client.server_info().max_payload;
-    let server = if advertised > 0 {
-        advertised
-    } else {
-        client.max_payload()
-    } as u64;
-    if server < MIN_SERVER_PAYLOAD {
-        return Err(StoreError::Invalid(format!(
-            "the NATS server's max_payload is {server} bytes; Homing needs at least \
-             {MIN_SERVER_PAYLOAD} (raise max_payload in the server's configuration)"
-        )));
-    }
-    Ok(Room::of(server))
-}
-
-async fn connect_client(config: &NatsConfig) -> StoreResult<async_nats::Client> {
-    let mut options = async_nats::ConnectOptions::new()
-        .connection_timeout(config.connect_timeout)
-        .request_timeout(Some(config.request_timeout))
-        .name("homing");
-    if let Some(creds) = &config.credentials {
-        options = options.credentials_file(creds).await.map_err(|e| {
-            StoreError::Invalid(format!("credentials file {}: {e}", creds.display()))
-        })?;
-    }
-    let connect = options.connect(config.urls.clone());
-    match tokio::time::timeout(config.connect_timeout + Duration::from_secs(1), connect).await {
-        Ok(Ok(client)) => Ok(client),
-        Ok(Err(e)) => Err(unavailable(
-            &format!("cannot connect to {}", config.urls.join(", ")),
-            e,
-        )),
-        Err(_) => Err(unavailable(
-            &format!("cannot connect to {}", config.urls.join(", ")),
-            "timed out",
-        )),
-    }
-}
-
-fn stream_config(config: &NatsConfig) -> stream::Config {
-    stream::Config {
-        name: config.prefix.clone(),
-        subjects: vec![format!("{}.>", config.prefix)],
-        max_messages_per_subject: 1,
-        discard: stream::DiscardPolicy::Old,
-        retention: stream::RetentionPolicy::Limits,
-        storage: stream::StorageType::File,
-        num_replicas: config.replicas,
-        allow_direct: true,
-        allow_rollup: true,
-        allow_message_ttl: true,
-        allow_atomic_publish: true,
-        ..Default::default()
-    }
-}
-
-/// Fails when an existing stream was made for another shape of deployment.
-fn check_config(found: &stream::Config, config: &NatsConfig) -> StoreResult<()> {
-    let want = stream_config(config);
-    let mut diffs = Vec::new();
-    if found.num_replicas != want.num_replicas {
-        diffs.push(format!(
-            "replicas {} (configured {})",
-            found.num_replicas, want.num_replicas
-        ));
-    }
-    if found.max_messages_per_subject != 1 {
-        diffs.push(format!(
-            "max_msgs_per_subject {} (need 1)",
-            found.max_messages_per_subject
-        ));
-    }
-    if !found.max_age.is_zero() || found.max_messages > 0 || found.max_bytes > 0 {
-        diffs.push("a retention limit (max_age, max_msgs or max_bytes) would drop records".into());
-    }
-    if !found.allow_atomic_publish || !found.allow_direct || !found.allow_message_ttl {
-        diffs.push("atomic batches, direct gets and message TTLs must be allowed".into());
-    }
-    if found.subjects != want.subjects {
-        diffs.push(format!(
-            "subjects {:?} (need {:?})",
-            found.subjects, want.subjects
-        ));
-    }
-    if diffs.is_empty() {
-        Ok(())
-    } else {
-        Err(StoreError::Invalid(format!(
-            "the NATS stream `{}` exists with other settings: {}; fix the config or the stream",
-            config.prefix,
-            diffs.join("; ")
-        )))
-    }
-}
-
-async fn ensure_stream(js: &jetstream::Context, config: &NatsConfig) -> StoreResult<()> {
-    match js.get_stream(&config.prefix).await {
-        Ok(mut s) => {
-            let info = s.info().await.map_err(|e| unavailable("stream info", e))?;
-            check_config(&info.config, config)
-        }
-        Err(e) if e.to_string().contains("not found") => {
-            match js.create_stream(stream_config(config)).await {
-                Ok(_) => Ok(()),
-                // Another host created it first: check what it made.
-                Err(e) if e.to_string().contains("already in use") => {
-                    let mut s = js
-                        .get_stream(&config.prefix)
-                        .await
-                        .map_err(|e| unavailable("stream lookup", e))?;
-                    let info = s.info().await.map_err(|e| unavailable("stream info", e))?;
-                    check_config(&info.config, config)
-                }
-                Err(e) => Err(unavailable("create stream", e)),
-            }
-        }
-        Err(e) => Err(unavailable("stream lookup", e)),
-    }
-}
-
-/// Follows the stream into the view until the store is dropped; restarts its consumer from the
-/// last applied sequence whenever it fails.
-async fn watch(weak: Weak<Inner>) {
-    let mut restarts = 0u64;
-    loop {
-        let Some(inner) = weak.upgrade() else { return };
-        let start = inner.view.lock().map(|v| v.pos).unwrap_or(0);
-        let js = inner.js.clone();
-        let stream = inner.prefix.clone();
-        let deliver = inner.client.new_inbox();
-        let resync = inner.resync.clone();
-        drop(inner);
-
-        let policy = if start == 0 {
-            consumer::DeliverPolicy::All
-        } else {
-            consumer::DeliverPolicy::ByStartSequence {
-                start_sequence: start + 1,
-            }
-        };
-        let created = async {
-            let s = js
-                .get_stream_no_info(&stream)
-                .await
-                .map_err(|e| e.to_string())?;
-            let c = s
-                .create_consumer(consumer::push::OrderedConfig {
-                    deliver_subject: deliver,
-                    deliver_policy: policy,
-                    ..Default::default()
-                })
-                .await
-                .map_err(|e| e.to_string())?;
-            c.messages().await.map_err(|e| e.to_string())
-        }
-        .await;
-        match created {
-            Ok(mut messages) => loop {
-                // A consumer can also stall without failing (seen after a client failed over
-                // to another cluster node): a barrier that times out asks for a resync.
-                let next = tokio::select! {
-                    next = messages.next() => next,
-                    () = resync.notified() => {
-                        tracing::warn!("nats watcher: behind the stream; resyncing");
-                        break;
-                    }
-                };
-                let Some(next) = next else { break };
-                {
-                    let Some(inner) = weak.upgrade() else { return };
-                    match next {
-                        Ok(message) => {
-                            let seq = match message.info() {
-                                Ok(info) => info.stream_sequence,
-                                Err(_) => continue,
-                            };
-                            inner.ingest(seq, message.subject.as_str(), &message.payload);
-                        }
-                        Err(e) => {
-                            tracing::warn!(error = %e, "nats watcher: consumer failed; resyncing");
-                            break;
-                        }
-                    }
-                }
-            },
-            Err(e) => tracing::warn!(error = %e, "nats watcher: cannot create its consumer"),
-        }
-        restarts += 1;
-        match weak.upgrade() {
-            Some(inner) => inner.watcher_restarts.store(restarts, Ordering::Relaxed),
-            None => return,
-        }
-        // Back off before asking a struggling server again (a retry pause, not a wait for state).
-        tokio::time::sleep(Duration::from_millis(200)).await;
-    }
-}
-
-impl Inner {
-    /// Decodes one message of the stream into the view.
-    fn ingest(&self, seq: u64, subject: &str, payload: &[u8]) {
-        let decoded = Key::parse(&self.prefix, subject).map(|key| key.decode(payload));
-        let mut wake = false;
-        if let Ok(mut view) = self.view.lock() {
-            match decoded {
-                Some(Ok(record)) => {
-                    // A dispatch becoming queued, or leaving `claimed` (its thread is free).
-                    wake = match &record {
-                        Record::Dispatch(_, id, Some(s)) => {
-                            s.d.status == crate::store::Status::Queued
-                                || view.dispatch(id).ok().flatten().is_some_and(|old| {
-                                    old.d.status == crate::store::Status::Claimed
-                                })
-                        }
-                        _ => false,
-                    };
-                    view.apply(seq, record);
-                }
-                Some(Err((key, reason))) => view.mark_corrupt(seq, key, reason),
-                None => view.skip(seq),
-            }
-        }
-        self.applied.notify_waiters();
-        if wake {
-            self.signal.notify_waiters();
-            self.signal.notify_one();
-        }
     }
 }

@@ -12,10 +12,11 @@ use std::collections::{BTreeSet, HashMap, HashSet};
 use serde::{Deserialize, Serialize};
 
 use crate::store::model::{Dispatch, Status};
+use crate::store::rules::Found;
 use crate::store::{StoreError, StoreResult};
 
 /// A dispatch as stored: the record and the settlement that made it terminal, so a holder
-/// repeating its settling call with the same token gets the record back (SPEC section 2).
+/// repeating its settling call with the same token gets the record back (the contract, docs/contract.md, section 2).
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Stored {
     /// The record.
@@ -24,6 +25,19 @@ pub struct Stored {
     /// The token and operation that settled it, when a holder did.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub settled: Option<(String, String)>,
+}
+
+impl Stored {
+    /// The record and its settlement, as the store's rules read them.
+    pub(crate) fn found(&self) -> Found<'_> {
+        Found {
+            d: &self.d,
+            settled: self
+                .settled
+                .as_ref()
+                .map(|(token, op)| (token.as_str(), op.as_str())),
+        }
+    }
 }
 
 /// What a thread keeps besides its dispatches and entries.

@@ -1,5 +1,23 @@
-//! The transition rules every backend applies the same way (SPEC section 2): what a record
-//! looks like after a settlement, a failed attempt or a re-submission.
+//! The store's decisions, made once for every backend (the contract, docs/contract.md,
+//! section 2): what a record looks like after a settlement, a failed attempt or a
+//! re-submission ([this module](self)), who may write a claimed dispatch ([`holder`]), and how
+//! a queued record is taken and an expired one given back ([`claim`]).
+//!
+//! Every function here is pure: it takes the stored record and what the backend read beside
+//! it (the token and operation that settled the record, the thread's epoch, the time) and
+//! returns a verdict or the new record. A backend only turns the verdict into SQL or into a
+//! NATS write, so the two cannot decide differently.
+
+mod claim;
+mod holder;
+
+pub(crate) use claim::{
+    Reclaim, Take, lease_expired, lease_live, reclaim, stale, superseded, take,
+};
+pub(crate) use holder::{
+    Fenced, Found, Holder, HolderOp, Settle, SupersedeClaimed, check_fence, check_holder,
+    supersede_claimed,
+};
 
 use crate::store::model::{Dispatch, NewDispatch, Status};
 use crate::store::{StoreError, StoreResult};

@@ -1,0 +1,193 @@
+//! The scheduling tables of the embedded backend (`threads`, `lanes`, `counters`; see the
+//! parent module) and the writes that keep them in step with the records: a claim occupies its
+//! thread, a settlement or supersede releases it, and every change to what is queued refreshes
+//! the thread's lane. The decisions themselves are the store's rules (`store::rules`); these
+//! functions only apply them.
+
+use rusqlite::{Connection, OptionalExtension, params};
+
+use super::rows::{self, db};
+use crate::store::StoreResult;
+use crate::store::model::Dispatch;
+use crate::store::rules::{Reclaim, Settle, clamp};
+
+/// Per-thread scheduling state.
+pub(super) struct ThreadRow {
+    pub epoch: u64,
+    pub holder: Option<String>,
+    pub served: u64,
+}
+
+pub(super) fn thread_row(tx: &Connection, thread: &str) -> StoreResult<ThreadRow> {
+    let mut stmt = tx
+        .prepare_cached("SELECT epoch, holder, served FROM threads WHERE thread = ?1")
+        .map_err(db)?;
+    let row = stmt
+        .query_row(params![thread], |row| {
+            Ok(ThreadRow {
+                epoch: row.get(0)?,
+                holder: row.get(1)?,
+                served: row.get(2)?,
+            })
+        })
+        .optional()
+        .map_err(db)?;
+    Ok(row.unwrap_or(ThreadRow {
+        epoch: 0,
+        holder: None,
+        served: 0,
+    }))
+}
+
+pub(super) fn ensure_thread(tx: &Connection, thread: &str) -> StoreResult<()> {
+    tx.prepare_cached("INSERT INTO threads (thread) VALUES (?1) ON CONFLICT (thread) DO NOTHING")
+        .map_err(db)?
+        .execute(params![thread])
+        .map_err(db)?;
+    Ok(())
+}
+
+/// Recomputes the lane of (agent, thread): its best ready dispatch, or no lane.
+pub(super) fn refresh_lane(tx: &Connection, agent: &str, thread: &str) -> StoreResult<()> {
+    let head = tx
+        .prepare_cached(
+            "SELECT id, priority, created_at FROM dispatches INDEXED BY dispatches_lane_heads \
+             WHERE agent = ?1 AND thread = ?2 \
+             AND status = 'queued' AND ready = 1 ORDER BY priority, created_at, id LIMIT 1",
+        )
+        .map_err(db)?
+        .query_row(params![agent, thread], |row| {
+            Ok((
+                row.get::<_, String>(0)?,
+                row.get::<_, i64>(1)?,
+                row.get::<_, u64>(2)?,
+            ))
+        })
+        .optional()
+        .map_err(db)?;
+    match head {
+        Some((id, priority, created)) => {
+            let t = thread_row(tx, thread)?;
+            tx.prepare_cached(
+                "INSERT INTO lanes (agent, thread, priority, served, created, head, busy) \
+                 VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7) ON CONFLICT (agent, thread) DO UPDATE SET \
+                 priority = excluded.priority, served = excluded.served, created = excluded.created, \
+                 head = excluded.head, busy = excluded.busy",
+            )
+            .map_err(db)?
+            .execute(params![agent, thread, priority, t.served, created, id, t.holder.is_some()])
+            .map_err(db)?;
+        }
+        None => {
+            tx.prepare_cached("DELETE FROM lanes WHERE agent = ?1 AND thread = ?2")
+                .map_err(db)?
+                .execute(params![agent, thread])
+                .map_err(db)?;
+        }
+    }
+    Ok(())
+}
+
+/// Marks the thread as held by `id` and moves it to the back of its priority class.
+pub(super) fn occupy_thread(tx: &Connection, thread: &str, id: &str) -> StoreResult<()> {
+    let served = tx
+        .prepare_cached(
+            "INSERT INTO counters (name, value) VALUES ('served', 1) \
+             ON CONFLICT (name) DO UPDATE SET value = value + 1 RETURNING value",
+        )
+        .map_err(db)?
+        .query_row([], |row| row.get::<_, u64>(0))
+        .map_err(db)?;
+    ensure_thread(tx, thread)?;
+    tx.prepare_cached("UPDATE threads SET holder = ?2, served = ?3 WHERE thread = ?1")
+        .map_err(db)?
+        .execute(params![thread, id, served])
+        .map_err(db)?;
+    tx.prepare_cached("UPDATE lanes SET busy = 1, served = ?2 WHERE thread = ?1")
+        .map_err(db)?
+        .execute(params![thread, served])
+        .map_err(db)?;
+    Ok(())
+}
+
+/// Frees the thread if `id` holds it.
+pub(super) fn release_thread(tx: &Connection, thread: &str, id: &str) -> StoreResult<()> {
+    let changed = tx
+        .prepare_cached("UPDATE threads SET holder = NULL WHERE thread = ?1 AND holder = ?2")
+        .map_err(db)?
+        .execute(params![thread, id])
+        .map_err(db)?;
+    if changed > 0 {
+        tx.prepare_cached("UPDATE lanes SET busy = 0 WHERE thread = ?1")
+            .map_err(db)?
+            .execute(params![thread])
+            .map_err(db)?;
+    }
+    Ok(())
+}
+
+/// Moves delayed dispatches whose time has come into their lanes.
+pub(super) fn promote_due(tx: &Connection, now: u64) -> StoreResult<()> {
+    let due: Vec<(String, String, String)> = {
+        let mut stmt = tx
+            .prepare_cached(
+                "SELECT id, agent, thread FROM dispatches INDEXED BY dispatches_delayed \
+                 WHERE status = 'queued' AND ready = 0 \
+                 AND available_at <= ?1 ORDER BY available_at LIMIT 1000",
+            )
+            .map_err(db)?;
+        let rows = stmt
+            .query_map(params![clamp(now)], |row| {
+                Ok((row.get(0)?, row.get(1)?, row.get(2)?))
+            })
+            .map_err(db)?;
+        rows.collect::<Result<_, _>>().map_err(db)?
+    };
+    for (id, agent, thread) in &due {
+        tx.prepare_cached("UPDATE dispatches SET ready = 1 WHERE id = ?1")
+            .map_err(db)?
+            .execute(params![id])
+            .map_err(db)?;
+        refresh_lane(tx, agent, thread)?;
+    }
+    Ok(())
+}
+
+/// The one way a dispatch is superseded here, whatever decided it (a stale holder write or
+/// fence, a stale claim candidate, a reclaim after an interrupt, the control plane): stores the
+/// superseded `record` (settled by `token` when a holder's claim ended with it), releases the
+/// thread if this dispatch held it, and refreshes the lane from what is still queued.
+pub(super) fn store_superseded(
+    tx: &Connection,
+    record: &Dispatch,
+    token: Option<&str>,
+) -> StoreResult<()> {
+    let settled = token.map(|token| (token, Settle::Supersede.as_str()));
+    rows::store(tx, record, false, settled)?;
+    release_thread(tx, &record.thread, &record.id)?;
+    refresh_lane(tx, &record.agent, &record.thread)
+}
+
+/// Stores a freshly claimed record and occupies its thread.
+pub(super) fn store_claimed(tx: &Connection, d: &Dispatch) -> StoreResult<()> {
+    rows::store(tx, d, false, None)?;
+    occupy_thread(tx, &d.thread, &d.id)?;
+    refresh_lane(tx, &d.agent, &d.thread)
+}
+
+/// Applies a reclaim verdict. Returns the record when it was requeued or dead-lettered.
+pub(super) fn store_reclaim(tx: &Connection, verdict: Reclaim) -> StoreResult<Option<Dispatch>> {
+    match verdict {
+        Reclaim::Live => Ok(None),
+        Reclaim::Superseded(d) => {
+            store_superseded(tx, &d, None)?;
+            Ok(None)
+        }
+        Reclaim::Requeued(d) | Reclaim::DeadLettered(d) => {
+            rows::store(tx, &d, d.status == crate::store::Status::Queued, None)?;
+            release_thread(tx, &d.thread, &d.id)?;
+            refresh_lane(tx, &d.agent, &d.thread)?;
+            Ok(Some(d))
+        }
+    }
+}

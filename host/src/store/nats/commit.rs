@@ -1,0 +1,221 @@
+//! The commit engine of the NATS backend: every operation decides from the view what to write
+//! (a [`Plan`]), and [`NatsStore::run`] commits it as one message or one atomic batch fenced by
+//! the expectations of its [`Write`]s, deciding again after a barrier when an expectation
+//! failed or the view's answer was a refusal that must be confirmed.
+
+use async_nats::HeaderMap;
+use bytes::Bytes;
+
+use super::NatsStore;
+use super::jetstream::stored_seq;
+use super::keys::{Key, encode_dispatch, encode_thread};
+use super::view::{Record, Stored, ThreadRec, View};
+use crate::store::model::Dispatch;
+use crate::store::{StoreError, StoreResult};
+
+/// What a write expects of the stream before it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(super) enum Expect {
+    /// The last sequence of the key's own subject (0: never written).
+    Subject(u64),
+    /// The last sequence of the key's whole thread tree (0: the thread was never written).
+    Thread(u64),
+    /// Nothing: a later message of an atomic batch whose first message carries the
+    /// expectation for the whole batch.
+    None,
+}
+
+/// One write (one message).
+pub(super) struct Write {
+    /// Where it goes.
+    pub key: Key,
+    /// What the stream must hold before it.
+    pub expect: Expect,
+    /// What the view holds once it is stored.
+    pub record: Record,
+    /// The message payload.
+    pub payload: Bytes,
+}
+
+/// What an operation decided from the view.
+pub(super) enum Plan<T> {
+    /// The answer, with nothing to write.
+    Done(StoreResult<T>),
+    /// A refusal read from the view; confirmed after a barrier before it is returned.
+    Refuse(StoreResult<T>),
+    /// Writes to commit atomically, then the answer (an error answer still commits the
+    /// writes: a stale-epoch holder write supersedes the dispatch and fails).
+    Write {
+        /// The messages, stored all or none.
+        writes: Vec<Write>,
+        /// What the caller gets once they are stored.
+        answer: StoreResult<T>,
+        /// Whether the writes may have made work claimable (this instance's workers are
+        /// woken at once; other instances' watchers wake theirs).
+        wake: bool,
+    },
+}
+
+/// How many times an operation decides again after a failed expectation.
+const MAX_ATTEMPTS: usize = 64;
+/// Messages per atomic batch (the server allows 1,000).
+pub(super) const MAX_BATCH: usize = 999;
+
+/// The outcome of a commit that the server refused.
+pub(super) enum CommitError {
+    /// An expectation failed: someone wrote first.
+    Conflict,
+    /// Anything else: the operation fails with this error.
+    Store(StoreError),
+}
+
+/// A write of a dispatch record, fenced by its thread's tree.
+pub(super) fn put_dispatch(view: &View, stored: Stored) -> StoreResult<Write> {
+    let expect = Expect::Thread(view.thread_seq(&stored.d.thread));
+    put_dispatch_expecting(expect, stored)
+}
+
+/// A write of a dispatch record with the expectation given (`Expect::None` for a later message
+/// of a batch).
+pub(super) fn put_dispatch_expecting(expect: Expect, mut stored: Stored) -> StoreResult<Write> {
+    let (thread, id) = (stored.d.thread.clone(), stored.d.id.clone());
+    Ok(Write {
+        key: Key::Dispatch(thread.clone(), id.clone()),
+        expect,
+        payload: encode_dispatch(&mut stored)?,
+        record: Record::Dispatch(thread, id, Some(Box::new(stored))),
+    })
+}
+
+/// A write of a thread record, fenced by its tree.
+pub(super) fn put_thread(view: &View, thread: &str, rec: ThreadRec) -> StoreResult<Write> {
+    Ok(Write {
+        key: Key::Thread(thread.to_owned()),
+        expect: Expect::Thread(view.thread_seq(thread)),
+        payload: encode_thread(&rec)?,
+        record: Record::Thread(thread.to_owned(), rec),
+    })
+}
+
+/// A record no holder settled.
+pub(super) fn plain(d: Dispatch) -> Stored {
+    Stored { d, settled: None }
+}
+
+/// A record a holder's claim ended with: `token` settled it with `op`.
+pub(super) fn settled(d: Dispatch, token: &str, op: crate::store::rules::Settle) -> Stored {
+    Stored {
+        d,
+        settled: Some((token.to_owned(), op.as_str().to_owned())),
+    }
+}
+
+impl NatsStore {
+    /// Stores `writes` atomically, each only if its subject's last sequence is what it expects.
+    /// Applies them to the view on success.
+    pub(super) async fn commit(&self, writes: Vec<Write>) -> Result<(), CommitError> {
+        let n = writes.len();
+        if n == 0 {
+            return Ok(());
+        }
+        // Nothing of a batch is sent when one of its records is too large for a message.
+        let room = self.inner.room;
+        if let Some(w) = writes.iter().find(|w| w.payload.len() as u64 > room.record) {
+            return Err(CommitError::Store(StoreError::Invalid(format!(
+                "{}: the record would take {} bytes, over the {} bytes one NATS message can \
+                 carry (the server's max_payload is {} bytes)",
+                w.key.describe(),
+                w.payload.len(),
+                room.record,
+                room.server
+            ))));
+        }
+        let batch = uuid::Uuid::now_v7().simple().to_string();
+        let mut last_seq = 0;
+        for (i, w) in writes.iter().enumerate() {
+            let mut headers = HeaderMap::new();
+            match (&w.expect, w.key.thread()) {
+                (Expect::Thread(seq), Some(thread)) => {
+                    headers.insert("Nats-Expected-Last-Subject-Sequence", seq.to_string());
+                    headers.insert(
+                        "Nats-Expected-Last-Subject-Sequence-Subject",
+                        Key::tree(&self.inner.prefix, thread),
+                    );
+                }
+                (Expect::Thread(seq), None) | (Expect::Subject(seq), _) => {
+                    headers.insert("Nats-Expected-Last-Subject-Sequence", seq.to_string());
+                }
+                (Expect::None, _) => {}
+            }
+            if n > 1 {
+                headers.insert("Nats-Batch-Id", batch.as_str());
+                headers.insert("Nats-Batch-Sequence", (i + 1).to_string());
+            }
+            let subject = w.key.subject(&self.inner.prefix);
+            if i + 1 < n {
+                self.inner
+                    .client
+                    .publish_with_headers(subject.clone(), headers, w.payload.clone())
+                    .await
+                    .map_err(|e| CommitError::Store(self.publish_failed(&subject, e)))?;
+                continue;
+            }
+            if n > 1 {
+                headers.insert("Nats-Batch-Commit", "1");
+            }
+            let reply = self
+                .request(subject, w.payload.clone(), headers)
+                .await
+                .map_err(CommitError::Store)?;
+            last_seq = stored_seq(&reply)?;
+        }
+        // An atomic batch is stored contiguously, ending at the acknowledged sequence.
+        let first = last_seq.saturating_sub(n as u64 - 1);
+        if let Ok(mut view) = self.inner.view.lock() {
+            for (i, w) in writes.into_iter().enumerate() {
+                view.apply_own(first + i as u64, w.record);
+            }
+        }
+        self.inner.applied.notify_waiters();
+        Ok(())
+    }
+
+    /// Runs an operation: decide from the view, commit, and decide again after a barrier when
+    /// an expectation failed or the view's answer was a refusal.
+    pub(super) async fn run<T>(
+        &self,
+        mut decide: impl FnMut(&mut View, u64, bool) -> StoreResult<Plan<T>>,
+    ) -> StoreResult<T> {
+        let mut fresh = false;
+        for _ in 0..MAX_ATTEMPTS {
+            let plan = {
+                let mut view = self.view()?;
+                decide(&mut view, self.now(), fresh)?
+            };
+            match plan {
+                Plan::Done(out) => return out,
+                Plan::Refuse(out) if fresh => return out,
+                Plan::Refuse(_) => {}
+                Plan::Write {
+                    writes,
+                    answer,
+                    wake,
+                } => match self.commit(writes).await {
+                    Ok(()) => {
+                        if wake {
+                            self.signal();
+                        }
+                        return answer;
+                    }
+                    Err(CommitError::Store(e)) => return Err(e),
+                    Err(CommitError::Conflict) => {}
+                },
+            }
+            self.barrier().await?;
+            fresh = true;
+        }
+        Err(StoreError::Contention(
+            "nats: too many concurrent writers on the same records; retry later".into(),
+        ))
+    }
+}

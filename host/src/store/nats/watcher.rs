@@ -1,0 +1,165 @@
+//! The watcher of the NATS backend: one ordered push consumer that replays the stream into
+//! the view at start and then follows it, and the barrier that waits for it to catch up.
+
+use std::sync::Weak;
+use std::sync::atomic::Ordering;
+use std::time::Duration;
+
+use async_nats::jetstream::consumer;
+use futures_util::StreamExt;
+
+use super::keys::Key;
+use super::view::Record;
+use super::{Inner, NatsStore};
+use crate::store::{StoreError, StoreResult};
+
+impl NatsStore {
+    /// Waits until the view has applied everything the stream held when this was called.
+    pub(super) async fn barrier(&self) -> StoreResult<()> {
+        let ticket = self.inner.barrier_calls.fetch_add(1, Ordering::SeqCst) + 1;
+        let target = {
+            let mut last = self.inner.barrier_last.lock().await;
+            if last.0 >= ticket {
+                // A request sent after this call began already answered it.
+                last.1
+            } else {
+                let serves = self.inner.barrier_calls.load(Ordering::SeqCst);
+                let target = self.stream_last_seq().await?;
+                *last = (serves, target);
+                target
+            }
+        };
+        self.wait_for(target).await
+    }
+
+    /// Waits until the view applied stream sequence `target`.
+    async fn wait_for(&self, target: u64) -> StoreResult<()> {
+        let deadline = tokio::time::Instant::now() + self.inner.timeout;
+        loop {
+            let applied = self.inner.applied.notified();
+            tokio::pin!(applied);
+            applied.as_mut().enable();
+            if self.view()?.pos >= target {
+                return Ok(());
+            }
+            if tokio::time::timeout_at(deadline, applied).await.is_err() {
+                self.inner.resync.notify_one();
+                let pos = self.view()?.pos;
+                return Err(StoreError::Unavailable(format!(
+                    "nats: the watcher did not reach stream sequence {target} within {:?} \
+                     (it applied up to {pos})",
+                    self.inner.timeout
+                )));
+            }
+        }
+    }
+}
+
+/// Follows the stream into the view until the store is dropped; restarts its consumer from the
+/// last applied sequence whenever it fails.
+pub(super) async fn watch(weak: Weak<Inner>) {
+    let mut restarts = 0u64;
+    loop {
+        let Some(inner) = weak.upgrade() else { return };
+        let start = inner.view.lock().map(|v| v.pos).unwrap_or(0);
+        let js = inner.js.clone();
+        let stream = inner.prefix.clone();
+        let deliver = inner.client.new_inbox();
+        let resync = inner.resync.clone();
+        drop(inner);
+
+        let policy = if start == 0 {
+            consumer::DeliverPolicy::All
+        } else {
+            consumer::DeliverPolicy::ByStartSequence {
+                start_sequence: start + 1,
+            }
+        };
+        let created = async {
+            let s = js
+                .get_stream_no_info(&stream)
+                .await
+                .map_err(|e| e.to_string())?;
+            let c = s
+                .create_consumer(consumer::push::OrderedConfig {
+                    deliver_subject: deliver,
+                    deliver_policy: policy,
+                    ..Default::default()
+                })
+                .await
+                .map_err(|e| e.to_string())?;
+            c.messages().await.map_err(|e| e.to_string())
+        }
+        .await;
+        match created {
+            Ok(mut messages) => loop {
+                // A consumer can also stall without failing (seen after a client failed over
+                // to another cluster node): a barrier that times out asks for a resync.
+                let next = tokio::select! {
+                    next = messages.next() => next,
+                    () = resync.notified() => {
+                        tracing::warn!("nats watcher: behind the stream; resyncing");
+                        break;
+                    }
+                };
+                let Some(next) = next else { break };
+                {
+                    let Some(inner) = weak.upgrade() else { return };
+                    match next {
+                        Ok(message) => {
+                            let seq = match message.info() {
+                                Ok(info) => info.stream_sequence,
+                                Err(_) => continue,
+                            };
+                            inner.ingest(seq, message.subject.as_str(), &message.payload);
+                        }
+                        Err(e) => {
+                            tracing::warn!(error = %e, "nats watcher: consumer failed; resyncing");
+                            break;
+                        }
+                    }
+                }
+            },
+            Err(e) => tracing::warn!(error = %e, "nats watcher: cannot create its consumer"),
+        }
+        restarts += 1;
+        match weak.upgrade() {
+            Some(inner) => inner.watcher_restarts.store(restarts, Ordering::Relaxed),
+            None => return,
+        }
+        // Back off before asking a struggling server again (a retry pause, not a wait for state).
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+}
+
+impl Inner {
+    /// Decodes one message of the stream into the view.
+    fn ingest(&self, seq: u64, subject: &str, payload: &[u8]) {
+        let decoded = Key::parse(&self.prefix, subject).map(|key| key.decode(payload));
+        let mut wake = false;
+        if let Ok(mut view) = self.view.lock() {
+            match decoded {
+                Some(Ok(record)) => {
+                    // A dispatch becoming queued, or leaving `claimed` (its thread is free).
+                    wake = match &record {
+                        Record::Dispatch(_, id, Some(s)) => {
+                            s.d.status == crate::store::Status::Queued
+                                || view.dispatch(id).ok().flatten().is_some_and(|old| {
+                                    old.d.status == crate::store::Status::Claimed
+                                })
+                        }
+                        _ => false,
+                    };
+                    view.apply(seq, record);
+                }
+                Some(Err((key, reason))) => view.mark_corrupt(seq, key, reason),
+                None => view.skip(seq),
+            }
+        }
+        self.applied.notify_waiters();
+        if wake {
+            self.signal.notify_waiters();
+            self.signal.notify_one();
+        }
+    }
+}

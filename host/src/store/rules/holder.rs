@@ -1,0 +1,622 @@
+//! Who may write a claimed dispatch: the holder check of every holder operation, the fence of a
+//! guest's log append, and a supersede by the holder or the control plane.
+//!
+//! A holder write carries the claim token; it is refused when the record is missing, not
+//! claimed, or claimed under another token, and it supersedes the dispatch (and still fails)
+//! when the thread's epoch moved past the dispatch's. Settling operations are idempotent per
+//! token: repeating the operation that settled a record, with the same token, is answered with
+//! the record as it is.
+
+use super::claim::{lease_live, stale, superseded};
+use super::{fail_attempt, terminate};
+use crate::store::model::{Dispatch, Fence, RunResult, Status};
+use crate::store::{REASON_LEASE_EXPIRED_AT_MAX, REASON_STALE_EPOCH, StoreError};
+
+/// The operations that settle a dispatch. A settled record keeps the token and operation that
+/// settled it, so a repeat after a lost reply is recognised.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Settle {
+    /// `ack` or `complete`.
+    Ack,
+    /// `nack`.
+    Nack,
+    /// `dead_letter`.
+    DeadLetter,
+    /// A supersede by the holder (or of the holder's claim, by a stale-epoch write).
+    Supersede,
+}
+
+impl Settle {
+    /// The name stored with the settling token.
+    pub(crate) fn as_str(self) -> &'static str {
+        match self {
+            Settle::Ack => "ack",
+            Settle::Nack => "nack",
+            Settle::DeadLetter => "dead_letter",
+            Settle::Supersede => "supersede",
+        }
+    }
+}
+
+/// A dispatch as a backend read it: the record and the token and operation that settled it.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Found<'a> {
+    /// The record.
+    pub d: &'a Dispatch,
+    /// The settling token and operation name, when a holder settled it.
+    pub settled: Option<(&'a str, &'a str)>,
+}
+
+impl Found<'_> {
+    fn settled_by(&self, token: &str, op: Settle) -> bool {
+        self.settled == Some((token, op.as_str()))
+    }
+}
+
+/// What a holder check decided.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) enum Holder {
+    /// The caller holds the live claim: apply its operation to this record.
+    Live(Dispatch),
+    /// The caller already settled the record with this operation: answer with it unchanged.
+    Repeat(Dispatch),
+    /// Refused; nothing changes.
+    Refuse(StoreError),
+    /// The thread moved on: store `record` (superseded, settled by `token`), then fail with
+    /// `error`.
+    Supersede {
+        /// The superseded record.
+        record: Dispatch,
+        /// The claim token to record as the one that settled it.
+        token: String,
+        /// The caller's answer (`StaleEpoch`).
+        error: StoreError,
+    },
+}
+
+/// Checks that `token` holds the dispatch `id` at a current epoch. `found` is the stored record
+/// (if any), `settles` the settling operation the caller is about to make (if it is one),
+/// `thread_epoch` the epoch of the record's thread.
+pub(crate) fn check_holder(
+    found: Option<Found<'_>>,
+    id: &str,
+    token: &str,
+    settles: Option<Settle>,
+    thread_epoch: u64,
+    now: u64,
+) -> Holder {
+    let Some(found) = found else {
+        return Holder::Refuse(StoreError::NotFound { id: id.to_owned() });
+    };
+    if let Some(op) = settles
+        && found.settled_by(token, op)
+    {
+        return Holder::Repeat(found.d.clone());
+    }
+    let d = found.d;
+    let Some(claim) = &d.claim else {
+        return Holder::Refuse(StoreError::NotClaimed {
+            id: id.to_owned(),
+            status: d.status,
+        });
+    };
+    if claim.token != token {
+        return Holder::Refuse(StoreError::LostClaim { id: id.to_owned() });
+    }
+    if stale(d, thread_epoch) {
+        return Holder::Supersede {
+            record: superseded(d.clone(), now, REASON_STALE_EPOCH),
+            token: token.to_owned(),
+            error: StoreError::StaleEpoch {
+                id: id.to_owned(),
+                dispatch: d.epoch,
+                thread: thread_epoch,
+            },
+        };
+    }
+    Holder::Live(d.clone())
+}
+
+/// What a fence check of a guest's append decided.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) enum Fenced {
+    /// The claim is live and current: append.
+    Live,
+    /// Refused; nothing changes.
+    Refuse(StoreError),
+    /// The thread moved on: store `record` (superseded, settled by `token`), append nothing,
+    /// fail with `error`.
+    Supersede {
+        /// The superseded record.
+        record: Box<Dispatch>,
+        /// The claim token to record as the one that settled it.
+        token: String,
+        /// The caller's answer (`StaleEpoch`).
+        error: StoreError,
+    },
+}
+
+/// Checks a guest's fence for an append to `thread`: the dispatch is claimed under the fence's
+/// token and epoch with a live lease (`lease_until >= now`: once it runs out, another holder may
+/// be one reclaim away, and the log is shared by every later holder of the thread), it belongs
+/// to `thread`, and `thread_epoch` has not moved past it.
+pub(crate) fn check_fence(
+    found: Option<&Dispatch>,
+    thread: &str,
+    fence: &Fence,
+    thread_epoch: u64,
+    now: u64,
+) -> Fenced {
+    let Some(d) = found else {
+        return Fenced::Refuse(StoreError::NotFound {
+            id: fence.dispatch.clone(),
+        });
+    };
+    let Some(claim) = &d.claim else {
+        return Fenced::Refuse(StoreError::NotClaimed {
+            id: d.id.clone(),
+            status: d.status,
+        });
+    };
+    if claim.token != fence.token || d.epoch != fence.epoch || !lease_live(d, now) {
+        return Fenced::Refuse(StoreError::LostClaim { id: d.id.clone() });
+    }
+    if d.thread != thread {
+        return Fenced::Refuse(StoreError::Invalid(format!(
+            "dispatch `{}` belongs to thread `{}`, not `{thread}`",
+            d.id, d.thread
+        )));
+    }
+    if stale(d, thread_epoch) {
+        return Fenced::Supersede {
+            record: Box::new(superseded(d.clone(), now, REASON_STALE_EPOCH)),
+            token: claim.token.clone(),
+            error: StoreError::StaleEpoch {
+                id: d.id.clone(),
+                dispatch: d.epoch,
+                thread: thread_epoch,
+            },
+        };
+    }
+    Fenced::Live
+}
+
+/// What `supersede_claimed` decided.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) enum SupersedeClaimed {
+    /// Missing or not claimed: the answer is `None`.
+    Nothing,
+    /// The same holder already superseded it: answer with the record unchanged.
+    Repeat(Dispatch),
+    /// Another token holds it: refused.
+    Refuse(StoreError),
+    /// Store `record` (superseded, settled by the claim's `token`) and answer with it.
+    Supersede {
+        /// The superseded record.
+        record: Dispatch,
+        /// The claim's token (the holder's, whoever asked).
+        token: String,
+    },
+}
+
+/// Supersedes a claimed dispatch for its holder (`token` given) or for the control plane
+/// (`token` `None`), with `reason`.
+pub(crate) fn supersede_claimed(
+    found: Option<Found<'_>>,
+    id: &str,
+    token: Option<&str>,
+    reason: &str,
+    now: u64,
+) -> SupersedeClaimed {
+    let Some(found) = found else {
+        return SupersedeClaimed::Nothing;
+    };
+    if let Some(token) = token
+        && found.settled_by(token, Settle::Supersede)
+    {
+        return SupersedeClaimed::Repeat(found.d.clone());
+    }
+    let Some(claim) = &found.d.claim else {
+        return SupersedeClaimed::Nothing;
+    };
+    if token.is_some_and(|token| claim.token != token) {
+        return SupersedeClaimed::Refuse(StoreError::LostClaim { id: id.to_owned() });
+    }
+    SupersedeClaimed::Supersede {
+        token: claim.token.clone(),
+        record: superseded(found.d.clone(), now, reason),
+    }
+}
+
+/// What a live holder does to its record.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) enum HolderOp {
+    /// Moves the lease to `now + extension_ms`.
+    Extend {
+        /// The new lease, from now.
+        extension_ms: u64,
+    },
+    /// Records the start of the run (dropping any earlier result).
+    Start,
+    /// Records what the run produced; the dispatch stays claimed.
+    Result(RunResult),
+    /// Settles as delivered, keeping the recorded result.
+    Ack,
+    /// One more failed attempt: back to the queue at `retry_at`, or dead-lettered at the last.
+    Nack {
+        /// When the dispatch may be claimed again.
+        retry_at: u64,
+        /// Why the attempt failed.
+        error: String,
+    },
+    /// Gives up on the dispatch.
+    DeadLetter {
+        /// Why.
+        error: String,
+    },
+    /// Records the result and settles as delivered.
+    Complete(RunResult),
+}
+
+impl HolderOp {
+    /// The settlement this operation makes, if it makes one.
+    pub(crate) fn settles(&self) -> Option<Settle> {
+        match self {
+            HolderOp::Extend { .. } | HolderOp::Start | HolderOp::Result(_) => None,
+            HolderOp::Ack | HolderOp::Complete(_) => Some(Settle::Ack),
+            HolderOp::Nack { .. } => Some(Settle::Nack),
+            HolderOp::DeadLetter { .. } => Some(Settle::DeadLetter),
+        }
+    }
+
+    /// Applies the operation to the live holder's record `d` at `now`. Returns whether the
+    /// record is queued and available now (a nack with a retry time already past).
+    pub(crate) fn apply(self, d: &mut Dispatch, now: u64) -> bool {
+        match self {
+            HolderOp::Extend { extension_ms } => {
+                if let Some(claim) = &mut d.claim {
+                    claim.lease_until = super::clamp(now.saturating_add(extension_ms));
+                }
+                d.updated_at = now;
+                false
+            }
+            HolderOp::Start => {
+                d.started_at = Some(now);
+                d.result = None;
+                d.updated_at = now;
+                false
+            }
+            HolderOp::Result(result) => {
+                d.result = Some(result);
+                d.updated_at = now;
+                false
+            }
+            HolderOp::Ack => {
+                terminate(d, Status::Acked, now, None);
+                false
+            }
+            HolderOp::Nack { retry_at, error } => {
+                fail_attempt(d, now, retry_at, Some(&error), REASON_LEASE_EXPIRED_AT_MAX)
+            }
+            HolderOp::DeadLetter { error } => {
+                terminate(d, Status::DeadLetter, now, Some(&error));
+                false
+            }
+            HolderOp::Complete(result) => {
+                d.result = Some(result);
+                terminate(d, Status::Acked, now, None);
+                false
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+
+    use super::*;
+    use crate::store::model::NewDispatch;
+    use crate::store::rules::{Take, queued_record, take};
+
+    const NOW: u64 = 10_000;
+
+    /// The `last_error` a supersede records for `reason` (cut like every error text).
+    fn recorded(reason: &str) -> Option<String> {
+        Some(crate::store::rules::error_text(reason))
+    }
+
+    fn claimed(epoch: u64) -> Dispatch {
+        let new = NewDispatch::new("agent", "t", b"p".to_vec());
+        let d = queued_record("d1", &new, epoch, 1_000);
+        match take(d, epoch, "w", 5_000, NOW - 1_000, false) {
+            Take::Claimed(d) => d,
+            other => panic!("expected a claim, got {other:?}"),
+        }
+    }
+
+    fn tok(d: &Dispatch) -> String {
+        d.claim.as_ref().map(|c| c.token.clone()).unwrap()
+    }
+
+    fn found(d: &Dispatch) -> Option<Found<'_>> {
+        Some(Found { d, settled: None })
+    }
+
+    #[test]
+    fn holder_with_the_token_at_a_current_epoch_is_live() {
+        let d = claimed(3);
+        let verdict = check_holder(found(&d), "d1", &tok(&d), Some(Settle::Ack), 3, NOW);
+        assert_eq!(verdict, Holder::Live(d));
+    }
+
+    #[test]
+    fn holder_of_a_missing_record_is_not_found() {
+        assert_eq!(
+            check_holder(None, "d1", "x", None, 0, NOW),
+            Holder::Refuse(StoreError::NotFound { id: "d1".into() })
+        );
+    }
+
+    #[test]
+    fn holder_of_an_unclaimed_record_is_not_claimed() {
+        let new = NewDispatch::new("agent", "t", b"p".to_vec());
+        let d = queued_record("d1", &new, 0, 1_000);
+        assert_eq!(
+            check_holder(found(&d), "d1", "x", None, 0, NOW),
+            Holder::Refuse(StoreError::NotClaimed {
+                id: "d1".into(),
+                status: Status::Queued
+            })
+        );
+    }
+
+    #[test]
+    fn holder_with_another_token_lost_its_claim_even_when_the_epoch_is_stale() {
+        let d = claimed(0);
+        assert_eq!(
+            check_holder(found(&d), "d1", "other", None, 5, NOW),
+            Holder::Refuse(StoreError::LostClaim { id: "d1".into() })
+        );
+    }
+
+    #[test]
+    fn holder_at_a_stale_epoch_supersedes_and_fails() {
+        let d = claimed(1);
+        let token = tok(&d);
+        match check_holder(found(&d), "d1", &token, None, 2, NOW) {
+            Holder::Supersede {
+                record,
+                token: settled,
+                error,
+            } => {
+                assert_eq!(record.status, Status::Superseded);
+                assert_eq!((record.claim, record.started_at), (None, None));
+                assert_eq!(record.completed_at, Some(NOW));
+                assert_eq!(record.last_error, recorded(REASON_STALE_EPOCH));
+                assert_eq!(settled, token);
+                assert_eq!(
+                    error,
+                    StoreError::StaleEpoch {
+                        id: "d1".into(),
+                        dispatch: 1,
+                        thread: 2
+                    }
+                );
+            }
+            other => panic!("expected Supersede, got {other:?}"),
+        }
+    }
+
+    #[test]
+    fn repeating_the_settling_operation_with_its_token_is_a_repeat() {
+        let mut d = claimed(0);
+        let token = tok(&d);
+        HolderOp::Ack.apply(&mut d, NOW);
+        let settled = Some(Found {
+            d: &d,
+            settled: Some((token.as_str(), "ack")),
+        });
+        assert_eq!(
+            check_holder(settled, "d1", &token, Some(Settle::Ack), 9, NOW),
+            Holder::Repeat(d.clone())
+        );
+        // Another operation, or the same one without a settlement, is refused.
+        assert!(matches!(
+            check_holder(settled, "d1", &token, Some(Settle::Nack), 0, NOW),
+            Holder::Refuse(StoreError::NotClaimed { .. })
+        ));
+        assert!(matches!(
+            check_holder(settled, "d1", "other", Some(Settle::Ack), 0, NOW),
+            Holder::Refuse(StoreError::NotClaimed { .. })
+        ));
+    }
+
+    fn fence_of(d: &Dispatch) -> Fence {
+        Fence::of(d).unwrap()
+    }
+
+    #[test]
+    fn fence_of_a_live_current_claim_appends() {
+        let d = claimed(2);
+        assert_eq!(
+            check_fence(Some(&d), "t", &fence_of(&d), 2, NOW),
+            Fenced::Live
+        );
+        let lease_end = d.claim.as_ref().unwrap().lease_until;
+        assert_eq!(
+            check_fence(Some(&d), "t", &fence_of(&d), 2, lease_end),
+            Fenced::Live,
+            "the lease is live through its last millisecond"
+        );
+    }
+
+    #[test]
+    fn fence_refusals_name_what_was_wrong() {
+        let d = claimed(2);
+        let fence = fence_of(&d);
+        assert_eq!(
+            check_fence(None, "t", &fence, 2, NOW),
+            Fenced::Refuse(StoreError::NotFound { id: "d1".into() })
+        );
+        let lost = Fenced::Refuse(StoreError::LostClaim { id: "d1".into() });
+        let wrong_token = Fence {
+            token: "other".into(),
+            ..fence.clone()
+        };
+        assert_eq!(check_fence(Some(&d), "t", &wrong_token, 2, NOW), lost);
+        let wrong_epoch = Fence {
+            epoch: 1,
+            ..fence.clone()
+        };
+        assert_eq!(check_fence(Some(&d), "t", &wrong_epoch, 2, NOW), lost);
+        let lease_end = d.claim.as_ref().unwrap().lease_until;
+        assert_eq!(check_fence(Some(&d), "t", &fence, 2, lease_end + 1), lost);
+        assert!(matches!(
+            check_fence(Some(&d), "u", &fence, 2, NOW),
+            Fenced::Refuse(StoreError::Invalid(_))
+        ));
+        let mut acked = d.clone();
+        HolderOp::Ack.apply(&mut acked, NOW);
+        assert_eq!(
+            check_fence(Some(&acked), "t", &fence, 2, NOW),
+            Fenced::Refuse(StoreError::NotClaimed {
+                id: "d1".into(),
+                status: Status::Acked
+            })
+        );
+    }
+
+    #[test]
+    fn fence_at_a_stale_epoch_supersedes_and_fails() {
+        let d = claimed(0);
+        match check_fence(Some(&d), "t", &fence_of(&d), 1, NOW) {
+            Fenced::Supersede {
+                record,
+                token,
+                error,
+            } => {
+                assert_eq!(record.status, Status::Superseded);
+                assert_eq!(record.last_error, recorded(REASON_STALE_EPOCH));
+                assert_eq!(token, tok(&d));
+                assert!(matches!(
+                    error,
+                    StoreError::StaleEpoch {
+                        dispatch: 0,
+                        thread: 1,
+                        ..
+                    }
+                ));
+            }
+            other => panic!("expected Supersede, got {other:?}"),
+        }
+    }
+
+    #[test]
+    fn supersede_claimed_verdicts() {
+        let d = claimed(0);
+        let token = tok(&d);
+        assert_eq!(
+            supersede_claimed(None, "d1", None, "r", NOW),
+            SupersedeClaimed::Nothing
+        );
+        assert_eq!(
+            supersede_claimed(found(&d), "d1", Some("other"), "r", NOW),
+            SupersedeClaimed::Refuse(StoreError::LostClaim { id: "d1".into() })
+        );
+        for asked in [None, Some(token.as_str())] {
+            match supersede_claimed(found(&d), "d1", asked, "why", NOW) {
+                SupersedeClaimed::Supersede { record, token: t } => {
+                    assert_eq!(t, token, "the holder's token is recorded");
+                    assert_eq!(record.status, Status::Superseded);
+                    assert_eq!(record.last_error.as_deref(), Some("why"));
+                }
+                other => panic!("expected Supersede, got {other:?}"),
+            }
+        }
+        let done = superseded(d.clone(), NOW, "why");
+        let settled = Some(Found {
+            d: &done,
+            settled: Some((token.as_str(), "supersede")),
+        });
+        assert_eq!(
+            supersede_claimed(settled, "d1", Some(&token), "again", NOW),
+            SupersedeClaimed::Repeat(done.clone())
+        );
+        assert_eq!(
+            supersede_claimed(settled, "d1", None, "again", NOW),
+            SupersedeClaimed::Nothing
+        );
+    }
+
+    #[test]
+    fn holder_operations_change_what_they_say() {
+        let base = claimed(0);
+        let mut d = base.clone();
+        assert!(!HolderOp::Extend { extension_ms: 700 }.apply(&mut d, NOW));
+        assert_eq!(d.claim.as_ref().unwrap().lease_until, NOW + 700);
+        assert!(!HolderOp::Start.apply(&mut d, NOW));
+        assert_eq!(d.started_at, Some(NOW));
+        let result = RunResult::success(b"out".to_vec());
+        assert!(!HolderOp::Result(result.clone()).apply(&mut d, NOW));
+        assert_eq!(
+            (d.status, d.result.clone()),
+            (Status::Claimed, Some(result.clone()))
+        );
+
+        let mut acked = d.clone();
+        HolderOp::Ack.apply(&mut acked, NOW);
+        assert_eq!((acked.status, acked.claim.clone()), (Status::Acked, None));
+        assert_eq!(
+            acked.result,
+            Some(result.clone()),
+            "an ack keeps the result"
+        );
+
+        let mut completed = base.clone();
+        HolderOp::Complete(result.clone()).apply(&mut completed, NOW);
+        assert_eq!(
+            (completed.status, completed.result),
+            (Status::Acked, Some(result))
+        );
+
+        let mut nacked = base.clone();
+        let error = "boom".to_owned();
+        let ready = HolderOp::Nack {
+            retry_at: NOW,
+            error: error.clone(),
+        }
+        .apply(&mut nacked, NOW);
+        assert!(ready);
+        assert_eq!((nacked.status, nacked.attempt), (Status::Queued, 1));
+        let mut later = base.clone();
+        assert!(
+            !HolderOp::Nack {
+                retry_at: NOW + 1,
+                error,
+            }
+            .apply(&mut later, NOW)
+        );
+
+        let mut dead = base;
+        HolderOp::DeadLetter {
+            error: "gave up".into(),
+        }
+        .apply(&mut dead, NOW);
+        assert_eq!(dead.status, Status::DeadLetter);
+        assert_eq!(dead.last_error.as_deref(), Some("gave up"));
+
+        assert_eq!(HolderOp::Start.settles(), None);
+        assert_eq!(
+            HolderOp::Complete(RunResult::failure("x")).settles(),
+            Some(Settle::Ack)
+        );
+        assert_eq!(
+            HolderOp::DeadLetter {
+                error: String::new()
+            }
+            .settles(),
+            Some(Settle::DeadLetter)
+        );
+    }
+}
