@@ -1,7 +1,5 @@
 //! Claim order and availability (SPEC 3.4, 3.5; seed checklist B22-B24, B54, C58, C64-C66, C69).
 
-#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
-
 use std::collections::BTreeMap;
 
 use super::*;

@@ -1,8 +1,6 @@
 //! The host side of the WIT imports, called directly (no wasm): fencing of a guest's writes,
 //! the enqueue allow-list and caps, backoff on nack, stop requests.
 
-#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
-
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 

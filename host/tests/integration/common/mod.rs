@@ -1,8 +1,6 @@
 //! Shared helpers of the end-to-end tests: real guest components built from source, a
 //! scratch directory with a `homing.toml`, and the `homing` binary.
 
-#![allow(dead_code, clippy::unwrap_used, clippy::expect_used, clippy::panic)]
-
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Output, Stdio};
 use std::sync::OnceLock;
@@ -24,7 +22,7 @@ fn target_dir() -> PathBuf {
     bin.parent().and_then(Path::parent).unwrap().to_path_buf()
 }
 
-/// Builds the example guests and the test guests (once per test binary) and returns the
+/// Builds the example guests and the test guests (once per test process) and returns the
 /// directory holding their `.wasm` files. Fails loudly when the wasm target is missing.
 pub fn guest_dir() -> &'static Path {
     static DIR: OnceLock<PathBuf> = OnceLock::new();
@@ -226,7 +224,7 @@ pub fn toml_path(path: &Path) -> String {
     format!("{:?}", path.display().to_string())
 }
 
-/// Builds the Python and JavaScript example agents (once per test binary) with `cargo xtask
+/// Builds the Python and JavaScript example agents (once per test process) with `cargo xtask
 /// polyglot`, which installs the pinned componentize-py and componentize-js into `.tools/` when
 /// they are missing, and returns the directory holding `python-agent.wasm` and `js-agent.wasm`.
 /// Fails loudly (never skips) when Python with pip or Node with npm is missing.

@@ -32,7 +32,8 @@
 //! correct store never fails the check, whatever the interleaving; the unit tests at the end of
 //! this file feed it bad histories to show each class is caught.
 
-#![allow(dead_code, clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+// The recorder and its operations cover the whole store API; the fault tests use a part of it.
+#![allow(dead_code)]
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::fmt;

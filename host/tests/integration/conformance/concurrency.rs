@@ -4,8 +4,6 @@
 //! Operations that report `Contention` are retried (SPEC: "retry later"); every other outcome is
 //! checked. Time only moves through the manual clock.
 
-#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
-
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};

@@ -3,7 +3,7 @@
 //!
 //! Every dispatch is the sandbox guest's `journal:<ms>` action: it appends `start <id>` to its
 //! thread's log through its claim, works, and appends `end <id>`. What a fenced append makes of
-//! such a log is in `hosts/mod.rs`: the log of a thread is, in claim order, what each claim of
+//! such a log is in `hosts`: the log of a thread is, in claim order, what each claim of
 //! the thread appended, each claim a prefix of `[start X, end X]`. The tests check exactly that
 //! shape, and tie every run cut short to a failed attempt the store counted:
 //!
@@ -29,12 +29,6 @@
 //! the same fault schedule (the timing of the processes still varies), and `HOMING_SOAK=1`
 //! runs more rounds over more work.
 
-#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
-
-mod common;
-mod hosts;
-mod natsd;
-
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
@@ -43,12 +37,13 @@ use std::time::{Duration, Instant};
 use homing::store::embedded::EmbeddedStore;
 use homing::store::{Dispatch, Status, Store, SystemClock};
 
-use common::{Env, Rng, guest, seed, shared_cache_dir, signal, soak, toml_path};
-use hosts::{
+use crate::common::{Env, Rng, guest, seed, shared_cache_dir, signal, soak, toml_path};
+use crate::hosts;
+use crate::hosts::{
     AGENT, Host, acked, all, enqueue_journal, fill, finished, host_log, journals, open_nats,
     released, spawn_run,
 };
-use natsd::NatsServer;
+use crate::natsd::NatsServer;
 
 /// How long a journal run works between its two appends (the kill tests).
 const WORK_MS: u64 = 10;

@@ -1,8 +1,6 @@
 //! Dedupe keys: at most one non-terminal dispatch per (thread, key) (SPEC 1, 2, 3.8; seed B41,
 //! D96-D99, D103, D105, D108, D111, 2.20; W7, W21).
 
-#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
-
 use homing::store::{RunResult, Status, StoreError};
 
 use super::*;

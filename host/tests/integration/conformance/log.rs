@@ -1,8 +1,6 @@
 //! The sequence store, one writer at a time (SPEC 4; seed I142, I159, I168, I172, J189; W11,
 //! W15).
 
-#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
-
 use homing::store::{Fence, LogEntry, StoreError, Watermarks};
 
 use super::*;

@@ -24,12 +24,6 @@
 //! `HOMING_SEED=<n>` replays a run (the seed base is printed); `HOMING_SOAK=1` runs ten times as
 //! many dispatches with longer call sequences.
 
-#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
-
-mod common;
-mod hosts;
-mod natsd;
-
 use std::collections::{BTreeMap, BTreeSet};
 use std::process::{Child, Stdio};
 use std::sync::Arc;
@@ -40,9 +34,9 @@ use homing::store::nats::{NatsConfig, NatsStore};
 use homing::store::{Dispatch, NewDispatch, Status, Store, SystemClock};
 use serde_json::Value;
 
-use common::{Env, guest, signal, toml_path, wait_exit};
-use hosts::all;
-use natsd::NatsServer;
+use crate::common::{Env, guest, signal, toml_path, wait_exit};
+use crate::hosts::all;
+use crate::natsd::NatsServer;
 
 const HANDLER: &str = "fuzzer";
 const AGENT: &str = "fuzzer-agent";

@@ -6,23 +6,18 @@
 //! holder wrote after losing its claim, the log of that thread would show it: every test checks
 //! that each thread's log is a clean sequence of `start X`, `end X` pairs.
 
-#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
-
-mod common;
-mod hosts;
-mod natsd;
-
 use std::collections::{BTreeMap, BTreeSet};
 use std::process::Child;
 use std::time::{Duration, Instant};
 
 use homing::store::{Status, Store};
 
-use common::{Env, guest, signal, toml_path, wait_exit};
-use hosts::{
+use crate::common::{Env, guest, signal, toml_path, wait_exit};
+use crate::hosts::{
     all, fill, host_log, journals, open_nats as open, spawn_run, spawn_until_idle, wait_all_acked,
 };
-use natsd::NatsServer;
+use crate::natsd;
+use crate::natsd::NatsServer;
 
 fn config(urls: &[String], prefix: &str, replicas: usize, lease: &str, concurrency: u32) -> String {
     let urls: Vec<String> = urls.iter().map(|u| format!("\"{u}\"")).collect();
@@ -235,10 +230,13 @@ async fn the_server_killed_and_restarted_under_load_loses_nothing() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_three_node_cluster_with_three_replicas_keeps_serving_when_one_node_dies() {
-    let _ = tracing_subscriber::fmt()
-        .with_env_filter("homing=debug,async_nats=info")
-        .with_test_writer()
-        .try_init();
+    // This test's own thread only: a global subscriber would log for every test in the process.
+    let _log = tracing::subscriber::set_default(
+        tracing_subscriber::fmt()
+            .with_env_filter("homing=debug,async_nats=info")
+            .with_test_writer()
+            .finish(),
+    );
     let mut nodes = NatsServer::cluster3();
     let urls: Vec<String> = nodes.iter().map(NatsServer::url).collect();
     // The host knows only the node that will die: it must fail over to the nodes it learned

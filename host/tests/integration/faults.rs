@@ -1,5 +1,5 @@
 //! Fault injection at the store level (issue 5), on both backends, every scenario recorded into
-//! the history checker (`tests/history/`), which fails the test on anything but ok.
+//! the history checker (`history/`), which fails the test on anything but ok.
 //!
 //! Several store instances on one backend stand for several hosts (one SQLite file opened
 //! several times; one NATS stream opened several times under one prefix, on a real
@@ -20,12 +20,6 @@
 //!
 //! `HOMING_SOAK=1` runs longer variants; `HOMING_SEED=<n>` replays a chaos run.
 
-#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
-
-mod common;
-mod history;
-mod natsd;
-
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, OnceLock};
 use std::time::{Duration, Instant};
@@ -38,9 +32,10 @@ use homing::store::{
 use tokio::sync::Barrier;
 use tokio::task::JoinSet;
 
-use common::{Rng, seed, soak};
-use history::{Expect, History, Recorder};
-use natsd::NatsServer;
+use crate::common::{Rng, seed, soak};
+use crate::history;
+use crate::history::{Expect, History, Recorder};
+use crate::natsd::NatsServer;
 
 const T0: u64 = 1_700_000_000_000;
 const AGENT: &str = "agent";

@@ -1,8 +1,6 @@
 //! Maintenance (reclaim, purge), several hosts on one store, and restarts (SPEC 2, 3.5, 3.6, 3.9;
 //! seed B40, B42-B45, D79-D82, D102, D104, E114, E116, E118, E120).
 
-#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
-
 use homing::store::{
     Fence, REASON_EXPIRED_AFTER_INTERRUPT, REASON_LEASE_EXPIRED_AT_MAX, RunResult, Status,
     StoreError,

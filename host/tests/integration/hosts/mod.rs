@@ -1,5 +1,5 @@
-//! Real `homing` host processes for the multi-process tests (`nats_hosts.rs`,
-//! `process_faults.rs`), and what they leave in a store: spawning hosts and reading their logs,
+//! Real `homing` host processes for the multi-process tests (`nats_hosts`,
+//! `process_faults`), and what they leave in a store: spawning hosts and reading their logs,
 //! listing a store, waiting for work to be acked, and reading the journals the sandbox guest's
 //! `journal:<ms>` action writes.
 //!
@@ -17,8 +17,6 @@
 //! last claim and wrote both entries, so its last run in the log is complete. [`journals`]
 //! checks the shape and counts, per dispatch, its runs and the runs cut short; tests compare the
 //! counts with the attempts the store recorded.
-
-#![allow(dead_code, clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
 use std::collections::BTreeMap;
 use std::process::{Child, Stdio};

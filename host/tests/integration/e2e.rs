@@ -1,15 +1,11 @@
 //! End-to-end tests: the `homing` binary, real components built from source, a real store file.
 
-#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
-
-mod common;
-mod natsd;
-
 use std::time::{Duration, Instant};
 
 use base64::Engine;
 
-use common::{Env, guest, signal, toml_path, wait_exit};
+use crate::common::{Env, guest, signal, toml_path, wait_exit};
+use crate::natsd;
 use serde_json::Value;
 
 fn by_payload<'a>(list: &'a [Value], payload: &str) -> &'a Value {

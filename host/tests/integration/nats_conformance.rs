@@ -1,12 +1,7 @@
-//! The store conformance suite (`tests/conformance/`) run against the NATS JetStream backend:
-//! one real `nats-server` per test process (started on a free port with JetStream in a temp
+//! The store conformance suite (`conformance/`) run against the NATS JetStream backend:
+//! one real `nats-server` for the whole test process (started on a free port with JetStream in a temp
 //! directory), one stream per test under its own prefix. Several instances opened on one
 //! prefix stand for several hosts. `cargo test conformance` runs it with the embedded suite.
-
-#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
-
-mod conformance;
-mod natsd;
 
 use std::sync::OnceLock;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -14,7 +9,8 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use homing::store::nats::{NatsConfig, NatsStore};
 use homing::store::{SharedClock, Store, StoreResult};
 
-use natsd::NatsServer;
+use crate::conformance;
+use crate::natsd::NatsServer;
 
 /// A prefix per test on one shared server.
 struct NatsFactory;
@@ -43,7 +39,7 @@ impl conformance::Factory for NatsFactory {
     }
 }
 
-conformance::suite!(nats_conformance, NatsFactory);
+conformance::suite!(NatsFactory);
 
 /// The NATS backend's own size rules, beyond the shared suite.
 mod nats_sizes {

@@ -6,8 +6,6 @@
 //! a repeated holder operation returns once the record moved on), the model accepts each allowed
 //! outcome but always requires that nothing else changed.
 
-#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
-
 use std::collections::{BTreeMap, BTreeSet};
 
 use homing::store::{

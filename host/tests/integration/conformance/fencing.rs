@@ -2,8 +2,6 @@
 //! and the fence on log appends (SPEC 2, 3.3, 3.7, 4; seed B27, B34-B39, E115; W3, W4, W8, W29,
 //! W33).
 
-#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
-
 use std::collections::BTreeSet;
 
 use homing::store::{Fence, REASON_STALE_EPOCH, RunResult, Status, StoreError};

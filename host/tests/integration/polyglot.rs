@@ -6,11 +6,7 @@
 //! Both agents speak one protocol (a message's first word picks a tool), so every behaviour is
 //! one function run once per language.
 
-#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
-
-mod common;
-
-use common::{Env, polyglot_guest, shared_cache_dir, toml_path};
+use crate::common::{Env, polyglot_guest, shared_cache_dir, toml_path};
 use serde_json::Value;
 
 const PYTHON: &str = "python-agent";

@@ -1,7 +1,5 @@
 //! The mailbox transitions one at a time (SPEC section 2; seed checklist groups A and B).
 
-#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
-
 use std::collections::BTreeMap;
 use std::time::Duration;
 

@@ -1,22 +1,22 @@
 //! The store conformance suite (SPEC sections 2 to 5), generic over a backend [`Factory`].
 //!
 //! Every test is a `pub async fn name<F: Factory>(factory: &F)` (or a plain `fn` for the property
-//! tests, which drive their own runtime). A backend instantiates the whole suite with one line:
+//! tests, which drive their own runtime). A backend instantiates the whole suite with one line
+//! in a module of its own:
 //!
 //! ```ignore
-//! conformance::suite!(embedded_conformance, file = EmbeddedStore::open);
+//! crate::conformance::suite!(file = EmbeddedStore::open);
 //! ```
 //!
-//! which generates a module of `#[tokio::test]`s named after the suite's functions. The module
-//! name must contain `conformance` so that `cargo test conformance` runs exactly the suite.
+//! which generates, in that module, one `#[tokio::test]` per suite function, named after it.
+//! The module's path must contain `conformance` (`embedded_conformance`, `nats_conformance`)
+//! so that `cargo test conformance` runs exactly the suites.
 //!
 //! Time only moves through the [`ManualClock`] of each test's [`Env`]; nothing sleeps.
 //!
 //! Where the test names mention `wN` (W1 to W36 of `reference/seed-analysis.md` section 7), the
 //! test pins the fix of that defect; `bN`, `dN`, `eN` refer to the seed's checklist items
 //! (section 5) the test translates.
-
-#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
 use std::future::Future;
 use std::path::Path;
@@ -58,12 +58,10 @@ pub trait Factory: Send + Sync + 'static {
 }
 
 /// A factory for backends kept in one file: a fresh temp directory per test.
-#[allow(dead_code)]
 pub struct FileBacked<O> {
     open: O,
 }
 
-#[allow(dead_code)]
 impl<O> FileBacked<O>
 where
     O: Fn(&Path, SharedClock) -> StoreResult<Store> + Send + Sync + 'static,
@@ -352,29 +350,22 @@ macro_rules! __sync_tests {
 }
 pub(crate) use __sync_tests;
 
-/// Instantiates the whole suite for one backend, as a module of tests:
+/// Instantiates the whole suite for one backend, as tests in the calling module:
 ///
-/// - `suite!(module_name, factory_expression)` for any [`Factory`];
-/// - `suite!(module_name, file = open_fn)` for a backend kept in one file, where
+/// - `suite!(factory_expression)` for any [`Factory`];
+/// - `suite!(file = open_fn)` for a backend kept in one file, where
 ///   `open_fn(&Path, SharedClock) -> StoreResult<B>` and `B::store(&self) -> Store` (a fresh temp
 ///   file per test; opening it again gives another instance on the same data).
 ///
-/// The module name must contain `conformance` (so `cargo test conformance` selects the suite).
+/// The calling module's path must contain `conformance` (so `cargo test conformance` selects
+/// the suites).
 macro_rules! suite {
-    ($name:ident, file = $open:path) => {
-        $crate::conformance::suite!(
-            $name,
-            $crate::conformance::FileBacked::new(
-                |path, clock| $open(path, clock).map(|s| s.store())
-            )
-        );
+    (file = $open:path) => {
+        $crate::conformance::suite! {
+            $crate::conformance::FileBacked::new(|path, clock| $open(path, clock).map(|s| s.store()))
+        }
     };
-    ($name:ident, $factory:expr) => {
-        #[allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
-        mod $name {
-            #[allow(unused_imports)]
-            use super::*;
-
+    ($factory:expr) => {
             $crate::conformance::__async_tests! { $factory;
                 records::{
                     status_terminality_matches_spec,
@@ -573,7 +564,6 @@ macro_rules! suite {
                     log_watermarks_follow_the_model,
                 },
             }
-        }
     };
 }
 pub(crate) use suite;

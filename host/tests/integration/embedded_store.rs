@@ -1,8 +1,6 @@
 //! Embedded-backend specifics the generic suite cannot reach: bad stored data, schema versions,
 //! files that are not stores, restart durability.
 
-#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
-
 use std::sync::Arc;
 
 use homing::store::embedded::{EmbeddedStore, SCHEMA_VERSION};

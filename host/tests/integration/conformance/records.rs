@@ -1,7 +1,5 @@
 //! The dispatch record: statuses, shape rules, what survives storage (seed checklist group A).
 
-#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
-
 use std::str::FromStr;
 
 use homing::store::{
