@@ -128,7 +128,7 @@ async fn a_guest_whose_lease_was_lost_cannot_ack_record_or_append() {
         "{complete:?}"
     );
 
-    // Exactly as SPEC says for a reclaim: requeued, one failed attempt, nothing recorded.
+    // Exactly as the contract says for a reclaim: requeued, one failed attempt, nothing recorded.
     let d = f.store.mailbox.load(&claim.id).await.unwrap().unwrap();
     assert_eq!(d.status, Status::Queued);
     assert_eq!(d.attempt, 1);

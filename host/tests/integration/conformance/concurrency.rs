@@ -1,8 +1,9 @@
-//! The guarantees of SPEC section 3 under concurrency: many tokio tasks hammering the same
-//! threads through several store instances (standing for several hosts) on one store.
+//! The guarantees of the contract (docs/contract.md) section 3 under concurrency: many tokio
+//! tasks hammering the same threads through several store instances (standing for several
+//! hosts) on one store.
 //!
-//! Operations that report `Contention` are retried (SPEC: "retry later"); every other outcome is
-//! checked. Time only moves through the manual clock.
+//! Operations that report `Contention` are retried (the contract's "retry later"); every other
+//! outcome is checked. Time only moves through the manual clock.
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::sync::Arc;
@@ -72,10 +73,10 @@ fn is_fenced(err: &StoreError) -> bool {
     )
 }
 
-/// G1: under concurrent producers, workers (ack, nack, complete, dead-letter, crash), cancels,
+/// Under concurrent producers, workers (ack, nack, complete, dead-letter, crash), cancels,
 /// interrupts and sweeps on three hosts, every admitted dispatch ends in exactly one terminal
 /// state: none lost, none invented, and every successful settle is final.
-pub async fn g1_no_dispatch_lost_or_invented_under_concurrent_chaos<F: Factory>(factory: &F) {
+pub async fn no_dispatch_lost_or_invented_under_concurrent_chaos<F: Factory>(factory: &F) {
     let env = Env::new(factory).await;
     let hosts = env.open_many(HOSTS).await;
     let clock = env.clock.clone();
@@ -263,10 +264,10 @@ pub async fn g1_no_dispatch_lost_or_invented_under_concurrent_chaos<F: Factory>(
     assert_eq!(counted, admitted.len() as u64);
 }
 
-/// G2: sixteen workers on three hosts draining four threads: never two live claims on one
+/// Sixteen workers on three hosts draining four threads: never two live claims on one
 /// thread (checked by the workers and by a concurrent observer), and each dispatch is claimed
 /// exactly once.
-pub async fn g2_at_most_one_claim_per_thread_across_hosts<F: Factory>(factory: &F) {
+pub async fn at_most_one_claim_per_thread_across_hosts<F: Factory>(factory: &F) {
     let env = Env::new(factory).await;
     let hosts = env.open_many(HOSTS).await;
     let total = 60usize;
@@ -352,9 +353,9 @@ pub async fn g2_at_most_one_claim_per_thread_across_hosts<F: Factory>(factory: &
     assert_eq!(all_in(&hosts[0], Status::Acked).await.len(), total);
 }
 
-/// G2, C68, E112: many concurrent claimers of one dispatch (by id or by queue, on three hosts):
+/// Many concurrent claimers of one dispatch (by id or by queue, on three hosts):
 /// exactly one wins.
-pub async fn g2_concurrent_claims_of_one_dispatch_have_one_winner<F: Factory>(factory: &F) {
+pub async fn concurrent_claims_of_one_dispatch_have_one_winner<F: Factory>(factory: &F) {
     let env = Env::new(factory).await;
     let hosts = env.open_many(HOSTS).await;
     for round in 0..6usize {
@@ -389,8 +390,8 @@ pub async fn g2_concurrent_claims_of_one_dispatch_have_one_winner<F: Factory>(fa
     }
 }
 
-/// G2, C70, E113: concurrent claims of different dispatches of one thread: exactly one wins.
-pub async fn g2_concurrent_claims_of_sibling_dispatches_have_one_winner<F: Factory>(factory: &F) {
+/// Concurrent claims of different dispatches of one thread: exactly one wins.
+pub async fn concurrent_claims_of_sibling_dispatches_have_one_winner<F: Factory>(factory: &F) {
     let env = Env::new(factory).await;
     let hosts = env.open_many(HOSTS).await;
     for round in 0..5usize {
@@ -433,9 +434,9 @@ pub async fn g2_concurrent_claims_of_sibling_dispatches_have_one_winner<F: Facto
     }
 }
 
-/// G3: a reclaim sweep racing the holders' acks: for every dispatch exactly one wins, an
+/// A reclaim sweep racing the holders' acks: for every dispatch exactly one wins, an
 /// acknowledged ack is never overwritten, and a reclaimed dispatch's ack is refused.
-pub async fn g3_reclaim_racing_ack_never_overwrites_the_ack<F: Factory>(factory: &F) {
+pub async fn reclaim_racing_ack_never_overwrites_the_ack<F: Factory>(factory: &F) {
     let env = Env::new(factory).await;
     let hosts = env.open_many(HOSTS).await;
     let n = 40usize;
@@ -514,9 +515,9 @@ pub async fn g3_reclaim_racing_ack_never_overwrites_the_ack<F: Factory>(factory:
     }
 }
 
-/// B44, G3: concurrent reclaim sweeps on three hosts transition each expired claim exactly once;
+/// Concurrent reclaim sweeps on three hosts transition each expired claim exactly once;
 /// later sweeps return nothing.
-pub async fn g3_concurrent_reclaim_sweeps_transition_once<F: Factory>(factory: &F) {
+pub async fn concurrent_reclaim_sweeps_transition_once<F: Factory>(factory: &F) {
     let env = Env::new(factory).await;
     let hosts = env.open_many(HOSTS).await;
     let n = 30usize;
@@ -581,10 +582,10 @@ async fn all_records_sorted(s: &Store) -> Vec<Dispatch> {
     records
 }
 
-/// G3: zombie holders (an old token after reclaim and re-claim) hammering every holder write and
+/// Zombie holders (an old token after reclaim and re-claim) hammering every holder write and
 /// the log while the new holder works: every zombie write is refused, and the record and the log
 /// end exactly as the new holder left them.
-pub async fn g3_stale_holders_racing_a_new_holder_change_nothing<F: Factory>(factory: &F) {
+pub async fn stale_holders_racing_a_new_holder_change_nothing<F: Factory>(factory: &F) {
     let env = Env::new(factory).await;
     let hosts = env.open_many(HOSTS).await;
     put(&hosts[0], nd("t", "d1").with_max_attempts(3)).await;
@@ -679,9 +680,9 @@ pub async fn g3_stale_holders_racing_a_new_holder_change_nothing<F: Factory>(fac
     }
 }
 
-/// G4: eight workers on three hosts draining one thread claim in priority-then-age order (the
+/// Eight workers on three hosts draining one thread claim in priority-then-age order (the
 /// thread's claims are serialized, so the order they observe is the claim order).
-pub async fn g4_claims_within_a_thread_follow_priority_then_age_under_concurrency<F: Factory>(
+pub async fn claims_within_a_thread_follow_priority_then_age_under_concurrency<F: Factory>(
     factory: &F,
 ) {
     let env = Env::new(factory).await;
@@ -728,9 +729,9 @@ pub async fn g4_claims_within_a_thread_follow_priority_then_age_under_concurrenc
     assert_eq!(*order.lock().unwrap(), expected);
 }
 
-/// G5: while the clock moves forward in steps and eight workers on three hosts claim as fast as
+/// While the clock moves forward in steps and eight workers on three hosts claim as fast as
 /// they can, nothing is claimed before its `available_at`, and everything is claimed once due.
-pub async fn g5_nothing_is_claimed_before_available_at_while_clock_moves<F: Factory>(factory: &F) {
+pub async fn nothing_is_claimed_before_available_at_while_clock_moves<F: Factory>(factory: &F) {
     let env = Env::new(factory).await;
     let hosts = env.open_many(HOSTS).await;
     let total = 40usize;
@@ -785,10 +786,10 @@ pub async fn g5_nothing_is_claimed_before_available_at_while_clock_moves<F: Fact
     assert_eq!(all_in(&hosts[0], Status::Acked).await.len(), total);
 }
 
-/// G6: attempts never decrease and terminal states never change, observed continuously while
+/// Attempts never decrease and terminal states never change, observed continuously while
 /// workers nack or crash and sweeps reclaim on three hosts; every dispatch dead-letters at
 /// exactly `max_attempts`.
-pub async fn g6_attempts_never_decrease_under_concurrent_nack_and_reclaim<F: Factory>(factory: &F) {
+pub async fn attempts_never_decrease_under_concurrent_nack_and_reclaim<F: Factory>(factory: &F) {
     let env = Env::new(factory).await;
     let hosts = env.open_many(HOSTS).await;
     let n = 10usize;
@@ -875,12 +876,10 @@ pub async fn g6_attempts_never_decrease_under_concurrent_nack_and_reclaim<F: Fac
     }
 }
 
-/// G7: once `interrupt(thread)` has returned, no write of the older epoch lands: appends racing
+/// Once `interrupt(thread)` has returned, no write of the older epoch lands: appends racing
 /// the interrupt from three hosts stop at the watermark read right after it, and the old claim can
 /// no longer start or ack.
-pub async fn g7_no_older_epoch_append_start_or_ack_after_interrupt_returns<F: Factory>(
-    factory: &F,
-) {
+pub async fn no_older_epoch_append_start_or_ack_after_interrupt_returns<F: Factory>(factory: &F) {
     let env = Env::new(factory).await;
     let hosts = env.open_many(HOSTS).await;
     put_on(&hosts[0], "t", "d1").await;
@@ -944,9 +943,9 @@ pub async fn g7_no_older_epoch_append_start_or_ack_after_interrupt_returns<F: Fa
     assert_eq!(load(&hosts[0], "d1").await.status, Status::Superseded);
 }
 
-/// W9: enqueues racing an interrupt: every enqueue that returned the old epoch was superseded by
+/// Enqueues racing an interrupt: every enqueue that returned the old epoch was superseded by
 /// that interrupt and reported by it; every one that returned the new epoch is queued.
-pub async fn w9_enqueue_racing_interrupt_leaves_no_stale_queued_dispatch<F: Factory>(factory: &F) {
+pub async fn enqueue_racing_interrupt_leaves_no_stale_queued_dispatch<F: Factory>(factory: &F) {
     let env = Env::new(factory).await;
     let hosts = env.open_many(HOSTS).await;
     let count = Arc::new(AtomicUsize::new(0));
@@ -1049,8 +1048,8 @@ fn one_admitted(results: Vec<StoreResult<Dispatch>>) -> Dispatch {
     winner
 }
 
-/// G8, E119, D109, G131: 32 concurrent enqueues of one (thread, key) from three hosts admit one.
-pub async fn g8_concurrent_enqueues_with_one_dedupe_key_admit_one<F: Factory>(factory: &F) {
+/// 32 concurrent enqueues of one (thread, key) from three hosts admit one.
+pub async fn concurrent_enqueues_with_one_dedupe_key_admit_one<F: Factory>(factory: &F) {
     let env = Env::new(factory).await;
     let hosts = env.open_many(HOSTS).await;
     let winner = one_admitted(race_for_key(&hosts, "t", "c", "k", 32).await);
@@ -1059,11 +1058,9 @@ pub async fn g8_concurrent_enqueues_with_one_dedupe_key_admit_one<F: Factory>(fa
     assert_eq!(stored[0].id, winner.id);
 }
 
-/// G8: the key is free again as soon as its holder is terminal (whatever way), round after round
+/// The key is free again as soon as its holder is terminal (whatever way), round after round
 /// of concurrent contenders.
-pub async fn g8_dedupe_key_is_reusable_round_after_round_under_concurrency<F: Factory>(
-    factory: &F,
-) {
+pub async fn dedupe_key_is_reusable_round_after_round_under_concurrency<F: Factory>(factory: &F) {
     let env = Env::new(factory).await;
     let hosts = env.open_many(HOSTS).await;
     for round in 0..8usize {
@@ -1089,9 +1086,9 @@ pub async fn g8_dedupe_key_is_reusable_round_after_round_under_concurrency<F: Fa
     assert_eq!(all(&hosts[0]).await.len(), 8);
 }
 
-/// D107: 64 concurrent enqueues on one thread from three hosts all land; a fresh instance claims
+/// 64 concurrent enqueues on one thread from three hosts all land; a fresh instance claims
 /// all 64, one at a time.
-pub async fn d107_concurrent_enqueues_on_one_thread_all_land<F: Factory>(factory: &F) {
+pub async fn concurrent_enqueues_on_one_thread_all_land<F: Factory>(factory: &F) {
     let env = Env::new(factory).await;
     let hosts = env.open_many(HOSTS).await;
     let mut set = JoinSet::new();
@@ -1115,7 +1112,7 @@ pub async fn d107_concurrent_enqueues_on_one_thread_all_land<F: Factory>(factory
     assert_eq!(seen.len(), 64);
 }
 
-/// C67: concurrent enqueues with distinct dedupe keys on one thread all persist.
+/// Concurrent enqueues with distinct dedupe keys on one thread all persist.
 pub async fn concurrent_enqueues_with_distinct_keys_all_persist<F: Factory>(factory: &F) {
     let env = Env::new(factory).await;
     let hosts = env.open_many(HOSTS).await;
@@ -1138,7 +1135,7 @@ pub async fn concurrent_enqueues_with_distinct_keys_all_persist<F: Factory>(fact
     assert_eq!(all(&hosts[0]).await.len(), 24);
 }
 
-/// I157, I174, SPEC 4: twelve appenders on three hosts get unique sequences; concurrent readers
+/// Twelve appenders on three hosts get unique sequences; concurrent readers
 /// never see an entry before all committed entries below it (no gaps below what they see), and
 /// never a torn or foreign content.
 pub async fn log_concurrent_appenders_get_unique_sequences_and_readers_see_no_gaps<F: Factory>(
@@ -1230,11 +1227,9 @@ pub async fn log_concurrent_appenders_get_unique_sequences_and_readers_see_no_ga
     );
 }
 
-/// W15: concurrent append_expected calls with the same expectation admit exactly one; the others
+/// Concurrent append_expected calls with the same expectation admit exactly one; the others
 /// get `Conflict` naming the new latest.
-pub async fn w15_concurrent_append_expected_with_same_expectation_admits_one<F: Factory>(
-    factory: &F,
-) {
+pub async fn concurrent_append_expected_with_same_expectation_admits_one<F: Factory>(factory: &F) {
     let env = Env::new(factory).await;
     let hosts = env.open_many(HOSTS).await;
     for round in 0..8usize {
@@ -1268,7 +1263,7 @@ pub async fn w15_concurrent_append_expected_with_same_expectation_admits_one<F: 
     assert_eq!(hosts[2].log.read("t", 0, 100).await.unwrap().len(), 8);
 }
 
-/// SPEC 4: with appenders, a trimmer and a delete running on three hosts, observers always see
+/// With appenders, a trimmer and a delete running on three hosts, observers always see
 /// `reserved >= latest >= trimmed`, each watermark monotonic.
 pub async fn log_watermarks_stay_ordered_and_monotonic_under_concurrency<F: Factory>(factory: &F) {
     let env = Env::new(factory).await;
@@ -1345,9 +1340,9 @@ pub async fn log_watermarks_stay_ordered_and_monotonic_under_concurrency<F: Fact
     assert!(w.reserved >= w.latest && w.latest >= w.trimmed);
 }
 
-/// W6: instances opened while other hosts enqueue see every dispatch (no startup rebuild drops
+/// Instances opened while other hosts enqueue see every dispatch (no startup rebuild drops
 /// one).
-pub async fn w6_instance_opened_during_enqueues_sees_every_dispatch<F: Factory>(factory: &F) {
+pub async fn instance_opened_during_enqueues_sees_every_dispatch<F: Factory>(factory: &F) {
     let env = Env::new(factory).await;
     let hosts = env.open_many(2).await;
     let mut set = JoinSet::new();

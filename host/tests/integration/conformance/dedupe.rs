@@ -1,5 +1,5 @@
-//! Dedupe keys: at most one non-terminal dispatch per (thread, key) (SPEC 1, 2, 3.8; seed B41,
-//! D96-D99, D103, D105, D108, D111, 2.20; W7, W21).
+//! Dedupe keys: at most one non-terminal dispatch per (thread, key) (the contract,
+//! docs/contract.md, sections 1, 2 and guarantee 3.8).
 
 use homing::store::{RunResult, Status, StoreError};
 
@@ -33,7 +33,7 @@ async fn assert_free(s: &Store, thread: &str, id: &str, key: &str) {
     }
 }
 
-/// B41, D111, SPEC 2: a second enqueue with a live dispatch's key on the same thread is
+/// A second enqueue with a live dispatch's key on the same thread is
 /// `Duplicate { holder }`, queued or claimed.
 pub async fn dedupe_key_held_by_live_dispatch_is_duplicate_with_holder<F: Factory>(factory: &F) {
     let env = Env::new(factory).await;
@@ -46,7 +46,7 @@ pub async fn dedupe_key_held_by_live_dispatch_is_duplicate_with_holder<F: Factor
     s.mailbox.ack("first", &tok(&c)).await.unwrap();
 }
 
-/// 2.20: the key is scoped per thread.
+/// The key is scoped per thread.
 pub async fn dedupe_key_is_scoped_per_thread<F: Factory>(factory: &F) {
     let env = Env::new(factory).await;
     let s = env.open().await;
@@ -56,7 +56,7 @@ pub async fn dedupe_key_is_scoped_per_thread<F: Factory>(factory: &F) {
     assert_held(&s, "t2", "d", "k", "b").await;
 }
 
-/// 2.20: a nack that requeues and a reclaim that requeues keep the key held (still live).
+/// A nack that requeues and a reclaim that requeues keep the key held (still live).
 pub async fn dedupe_key_stays_held_across_nack_and_lease_reclaim<F: Factory>(factory: &F) {
     let env = Env::new(factory).await;
     let s = env.open().await;
@@ -81,7 +81,7 @@ pub async fn dedupe_key_stays_held_across_nack_and_lease_reclaim<F: Factory>(fac
     assert_held(&s, "t", "x2", "k", "holder").await;
 }
 
-/// SPEC 3.8: ack, complete and dead_letter release the key at once.
+/// Ack, complete and dead_letter release the key at once.
 pub async fn dedupe_key_is_free_after_ack_complete_and_dead_letter<F: Factory>(factory: &F) {
     let env = Env::new(factory).await;
     let s = env.open().await;
@@ -105,8 +105,8 @@ pub async fn dedupe_key_is_free_after_ack_complete_and_dead_letter<F: Factory>(f
     }
 }
 
-/// D105: the key is free once its holder is cancelled.
-pub async fn d105_dedupe_key_is_free_after_cancel<F: Factory>(factory: &F) {
+/// The key is free once its holder is cancelled.
+pub async fn dedupe_key_is_free_after_cancel<F: Factory>(factory: &F) {
     let env = Env::new(factory).await;
     let s = env.open().await;
     put(&s, keyed("t", "a", "k")).await;
@@ -115,8 +115,8 @@ pub async fn d105_dedupe_key_is_free_after_cancel<F: Factory>(factory: &F) {
     assert_held(&s, "t", "c", "k", "b").await;
 }
 
-/// D96: holders superseded by an interrupt release their keys; the next enqueue is claimable.
-pub async fn d96_dedupe_key_is_free_after_interrupt_supersedes_holder<F: Factory>(factory: &F) {
+/// Holders superseded by an interrupt release their keys; the next enqueue is claimable.
+pub async fn dedupe_key_is_free_after_interrupt_supersedes_holder<F: Factory>(factory: &F) {
     let env = Env::new(factory).await;
     let s = env.open().await;
     put(&s, keyed("t", "old", "k")).await;
@@ -127,7 +127,7 @@ pub async fn d96_dedupe_key_is_free_after_interrupt_supersedes_holder<F: Factory
     assert_eq!(c.epoch, 1);
 }
 
-/// 2.20: dead-lettering by exhausted attempts (nack or lease expiry) releases the key.
+/// Dead-lettering by exhausted attempts (nack or lease expiry) releases the key.
 pub async fn dedupe_key_is_free_after_attempts_are_exhausted<F: Factory>(factory: &F) {
     let env = Env::new(factory).await;
     let s = env.open().await;
@@ -154,9 +154,9 @@ pub async fn dedupe_key_is_free_after_attempts_are_exhausted<F: Factory>(factory
     assert_free(&s, "t2", "r2", "k").await;
 }
 
-/// D97: an interrupted but still claimed holder keeps its key until it is superseded (here by its
+/// An interrupted but still claimed holder keeps its key until it is superseded (here by its
 /// own refused write).
-pub async fn d97_dedupe_key_of_stale_claimed_holder_stays_held_until_superseded<F: Factory>(
+pub async fn dedupe_key_of_stale_claimed_holder_stays_held_until_superseded<F: Factory>(
     factory: &F,
 ) {
     let env = Env::new(factory).await;
@@ -174,7 +174,7 @@ pub async fn d97_dedupe_key_of_stale_claimed_holder_stays_held_until_superseded<
     assert_free(&s, "t", "next", "k").await;
 }
 
-/// SPEC 3.8: supersede_claimed releases the key.
+/// Supersede_claimed releases the key.
 pub async fn dedupe_key_is_free_after_supersede_claimed<F: Factory>(factory: &F) {
     let env = Env::new(factory).await;
     let s = env.open().await;
@@ -188,9 +188,9 @@ pub async fn dedupe_key_is_free_after_supersede_claimed<F: Factory>(factory: &F)
     assert_free(&s, "t", "b", "k").await;
 }
 
-/// W7, SPEC 3.8: no wall-clock grace period decides dedupe: a live holder keeps the key however
+/// No wall-clock grace period decides dedupe: a live holder keeps the key however
 /// much time passes, and a terminal one frees it at the same instant.
-pub async fn w7_dedupe_decisions_use_no_wall_clock_grace<F: Factory>(factory: &F) {
+pub async fn dedupe_decisions_use_no_wall_clock_grace<F: Factory>(factory: &F) {
     let env = Env::new(factory).await;
     let s = env.open().await;
     put(&s, keyed("t", "holder", "k").with_delay_ms(1)).await;
@@ -201,8 +201,8 @@ pub async fn w7_dedupe_decisions_use_no_wall_clock_grace<F: Factory>(factory: &F
     assert_held(&s, "t", "again", "k", "immediately").await;
 }
 
-/// D108: late or repeated operations of an old holder never release a newer holder's key.
-pub async fn d108_late_ops_of_old_holder_do_not_release_newer_holders_key<F: Factory>(factory: &F) {
+/// Late or repeated operations of an old holder never release a newer holder's key.
+pub async fn late_ops_of_old_holder_do_not_release_newer_holders_key<F: Factory>(factory: &F) {
     let env = Env::new(factory).await;
     let s = env.open().await;
     put(&s, keyed("t", "old", "k")).await;
@@ -217,7 +217,7 @@ pub async fn d108_late_ops_of_old_holder_do_not_release_newer_holders_key<F: Fac
     assert_held(&s, "t", "third", "k", "new").await;
 }
 
-/// W1 with 2.20: re-submitting the holder itself (same id, same content) is an idempotent retry,
+/// Re-submitting the holder itself (same id, same content) is an idempotent retry,
 /// not a duplicate of itself.
 pub async fn idempotent_resubmit_of_key_holder_is_not_duplicate<F: Factory>(factory: &F) {
     let env = Env::new(factory).await;
@@ -230,9 +230,9 @@ pub async fn idempotent_resubmit_of_key_holder_is_not_duplicate<F: Factory>(fact
     assert_eq!(all(&s).await.len(), 1);
 }
 
-/// W21: purge removes terminal records with their side records; the key stays free and is
+/// Purge removes terminal records with their side records; the key stays free and is
 /// enforced again for the next holder.
-pub async fn w21_purge_removes_dedupe_side_records_and_key_stays_enforced<F: Factory>(factory: &F) {
+pub async fn purge_removes_dedupe_side_records_and_key_stays_enforced<F: Factory>(factory: &F) {
     let env = Env::new(factory).await;
     let s = env.open().await;
     for round in 0..3 {

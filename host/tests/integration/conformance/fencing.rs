@@ -1,6 +1,6 @@
 //! Fencing by claim token and thread epoch, interrupts, supersedes, idempotent holder operations,
-//! and the fence on log appends (SPEC 2, 3.3, 3.7, 4; seed B27, B34-B39, E115; W3, W4, W8, W29,
-//! W33).
+//! and the fence on log appends (the contract, docs/contract.md, section 2, guarantees 3.3 and
+//! 3.7, and section 4).
 
 use std::collections::BTreeSet;
 
@@ -50,7 +50,7 @@ fn expect_not_claimed<T: std::fmt::Debug>(
     }
 }
 
-/// B27: ack with a wrong token is `LostClaim` and the dispatch stays claimed, unchanged.
+/// Ack with a wrong token is `LostClaim` and the dispatch stays claimed, unchanged.
 pub async fn ack_with_wrong_token_is_lost_claim_and_changes_nothing<F: Factory>(factory: &F) {
     let env = Env::new(factory).await;
     let s = env.open().await;
@@ -61,8 +61,8 @@ pub async fn ack_with_wrong_token_is_lost_claim_and_changes_nothing<F: Factory>(
     s.mailbox.ack("d1", &tok(&c)).await.unwrap();
 }
 
-/// C60, C76, W29: every holder operation with a wrong token is `LostClaim` and changes nothing.
-pub async fn w29_holder_ops_with_wrong_token_are_lost_claim_and_change_nothing<F: Factory>(
+/// Every holder operation with a wrong token is `LostClaim` and changes nothing.
+pub async fn holder_ops_with_wrong_token_are_lost_claim_and_change_nothing<F: Factory>(
     factory: &F,
 ) {
     let env = Env::new(factory).await;
@@ -90,7 +90,7 @@ pub async fn w29_holder_ops_with_wrong_token_are_lost_claim_and_change_nothing<F
     assert_eq!(load(&s, "d1").await, c, "nothing changed");
 }
 
-/// SPEC 2: a holder write whose dispatch epoch is older than its thread's is `StaleEpoch`, and
+/// A holder write whose dispatch epoch is older than its thread's is `StaleEpoch`, and
 /// the record becomes superseded in the same step.
 pub async fn ack_with_stale_epoch_supersedes_and_is_rejected<F: Factory>(factory: &F) {
     let env = Env::new(factory).await;
@@ -108,7 +108,7 @@ pub async fn ack_with_stale_epoch_supersedes_and_is_rejected<F: Factory>(factory
     assert_shape(&d);
 }
 
-/// B39: every holder write of an interrupted claim is refused with `StaleEpoch` and supersedes
+/// Every holder write of an interrupted claim is refused with `StaleEpoch` and supersedes
 /// the dispatch; a refused record_start leaves no start recorded.
 pub async fn every_holder_op_with_stale_epoch_supersedes_and_is_rejected<F: Factory>(factory: &F) {
     let env = Env::new(factory).await;
@@ -159,7 +159,7 @@ pub async fn every_holder_op_with_stale_epoch_supersedes_and_is_rejected<F: Fact
     }
 }
 
-/// B38: after an interrupt, extend_lease of the old claim is `false` and supersedes it.
+/// After an interrupt, extend_lease of the old claim is `false` and supersedes it.
 pub async fn extend_lease_after_interrupt_is_false_and_supersedes<F: Factory>(factory: &F) {
     let env = Env::new(factory).await;
     let s = env.open().await;
@@ -178,9 +178,9 @@ pub async fn extend_lease_after_interrupt_is_false_and_supersedes<F: Factory>(fa
     assert_shape(&d);
 }
 
-/// W4: a stale holder's refused write frees its thread at once: the next dispatch is claimable
+/// A stale holder's refused write frees its thread at once: the next dispatch is claimable
 /// without waiting for the (long) lease.
-pub async fn w4_stale_epoch_holder_op_frees_the_thread_at_once<F: Factory>(factory: &F) {
+pub async fn stale_epoch_holder_op_frees_the_thread_at_once<F: Factory>(factory: &F) {
     let env = Env::new(factory).await;
     let s = env.open().await;
     put_on(&s, "t", "d1").await;
@@ -203,8 +203,8 @@ pub async fn w4_stale_epoch_holder_op_frees_the_thread_at_once<F: Factory>(facto
     assert_eq!(d2.epoch, 1);
 }
 
-/// W4: every settle frees the thread at once, however long the lease was.
-pub async fn w4_settling_frees_the_thread_at_once_despite_long_lease<F: Factory>(factory: &F) {
+/// Every settle frees the thread at once, however long the lease was.
+pub async fn settling_frees_the_thread_at_once_despite_long_lease<F: Factory>(factory: &F) {
     let env = Env::new(factory).await;
     let s = env.open().await;
     let day = 86_400_000;
@@ -251,9 +251,9 @@ pub async fn w4_settling_frees_the_thread_at_once_despite_long_lease<F: Factory>
     }
 }
 
-/// B34, W10, W33: interrupt supersedes every queued dispatch of the thread (delayed ones too),
+/// Interrupt supersedes every queued dispatch of the thread (delayed ones too),
 /// reports them all, records the reason, and touches no other thread.
-pub async fn w33_interrupt_supersedes_every_queued_dispatch_of_thread_with_reason<F: Factory>(
+pub async fn interrupt_supersedes_every_queued_dispatch_of_thread_with_reason<F: Factory>(
     factory: &F,
 ) {
     let env = Env::new(factory).await;
@@ -285,7 +285,7 @@ pub async fn w33_interrupt_supersedes_every_queued_dispatch_of_thread_with_reaso
     assert_eq!(claim_some(&s).await.id, "u1");
 }
 
-/// B35, D97: interrupt reports the claimed dispatch as active (still claimed, same claim) and
+/// Interrupt reports the claimed dispatch as active (still claimed, same claim) and
 /// supersedes only the queued one.
 pub async fn interrupt_reports_claimed_dispatch_as_active_and_leaves_it_claimed<F: Factory>(
     factory: &F,
@@ -306,7 +306,7 @@ pub async fn interrupt_reports_claimed_dispatch_as_active_and_leaves_it_claimed<
     assert_eq!(d.claim, c.claim);
 }
 
-/// B36, C62: the epoch is 0 for a thread never interrupted and follows each interrupt (+1).
+/// The epoch is 0 for a thread never interrupted and follows each interrupt (+1).
 pub async fn thread_epoch_starts_at_zero_and_follows_interrupts<F: Factory>(factory: &F) {
     let env = Env::new(factory).await;
     let s = env.open().await;
@@ -322,7 +322,7 @@ pub async fn thread_epoch_starts_at_zero_and_follows_interrupts<F: Factory>(fact
     assert_eq!(s.mailbox.thread_epoch("other").await.unwrap(), 0);
 }
 
-/// SPEC 2: interrupting an idle (or unknown) thread bumps its epoch and touches nothing else.
+/// Interrupting an idle (or unknown) thread bumps its epoch and touches nothing else.
 pub async fn interrupt_of_idle_thread_bumps_epoch_only<F: Factory>(factory: &F) {
     let env = Env::new(factory).await;
     let s = env.open().await;
@@ -345,7 +345,7 @@ pub async fn interrupt_of_idle_thread_bumps_epoch_only<F: Factory>(factory: &F) 
     );
 }
 
-/// D93, D94: an enqueue after an interrupt is stamped with the new epoch and is claimable (by
+/// An enqueue after an interrupt is stamped with the new epoch and is claimable (by
 /// queue and by id) and settles normally.
 pub async fn enqueue_after_interrupt_stamps_new_epoch_and_is_claimable<F: Factory>(factory: &F) {
     let env = Env::new(factory).await;
@@ -365,8 +365,8 @@ pub async fn enqueue_after_interrupt_stamps_new_epoch_and_is_claimable<F: Factor
         .unwrap();
 }
 
-/// G2, G7 (Homing decision: at most one claimed dispatch per thread): after an interrupt, the
-/// interrupted claim keeps the thread blocked (its guest may still run) until it is superseded.
+/// After an interrupt, the interrupted claim keeps the thread blocked (its guest may still run)
+/// until it is superseded: Homing keeps at most one claimed dispatch per thread.
 pub async fn stale_claimed_dispatch_keeps_thread_blocked_until_superseded<F: Factory>(factory: &F) {
     let env = Env::new(factory).await;
     let s = env.open().await;
@@ -392,7 +392,7 @@ pub async fn stale_claimed_dispatch_keeps_thread_blocked_until_superseded<F: Fac
     assert_eq!(claim_some(&s).await.id, "new");
 }
 
-/// B37: supersede_claimed by the holder: superseded, reason recorded, claim cleared,
+/// Supersede_claimed by the holder: superseded, reason recorded, claim cleared,
 /// `completed_at = now`.
 pub async fn supersede_claimed_by_holder_terminalizes_with_reason<F: Factory>(factory: &F) {
     let env = Env::new(factory).await;
@@ -414,7 +414,7 @@ pub async fn supersede_claimed_by_holder_terminalizes_with_reason<F: Factory>(fa
     assert_eq!(load(&s, "d1").await, d);
 }
 
-/// SPEC 2: the control plane supersedes a claimed dispatch without its token.
+/// The control plane supersedes a claimed dispatch without its token.
 pub async fn supersede_claimed_by_control_plane_needs_no_token<F: Factory>(factory: &F) {
     let env = Env::new(factory).await;
     let (a, b) = (env.open().await, env.open().await);
@@ -436,7 +436,7 @@ pub async fn supersede_claimed_by_control_plane_needs_no_token<F: Factory>(facto
     );
 }
 
-/// SPEC 2: supersede_claimed with a wrong token is `LostClaim` and changes nothing.
+/// Supersede_claimed with a wrong token is `LostClaim` and changes nothing.
 pub async fn supersede_claimed_with_wrong_token_is_lost_claim_and_changes_nothing<F: Factory>(
     factory: &F,
 ) {
@@ -452,7 +452,7 @@ pub async fn supersede_claimed_with_wrong_token_is_lost_claim_and_changes_nothin
     assert_eq!(load(&s, "d1").await, c);
 }
 
-/// A14: supersede_claimed of a queued, missing or terminal dispatch is `None` and changes nothing.
+/// Supersede_claimed of a queued, missing or terminal dispatch is `None` and changes nothing.
 pub async fn supersede_claimed_of_queued_missing_or_terminal_dispatch_is_none<F: Factory>(
     factory: &F,
 ) {
@@ -494,9 +494,9 @@ pub async fn supersede_claimed_of_queued_missing_or_terminal_dispatch_is_none<F:
     }
 }
 
-/// W3: a repeated ack with the same token (a retry after a lost reply) succeeds, on any
+/// A repeated ack with the same token (a retry after a lost reply) succeeds, on any
 /// instance, and changes nothing.
-pub async fn w3_repeated_ack_with_same_token_succeeds_and_changes_nothing<F: Factory>(factory: &F) {
+pub async fn repeated_ack_with_same_token_succeeds_and_changes_nothing<F: Factory>(factory: &F) {
     let env = Env::new(factory).await;
     let (a, b) = (env.open().await, env.open().await);
     put_on(&a, "t", "d1").await;
@@ -508,9 +508,9 @@ pub async fn w3_repeated_ack_with_same_token_succeeds_and_changes_nothing<F: Fac
     assert_eq!(load(&a, "d1").await, acked);
 }
 
-/// W3: nack, dead_letter, complete and supersede_claimed repeated with the same token succeed and
+/// Nack, dead_letter, complete and supersede_claimed repeated with the same token succeed and
 /// change nothing.
-pub async fn w3_repeated_settle_ops_are_idempotent_per_token<F: Factory>(factory: &F) {
+pub async fn repeated_settle_ops_are_idempotent_per_token<F: Factory>(factory: &F) {
     let env = Env::new(factory).await;
     let s = env.open().await;
     let m = &s.mailbox;
@@ -559,9 +559,9 @@ pub async fn w3_repeated_settle_ops_are_idempotent_per_token<F: Factory>(factory
     }
 }
 
-/// W3, SPEC 2: a settled dispatch refuses other operations with its token and anything with
+/// A settled dispatch refuses other operations with its token and anything with
 /// another token (`NotClaimed { status }`), and stays as it was.
-pub async fn w3_settled_dispatch_refuses_other_ops_and_other_tokens<F: Factory>(factory: &F) {
+pub async fn settled_dispatch_refuses_other_ops_and_other_tokens<F: Factory>(factory: &F) {
     let env = Env::new(factory).await;
     let s = env.open().await;
     let m = &s.mailbox;
@@ -599,9 +599,9 @@ pub async fn w3_settled_dispatch_refuses_other_ops_and_other_tokens<F: Factory>(
     assert_eq!(load(&s, "d1").await, acked);
 }
 
-/// E115, D102: after a lease expiry, reclaim and a new claim on another host, the old owner's
+/// After a lease expiry, reclaim and a new claim on another host, the old owner's
 /// ack is `LostClaim`; the new owner still holds the claim and can ack.
-pub async fn e115_old_owner_loses_after_reclaim_and_new_owner_acks<F: Factory>(factory: &F) {
+pub async fn old_owner_loses_after_reclaim_and_new_owner_acks<F: Factory>(factory: &F) {
     let env = Env::new(factory).await;
     let (a, b) = (env.open().await, env.open().await);
     put_on(&a, "t", "d1").await;
@@ -635,7 +635,7 @@ pub async fn e115_old_owner_loses_after_reclaim_and_new_owner_acks<F: Factory>(f
     assert_eq!(acked.status, Status::Acked);
 }
 
-/// SPEC 2: after a reclaim (record queued again), the old token is `NotClaimed { queued }` and
+/// After a reclaim (record queued again), the old token is `NotClaimed { queued }` and
 /// changes nothing.
 pub async fn old_token_after_reclaim_is_not_claimed<F: Factory>(factory: &F) {
     let env = Env::new(factory).await;
@@ -667,7 +667,7 @@ pub async fn old_token_after_reclaim_is_not_claimed<F: Factory>(factory: &F) {
     assert_eq!(load(&s, "d1").await, queued);
 }
 
-/// SPEC 2: holder checks are token and epoch; a holder whose lease ran out can still settle until
+/// Holder checks are token and epoch; a holder whose lease ran out can still settle until
 /// maintenance reclaims the claim (one CAS decides), and a later reclaim finds nothing.
 pub async fn ack_after_lease_ran_out_but_before_reclaim_settles<F: Factory>(factory: &F) {
     let env = Env::new(factory).await;
@@ -700,8 +700,8 @@ async fn fenced(s: &Store, thread: &str, id: &str, lease: u64) -> (Dispatch, Fen
     (d, fence)
 }
 
-/// W8: a guest's append through its live claim succeeds.
-pub async fn w8_append_with_live_fence_succeeds<F: Factory>(factory: &F) {
+/// A guest's append through its live claim succeeds.
+pub async fn append_with_live_fence_succeeds<F: Factory>(factory: &F) {
     let env = Env::new(factory).await;
     let s = env.open().await;
     let (_, fence) = fenced(&s, "t", "d1", LEASE).await;
@@ -711,8 +711,8 @@ pub async fn w8_append_with_live_fence_succeeds<F: Factory>(factory: &F) {
     assert_eq!(s.log.latest("t").await.unwrap(), 2);
 }
 
-/// W8: an append with a wrong token is `LostClaim` and appends nothing.
-pub async fn w8_append_with_wrong_token_is_lost_claim<F: Factory>(factory: &F) {
+/// An append with a wrong token is `LostClaim` and appends nothing.
+pub async fn append_with_wrong_token_is_lost_claim<F: Factory>(factory: &F) {
     let env = Env::new(factory).await;
     let s = env.open().await;
     let (_, fence) = fenced(&s, "t", "d1", LEASE).await;
@@ -725,8 +725,8 @@ pub async fn w8_append_with_wrong_token_is_lost_claim<F: Factory>(factory: &F) {
     assert!(s.log.read("t", 0, 10).await.unwrap().is_empty());
 }
 
-/// W8: after the claim settled, its fence is `NotClaimed` and appends nothing.
-pub async fn w8_append_after_settle_is_not_claimed<F: Factory>(factory: &F) {
+/// After the claim settled, its fence is `NotClaimed` and appends nothing.
+pub async fn append_after_settle_is_not_claimed<F: Factory>(factory: &F) {
     let env = Env::new(factory).await;
     let s = env.open().await;
     let (d, fence) = fenced(&s, "t", "d1", LEASE).await;
@@ -741,9 +741,9 @@ pub async fn w8_append_after_settle_is_not_claimed<F: Factory>(factory: &F) {
     assert_eq!(s.log.latest("t").await.unwrap(), 1);
 }
 
-/// W8, G7: after an interrupt, the old claim's append is `StaleEpoch` and appends nothing; the
+/// After an interrupt, the old claim's append is `StaleEpoch` and appends nothing; the
 /// host (no fence) still may append.
-pub async fn w8_append_after_interrupt_is_stale_epoch<F: Factory>(factory: &F) {
+pub async fn append_after_interrupt_is_stale_epoch<F: Factory>(factory: &F) {
     let env = Env::new(factory).await;
     let s = env.open().await;
     let (_, fence) = fenced(&s, "t", "d1", LEASE).await;
@@ -759,8 +759,8 @@ pub async fn w8_append_after_interrupt_is_stale_epoch<F: Factory>(factory: &F) {
     assert_eq!(s.log.append("t", b"host note", None).await.unwrap(), 1);
 }
 
-/// W8: a fence naming no stored dispatch is `NotFound`.
-pub async fn w8_append_with_fence_of_missing_dispatch_is_not_found<F: Factory>(factory: &F) {
+/// A fence naming no stored dispatch is `NotFound`.
+pub async fn append_with_fence_of_missing_dispatch_is_not_found<F: Factory>(factory: &F) {
     let env = Env::new(factory).await;
     let s = env.open().await;
     let fence = Fence {
@@ -775,9 +775,9 @@ pub async fn w8_append_with_fence_of_missing_dispatch_is_not_found<F: Factory>(f
     assert_eq!(s.log.latest("t").await.unwrap(), 0);
 }
 
-/// W8, SPEC 4: an append is refused once the claim is no longer live (`lease_until < now`), even
+/// An append is refused once the claim is no longer live (`lease_until < now`), even
 /// before maintenance reclaims it; at `lease_until == now` the lease is still live.
-pub async fn w8_append_with_fence_of_expired_lease_is_rejected<F: Factory>(factory: &F) {
+pub async fn append_with_fence_of_expired_lease_is_rejected<F: Factory>(factory: &F) {
     let env = Env::new(factory).await;
     let s = env.open().await;
     let (_, fence) = fenced(&s, "t", "d1", 100).await;
@@ -799,8 +799,8 @@ pub async fn w8_append_with_fence_of_expired_lease_is_rejected<F: Factory>(facto
     assert_eq!(s.log.latest("t").await.unwrap(), 1);
 }
 
-/// W8, W15: append_expected checks the fence too.
-pub async fn w8_append_expected_is_fenced_too<F: Factory>(factory: &F) {
+/// Append_expected checks the fence too.
+pub async fn append_expected_is_fenced_too<F: Factory>(factory: &F) {
     let env = Env::new(factory).await;
     let s = env.open().await;
     let (_, fence) = fenced(&s, "t", "d1", LEASE).await;
@@ -831,8 +831,8 @@ pub async fn w8_append_expected_is_fenced_too<F: Factory>(factory: &F) {
     assert_eq!(s.log.latest("t").await.unwrap(), 1);
 }
 
-/// W8: a claim on one thread cannot append to another thread's log.
-pub async fn w8_fence_of_another_thread_cannot_append<F: Factory>(factory: &F) {
+/// A claim on one thread cannot append to another thread's log.
+pub async fn fence_of_another_thread_cannot_append<F: Factory>(factory: &F) {
     let env = Env::new(factory).await;
     let s = env.open().await;
     let (_, fence) = fenced(&s, "mine", "d1", LEASE).await;
@@ -852,8 +852,8 @@ pub async fn w8_fence_of_another_thread_cannot_append<F: Factory>(factory: &F) {
     assert_eq!(s.log.append("mine", b"ok", Some(&fence)).await.unwrap(), 1);
 }
 
-/// W8, D102: after reclaim and a new claim, the old fence is `LostClaim`; the new one appends.
-pub async fn w8_append_after_reclaim_and_new_claim_is_lost_claim<F: Factory>(factory: &F) {
+/// After reclaim and a new claim, the old fence is `LostClaim`; the new one appends.
+pub async fn append_after_reclaim_and_new_claim_is_lost_claim<F: Factory>(factory: &F) {
     let env = Env::new(factory).await;
     let (a, b) = (env.open().await, env.open().await);
     let (_, old_fence) = fenced(&a, "t", "d1", 100).await;

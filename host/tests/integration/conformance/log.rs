@@ -1,5 +1,4 @@
-//! The sequence store, one writer at a time (SPEC 4; seed I142, I159, I168, I172, J189; W11,
-//! W15).
+//! The sequence store, one writer at a time (the contract, docs/contract.md, section 4).
 
 use homing::store::{Fence, LogEntry, StoreError, Watermarks};
 
@@ -17,7 +16,7 @@ fn marks(reserved: u64, latest: u64, trimmed: u64) -> Watermarks {
     }
 }
 
-/// I142: append assigns 1, then 2, and read returns both with their content.
+/// Append assigns 1, then 2, and read returns both with their content.
 pub async fn append_assigns_one_then_two<F: Factory>(factory: &F) {
     let env = Env::new(factory).await;
     let s = env.open().await;
@@ -31,7 +30,7 @@ pub async fn append_assigns_one_then_two<F: Factory>(factory: &F) {
     assert_eq!(s.log.watermarks("t").await.unwrap(), marks(2, 2, 0));
 }
 
-/// SPEC 4: every thread has its own sequence.
+/// Every thread has its own sequence.
 pub async fn sequences_are_per_thread<F: Factory>(factory: &F) {
     let env = Env::new(factory).await;
     let s = env.open().await;
@@ -43,7 +42,7 @@ pub async fn sequences_are_per_thread<F: Factory>(factory: &F) {
     assert_eq!(s.log.latest("a").await.unwrap(), 3);
 }
 
-/// SPEC 4: read returns the entries after the cursor, ascending, at most `limit`.
+/// Read returns the entries after the cursor, ascending, at most `limit`.
 pub async fn read_returns_entries_after_cursor_in_order_with_limit<F: Factory>(factory: &F) {
     let env = Env::new(factory).await;
     let s = env.open().await;
@@ -60,7 +59,7 @@ pub async fn read_returns_entries_after_cursor_in_order_with_limit<F: Factory>(f
     }
 }
 
-/// I142: an unknown thread reads empty, with latest 0 and zero watermarks.
+/// An unknown thread reads empty, with latest 0 and zero watermarks.
 pub async fn unknown_thread_log_is_empty_with_zero_watermarks<F: Factory>(factory: &F) {
     let env = Env::new(factory).await;
     let s = env.open().await;
@@ -72,7 +71,7 @@ pub async fn unknown_thread_log_is_empty_with_zero_watermarks<F: Factory>(factor
     );
 }
 
-/// SPEC 4: `appended_at` comes from the store's clock.
+/// `appended_at` comes from the store's clock.
 pub async fn appended_at_comes_from_the_clock<F: Factory>(factory: &F) {
     let env = Env::new(factory).await;
     let s = env.open().await;
@@ -84,7 +83,7 @@ pub async fn appended_at_comes_from_the_clock<F: Factory>(factory: &F) {
     assert_eq!(entries[1].appended_at, T0 + 42);
 }
 
-/// SPEC 4: append_expected appends when the latest matches (0 for an empty log).
+/// Append_expected appends when the latest matches (0 for an empty log).
 pub async fn append_expected_appends_when_latest_matches<F: Factory>(factory: &F) {
     let env = Env::new(factory).await;
     let s = env.open().await;
@@ -94,10 +93,8 @@ pub async fn append_expected_appends_when_latest_matches<F: Factory>(factory: &F
     assert_eq!(s.log.append_expected("t", b"d", 3, None).await.unwrap(), 4);
 }
 
-/// W15: append_expected with a stale expectation is `Conflict { latest }` and appends nothing.
-pub async fn w15_append_expected_conflict_reports_latest_and_appends_nothing<F: Factory>(
-    factory: &F,
-) {
+/// Append_expected with a stale expectation is `Conflict { latest }` and appends nothing.
+pub async fn append_expected_conflict_reports_latest_and_appends_nothing<F: Factory>(factory: &F) {
     let env = Env::new(factory).await;
     let s = env.open().await;
     s.log.append("t", b"a", None).await.unwrap();
@@ -115,7 +112,7 @@ pub async fn w15_append_expected_conflict_reports_latest_and_appends_nothing<F: 
     assert_eq!(s.log.latest("t").await.unwrap(), next);
 }
 
-/// SPEC 4: trim drops entries at or below `up_to`, clamped to the latest; appends continue.
+/// Trim drops entries at or below `up_to`, clamped to the latest; appends continue.
 pub async fn trim_drops_entries_at_or_below_and_is_clamped_to_latest<F: Factory>(factory: &F) {
     let env = Env::new(factory).await;
     let s = env.open().await;
@@ -141,7 +138,7 @@ pub async fn trim_drops_entries_at_or_below_and_is_clamped_to_latest<F: Factory>
     );
 }
 
-/// SPEC 4: a lower trim after a higher one never moves a watermark back.
+/// A lower trim after a higher one never moves a watermark back.
 pub async fn trim_never_moves_watermarks_back<F: Factory>(factory: &F) {
     let env = Env::new(factory).await;
     let s = env.open().await;
@@ -155,7 +152,7 @@ pub async fn trim_never_moves_watermarks_back<F: Factory>(factory: &F) {
     assert_eq!(seqs(&s.log.read("t", 0, 10).await.unwrap()), vec![4]);
 }
 
-/// I159, SPEC 4: delete drops every entry; the watermark survives as a tombstone and the next
+/// Delete drops every entry; the watermark survives as a tombstone and the next
 /// append continues above it (sequences are never reused).
 pub async fn delete_keeps_watermark_and_sequences_are_never_reused<F: Factory>(factory: &F) {
     let env = Env::new(factory).await;
@@ -185,8 +182,8 @@ pub async fn delete_keeps_watermark_and_sequences_are_never_reused<F: Factory>(f
     assert_eq!(s.log.append("never-written", b"x", None).await.unwrap(), 1);
 }
 
-/// W11: a deleted thread reads nothing from any instance, old cursors included.
-pub async fn w11_deleted_thread_reads_nothing_on_any_instance<F: Factory>(factory: &F) {
+/// A deleted thread reads nothing from any instance, old cursors included.
+pub async fn deleted_thread_reads_nothing_on_any_instance<F: Factory>(factory: &F) {
     let env = Env::new(factory).await;
     let (a, b) = (env.open().await, env.open().await);
     for i in 0..3u8 {
@@ -200,7 +197,7 @@ pub async fn w11_deleted_thread_reads_nothing_on_any_instance<F: Factory>(factor
     }
 }
 
-/// I159, G9: the delete tombstone survives a restart.
+/// The delete tombstone survives a restart.
 pub async fn delete_tombstone_survives_restart<F: Factory>(factory: &F) {
     let env = Env::new(factory).await;
     let s = env.open().await;
@@ -215,7 +212,7 @@ pub async fn delete_tombstone_survives_restart<F: Factory>(factory: &F) {
     assert_eq!(r.log.append("t", b"x", None).await.unwrap(), 8);
 }
 
-/// G9, SPEC 4: entries and watermarks survive a restart and the sequence continues.
+/// Entries and watermarks survive a restart and the sequence continues.
 pub async fn log_survives_restart_and_continues_sequence<F: Factory>(factory: &F) {
     let env = Env::new(factory).await;
     let s = env.open().await;
@@ -232,7 +229,7 @@ pub async fn log_survives_restart_and_continues_sequence<F: Factory>(factory: &F
     assert_eq!(r.log.append("t", b"more", None).await.unwrap(), 6);
 }
 
-/// I168: an ~800 KiB entry round-trips byte for byte.
+/// An ~800 KiB entry round-trips byte for byte.
 pub async fn large_entry_round_trips<F: Factory>(factory: &F) {
     let env = Env::new(factory).await;
     let s = env.open().await;
@@ -246,7 +243,7 @@ pub async fn large_entry_round_trips<F: Factory>(factory: &F) {
     assert!(entries[0].data == big, "content differs");
 }
 
-/// I172, I173: an append on one host is visible at once on another.
+/// An append on one host is visible at once on another.
 pub async fn append_on_one_instance_is_visible_on_another<F: Factory>(factory: &F) {
     let env = Env::new(factory).await;
     let (a, b) = (env.open().await, env.open().await);
@@ -260,7 +257,7 @@ pub async fn append_on_one_instance_is_visible_on_another<F: Factory>(factory: &
     );
 }
 
-/// J189, SPEC 4: a refused append leaves earlier entries and the visible watermark intact, and
+/// A refused append leaves earlier entries and the visible watermark intact, and
 /// never makes anything half-written visible.
 pub async fn failed_append_leaves_earlier_entries_intact<F: Factory>(factory: &F) {
     let env = Env::new(factory).await;
@@ -291,7 +288,7 @@ pub async fn failed_append_leaves_earlier_entries_intact<F: Factory>(factory: &F
     assert_eq!(entries[2].data, b"after");
 }
 
-/// SPEC 4: an entry over the backend's limit is refused with `Invalid` naming the entry, its
+/// An entry over the backend's limit is refused with `Invalid` naming the entry, its
 /// size and the limit, and appends nothing; a binary entry at the limit (or 2 MiB, whichever is
 /// less) reads back byte for byte on any instance.
 pub async fn entries_over_the_backends_limit_are_invalid_and_at_it_round_trip<F: Factory>(

@@ -1,4 +1,4 @@
-//! The mailbox transitions one at a time (SPEC section 2; seed checklist groups A and B).
+//! The mailbox transitions one at a time (the contract, docs/contract.md, section 2).
 
 use std::collections::BTreeMap;
 use std::time::Duration;
@@ -7,7 +7,7 @@ use homing::store::{ListFilter, NewDispatch, RunResult, Status, StatusCount, Sto
 
 use super::*;
 
-/// B20: an enqueued dispatch is listed for its thread as queued.
+/// An enqueued dispatch is listed for its thread as queued.
 pub async fn enqueued_dispatch_is_listed_for_its_thread_as_queued<F: Factory>(factory: &F) {
     let env = Env::new(factory).await;
     let s = env.open().await;
@@ -26,7 +26,7 @@ pub async fn enqueued_dispatch_is_listed_for_its_thread_as_queued<F: Factory>(fa
     assert_eq!(load(&s, "d1").await, d);
 }
 
-/// B21, A6: claim hands out the queued dispatch as claimed, with a fresh token, the consumer and
+/// Claim hands out the queued dispatch as claimed, with a fresh token, the consumer and
 /// `lease_until = now + lease`.
 pub async fn claim_returns_dispatch_claimed_with_token_consumer_and_lease<F: Factory>(factory: &F) {
     let env = Env::new(factory).await;
@@ -80,7 +80,7 @@ pub async fn claim_started_claims_and_records_the_start_in_one_step<F: Factory>(
     assert_eq!(claim(&s).await, None, "the thread is held");
 }
 
-/// SPEC 2: nothing available is `None`, not an error.
+/// Nothing available is `None`, not an error.
 pub async fn claim_with_nothing_available_is_none<F: Factory>(factory: &F) {
     let env = Env::new(factory).await;
     let s = env.open().await;
@@ -97,7 +97,7 @@ pub async fn claim_with_nothing_available_is_none<F: Factory>(factory: &F) {
     assert_eq!(claim(&s).await, None);
 }
 
-/// SPEC 2: `claim(agent, ...)` takes only that agent's dispatches.
+/// `claim(agent, ...)` takes only that agent's dispatches.
 pub async fn claim_only_takes_dispatches_of_its_agent<F: Factory>(factory: &F) {
     let env = Env::new(factory).await;
     let s = env.open().await;
@@ -122,7 +122,7 @@ pub async fn claim_only_takes_dispatches_of_its_agent<F: Factory>(factory: &F) {
     assert_eq!(o.agent, "other");
 }
 
-/// B26, A6, A17: ack settles as acked, clears the claim and stamps `completed_at`.
+/// Ack settles as acked, clears the claim and stamps `completed_at`.
 pub async fn ack_settles_as_acked_and_clears_claim_fields<F: Factory>(factory: &F) {
     let env = Env::new(factory).await;
     let s = env.open().await;
@@ -138,8 +138,8 @@ pub async fn ack_settles_as_acked_and_clears_claim_fields<F: Factory>(factory: &
     assert_eq!(load(&s, "d1").await, acked);
 }
 
-/// W32: `attempt` counts failed attempts only; claim, claim_dispatch and ack never touch it.
-pub async fn w32_claim_and_ack_do_not_count_attempts<F: Factory>(factory: &F) {
+/// `attempt` counts failed attempts only; claim, claim_dispatch and ack never touch it.
+pub async fn claim_and_ack_do_not_count_attempts<F: Factory>(factory: &F) {
     let env = Env::new(factory).await;
     let s = env.open().await;
     put(&s, nd("t", "d1").with_max_attempts(3)).await;
@@ -157,7 +157,7 @@ pub async fn w32_claim_and_ack_do_not_count_attempts<F: Factory>(factory: &F) {
     assert_eq!(a.attempt, 1);
 }
 
-/// B28, A10: nack with attempts left: queued at `retry_at`, attempt + 1, error recorded, claim and
+/// Nack with attempts left: queued at `retry_at`, attempt + 1, error recorded, claim and
 /// run projection dropped, no `completed_at`.
 pub async fn nack_with_attempts_left_requeues_at_retry_at_without_projection<F: Factory>(
     factory: &F,
@@ -190,7 +190,7 @@ pub async fn nack_with_attempts_left_requeues_at_retry_at_without_projection<F: 
     assert_eq!(load(&s, "d1").await, n);
 }
 
-/// B29, A18: with max 2, the first nack requeues and the second dead-letters with attempt 2.
+/// With max 2, the first nack requeues and the second dead-letters with attempt 2.
 pub async fn nack_at_max_attempts_dead_letters<F: Factory>(factory: &F) {
     let env = Env::new(factory).await;
     let s = env.open().await;
@@ -218,7 +218,7 @@ pub async fn nack_at_max_attempts_dead_letters<F: Factory>(factory: &F) {
     assert_eq!(claim(&s).await, None);
 }
 
-/// C72, D81: a nack with `retry_at <= now` is claimable again at once.
+/// A nack with `retry_at <= now` is claimable again at once.
 pub async fn nack_with_past_retry_at_is_claimable_at_once<F: Factory>(factory: &F) {
     let env = Env::new(factory).await;
     let s = env.open().await;
@@ -234,7 +234,7 @@ pub async fn nack_with_past_retry_at_is_claimable_at_once<F: Factory>(factory: &
     assert_ne!(tok(&again), tok(&c), "a new claim gets a new token");
 }
 
-/// D95, E117: a future `retry_at` hides the dispatch from `claim` until exactly then, while
+/// A future `retry_at` hides the dispatch from `claim` until exactly then, while
 /// `claim_dispatch` still takes it.
 pub async fn nack_with_future_retry_at_blocks_claim_until_then_but_not_claim_dispatch<
     F: Factory,
@@ -265,7 +265,7 @@ pub async fn nack_with_future_retry_at_blocks_claim_until_then_but_not_claim_dis
     assert_eq!(d.id, "d1", "claimable at retry_at");
 }
 
-/// C61, T11: dead_letter settles with the reason and leaves the attempt count alone.
+/// Dead_letter settles with the reason and leaves the attempt count alone.
 pub async fn dead_letter_settles_with_reason_and_keeps_attempt<F: Factory>(factory: &F) {
     let env = Env::new(factory).await;
     let s = env.open().await;
@@ -291,7 +291,7 @@ pub async fn dead_letter_settles_with_reason_and_keeps_attempt<F: Factory>(facto
     assert_eq!(load(&s, "d1").await, d);
 }
 
-/// SPEC 2: complete = record_result + ack in one step.
+/// Complete = record_result + ack in one step.
 pub async fn complete_records_result_and_acks_in_one_step<F: Factory>(factory: &F) {
     let env = Env::new(factory).await;
     let s = env.open().await;
@@ -310,7 +310,7 @@ pub async fn complete_records_result_and_acks_in_one_step<F: Factory>(factory: &
     assert_eq!(load(&s, "d1").await, d);
 }
 
-/// B51, B52, C59: start and result are recorded while claimed and the acked record keeps them.
+/// Start and result are recorded while claimed and the acked record keeps them.
 pub async fn record_start_and_result_keep_dispatch_claimed_and_survive_ack<F: Factory>(
     factory: &F,
 ) {
@@ -347,7 +347,7 @@ pub async fn record_start_and_result_keep_dispatch_claimed_and_survive_ack<F: Fa
     assert_eq!(acked.started_at, Some(T0 + 1));
 }
 
-/// B53, W29: holder operations on a missing dispatch are `NotFound` (extend_lease: `false`).
+/// Holder operations on a missing dispatch are `NotFound` (extend_lease: `false`).
 pub async fn holder_ops_on_missing_dispatch_are_not_found<F: Factory>(factory: &F) {
     let env = Env::new(factory).await;
     let s = env.open().await;
@@ -367,7 +367,7 @@ pub async fn holder_ops_on_missing_dispatch_are_not_found<F: Factory>(factory: &
     assert_eq!(m.load("ghost").await.unwrap(), None);
 }
 
-/// A8, B53: holder operations on a queued dispatch are `NotClaimed { status: queued }` and change
+/// Holder operations on a queued dispatch are `NotClaimed { status: queued }` and change
 /// nothing.
 pub async fn holder_ops_on_queued_dispatch_are_not_claimed_and_change_nothing<F: Factory>(
     factory: &F,
@@ -394,7 +394,7 @@ pub async fn holder_ops_on_queued_dispatch_are_not_claimed_and_change_nothing<F:
     assert_eq!(load(&s, "d1").await, before);
 }
 
-/// B30: cancel of a queued dispatch returns it cancelled, with no claim and `completed_at`.
+/// Cancel of a queued dispatch returns it cancelled, with no claim and `completed_at`.
 pub async fn cancel_of_queued_dispatch_returns_it_cancelled<F: Factory>(factory: &F) {
     let env = Env::new(factory).await;
     let s = env.open().await;
@@ -409,7 +409,7 @@ pub async fn cancel_of_queued_dispatch_returns_it_cancelled<F: Factory>(factory:
     assert_eq!(claim(&s).await, None);
 }
 
-/// B31, A9: cancel of a claimed dispatch is `None` and leaves it claimed.
+/// Cancel of a claimed dispatch is `None` and leaves it claimed.
 pub async fn cancel_of_claimed_dispatch_is_none_and_leaves_it_claimed<F: Factory>(factory: &F) {
     let env = Env::new(factory).await;
     let s = env.open().await;
@@ -420,7 +420,7 @@ pub async fn cancel_of_claimed_dispatch_is_none_and_leaves_it_claimed<F: Factory
     s.mailbox.ack("d1", &tok(&c)).await.unwrap();
 }
 
-/// SPEC 2: cancel is `None` for a missing or terminal dispatch, which stays as it was.
+/// Cancel is `None` for a missing or terminal dispatch, which stays as it was.
 pub async fn cancel_of_missing_or_terminal_dispatch_is_none<F: Factory>(factory: &F) {
     let env = Env::new(factory).await;
     let s = env.open().await;
@@ -441,7 +441,7 @@ pub async fn cancel_of_missing_or_terminal_dispatch_is_none<F: Factory>(factory:
     );
 }
 
-/// B49: claim_dispatch by id returns it claimed with a token.
+/// Claim_dispatch by id returns it claimed with a token.
 pub async fn claim_dispatch_claims_by_id<F: Factory>(factory: &F) {
     let env = Env::new(factory).await;
     let s = env.open().await;
@@ -465,7 +465,7 @@ pub async fn claim_dispatch_claims_by_id<F: Factory>(factory: &F) {
     );
 }
 
-/// B50: claim_dispatch ignores a far-future `available_at`; claim still respects it.
+/// Claim_dispatch ignores a far-future `available_at`; claim still respects it.
 pub async fn claim_dispatch_ignores_available_at_but_claim_respects_it<F: Factory>(factory: &F) {
     let env = Env::new(factory).await;
     let s = env.open().await;
@@ -475,7 +475,7 @@ pub async fn claim_dispatch_ignores_available_at_but_claim_respects_it<F: Factor
     assert_eq!(d.status, Status::Claimed);
 }
 
-/// A7: claim_dispatch of a cancelled or missing dispatch is `None`.
+/// Claim_dispatch of a cancelled or missing dispatch is `None`.
 pub async fn claim_dispatch_of_cancelled_or_missing_dispatch_is_none<F: Factory>(factory: &F) {
     let env = Env::new(factory).await;
     let s = env.open().await;
@@ -495,7 +495,7 @@ pub async fn claim_dispatch_of_cancelled_or_missing_dispatch_is_none<F: Factory>
     );
 }
 
-/// B32: extend_lease with the right token sets `lease_until = now + extension` (not additive).
+/// Extend_lease with the right token sets `lease_until = now + extension` (not additive).
 pub async fn extend_lease_sets_lease_to_now_plus_extension<F: Factory>(factory: &F) {
     let env = Env::new(factory).await;
     let s = env.open().await;
@@ -525,7 +525,7 @@ pub async fn extend_lease_sets_lease_to_now_plus_extension<F: Factory>(factory: 
     );
 }
 
-/// B33: extend_lease with a wrong token is `false` and leaves the lease alone.
+/// Extend_lease with a wrong token is `false` and leaves the lease alone.
 pub async fn extend_lease_with_wrong_token_is_false_and_changes_nothing<F: Factory>(factory: &F) {
     let env = Env::new(factory).await;
     let s = env.open().await;
@@ -541,7 +541,7 @@ pub async fn extend_lease_with_wrong_token_is_false_and_changes_nothing<F: Facto
     assert_eq!(load(&s, "d1").await, c);
 }
 
-/// SPEC 2: extend_lease of a missing, queued or settled dispatch is `false`.
+/// Extend_lease of a missing, queued or settled dispatch is `false`.
 pub async fn extend_lease_of_missing_or_unclaimed_dispatch_is_false<F: Factory>(factory: &F) {
     let env = Env::new(factory).await;
     let s = env.open().await;
@@ -553,7 +553,7 @@ pub async fn extend_lease_of_missing_or_unclaimed_dispatch_is_false<F: Factory>(
     assert_eq!(load(&s, "d1").await, acked);
 }
 
-/// SPEC 2 reads: has_live_work is true exactly while something is queued or claimed.
+/// Has_live_work is true exactly while something is queued or claimed.
 pub async fn has_live_work_tracks_queued_and_claimed<F: Factory>(factory: &F) {
     let env = Env::new(factory).await;
     let s = env.open().await;
@@ -572,7 +572,7 @@ pub async fn has_live_work_tracks_queued_and_claimed<F: Factory>(factory: &F) {
     assert!(!s.mailbox.has_live_work().await.unwrap());
 }
 
-/// B46: queued_threads lists exactly the threads holding queued work, sorted.
+/// Queued_threads lists exactly the threads holding queued work, sorted.
 pub async fn queued_threads_lists_exactly_threads_with_queued_work<F: Factory>(factory: &F) {
     let env = Env::new(factory).await;
     let s = env.open().await;
@@ -603,7 +603,7 @@ fn counts_map(rows: Vec<StatusCount>) -> BTreeMap<(String, Status), u64> {
     map
 }
 
-/// B47: counts by agent and status follow claim, ack and cancel; zero rows are omitted.
+/// Counts by agent and status follow claim, ack and cancel; zero rows are omitted.
 pub async fn counts_track_statuses_per_agent_without_zero_rows<F: Factory>(factory: &F) {
     let env = Env::new(factory).await;
     let s = env.open().await;
@@ -629,7 +629,7 @@ pub async fn counts_track_statuses_per_agent_without_zero_rows<F: Factory>(facto
     assert_eq!(got, want);
 }
 
-/// SPEC 2 reads: list filters by thread, agent and statuses and pages with limit and offset.
+/// List filters by thread, agent and statuses and pages with limit and offset.
 pub async fn list_filters_by_thread_agent_status_and_pages<F: Factory>(factory: &F) {
     let env = Env::new(factory).await;
     let s = env.open().await;
@@ -701,7 +701,7 @@ pub async fn list_filters_by_thread_agent_status_and_pages<F: Factory>(factory: 
     assert_eq!(list(many).await.len(), 100);
 }
 
-/// B25: list orders by priority, then `created_at`, then id.
+/// List orders by priority, then `created_at`, then id.
 pub async fn list_orders_by_priority_then_created_at_then_id<F: Factory>(factory: &F) {
     let env = Env::new(factory).await;
     let s = env.open().await;
@@ -715,7 +715,7 @@ pub async fn list_orders_by_priority_then_created_at_then_id<F: Factory>(factory
     assert_eq!(ids, vec!["urgent", "late-urgent", "b", "c", "a-later"]);
 }
 
-/// B48: list_terminal returns terminal records of every thread, oldest completion first, paged.
+/// List_terminal returns terminal records of every thread, oldest completion first, paged.
 pub async fn list_terminal_returns_oldest_completion_first_and_pages<F: Factory>(factory: &F) {
     let env = Env::new(factory).await;
     let s = env.open().await;
@@ -749,7 +749,7 @@ pub async fn list_terminal_returns_oldest_completion_first_and_pages<F: Factory>
     }
 }
 
-/// SPEC 2, D106: the work signal fires on enqueue, on settle and on reclaim (a hint, but a
+/// The work signal fires on enqueue, on settle and on reclaim (a hint, but a
 /// prompt one).
 pub async fn work_signal_fires_on_enqueue_settle_and_reclaim<F: Factory>(factory: &F) {
     let env = Env::new(factory).await;
@@ -800,8 +800,8 @@ fn expect_invalid(result: StoreResult<Dispatch>, what: &str) {
     }
 }
 
-/// W2: `attempt >= max_attempts` is refused at admission (`Invalid`) and stores nothing.
-pub async fn w2_enqueue_with_attempt_at_or_above_max_attempts_is_invalid<F: Factory>(factory: &F) {
+/// `attempt >= max_attempts` is refused at admission (`Invalid`) and stores nothing.
+pub async fn enqueue_with_attempt_at_or_above_max_attempts_is_invalid<F: Factory>(factory: &F) {
     let env = Env::new(factory).await;
     let s = env.open().await;
     for (attempt, max) in [(3, 3), (4, 3), (1, 1), (u32::MAX, 5)] {
@@ -818,7 +818,7 @@ pub async fn w2_enqueue_with_attempt_at_or_above_max_attempts_is_invalid<F: Fact
     assert!(all(&s).await.is_empty());
 }
 
-/// SPEC 2: `max_attempts == 0` is `Invalid`.
+/// `max_attempts == 0` is `Invalid`.
 pub async fn enqueue_with_zero_max_attempts_is_invalid<F: Factory>(factory: &F) {
     let env = Env::new(factory).await;
     let s = env.open().await;
@@ -831,7 +831,7 @@ pub async fn enqueue_with_zero_max_attempts_is_invalid<F: Factory>(factory: &F) 
     assert!(all(&s).await.is_empty());
 }
 
-/// SPEC 2: blank or oversized names and an empty dedupe key are `Invalid`; nothing is stored.
+/// Blank or oversized names and an empty dedupe key are `Invalid`; nothing is stored.
 pub async fn enqueue_with_blank_or_oversized_fields_is_invalid<F: Factory>(factory: &F) {
     let env = Env::new(factory).await;
     let s = env.open().await;
@@ -864,9 +864,9 @@ pub async fn enqueue_with_blank_or_oversized_fields_is_invalid<F: Factory>(facto
     assert!(all(&s).await.is_empty());
 }
 
-/// W2: a re-submission that already used attempts dead-letters exactly at `max_attempts`; the
+/// A re-submission that already used attempts dead-letters exactly at `max_attempts`; the
 /// count never overflows it (nack or lease expiry) and nothing panics.
-pub async fn w2_resubmission_with_attempts_used_dead_letters_at_max_without_overflow<F: Factory>(
+pub async fn resubmission_with_attempts_used_dead_letters_at_max_without_overflow<F: Factory>(
     factory: &F,
 ) {
     let env = Env::new(factory).await;
@@ -896,9 +896,9 @@ pub async fn w2_resubmission_with_attempts_used_dead_letters_at_max_without_over
     assert_shape(&d);
 }
 
-/// W1: the same id with different content is `Duplicate` (no holder) and the stored record is
+/// The same id with different content is `Duplicate` (no holder) and the stored record is
 /// untouched.
-pub async fn w1_enqueue_same_id_different_content_is_duplicate<F: Factory>(factory: &F) {
+pub async fn enqueue_same_id_different_content_is_duplicate<F: Factory>(factory: &F) {
     let env = Env::new(factory).await;
     let s = env.open().await;
     let original = put_on(&s, "t", "d1").await;
@@ -922,9 +922,9 @@ pub async fn w1_enqueue_same_id_different_content_is_duplicate<F: Factory>(facto
     assert_eq!(all(&s).await.len(), 1);
 }
 
-/// W1: re-submitting the same content under the same id (a retry after a lost reply) returns the
+/// Re-submitting the same content under the same id (a retry after a lost reply) returns the
 /// stored record and stores nothing new.
-pub async fn w1_enqueue_same_id_same_content_returns_existing_record<F: Factory>(factory: &F) {
+pub async fn enqueue_same_id_same_content_returns_existing_record<F: Factory>(factory: &F) {
     let env = Env::new(factory).await;
     let s = env.open().await;
     let new = nd("t", "d1").with_priority(9).with_metadata("a", "1");
@@ -940,9 +940,9 @@ pub async fn w1_enqueue_same_id_same_content_returns_existing_record<F: Factory>
     assert_eq!(all(&s).await.len(), 1);
 }
 
-/// W1: re-enqueuing the id of a claimed dispatch never resets it to queued (no double
+/// Re-enqueuing the id of a claimed dispatch never resets it to queued (no double
 /// execution): the record and its claim are unchanged, whatever the call returns.
-pub async fn w1_reenqueue_of_claimed_dispatch_never_resets_it<F: Factory>(factory: &F) {
+pub async fn reenqueue_of_claimed_dispatch_never_resets_it<F: Factory>(factory: &F) {
     let env = Env::new(factory).await;
     let s = env.open().await;
     let new = nd("t", "d1");
@@ -964,8 +964,8 @@ pub async fn w1_reenqueue_of_claimed_dispatch_never_resets_it<F: Factory>(factor
     s.mailbox.ack("d1", &tok(&claimed)).await.unwrap();
 }
 
-/// W1: re-enqueuing the id of a settled dispatch returns the stored record and never requeues it.
-pub async fn w1_reenqueue_of_terminal_dispatch_never_requeues_it<F: Factory>(factory: &F) {
+/// Re-enqueuing the id of a settled dispatch returns the stored record and never requeues it.
+pub async fn reenqueue_of_terminal_dispatch_never_requeues_it<F: Factory>(factory: &F) {
     let env = Env::new(factory).await;
     let s = env.open().await;
     let new = nd("t", "d1");
@@ -982,7 +982,7 @@ pub async fn w1_reenqueue_of_terminal_dispatch_never_requeues_it<F: Factory>(fac
     ));
 }
 
-/// SPEC 1: without an id each enqueue is a new dispatch.
+/// Without an id each enqueue is a new dispatch.
 pub async fn enqueue_without_id_creates_distinct_dispatches<F: Factory>(factory: &F) {
     let env = Env::new(factory).await;
     let s = env.open().await;
@@ -993,7 +993,7 @@ pub async fn enqueue_without_id_creates_distinct_dispatches<F: Factory>(factory:
     assert_eq!(all(&s).await.len(), 2);
 }
 
-/// SPEC 1, G2: the thread is the serialization key whatever the agent: a claim of one agent blocks
+/// The thread is the serialization key whatever the agent: a claim of one agent blocks
 /// another agent's dispatch on the same thread.
 pub async fn busy_thread_blocks_claims_of_other_agents_on_it<F: Factory>(factory: &F) {
     let env = Env::new(factory).await;
@@ -1015,7 +1015,7 @@ pub async fn busy_thread_blocks_claims_of_other_agents_on_it<F: Factory>(factory
     assert_eq!(b.id, "b1");
 }
 
-/// SPEC 2: no operation panics on any input: extreme times, leases, pages and odd names either
+/// No operation panics on any input: extreme times, leases, pages and odd names either
 /// work or are refused with an error, and the stored records keep their shape.
 pub async fn no_operation_panics_on_extreme_inputs<F: Factory>(factory: &F) {
     let env = Env::new(factory).await;
@@ -1080,7 +1080,7 @@ pub async fn no_operation_panics_on_extreme_inputs<F: Factory>(factory: &F) {
     }
 }
 
-/// SPEC 2: a payload or an output over the backend's own limit is refused with `Invalid`
+/// A payload or an output over the backend's own limit is refused with `Invalid`
 /// naming the field, the size and the limit (never `Unavailable`: retrying cannot help), and
 /// changes nothing.
 pub async fn values_over_the_backends_limit_are_invalid_naming_it<F: Factory>(factory: &F) {

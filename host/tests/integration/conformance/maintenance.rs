@@ -1,5 +1,5 @@
-//! Maintenance (reclaim, purge), several hosts on one store, and restarts (SPEC 2, 3.5, 3.6, 3.9;
-//! seed B40, B42-B45, D79-D82, D102, D104, E114, E116, E118, E120).
+//! Maintenance (reclaim, purge), several hosts on one store, and restarts (the contract,
+//! docs/contract.md, section 2 and guarantees 3.5, 3.6 and 3.9).
 
 use homing::store::{
     Fence, REASON_EXPIRED_AFTER_INTERRUPT, REASON_LEASE_EXPIRED_AT_MAX, RunResult, Status,
@@ -8,7 +8,7 @@ use homing::store::{
 
 use super::*;
 
-/// B42, D102, A11: reclaim of an expired lease: queued, available now, attempt + 1, claim and run
+/// Reclaim of an expired lease: queued, available now, attempt + 1, claim and run
 /// projection cleared, `last_error` untouched; it is claimable again.
 pub async fn reclaim_requeues_expired_lease_with_one_more_attempt<F: Factory>(factory: &F) {
     let env = Env::new(factory).await;
@@ -39,7 +39,7 @@ pub async fn reclaim_requeues_expired_lease_with_one_more_attempt<F: Factory>(fa
     assert_eq!((again.id.as_str(), again.attempt), ("d1", 1));
 }
 
-/// B43, A12, A19: reclaim at the attempt cap dead-letters with the fixed reason, no claim and no
+/// Reclaim at the attempt cap dead-letters with the fixed reason, no claim and no
 /// projection left from the abandoned run.
 pub async fn reclaim_at_max_attempts_dead_letters_with_reason<F: Factory>(factory: &F) {
     let env = Env::new(factory).await;
@@ -65,9 +65,9 @@ pub async fn reclaim_at_max_attempts_dead_letters_with_reason<F: Factory>(factor
     assert_eq!(claim(&s).await, None);
 }
 
-/// E116, SPEC 2: reclaim needs `lease_until < now` strictly: not at `now < lease_until`, not at
+/// Reclaim needs `lease_until < now` strictly: not at `now < lease_until`, not at
 /// `now == lease_until`, yes one ms later.
-pub async fn e116_reclaim_needs_lease_strictly_past<F: Factory>(factory: &F) {
+pub async fn reclaim_needs_lease_strictly_past<F: Factory>(factory: &F) {
     let env = Env::new(factory).await;
     let s = env.open().await;
     put_on(&s, "t", "d1").await;
@@ -105,7 +105,7 @@ pub async fn e116_reclaim_needs_lease_strictly_past<F: Factory>(factory: &F) {
     );
 }
 
-/// B40: an expired lease of an interrupted thread is superseded by reclaim and not returned.
+/// An expired lease of an interrupted thread is superseded by reclaim and not returned.
 pub async fn reclaim_supersedes_expired_stale_epoch_claim_without_returning_it<F: Factory>(
     factory: &F,
 ) {
@@ -139,7 +139,7 @@ pub async fn reclaim_supersedes_expired_stale_epoch_claim_without_returning_it<F
     );
 }
 
-/// SPEC 2: reclaim takes at most `limit` records per call; repeated calls take the rest.
+/// Reclaim takes at most `limit` records per call; repeated calls take the rest.
 pub async fn reclaim_respects_its_limit<F: Factory>(factory: &F) {
     let env = Env::new(factory).await;
     let s = env.open().await;
@@ -158,7 +158,7 @@ pub async fn reclaim_respects_its_limit<F: Factory>(factory: &F) {
     assert_eq!(seen, vec!["d0", "d1", "d2", "d3", "d4"]);
 }
 
-/// SPEC 2: reclaim never touches queued, terminal or live records.
+/// Reclaim never touches queued, terminal or live records.
 pub async fn reclaim_leaves_queued_terminal_and_live_records_alone<F: Factory>(factory: &F) {
     let env = Env::new(factory).await;
     let s = env.open().await;
@@ -258,7 +258,7 @@ pub async fn claim_dispatch_takes_over_expired_holder_atomically<F: Factory>(fac
     );
 }
 
-/// G2: claim_dispatch never takes over a live holder (`lease_until == now` is live).
+/// Claim_dispatch never takes over a live holder (`lease_until == now` is live).
 pub async fn claim_dispatch_does_not_take_over_live_holder<F: Factory>(factory: &F) {
     let env = Env::new(factory).await;
     let s = env.open().await;
@@ -282,7 +282,7 @@ pub async fn claim_dispatch_does_not_take_over_live_holder<F: Factory>(factory: 
     assert_eq!(load(&s, "sibling").await, sibling);
 }
 
-/// B45, SPEC 2: purge deletes terminal records completed strictly before the cut-off and counts
+/// Purge deletes terminal records completed strictly before the cut-off and counts
 /// them; live records are never purged.
 pub async fn purge_removes_terminal_records_completed_before_cutoff<F: Factory>(factory: &F) {
     let env = Env::new(factory).await;
@@ -314,7 +314,7 @@ pub async fn purge_removes_terminal_records_completed_before_cutoff<F: Factory>(
     assert_eq!(s.mailbox.purge_terminal(u64::MAX).await.unwrap(), 0);
 }
 
-/// Seed item 63 is not copied (W17): purge never forgets a thread's epoch, so fencing survives.
+/// Purge never forgets a thread's epoch, so fencing survives.
 pub async fn purge_keeps_thread_epoch<F: Factory>(factory: &F) {
     let env = Env::new(factory).await;
     let s = env.open().await;
@@ -328,8 +328,8 @@ pub async fn purge_keeps_thread_epoch<F: Factory>(factory: &F) {
     assert_eq!(put_on(&s, "t", "d2").await.epoch, 2);
 }
 
-/// D104: a purge on one instance removes the records for every instance.
-pub async fn d104_purge_on_one_instance_removes_records_for_all<F: Factory>(factory: &F) {
+/// A purge on one instance removes the records for every instance.
+pub async fn purge_on_one_instance_removes_records_for_all<F: Factory>(factory: &F) {
     let env = Env::new(factory).await;
     let (a, b) = (env.open().await, env.open().await);
     put_on(&a, "t", "d1").await;
@@ -340,9 +340,9 @@ pub async fn d104_purge_on_one_instance_removes_records_for_all<F: Factory>(fact
     assert!(a.mailbox.list_terminal(10, 0).await.unwrap().is_empty());
 }
 
-/// G9: a restart of the store loses nothing acknowledged: records in every state, claims and
+/// A restart of the store loses nothing acknowledged: records in every state, claims and
 /// their tokens, epochs, dedupe keys, log entries and watermarks.
-pub async fn g9_restart_loses_nothing_acknowledged<F: Factory>(factory: &F) {
+pub async fn restart_loses_nothing_acknowledged<F: Factory>(factory: &F) {
     let env = Env::new(factory).await;
     let s = env.open().await;
     put(&s, nd("t1", "queued").with_dedupe_key("k")).await;
@@ -404,9 +404,9 @@ pub async fn g9_restart_loses_nothing_acknowledged<F: Factory>(factory: &F) {
     );
 }
 
-/// G9: after a restart, leases still run out and are reclaimed, and delays still end, with no
+/// After a restart, leases still run out and are reclaimed, and delays still end, with no
 /// operator action.
-pub async fn g9_restart_resumes_leases_and_delays<F: Factory>(factory: &F) {
+pub async fn restart_resumes_leases_and_delays<F: Factory>(factory: &F) {
     let env = Env::new(factory).await;
     let s = env.open().await;
     put_on(&s, "t1", "leased").await;
@@ -428,9 +428,9 @@ pub async fn g9_restart_resumes_leases_and_delays<F: Factory>(factory: &F) {
     assert_eq!(claim_some(&r).await.id, "delayed");
 }
 
-/// G6: a guest that crashes its host every time still dead-letters after `max_attempts`: each
+/// A guest that crashes its host every time still dead-letters after `max_attempts`: each
 /// crash (lease expiry found by another host's sweep) counts one attempt.
-pub async fn g6_crashing_holder_still_dead_letters_after_max_attempts<F: Factory>(factory: &F) {
+pub async fn crashing_holder_still_dead_letters_after_max_attempts<F: Factory>(factory: &F) {
     let env = Env::new(factory).await;
     let maintenance = env.open().await;
     put(&maintenance, nd("t", "poison").with_max_attempts(3)).await;
@@ -460,9 +460,9 @@ pub async fn g6_crashing_holder_still_dead_letters_after_max_attempts<F: Factory
     assert_eq!(claim(&maintenance).await, None);
 }
 
-/// E114: a host that crashes holding a lease: another host reclaims after expiry, claims and
+/// A host that crashes holding a lease: another host reclaims after expiry, claims and
 /// acks it.
-pub async fn e114_crashed_hosts_lease_is_reclaimed_and_claimed_by_another<F: Factory>(factory: &F) {
+pub async fn crashed_hosts_lease_is_reclaimed_and_claimed_by_another<F: Factory>(factory: &F) {
     let env = Env::new(factory).await;
     let a = env.open().await;
     let b = env.open().await;
@@ -496,8 +496,8 @@ pub async fn e114_crashed_hosts_lease_is_reclaimed_and_claimed_by_another<F: Fac
     );
 }
 
-/// D79, D80: a fresh instance on existing data claims the oldest dispatch of a deep thread.
-pub async fn d79_fresh_instance_claims_oldest_of_a_deep_thread<F: Factory>(factory: &F) {
+/// A fresh instance on existing data claims the oldest dispatch of a deep thread.
+pub async fn fresh_instance_claims_oldest_of_a_deep_thread<F: Factory>(factory: &F) {
     let env = Env::new(factory).await;
     let a = env.open().await;
     for i in 0..500 {
@@ -513,8 +513,8 @@ pub async fn d79_fresh_instance_claims_oldest_of_a_deep_thread<F: Factory>(facto
     assert_eq!(claim(&b).await, None);
 }
 
-/// D82: load returns the authoritative record on every instance.
-pub async fn d82_load_reads_the_truth_across_instances<F: Factory>(factory: &F) {
+/// Load returns the authoritative record on every instance.
+pub async fn load_reads_the_truth_across_instances<F: Factory>(factory: &F) {
     let env = Env::new(factory).await;
     let (a, b) = (env.open().await, env.open().await);
     put_on(&a, "t", "d1").await;
@@ -525,9 +525,9 @@ pub async fn d82_load_reads_the_truth_across_instances<F: Factory>(factory: &F) 
     assert_eq!(load(&a, "d1").await, acked);
 }
 
-/// G5, D83, D84, D110: a dispatch enqueued on one host is claimable on another whose wake-up
+/// A dispatch enqueued on one host is claimable on another whose wake-up
 /// signal never fired (the signal is only a hint).
-pub async fn g5_dispatch_enqueued_elsewhere_is_claimable_without_wakeup<F: Factory>(factory: &F) {
+pub async fn dispatch_enqueued_elsewhere_is_claimable_without_wakeup<F: Factory>(factory: &F) {
     let env = Env::new(factory).await;
     let (a, b) = (env.open().await, env.open().await);
     put_on(&a, "t1", "d1").await;
@@ -539,8 +539,8 @@ pub async fn g5_dispatch_enqueued_elsewhere_is_claimable_without_wakeup<F: Facto
     assert_eq!(claim_some(&b).await.id, "d3");
 }
 
-/// E118: an interrupt on one host is seen at once by the others.
-pub async fn e118_interrupt_on_one_instance_is_seen_by_all<F: Factory>(factory: &F) {
+/// An interrupt on one host is seen at once by the others.
+pub async fn interrupt_on_one_instance_is_seen_by_all<F: Factory>(factory: &F) {
     let env = Env::new(factory).await;
     let (a, b) = (env.open().await, env.open().await);
     for i in 0..3 {
@@ -553,8 +553,8 @@ pub async fn e118_interrupt_on_one_instance_is_seen_by_all<F: Factory>(factory: 
     assert_eq!(claim(&a).await, None);
 }
 
-/// E120: queued_threads agree on every instance.
-pub async fn e120_queued_threads_agree_across_instances<F: Factory>(factory: &F) {
+/// Queued_threads agree on every instance.
+pub async fn queued_threads_agree_across_instances<F: Factory>(factory: &F) {
     let env = Env::new(factory).await;
     let (a, b) = (env.open().await, env.open().await);
     put_on(&a, "ta", "d1").await;

@@ -1,4 +1,5 @@
-//! The store conformance suite (SPEC sections 2 to 5), generic over a backend [`Factory`].
+//! The store conformance suite (the contract, docs/contract.md, sections 1 to 4), generic over
+//! a backend [`Factory`].
 //!
 //! Every test is a `pub async fn name<F: Factory>(factory: &F)` (or a plain `fn` for the property
 //! tests, which drive their own runtime). A backend instantiates the whole suite with one line
@@ -14,9 +15,8 @@
 //!
 //! Time only moves through the [`ManualClock`] of each test's [`Env`]; nothing sleeps.
 //!
-//! Where the test names mention `wN` (W1 to W36 of `reference/seed-analysis.md` section 7), the
-//! test pins the fix of that defect; `bN`, `dN`, `eN` refer to the seed's checklist items
-//! (section 5) the test translates.
+//! Each test's name says the behaviour it pins; docs/test-names.md maps the tests that guard a
+//! particular defect or guarantee to it.
 
 use std::future::Future;
 use std::path::Path;
@@ -237,7 +237,7 @@ pub async fn all_in(store: &Store, status: Status) -> Vec<Dispatch> {
         .expect("list")
 }
 
-/// Asserts the shape rules of SPEC section 1.
+/// Asserts the shape rules of the contract (docs/contract.md) section 1.
 pub fn assert_shape(dispatch: &Dispatch) {
     if let Err(err) = dispatch.check_shape() {
         panic!("shape rule broken: {err}\n{dispatch:#?}");
@@ -305,7 +305,7 @@ pub fn expect_too_large<T: std::fmt::Debug>(
     }
 }
 
-/// Runs `op` again while the backend reports `Contention` (SPEC: "retry later").
+/// Runs `op` again while the backend reports `Contention` (the contract's "retry later").
 pub async fn retry<T, Fut, Op>(mut op: Op) -> StoreResult<T>
 where
     Op: FnMut() -> Fut,
@@ -376,7 +376,7 @@ macro_rules! suite {
                     enqueue_mints_uuid_v7_and_run_id_defaults_to_id,
                     every_status_survives_reload_and_restart,
                     claim_fields_present_exactly_when_claimed,
-                    w7_store_stamps_times_from_its_clock,
+                    store_stamps_times_from_its_clock,
                 },
                 mailbox::{
                     enqueued_dispatch_is_listed_for_its_thread_as_queued,
@@ -385,7 +385,7 @@ macro_rules! suite {
                     claim_started_claims_and_records_the_start_in_one_step,
                     claim_only_takes_dispatches_of_its_agent,
                     ack_settles_as_acked_and_clears_claim_fields,
-                    w32_claim_and_ack_do_not_count_attempts,
+                    claim_and_ack_do_not_count_attempts,
                     nack_with_attempts_left_requeues_at_retry_at_without_projection,
                     nack_at_max_attempts_dead_letters,
                     nack_with_past_retry_at_is_claimable_at_once,
@@ -411,14 +411,14 @@ macro_rules! suite {
                     list_orders_by_priority_then_created_at_then_id,
                     list_terminal_returns_oldest_completion_first_and_pages,
                     work_signal_fires_on_enqueue_settle_and_reclaim,
-                    w2_enqueue_with_attempt_at_or_above_max_attempts_is_invalid,
+                    enqueue_with_attempt_at_or_above_max_attempts_is_invalid,
                     enqueue_with_zero_max_attempts_is_invalid,
                     enqueue_with_blank_or_oversized_fields_is_invalid,
-                    w2_resubmission_with_attempts_used_dead_letters_at_max_without_overflow,
-                    w1_enqueue_same_id_different_content_is_duplicate,
-                    w1_enqueue_same_id_same_content_returns_existing_record,
-                    w1_reenqueue_of_claimed_dispatch_never_resets_it,
-                    w1_reenqueue_of_terminal_dispatch_never_requeues_it,
+                    resubmission_with_attempts_used_dead_letters_at_max_without_overflow,
+                    enqueue_same_id_different_content_is_duplicate,
+                    enqueue_same_id_same_content_returns_existing_record,
+                    reenqueue_of_claimed_dispatch_never_resets_it,
+                    reenqueue_of_terminal_dispatch_never_requeues_it,
                     enqueue_without_id_creates_distinct_dispatches,
                     busy_thread_blocks_claims_of_other_agents_on_it,
                     no_operation_panics_on_extreme_inputs,
@@ -441,17 +441,17 @@ macro_rules! suite {
                     fairness_lone_dispatch_waits_at_most_one_claim_per_competing_thread,
                     busy_threads_of_equal_priority_are_served_round_robin,
                     priority_outranks_fairness,
-                    d87_claim_follows_priority_across_instances,
+                    claim_follows_priority_across_instances,
                 },
                 fencing::{
                     ack_with_wrong_token_is_lost_claim_and_changes_nothing,
-                    w29_holder_ops_with_wrong_token_are_lost_claim_and_change_nothing,
+                    holder_ops_with_wrong_token_are_lost_claim_and_change_nothing,
                     ack_with_stale_epoch_supersedes_and_is_rejected,
                     every_holder_op_with_stale_epoch_supersedes_and_is_rejected,
                     extend_lease_after_interrupt_is_false_and_supersedes,
-                    w4_stale_epoch_holder_op_frees_the_thread_at_once,
-                    w4_settling_frees_the_thread_at_once_despite_long_lease,
-                    w33_interrupt_supersedes_every_queued_dispatch_of_thread_with_reason,
+                    stale_epoch_holder_op_frees_the_thread_at_once,
+                    settling_frees_the_thread_at_once_despite_long_lease,
+                    interrupt_supersedes_every_queued_dispatch_of_thread_with_reason,
                     interrupt_reports_claimed_dispatch_as_active_and_leaves_it_claimed,
                     thread_epoch_starts_at_zero_and_follows_interrupts,
                     interrupt_of_idle_thread_bumps_epoch_only,
@@ -461,41 +461,41 @@ macro_rules! suite {
                     supersede_claimed_by_control_plane_needs_no_token,
                     supersede_claimed_with_wrong_token_is_lost_claim_and_changes_nothing,
                     supersede_claimed_of_queued_missing_or_terminal_dispatch_is_none,
-                    w3_repeated_ack_with_same_token_succeeds_and_changes_nothing,
-                    w3_repeated_settle_ops_are_idempotent_per_token,
-                    w3_settled_dispatch_refuses_other_ops_and_other_tokens,
-                    e115_old_owner_loses_after_reclaim_and_new_owner_acks,
+                    repeated_ack_with_same_token_succeeds_and_changes_nothing,
+                    repeated_settle_ops_are_idempotent_per_token,
+                    settled_dispatch_refuses_other_ops_and_other_tokens,
+                    old_owner_loses_after_reclaim_and_new_owner_acks,
                     old_token_after_reclaim_is_not_claimed,
                     ack_after_lease_ran_out_but_before_reclaim_settles,
-                    w8_append_with_live_fence_succeeds,
-                    w8_append_with_wrong_token_is_lost_claim,
-                    w8_append_after_settle_is_not_claimed,
-                    w8_append_after_interrupt_is_stale_epoch,
-                    w8_append_with_fence_of_missing_dispatch_is_not_found,
-                    w8_append_with_fence_of_expired_lease_is_rejected,
-                    w8_append_expected_is_fenced_too,
-                    w8_fence_of_another_thread_cannot_append,
-                    w8_append_after_reclaim_and_new_claim_is_lost_claim,
+                    append_with_live_fence_succeeds,
+                    append_with_wrong_token_is_lost_claim,
+                    append_after_settle_is_not_claimed,
+                    append_after_interrupt_is_stale_epoch,
+                    append_with_fence_of_missing_dispatch_is_not_found,
+                    append_with_fence_of_expired_lease_is_rejected,
+                    append_expected_is_fenced_too,
+                    fence_of_another_thread_cannot_append,
+                    append_after_reclaim_and_new_claim_is_lost_claim,
                 },
                 dedupe::{
                     dedupe_key_held_by_live_dispatch_is_duplicate_with_holder,
                     dedupe_key_is_scoped_per_thread,
                     dedupe_key_stays_held_across_nack_and_lease_reclaim,
                     dedupe_key_is_free_after_ack_complete_and_dead_letter,
-                    d105_dedupe_key_is_free_after_cancel,
-                    d96_dedupe_key_is_free_after_interrupt_supersedes_holder,
+                    dedupe_key_is_free_after_cancel,
+                    dedupe_key_is_free_after_interrupt_supersedes_holder,
                     dedupe_key_is_free_after_attempts_are_exhausted,
-                    d97_dedupe_key_of_stale_claimed_holder_stays_held_until_superseded,
+                    dedupe_key_of_stale_claimed_holder_stays_held_until_superseded,
                     dedupe_key_is_free_after_supersede_claimed,
-                    w7_dedupe_decisions_use_no_wall_clock_grace,
-                    d108_late_ops_of_old_holder_do_not_release_newer_holders_key,
+                    dedupe_decisions_use_no_wall_clock_grace,
+                    late_ops_of_old_holder_do_not_release_newer_holders_key,
                     idempotent_resubmit_of_key_holder_is_not_duplicate,
-                    w21_purge_removes_dedupe_side_records_and_key_stays_enforced,
+                    purge_removes_dedupe_side_records_and_key_stays_enforced,
                 },
                 maintenance::{
                     reclaim_requeues_expired_lease_with_one_more_attempt,
                     reclaim_at_max_attempts_dead_letters_with_reason,
-                    e116_reclaim_needs_lease_strictly_past,
+                    reclaim_needs_lease_strictly_past,
                     reclaim_supersedes_expired_stale_epoch_claim_without_returning_it,
                     reclaim_respects_its_limit,
                     reclaim_leaves_queued_terminal_and_live_records_alone,
@@ -504,16 +504,16 @@ macro_rules! suite {
                     claim_dispatch_does_not_take_over_live_holder,
                     purge_removes_terminal_records_completed_before_cutoff,
                     purge_keeps_thread_epoch,
-                    d104_purge_on_one_instance_removes_records_for_all,
-                    g9_restart_loses_nothing_acknowledged,
-                    g9_restart_resumes_leases_and_delays,
-                    g6_crashing_holder_still_dead_letters_after_max_attempts,
-                    e114_crashed_hosts_lease_is_reclaimed_and_claimed_by_another,
-                    d79_fresh_instance_claims_oldest_of_a_deep_thread,
-                    d82_load_reads_the_truth_across_instances,
-                    g5_dispatch_enqueued_elsewhere_is_claimable_without_wakeup,
-                    e118_interrupt_on_one_instance_is_seen_by_all,
-                    e120_queued_threads_agree_across_instances,
+                    purge_on_one_instance_removes_records_for_all,
+                    restart_loses_nothing_acknowledged,
+                    restart_resumes_leases_and_delays,
+                    crashing_holder_still_dead_letters_after_max_attempts,
+                    crashed_hosts_lease_is_reclaimed_and_claimed_by_another,
+                    fresh_instance_claims_oldest_of_a_deep_thread,
+                    load_reads_the_truth_across_instances,
+                    dispatch_enqueued_elsewhere_is_claimable_without_wakeup,
+                    interrupt_on_one_instance_is_seen_by_all,
+                    queued_threads_agree_across_instances,
                 },
                 log::{
                     append_assigns_one_then_two,
@@ -522,11 +522,11 @@ macro_rules! suite {
                     unknown_thread_log_is_empty_with_zero_watermarks,
                     appended_at_comes_from_the_clock,
                     append_expected_appends_when_latest_matches,
-                    w15_append_expected_conflict_reports_latest_and_appends_nothing,
+                    append_expected_conflict_reports_latest_and_appends_nothing,
                     trim_drops_entries_at_or_below_and_is_clamped_to_latest,
                     trim_never_moves_watermarks_back,
                     delete_keeps_watermark_and_sequences_are_never_reused,
-                    w11_deleted_thread_reads_nothing_on_any_instance,
+                    deleted_thread_reads_nothing_on_any_instance,
                     delete_tombstone_survives_restart,
                     log_survives_restart_and_continues_sequence,
                     large_entry_round_trips,
@@ -535,26 +535,26 @@ macro_rules! suite {
                     entries_over_the_backends_limit_are_invalid_and_at_it_round_trip,
                 },
                 concurrency::{
-                    g1_no_dispatch_lost_or_invented_under_concurrent_chaos,
-                    g2_at_most_one_claim_per_thread_across_hosts,
-                    g2_concurrent_claims_of_one_dispatch_have_one_winner,
-                    g2_concurrent_claims_of_sibling_dispatches_have_one_winner,
-                    g3_reclaim_racing_ack_never_overwrites_the_ack,
-                    g3_concurrent_reclaim_sweeps_transition_once,
-                    g3_stale_holders_racing_a_new_holder_change_nothing,
-                    g4_claims_within_a_thread_follow_priority_then_age_under_concurrency,
-                    g5_nothing_is_claimed_before_available_at_while_clock_moves,
-                    g6_attempts_never_decrease_under_concurrent_nack_and_reclaim,
-                    g7_no_older_epoch_append_start_or_ack_after_interrupt_returns,
-                    w9_enqueue_racing_interrupt_leaves_no_stale_queued_dispatch,
-                    g8_concurrent_enqueues_with_one_dedupe_key_admit_one,
-                    g8_dedupe_key_is_reusable_round_after_round_under_concurrency,
-                    d107_concurrent_enqueues_on_one_thread_all_land,
+                    no_dispatch_lost_or_invented_under_concurrent_chaos,
+                    at_most_one_claim_per_thread_across_hosts,
+                    concurrent_claims_of_one_dispatch_have_one_winner,
+                    concurrent_claims_of_sibling_dispatches_have_one_winner,
+                    reclaim_racing_ack_never_overwrites_the_ack,
+                    concurrent_reclaim_sweeps_transition_once,
+                    stale_holders_racing_a_new_holder_change_nothing,
+                    claims_within_a_thread_follow_priority_then_age_under_concurrency,
+                    nothing_is_claimed_before_available_at_while_clock_moves,
+                    attempts_never_decrease_under_concurrent_nack_and_reclaim,
+                    no_older_epoch_append_start_or_ack_after_interrupt_returns,
+                    enqueue_racing_interrupt_leaves_no_stale_queued_dispatch,
+                    concurrent_enqueues_with_one_dedupe_key_admit_one,
+                    dedupe_key_is_reusable_round_after_round_under_concurrency,
+                    concurrent_enqueues_on_one_thread_all_land,
                     concurrent_enqueues_with_distinct_keys_all_persist,
                     log_concurrent_appenders_get_unique_sequences_and_readers_see_no_gaps,
-                    w15_concurrent_append_expected_with_same_expectation_admits_one,
+                    concurrent_append_expected_with_same_expectation_admits_one,
                     log_watermarks_stay_ordered_and_monotonic_under_concurrency,
-                    w6_instance_opened_during_enqueues_sees_every_dispatch,
+                    instance_opened_during_enqueues_sees_every_dispatch,
                 },
             }
 

@@ -1,10 +1,10 @@
-//! Property tests: random operation sequences against a small in-memory model of SPEC (the
-//! dispatch state machine with Homing's decisions, and the log watermarks), compared after every
-//! step.
+//! Property tests: random operation sequences against a small in-memory model of the contract
+//! (the dispatch state machine with Homing's decisions, and the log watermarks), compared after
+//! every step.
 //!
-//! Where SPEC leaves an outcome open (which of several equally urgent threads a claim serves; what
-//! a repeated holder operation returns once the record moved on), the model accepts each allowed
-//! outcome but always requires that nothing else changed.
+//! Where the contract leaves an outcome open (which of several equally urgent threads a claim
+//! serves; what a repeated holder operation returns once the record moved on), the model
+//! accepts each allowed outcome but always requires that nothing else changed.
 
 use std::collections::{BTreeMap, BTreeSet};
 
@@ -128,7 +128,7 @@ struct M {
     settle: Option<(&'static str, String)>,
     /// Every settle (op, token) that ever succeeded.
     history: Vec<(&'static str, String)>,
-    /// `None` when SPEC leaves the value open.
+    /// `None` when the contract leaves the value open.
     last_error: Option<Option<String>>,
     completed_at: Option<u64>,
     started: Option<bool>,
@@ -896,7 +896,7 @@ async fn run_mailbox_case<F: Factory>(factory: &F, ops: Vec<Op>) -> Result<(), T
     Ok(())
 }
 
-/// SPEC 2, 3 (G1-G3, G6, G7, G8), Homing's decisions, W1-W4, W17, W29, W33: random sequences of
+/// Random sequences of
 /// enqueue, claim, claim_dispatch, extend, start, ack, nack, dead_letter, complete, cancel,
 /// interrupt, supersede and reclaim, with clock advances, keep the backend equal to the model.
 pub fn mailbox_follows_the_spec_model<F: Factory>(factory: &F) {
@@ -1077,7 +1077,7 @@ async fn run_log_case<F: Factory>(factory: &F, ops: Vec<LogOp>) -> Result<(), Te
     Ok(())
 }
 
-/// SPEC 4, I142, I159: random appends, optimistic appends, trims, deletes, reads and restarts keep
+/// Random appends, optimistic appends, trims, deletes, reads and restarts keep
 /// `reserved >= latest >= trimmed`, all monotonic, sequences never reused, reads equal to the
 /// model.
 pub fn log_watermarks_follow_the_model<F: Factory>(factory: &F) {

@@ -1,4 +1,4 @@
-//! Claim order and availability (SPEC 3.4, 3.5; seed checklist B22-B24, B54, C58, C64-C66, C69).
+//! Claim order and availability (the contract, docs/contract.md, guarantees 3.4 and 3.5).
 
 use std::collections::BTreeMap;
 
@@ -14,7 +14,7 @@ async fn drain(s: &Store) -> Vec<String> {
     order
 }
 
-/// B22, G5: nothing is claimed before `available_at`; at exactly `available_at` it is.
+/// Nothing is claimed before `available_at`; at exactly `available_at` it is.
 pub async fn claim_skips_dispatch_until_its_available_at<F: Factory>(factory: &F) {
     let env = Env::new(factory).await;
     let s = env.open().await;
@@ -26,7 +26,7 @@ pub async fn claim_skips_dispatch_until_its_available_at<F: Factory>(factory: &F
     assert_eq!(claim_some(&s).await.id, "delayed");
 }
 
-/// B23: a lower priority number wins over an older dispatch.
+/// A lower priority number wins over an older dispatch.
 pub async fn lower_priority_number_wins_over_older_dispatch<F: Factory>(factory: &F) {
     let env = Env::new(factory).await;
     let s = env.open().await;
@@ -36,7 +36,7 @@ pub async fn lower_priority_number_wins_over_older_dispatch<F: Factory>(factory:
     assert_eq!(drain(&s).await, vec!["urgent", "old"]);
 }
 
-/// B54, C66: same priority is claimed strictly oldest `created_at` first.
+/// Same priority is claimed strictly oldest `created_at` first.
 pub async fn same_priority_is_claimed_oldest_first<F: Factory>(factory: &F) {
     let env = Env::new(factory).await;
     let s = env.open().await;
@@ -48,7 +48,7 @@ pub async fn same_priority_is_claimed_oldest_first<F: Factory>(factory: &F) {
     assert_eq!(drain(&s).await, vec!["d4", "d3", "d2", "d1", "d0"]);
 }
 
-/// SPEC 2: same priority and same `created_at`: lowest id first.
+/// Same priority and same `created_at`: lowest id first.
 pub async fn same_priority_and_age_is_claimed_lowest_id_first<F: Factory>(factory: &F) {
     let env = Env::new(factory).await;
     let s = env.open().await;
@@ -58,7 +58,7 @@ pub async fn same_priority_and_age_is_claimed_lowest_id_first<F: Factory>(factor
     assert_eq!(drain(&s).await, vec!["a", "k", "m", "z"]);
 }
 
-/// C58: priorities 200, 10, 128 are claimed as 10, 128, 200.
+/// Priorities 200, 10, 128 are claimed as 10, 128, 200.
 pub async fn three_priorities_are_claimed_in_order<F: Factory>(factory: &F) {
     let env = Env::new(factory).await;
     let s = env.open().await;
@@ -68,7 +68,7 @@ pub async fn three_priorities_are_claimed_in_order<F: Factory>(factory: &F) {
     assert_eq!(drain(&s).await, vec!["p10", "p128", "p200"]);
 }
 
-/// B24, C64, C65: while one dispatch of a thread is claimed, no other of that thread is; after
+/// While one dispatch of a thread is claimed, no other of that thread is; after
 /// the ack the next (FIFO) one is claimable.
 pub async fn busy_thread_blocks_its_other_dispatches_until_ack<F: Factory>(factory: &F) {
     let env = Env::new(factory).await;
@@ -83,7 +83,7 @@ pub async fn busy_thread_blocks_its_other_dispatches_until_ack<F: Factory>(facto
     assert_eq!(claim_some(&s).await.id, "second");
 }
 
-/// C69, C71: claims on two threads succeed independently, with distinct tokens.
+/// Claims on two threads succeed independently, with distinct tokens.
 pub async fn claims_on_different_threads_are_independent<F: Factory>(factory: &F) {
     let env = Env::new(factory).await;
     let s = env.open().await;
@@ -101,7 +101,7 @@ pub async fn claims_on_different_threads_are_independent<F: Factory>(factory: &F
     assert_ne!(tok(&a), tok(&c));
 }
 
-/// C64: claim_dispatch of a sibling on a busy thread is `None`.
+/// Claim_dispatch of a sibling on a busy thread is `None`.
 pub async fn claim_dispatch_of_sibling_on_busy_thread_is_none<F: Factory>(factory: &F) {
     let env = Env::new(factory).await;
     let s = env.open().await;
@@ -117,7 +117,7 @@ pub async fn claim_dispatch_of_sibling_on_busy_thread_is_none<F: Factory>(factor
     assert_eq!(claim_id(&s, "b").await.id, "b");
 }
 
-/// SPEC 2: across threads, the most urgent available dispatch goes first.
+/// Across threads, the most urgent available dispatch goes first.
 pub async fn claim_prefers_most_urgent_dispatch_across_threads<F: Factory>(factory: &F) {
     let env = Env::new(factory).await;
     let s = env.open().await;
@@ -130,7 +130,7 @@ pub async fn claim_prefers_most_urgent_dispatch_across_threads<F: Factory>(facto
     assert_eq!(claim_some(&s).await.id, "new-200");
 }
 
-/// SPEC 2: a delayed urgent dispatch does not hide an available sibling of its thread.
+/// A delayed urgent dispatch does not hide an available sibling of its thread.
 pub async fn delayed_urgent_dispatch_does_not_block_available_sibling<F: Factory>(factory: &F) {
     let env = Env::new(factory).await;
     let s = env.open().await;
@@ -150,7 +150,7 @@ pub async fn delayed_urgent_dispatch_does_not_block_available_sibling<F: Factory
     assert_eq!(claim_some(&s).await.id, "urgent-later");
 }
 
-/// G4 (Homing decision: the least recently served thread goes first among equal priorities): a
+/// Homing's choice among equal priorities, the least recently served thread first: a
 /// lone dispatch behind a thread with 1,000 queued dispatches waits at most one claim.
 pub async fn fairness_lone_dispatch_waits_at_most_one_claim_behind_a_thousand<F: Factory>(
     factory: &F,
@@ -193,7 +193,7 @@ pub async fn fairness_lone_dispatch_waits_at_most_one_claim_behind_a_thousand<F:
     );
 }
 
-/// G4: with several busy threads, a lone dispatch waits at most one claim per competing thread.
+/// With several busy threads, a lone dispatch waits at most one claim per competing thread.
 pub async fn fairness_lone_dispatch_waits_at_most_one_claim_per_competing_thread<F: Factory>(
     factory: &F,
 ) {
@@ -222,7 +222,7 @@ pub async fn fairness_lone_dispatch_waits_at_most_one_claim_per_competing_thread
     }
 }
 
-/// G4: busy threads of equal priority are served in turn: every window of as many claims as
+/// Busy threads of equal priority are served in turn: every window of as many claims as
 /// threads serves each thread once.
 pub async fn busy_threads_of_equal_priority_are_served_round_robin<F: Factory>(factory: &F) {
     let env = Env::new(factory).await;
@@ -251,7 +251,7 @@ pub async fn busy_threads_of_equal_priority_are_served_round_robin<F: Factory>(f
     assert!(per_thread.values().all(|&n| n == 6));
 }
 
-/// G4 (Homing decision): fairness only orders threads whose best dispatch has the same priority;
+/// Fairness only orders threads whose best dispatch has the same priority;
 /// a more urgent thread is always served first.
 pub async fn priority_outranks_fairness<F: Factory>(factory: &F) {
     let env = Env::new(factory).await;
@@ -264,8 +264,8 @@ pub async fn priority_outranks_fairness<F: Factory>(factory: &F) {
     assert_eq!(order, vec!["u0", "u1", "u2", "u3", "u4", "c0"]);
 }
 
-/// D87: claim follows the authoritative priority order whichever instance enqueued what.
-pub async fn d87_claim_follows_priority_across_instances<F: Factory>(factory: &F) {
+/// Claim follows the authoritative priority order whichever instance enqueued what.
+pub async fn claim_follows_priority_across_instances<F: Factory>(factory: &F) {
     let env = Env::new(factory).await;
     let (a, b) = (env.open().await, env.open().await);
     put(&a, nd("t", "low").with_priority(200)).await;

@@ -1,4 +1,5 @@
-//! The dispatch record: statuses, shape rules, what survives storage (seed checklist group A).
+//! The dispatch record: statuses, shape rules, what survives storage (the contract,
+//! docs/contract.md, section 1).
 
 use std::str::FromStr;
 
@@ -9,7 +10,7 @@ use homing::store::{
 
 use super::*;
 
-/// A1: exactly acked, cancelled, superseded and dead_letter are terminal.
+/// Exactly acked, cancelled, superseded and dead_letter are terminal.
 pub async fn status_terminality_matches_spec<F: Factory>(_factory: &F) {
     for status in Status::ALL {
         let terminal = matches!(
@@ -22,7 +23,7 @@ pub async fn status_terminality_matches_spec<F: Factory>(_factory: &F) {
     assert!(!Status::Claimed.is_terminal());
 }
 
-/// A4: every status value survives its text and JSON forms.
+/// Every status value survives its text and JSON forms.
 pub async fn status_names_round_trip_through_text_and_json<F: Factory>(_factory: &F) {
     let names = [
         "queued",
@@ -42,7 +43,7 @@ pub async fn status_names_round_trip_through_text_and_json<F: Factory>(_factory:
     assert!(Status::from_str("bogus").is_err());
 }
 
-/// A3, A5: a claimed dispatch with a recorded result survives JSON with every field.
+/// A claimed dispatch with a recorded result survives JSON with every field.
 pub async fn dispatch_json_round_trip_preserves_every_field<F: Factory>(factory: &F) {
     let env = Env::new(factory).await;
     let s = env.open().await;
@@ -83,7 +84,7 @@ pub async fn dispatch_json_round_trip_preserves_every_field<F: Factory>(factory:
     assert_eq!(back, acked);
 }
 
-/// A15, A16: run results and interrupt reports survive JSON.
+/// Run results and interrupt reports survive JSON.
 pub async fn run_result_and_interrupt_json_round_trip<F: Factory>(factory: &F) {
     for result in [
         RunResult::success(b"out".to_vec()),
@@ -112,7 +113,7 @@ pub async fn run_result_and_interrupt_json_round_trip<F: Factory>(factory: &F) {
     assert_eq!(back, report);
 }
 
-/// A3 via the store: what a producer submits is what is stored, and `load` equals what `enqueue`
+/// Through the store: what a producer submits is what is stored, and `load` equals what `enqueue`
 /// returned.
 pub async fn stored_dispatch_preserves_submitted_fields<F: Factory>(factory: &F) {
     let env = Env::new(factory).await;
@@ -159,7 +160,7 @@ pub async fn stored_dispatch_preserves_submitted_fields<F: Factory>(factory: &F)
     assert_eq!(plain.attempt, 0);
 }
 
-/// SPEC 1: the host mints a UUID v7 when the submitter gives no id; `run_id` defaults to `id`.
+/// The host mints a UUID v7 when the submitter gives no id; `run_id` defaults to `id`.
 pub async fn enqueue_mints_uuid_v7_and_run_id_defaults_to_id<F: Factory>(factory: &F) {
     let env = Env::new(factory).await;
     let s = env.open().await;
@@ -208,7 +209,7 @@ async fn one_of_each_status(s: &Store) -> Vec<(Status, String)> {
     ]
 }
 
-/// A4, G9: a record in every status reads back identically from another instance and after a
+/// A record in every status reads back identically from another instance and after a
 /// restart.
 pub async fn every_status_survives_reload_and_restart<F: Factory>(factory: &F) {
     let env = Env::new(factory).await;
@@ -233,7 +234,7 @@ pub async fn every_status_survives_reload_and_restart<F: Factory>(factory: &F) {
     }
 }
 
-/// A2, A17: claim fields are present exactly while claimed; every terminal transition clears them
+/// Claim fields are present exactly while claimed; every terminal transition clears them
 /// and stamps `completed_at`.
 pub async fn claim_fields_present_exactly_when_claimed<F: Factory>(factory: &F) {
     let env = Env::new(factory).await;
@@ -281,9 +282,9 @@ pub async fn claim_fields_present_exactly_when_claimed<F: Factory>(factory: &F) 
     }
 }
 
-/// W7, W31: the store reads time from its clock, never from the caller or the wall clock:
+/// The store reads time from its clock, never from the caller or the wall clock:
 /// `created_at`, `updated_at`, `available_at`, `lease_until`, `completed_at`.
-pub async fn w7_store_stamps_times_from_its_clock<F: Factory>(factory: &F) {
+pub async fn store_stamps_times_from_its_clock<F: Factory>(factory: &F) {
     let env = Env::new(factory).await;
     let s = env.open().await;
     env.set(5_000_000);
