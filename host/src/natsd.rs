@@ -9,7 +9,7 @@
 //! process and removes its directory.
 
 use std::ffi::OsString;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::sync::Arc;
 use std::time::Duration;
@@ -84,7 +84,7 @@ pub struct NatsServer {
     /// JetStream's store directory (kept across [`NatsServer::restart`]).
     dir: PathBuf,
     /// The temporary directory holding `dir`, shared by a cluster's nodes.
-    _scratch: Arc<ScratchDir>,
+    scratch: Arc<ScratchDir>,
     child: Option<Child>,
 }
 
@@ -103,7 +103,7 @@ impl NatsServer {
             routes: None,
             name: "solo".into(),
             dir: scratch.path().join("solo"),
-            _scratch: scratch,
+            scratch,
             child: None,
         };
         server.spawn()?;
@@ -134,7 +134,7 @@ impl NatsServer {
                 }),
                 name: format!("n{i}"),
                 dir: scratch.path().join(format!("n{i}")),
-                _scratch: scratch.clone(),
+                scratch: scratch.clone(),
                 child: None,
             });
         }
@@ -246,6 +246,12 @@ impl NatsServer {
     /// The client port.
     pub fn port(&self) -> u16 {
         self.port
+    }
+
+    /// The temporary directory holding the server's data and log (a cluster's nodes share
+    /// one); removed when the last of them is dropped.
+    pub fn dir(&self) -> &Path {
+        self.scratch.path()
     }
 
     /// The process id, while it runs.

@@ -33,13 +33,15 @@ fn blocking<T: Send>(work: impl Future<Output = T> + Send) -> T {
     })
 }
 
-/// Kills `pid` when this test process exits, even if it never drops its handle (a server in a
-/// static is never dropped).
-fn watchdog(pid: Option<u32>) {
-    let Some(pid) = pid else { return };
+/// Kills `server` and removes its directory when this test process exits, even if it never
+/// drops its handle (a server in a static is never dropped).
+fn watchdog(server: &homing::natsd::NatsServer) {
+    let Some(pid) = server.pid() else { return };
     let me = std::process::id();
-    let script =
-        format!("while kill -0 {me} 2>/dev/null; do sleep 1; done; kill -9 {pid} 2>/dev/null");
+    let script = format!(
+        "while kill -0 {me} 2>/dev/null; do sleep 1; done; kill -9 {pid} 2>/dev/null; rm -rf '{}'",
+        server.dir().display()
+    );
     let _ = Command::new("sh")
         .args(["-c", &script])
         .stdin(Stdio::null())
@@ -57,7 +59,7 @@ impl NatsServer {
     pub fn start() -> NatsServer {
         let server = blocking(homing::natsd::NatsServer::start())
             .unwrap_or_else(|e| panic!("the NATS tests need a nats-server: {e:#}"));
-        watchdog(server.pid());
+        watchdog(&server);
         NatsServer(server)
     }
 
@@ -68,7 +70,7 @@ impl NatsServer {
         nodes
             .into_iter()
             .map(|node| {
-                watchdog(node.pid());
+                watchdog(&node);
                 NatsServer(node)
             })
             .collect()
@@ -89,6 +91,6 @@ impl NatsServer {
         let server = &mut self.0;
         blocking(server.restart())
             .unwrap_or_else(|e| panic!("restarting nats-server failed: {e:#}"));
-        watchdog(self.0.pid());
+        watchdog(&self.0);
     }
 }
