@@ -5,24 +5,30 @@
 //!
 //! # Module map
 //!
-//! Dependencies run one way, down this list; each layer uses only the layers below it, and
-//! [`config`] is read by all:
+//! Dependencies run one way, down this list; each layer uses only the layers below it:
 //!
 //! - [`cli`] — the `homing` command: run a host, enqueue and inspect work;
+//! - [`bench`] — `homing bench`, the measurements (uses every layer below, like a user);
 //! - [`supervisor`] — workers per plugin (claim, run, settle what the guest left unsettled),
 //!   the sweeper, shutdown;
 //! - [`runtime`] — the wasmtime engine, plugin loading, the call paths, limits, and in
 //!   [`runtime::host`] the host side of the WIT imports, one file per interface;
 //! - [`claim`] — a claimed dispatch as the host holds it: the claim handle, its stop requests,
 //!   the lease guard, settlement and retry time, and claiming;
-//! - [`store`] — the mailbox and sequence-store contract, the decisions made once
-//!   (`store::rules`), and the two backends, `embedded` (SQLite) and `nats` (JetStream);
-//! - [`config`] — `homing.toml`.
+//! - [`store`] — the mailbox and sequence-store contract (docs/contract.md), the decisions made
+//!   once (`store::rules`), and the two backends, `embedded` (SQLite) and `nats` (JetStream);
+//! - [`config`] — `homing.toml`;
+//! - [`input`] — bounded reads of files and pipes.
+//!
+//! Beside them, [`natsd`] starts a local `nats-server` for `homing bench` and the test suites.
 
+pub mod bench;
 pub mod claim;
 pub mod cli;
 pub mod config;
 pub mod input;
+pub mod natsd;
 pub mod runtime;
+mod scratch;
 pub mod store;
 pub mod supervisor;

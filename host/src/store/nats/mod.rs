@@ -333,6 +333,13 @@ impl NatsStore {
         self.inner.room
     }
 
+    /// What this instance's NATS connection has sent and received so far, as the client counts
+    /// it (`out_messages` is every request and publish it made). `homing bench` derives its
+    /// requests per dispatch from it.
+    pub fn client_statistics(&self) -> Arc<async_nats::Statistics> {
+        self.inner.client.statistics()
+    }
+
     pub(crate) fn prefix(&self) -> &str {
         &self.inner.prefix
     }

@@ -1,0 +1,145 @@
+//! The commands that check rather than run: `homing config check` (the config, its plugins
+//! and, on NATS, the server and stream) and `homing plugin inspect`.
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+
+use anyhow::Context;
+use clap::Subcommand;
+use serde_json::json;
+
+use crate::config::{Config, StoreConfig};
+use crate::runtime::{Runtime, WasmContext, detect_world};
+use crate::store::nats::NatsStore;
+
+/// `homing config ...`.
+#[derive(Debug, Subcommand)]
+pub enum ConfigCommand {
+    /// Checks a config file and compiles each plugin.
+    Check {
+        /// The file (default: `--config`).
+        file: Option<PathBuf>,
+        /// JSON output.
+        #[arg(long)]
+        json: bool,
+    },
+}
+
+/// `homing plugin ...`.
+#[derive(Debug, Subcommand)]
+pub enum PluginCommand {
+    /// Shows a component's world, imports and exports.
+    Inspect {
+        /// The `.wasm` file.
+        file: PathBuf,
+        /// JSON output.
+        #[arg(long)]
+        json: bool,
+    },
+}
+
+pub(super) async fn check(file: &Path, json: bool) -> anyhow::Result<()> {
+    let config = Config::load(file)?;
+    let runtime = Runtime::new(&config)?;
+    let mut plugins = BTreeMap::new();
+    for (name, plugin) in &config.plugins {
+        let path = config.resolve(&plugin.path);
+        let component =
+            crate::runtime::cache::load(runtime.engine(), &path, &config.cache_dir(), name)?;
+        let world = detect_world(runtime.engine(), &component)
+            .with_context(|| format!("plugin `{name}` ({})", path.display()))?;
+        plugins.insert(name.clone(), world.name());
+    }
+    let store = match &config.store {
+        StoreConfig::Embedded(settings) => {
+            format!("embedded ({})", config.embedded_path(settings).display())
+        }
+        StoreConfig::Nats(settings) => {
+            let nats = config.nats_config(settings);
+            let report = NatsStore::check(&nats)
+                .await
+                .with_context(|| format!("checking the NATS store at {}", nats.urls.join(", ")))?;
+            let mut line = format!(
+                "nats (server {}, stream `{}` {}, {} messages, {} replica(s), max_payload {} \
+                 bytes: payloads and outputs up to {} bytes, log entries up to {} bytes)",
+                report.server,
+                report.stream,
+                if report.existed {
+                    "exists"
+                } else {
+                    "will be created"
+                },
+                report.messages,
+                report.replicas,
+                report.room.server,
+                report.room.value,
+                report.room.entry
+            );
+            let holds = report.room.value.min(report.room.entry);
+            if config.host.max_payload > holds {
+                line.push_str(&format!(
+                    "; warning: [host] max_payload is {} bytes, more than the server holds: \
+                     guest values are capped at {holds} bytes",
+                    config.host.max_payload
+                ));
+            }
+            line
+        }
+    };
+    if json {
+        println!(
+            "{}",
+            serde_json::to_string_pretty(
+                &json!({"file": file.display().to_string(), "store": store, "plugins": plugins, "pooling": runtime.pooling()})
+            )?
+        );
+    } else {
+        println!("{}: ok", file.display());
+        println!("store: {store}");
+        for (name, world) in plugins {
+            println!("plugin {name}: {world} world");
+        }
+    }
+    Ok(())
+}
+
+pub(super) fn inspect(file: &Path, json: bool) -> anyhow::Result<()> {
+    let engine = wasmtime::Engine::default();
+    let component = wasmtime::component::Component::from_file(&engine, file)
+        .wasm_context(|| format!("{} is not a loadable component", file.display()))?;
+    let ty = component.component_type();
+    let imports: Vec<String> = ty
+        .imports(&engine)
+        .map(|(name, _)| name.to_owned())
+        .collect();
+    let exports: Vec<String> = ty
+        .exports(&engine)
+        .map(|(name, _)| name.to_owned())
+        .collect();
+    let world = detect_world(&engine, &component).map(|w| w.name()).ok();
+    if json {
+        println!(
+            "{}",
+            serde_json::to_string_pretty(
+                &json!({"file": file.display().to_string(), "world": world, "imports": imports, "exports": exports})
+            )?
+        );
+    } else {
+        println!(
+            "{}: {}",
+            file.display(),
+            world
+                .map(|w| format!("{w} world"))
+                .unwrap_or_else(|| "not a Homing agent".into())
+        );
+        println!("imports:");
+        for name in imports {
+            println!("  {name}");
+        }
+        println!("exports:");
+        for name in exports {
+            println!("  {name}");
+        }
+    }
+    Ok(())
+}

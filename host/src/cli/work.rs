@@ -1,0 +1,396 @@
+//! The commands on the work in a store: `homing enqueue`, `homing dispatch ...` and
+//! `homing thread ...`, and how they print dispatches and log entries.
+
+use std::path::PathBuf;
+
+use anyhow::{Context, bail};
+use clap::{Args, Subcommand};
+
+use crate::config::{Config, parse_duration};
+use crate::input::read_capped;
+use crate::store::{Dispatch, ListFilter, NewDispatch, Status, Store, millis};
+
+/// `homing enqueue`.
+#[derive(Debug, Args)]
+pub struct EnqueueArgs {
+    /// The agent (plugin) to route to.
+    #[arg(long)]
+    pub agent: String,
+    /// The thread.
+    #[arg(long)]
+    pub thread: String,
+    /// The payload text (else `--payload-file`, else standard input).
+    #[arg(long, conflicts_with = "payload_file")]
+    pub payload: Option<String>,
+    /// A file holding the payload.
+    #[arg(long)]
+    pub payload_file: Option<PathBuf>,
+    /// 0 most urgent, 255 least.
+    #[arg(long, default_value_t = crate::store::DEFAULT_PRIORITY)]
+    pub priority: u8,
+    /// Delay before it may be claimed ("30s", "5m").
+    #[arg(long)]
+    pub delay: Option<String>,
+    /// At most one live dispatch per (thread, key).
+    #[arg(long)]
+    pub dedupe_key: Option<String>,
+    /// Failed attempts before it dead-letters (default: the plugin's `max_attempts`).
+    #[arg(long)]
+    pub max_attempts: Option<u32>,
+    /// The dispatch id (default: a new UUID v7).
+    #[arg(long)]
+    pub id: Option<String>,
+    /// Metadata entries as key=value.
+    #[arg(long = "meta", value_name = "KEY=VALUE")]
+    pub metadata: Vec<String>,
+    /// Print the stored record as JSON.
+    #[arg(long)]
+    pub json: bool,
+}
+
+/// `homing dispatch ...`.
+#[derive(Debug, Subcommand)]
+pub enum DispatchCommand {
+    /// Lists dispatches by priority, then age.
+    List {
+        /// Only this agent.
+        #[arg(long)]
+        agent: Option<String>,
+        /// Only this thread.
+        #[arg(long)]
+        thread: Option<String>,
+        /// Only this status (queued, claimed, acked, cancelled, superseded, dead_letter).
+        #[arg(long)]
+        status: Option<Status>,
+        /// Page size.
+        #[arg(long, default_value_t = 100)]
+        limit: usize,
+        /// JSON output.
+        #[arg(long)]
+        json: bool,
+    },
+    /// How many dispatches each agent has in each status.
+    Counts {
+        /// JSON output.
+        #[arg(long)]
+        json: bool,
+    },
+    /// Shows one dispatch.
+    Show {
+        /// The id.
+        id: String,
+        /// JSON output.
+        #[arg(long)]
+        json: bool,
+    },
+    /// Cancels a queued dispatch.
+    Cancel {
+        /// The id.
+        id: String,
+    },
+    /// Re-enqueues a dead-lettered (or cancelled) dispatch as a new one.
+    Retry {
+        /// The id.
+        id: String,
+    },
+}
+
+/// `homing thread ...`.
+#[derive(Debug, Subcommand)]
+pub enum ThreadCommand {
+    /// Interrupts a thread: supersedes its queued work and stops its running dispatch.
+    Interrupt {
+        /// The thread.
+        thread: String,
+        /// Why (recorded on superseded dispatches).
+        #[arg(long, default_value = "interrupted by operator")]
+        reason: String,
+        /// JSON output.
+        #[arg(long)]
+        json: bool,
+    },
+    /// Prints a thread's log.
+    Log {
+        /// The thread.
+        thread: String,
+        /// Only entries after this sequence.
+        #[arg(long, default_value_t = 0)]
+        after: u64,
+        /// Most entries.
+        #[arg(long, default_value_t = 1000)]
+        limit: usize,
+        /// JSON output.
+        #[arg(long)]
+        json: bool,
+    },
+}
+
+/// The dispatch `homing enqueue` submits, checked against the config before the store is
+/// opened: a payload over `[host] max_payload` is refused after reading one byte past it,
+/// however much a file or pipe holds.
+pub(super) fn prepare(config: &Config, args: &EnqueueArgs) -> anyhow::Result<NewDispatch> {
+    if !config.plugins.contains_key(&args.agent) {
+        bail!(
+            "--agent `{}` is not a plugin in {} (configured: {})",
+            args.agent,
+            config.source,
+            config
+                .plugins
+                .keys()
+                .cloned()
+                .collect::<Vec<_>>()
+                .join(", ")
+        );
+    }
+    let cap = config.host.max_payload;
+    let limit = "[host] max_payload";
+    let payload = match (&args.payload, &args.payload_file) {
+        (Some(text), _) => {
+            if text.len() as u64 > cap {
+                bail!("the payload is over {limit} of {cap} bytes");
+            }
+            text.clone().into_bytes()
+        }
+        (None, Some(file)) => {
+            let source = std::fs::File::open(file)
+                .with_context(|| format!("--payload-file {}", file.display()))?;
+            read_capped(source, cap, "the payload", limit)?
+        }
+        (None, None) => read_capped(std::io::stdin().lock(), cap, "the payload", limit)?,
+    };
+    let mut new = NewDispatch::new(&args.agent, &args.thread, payload).with_priority(args.priority);
+    new.id = args.id.clone();
+    new.dedupe_key = args.dedupe_key.clone();
+    new.max_attempts = args
+        .max_attempts
+        .or_else(|| config.plugins.get(&args.agent).map(|p| p.max_attempts))
+        .unwrap_or(crate::store::DEFAULT_MAX_ATTEMPTS);
+    if let Some(delay) = &args.delay {
+        let delay = parse_duration(delay).map_err(|e| anyhow::anyhow!("--delay: {e}"))?;
+        new.delay_ms = millis(delay);
+    }
+    for entry in &args.metadata {
+        let Some((key, value)) = entry.split_once('=') else {
+            bail!("--meta `{entry}`: expected KEY=VALUE");
+        };
+        new.metadata.insert(key.to_owned(), value.to_owned());
+    }
+    Ok(new)
+}
+
+/// Submits what [`prepare`] made and prints its id (or the record, with `--json`).
+pub(super) async fn enqueue(store: &Store, new: NewDispatch, json: bool) -> anyhow::Result<()> {
+    let dispatch = store.mailbox.enqueue(new).await?;
+    if json {
+        println!("{}", serde_json::to_string_pretty(&dispatch)?);
+    } else {
+        println!("{}", dispatch.id);
+    }
+    Ok(())
+}
+
+pub(super) async fn dispatch(
+    config: &Config,
+    store: &Store,
+    command: DispatchCommand,
+) -> anyhow::Result<()> {
+    match command {
+        DispatchCommand::List {
+            agent,
+            thread,
+            status,
+            limit,
+            json,
+        } => {
+            let filter = ListFilter {
+                thread,
+                agent,
+                statuses: status.into_iter().collect(),
+                limit,
+                offset: 0,
+            };
+            let rows = store.mailbox.list(&filter).await?;
+            if json {
+                println!("{}", serde_json::to_string_pretty(&rows)?);
+            } else {
+                print_table(&rows);
+            }
+        }
+        DispatchCommand::Counts { json } => {
+            let counts = store.mailbox.counts().await?;
+            if json {
+                println!("{}", serde_json::to_string_pretty(&counts)?);
+            } else {
+                println!("{:<20}  {:<11}  {:>10}", "AGENT", "STATUS", "COUNT");
+                for row in counts {
+                    println!("{:<20}  {:<11}  {:>10}", row.agent, row.status, row.count);
+                }
+            }
+        }
+        DispatchCommand::Show { id, json } => {
+            let Some(d) = store.mailbox.load(&id).await? else {
+                bail!("no dispatch `{id}`");
+            };
+            if json {
+                println!("{}", serde_json::to_string_pretty(&d)?);
+            } else {
+                print_dispatch(&d);
+            }
+        }
+        DispatchCommand::Cancel { id } => match store.mailbox.cancel(&id).await? {
+            Some(d) => println!("{} cancelled", d.id),
+            None => match store.mailbox.load(&id).await? {
+                Some(d) => bail!(
+                    "dispatch `{id}` is {}; only queued dispatches can be cancelled (interrupt its thread to stop a running one)",
+                    d.status
+                ),
+                None => bail!("no dispatch `{id}`"),
+            },
+        },
+        DispatchCommand::Retry { id } => {
+            let Some(d) = store.mailbox.load(&id).await? else {
+                bail!("no dispatch `{id}`");
+            };
+            if !matches!(d.status, Status::DeadLetter | Status::Cancelled) {
+                bail!(
+                    "dispatch `{id}` is {}; only dead-lettered or cancelled dispatches can be retried",
+                    d.status
+                );
+            }
+            let mut new =
+                NewDispatch::new(&d.agent, &d.thread, d.payload.clone()).with_priority(d.priority);
+            new.metadata = d.metadata.clone();
+            new.metadata.insert("retry-of".into(), d.id.clone());
+            new.max_attempts = config
+                .plugins
+                .get(&d.agent)
+                .map(|p| p.max_attempts)
+                .unwrap_or(d.max_attempts);
+            new.dedupe_key = d.dedupe_key.clone();
+            let retried = store.mailbox.enqueue(new).await?;
+            println!("{}", retried.id);
+        }
+    }
+    Ok(())
+}
+
+pub(super) async fn thread(store: &Store, command: ThreadCommand) -> anyhow::Result<()> {
+    match command {
+        ThreadCommand::Interrupt {
+            thread,
+            reason,
+            json,
+        } => {
+            let interrupt = store.mailbox.interrupt(&thread, &reason).await?;
+            if json {
+                println!("{}", serde_json::to_string_pretty(&interrupt)?);
+            } else {
+                println!("thread {thread} is now at epoch {}", interrupt.epoch);
+                println!(
+                    "superseded {} queued dispatch(es)",
+                    interrupt.superseded.len()
+                );
+                if let Some(active) = &interrupt.active {
+                    println!(
+                        "running dispatch {} is being stopped (its host checks every 250ms)",
+                        active.id
+                    );
+                }
+            }
+        }
+        ThreadCommand::Log {
+            thread,
+            after,
+            limit,
+            json,
+        } => {
+            let entries = store.log.read(&thread, after, limit).await?;
+            if json {
+                println!("{}", serde_json::to_string_pretty(&entries)?);
+            } else {
+                for entry in entries {
+                    println!("{:>6}  {}", entry.seq, printable(&entry.data));
+                }
+            }
+        }
+    }
+    Ok(())
+}
+
+/// Bytes for a terminal: text with its control characters escaped (a stored value cannot move
+/// the cursor or forge lines), anything else as its length and leading hex.
+fn printable(bytes: &[u8]) -> String {
+    match std::str::from_utf8(bytes) {
+        Ok(text) => crate::runtime::host::escape_log_text(text).into_owned(),
+        Err(_) => format!(
+            "<{} bytes, hex {}>",
+            bytes.len(),
+            bytes
+                .iter()
+                .take(32)
+                .map(|b| format!("{b:02x}"))
+                .collect::<String>()
+        ),
+    }
+}
+
+fn print_table(rows: &[Dispatch]) {
+    println!(
+        "{:<36}  {:<12}  {:<20}  {:<11}  {:>3}  {:>7}  RESULT",
+        "ID", "AGENT", "THREAD", "STATUS", "PRI", "ATTEMPT"
+    );
+    for d in rows {
+        let result = match (&d.result, &d.last_error) {
+            (Some(r), _) if r.error.is_none() => printable(&r.output),
+            (Some(r), _) => r.error.clone().unwrap_or_default(),
+            (None, Some(e)) => e.clone(),
+            (None, None) => String::new(),
+        };
+        let mut result: String = result.chars().take(60).collect();
+        if result.contains('\n') {
+            result = result.replace('\n', " ");
+        }
+        println!(
+            "{:<36}  {:<12}  {:<20}  {:<11}  {:>3}  {:>3}/{:<3}  {}",
+            d.id, d.agent, d.thread, d.status, d.priority, d.attempt, d.max_attempts, result
+        );
+    }
+}
+
+fn print_dispatch(d: &Dispatch) {
+    println!("id:           {}", d.id);
+    println!("agent:        {}", d.agent);
+    println!("thread:       {}", d.thread);
+    println!("run id:       {}", d.run_id);
+    println!("status:       {}", d.status);
+    println!("priority:     {}", d.priority);
+    println!("attempt:      {}/{}", d.attempt, d.max_attempts);
+    println!("epoch:        {}", d.epoch);
+    println!("payload:      {}", printable(&d.payload));
+    for (k, v) in &d.metadata {
+        println!("meta:         {k}={v}");
+    }
+    if let Some(claim) = &d.claim {
+        println!(
+            "claimed by:   {} (lease until {})",
+            claim.claimed_by, claim.lease_until
+        );
+    }
+    if let Some(result) = &d.result {
+        println!(
+            "result:       {:?} {}",
+            result.status,
+            printable(&result.output)
+        );
+        if let Some(error) = &result.error {
+            println!("result error: {error}");
+        }
+    }
+    if let Some(error) = &d.last_error {
+        println!("last error:   {error}");
+    }
+    println!("created at:   {}", d.created_at);
+    if let Some(at) = d.completed_at {
+        println!("completed at: {at}");
+    }
+}

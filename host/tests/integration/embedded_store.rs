@@ -1,0 +1,179 @@
+//! Embedded-backend specifics the generic suite cannot reach: bad stored data, schema versions,
+//! files that are not stores, restart durability.
+
+use std::sync::Arc;
+
+use homing::store::embedded::{EmbeddedStore, SCHEMA_VERSION};
+use homing::store::{ListFilter, ManualClock, NewDispatch, StoreError};
+
+fn clock() -> Arc<ManualClock> {
+    ManualClock::new(1_700_000_000_000)
+}
+
+#[tokio::test]
+async fn a_row_that_fails_to_decode_is_corrupt_naming_its_key_and_others_stay_usable() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("store.db");
+    let store = EmbeddedStore::open(&path, clock()).unwrap().store();
+    let bad = store
+        .mailbox
+        .enqueue(NewDispatch::new("a", "t1", "x").with_id("bad"))
+        .await
+        .unwrap();
+    let good = store
+        .mailbox
+        .enqueue(NewDispatch::new("a", "t2", "y").with_id("good"))
+        .await
+        .unwrap();
+    {
+        let conn = rusqlite::Connection::open(&path).unwrap();
+        conn.execute(
+            "UPDATE dispatches SET metadata = 'not json' WHERE id = 'bad'",
+            [],
+        )
+        .unwrap();
+    }
+    match store.mailbox.load(&bad.id).await {
+        Err(StoreError::Corrupt { key, reason }) => {
+            assert_eq!(key, "dispatches/bad");
+            assert!(reason.contains("metadata"), "{reason}");
+        }
+        other => panic!("expected Corrupt, got {other:?}"),
+    }
+    assert_eq!(
+        store.mailbox.load(&good.id).await.unwrap().unwrap().payload,
+        b"y"
+    );
+    let filter = ListFilter {
+        thread: Some("t2".into()),
+        ..Default::default()
+    };
+    assert_eq!(store.mailbox.list(&filter).await.unwrap().len(), 1);
+    // Holder operations on the corrupt row fail cleanly too.
+    let err = store.mailbox.ack("bad", "token").await.unwrap_err();
+    assert!(matches!(err, StoreError::Corrupt { .. }), "{err:?}");
+}
+
+#[tokio::test]
+async fn a_claim_on_a_thread_with_a_corrupt_head_fails_without_panicking() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("store.db");
+    let store = EmbeddedStore::open(&path, clock()).unwrap().store();
+    store
+        .mailbox
+        .enqueue(NewDispatch::new("a", "t1", "x").with_id("head"))
+        .await
+        .unwrap();
+    {
+        let conn = rusqlite::Connection::open(&path).unwrap();
+        conn.execute(
+            "UPDATE dispatches SET priority = 9999 WHERE id = 'head'",
+            [],
+        )
+        .unwrap();
+    }
+    let err = store.mailbox.claim("a", "w", 1000).await.unwrap_err();
+    assert!(
+        matches!(err, StoreError::Corrupt { ref key, .. } if key == "dispatches/head"),
+        "{err:?}"
+    );
+}
+
+#[test]
+fn a_file_from_a_newer_schema_is_refused_naming_the_file_and_versions() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("future.db");
+    drop(EmbeddedStore::open(&path, clock()).unwrap());
+    {
+        let conn = rusqlite::Connection::open(&path).unwrap();
+        conn.pragma_update(None, "user_version", SCHEMA_VERSION + 1)
+            .unwrap();
+    }
+    let err = EmbeddedStore::open(&path, clock()).unwrap_err();
+    match err {
+        StoreError::Corrupt { key, reason } => {
+            assert_eq!(key, path.display().to_string());
+            assert!(
+                reason.contains(&format!("schema version {}", SCHEMA_VERSION + 1)),
+                "{reason}"
+            );
+            assert!(reason.contains("upgrade homing"), "{reason}");
+        }
+        other => panic!("expected Corrupt, got {other:?}"),
+    }
+}
+
+#[test]
+fn a_file_that_is_not_a_store_is_refused() {
+    let dir = tempfile::tempdir().unwrap();
+    let text = dir.path().join("notes.txt");
+    std::fs::write(
+        &text,
+        "these are not the tables you are looking for, not at all, no",
+    )
+    .unwrap();
+    let err = EmbeddedStore::open(&text, clock()).unwrap_err();
+    assert!(matches!(err, StoreError::Corrupt { .. }), "{err:?}");
+
+    let foreign = dir.path().join("foreign.db");
+    {
+        let conn = rusqlite::Connection::open(&foreign).unwrap();
+        conn.execute("CREATE TABLE invoices (id INTEGER)", [])
+            .unwrap();
+    }
+    let err = EmbeddedStore::open(&foreign, clock()).unwrap_err();
+    match err {
+        StoreError::Corrupt { reason, .. } => {
+            assert!(reason.contains("not a Homing store"), "{reason}")
+        }
+        other => panic!("expected Corrupt, got {other:?}"),
+    }
+}
+
+#[tokio::test]
+async fn everything_acknowledged_survives_closing_and_reopening_the_file() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("store.db");
+    let clock = clock();
+    let (claimed_id, token) = {
+        let store = EmbeddedStore::open(&path, clock.clone()).unwrap().store();
+        store
+            .mailbox
+            .enqueue(NewDispatch::new("a", "t", "one").with_id("one"))
+            .await
+            .unwrap();
+        store
+            .mailbox
+            .enqueue(NewDispatch::new("a", "t", "two").with_id("two"))
+            .await
+            .unwrap();
+        let d = store
+            .mailbox
+            .claim("a", "w", 60_000)
+            .await
+            .unwrap()
+            .unwrap();
+        store.log.append("t", b"entry", None).await.unwrap();
+        (d.id.clone(), d.token().unwrap().to_owned())
+    };
+    let store = EmbeddedStore::open(&path, clock.clone()).unwrap().store();
+    // The claim, its lease and the thread lock survive: the holder can still settle.
+    assert!(
+        store
+            .mailbox
+            .claim("a", "w2", 60_000)
+            .await
+            .unwrap()
+            .is_none(),
+        "thread still held"
+    );
+    store.mailbox.ack(&claimed_id, &token).await.unwrap();
+    let next = store
+        .mailbox
+        .claim("a", "w2", 60_000)
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(next.id, "two");
+    assert_eq!(store.log.latest("t").await.unwrap(), 1);
+}

@@ -1,0 +1,477 @@
+//! The host side of the WIT imports, called directly (no wasm): fencing of a guest's writes,
+//! the enqueue allow-list and caps, backoff on nack, stop requests.
+
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
+
+use homing::config::PluginConfig;
+use homing::runtime::bindings::handler::homing::agent::mailbox::{Host, HostClaim};
+use homing::runtime::bindings::{EnqueueRequest, GuestError, StopReason};
+use homing::runtime::host::{
+    ClaimHandle, GuestState, LogState, PluginContext, check_returned_output, escape_log_text,
+    max_payload_warning,
+};
+use homing::store::embedded::EmbeddedStore;
+use homing::store::{ManualClock, NewDispatch, Status, Store};
+use wasmtime::component::Resource;
+use wasmtime_wasi::WasiCtxBuilder;
+
+const LEASE_MS: u64 = 30_000;
+
+struct Fixture {
+    clock: Arc<ManualClock>,
+    store: Store,
+    ctx: Arc<PluginContext>,
+    shutdown: Arc<AtomicBool>,
+}
+
+fn fixture(plugin_toml: &str) -> Fixture {
+    let clock = ManualClock::new(1_000_000);
+    let store = EmbeddedStore::open_in_memory(clock.clone())
+        .unwrap()
+        .store();
+    let config: PluginConfig =
+        toml::from_str(&format!("path = \"agent.wasm\"\n{plugin_toml}")).unwrap();
+    let shutdown = Arc::new(AtomicBool::new(false));
+    let ctx = Arc::new(PluginContext {
+        name: "agent".into(),
+        targets: config.enqueue_to.iter().map(|t| (t.clone(), 3)).collect(),
+        config,
+        store: store.clone(),
+        consumer: "test-host/agent".into(),
+        lease: std::time::Duration::from_millis(LEASE_MS),
+        max_payload: 1024,
+        config_dir: ".".into(),
+        shutdown: shutdown.clone(),
+    });
+    Fixture {
+        clock,
+        store,
+        ctx,
+        shutdown,
+    }
+}
+
+impl Fixture {
+    fn guest(&self) -> GuestState {
+        GuestState::new(
+            WasiCtxBuilder::new().build(),
+            self.ctx.clone(),
+            Arc::new(Mutex::new(LogState::default())),
+        )
+    }
+
+    /// Enqueues one dispatch on `thread` and claims it as the worker would.
+    async fn claim(&self, guest: &mut GuestState, thread: &str) -> (u32, ClaimSnapshot) {
+        self.store
+            .mailbox
+            .enqueue(NewDispatch::new("agent", thread, "payload"))
+            .await
+            .unwrap();
+        let claim: ClaimHandle = homing::claim::claim_for(&self.ctx.claimer())
+            .await
+            .unwrap()
+            .unwrap();
+        let snapshot = ClaimSnapshot {
+            id: claim.dispatch.id.clone(),
+            thread: claim.dispatch.thread.clone(),
+        };
+        let resource = guest.table().push(claim).unwrap();
+        (resource.rep(), snapshot)
+    }
+}
+
+struct ClaimSnapshot {
+    id: String,
+    thread: String,
+}
+
+fn borrow(rep: u32) -> Resource<ClaimHandle> {
+    Resource::new_borrow(rep)
+}
+
+#[tokio::test]
+async fn a_guest_whose_lease_was_lost_cannot_ack_record_or_append() {
+    let f = fixture("");
+    let mut guest = f.guest();
+    let (rep, claim) = f.claim(&mut guest, "t").await;
+    f.clock.advance(LEASE_MS + 1);
+    let reclaimed = f
+        .store
+        .mailbox
+        .reclaim_expired(f.store.now(), 10)
+        .await
+        .unwrap();
+    assert_eq!(reclaimed.len(), 1);
+
+    let ack = guest.ack(borrow(rep)).await.unwrap();
+    assert!(matches!(ack, Err(GuestError::LostClaim(_))), "{ack:?}");
+    let record = guest
+        .record_result(borrow(rep), b"late".to_vec())
+        .await
+        .unwrap();
+    assert!(
+        matches!(record, Err(GuestError::LostClaim(_))),
+        "{record:?}"
+    );
+    let append = guest
+        .append(borrow(rep), b"late entry".to_vec())
+        .await
+        .unwrap();
+    assert!(
+        matches!(append, Err(GuestError::LostClaim(_))),
+        "{append:?}"
+    );
+    let complete = guest.complete(borrow(rep), b"late".to_vec()).await.unwrap();
+    assert!(
+        matches!(complete, Err(GuestError::LostClaim(_))),
+        "{complete:?}"
+    );
+
+    // Exactly as the contract says for a reclaim: requeued, one failed attempt, nothing recorded.
+    let d = f.store.mailbox.load(&claim.id).await.unwrap().unwrap();
+    assert_eq!(d.status, Status::Queued);
+    assert_eq!(d.attempt, 1);
+    assert!(d.result.is_none());
+    assert_eq!(f.store.log.latest(&claim.thread).await.unwrap(), 0);
+}
+
+#[tokio::test]
+async fn a_guest_whose_thread_was_interrupted_cannot_append_or_ack() {
+    let f = fixture("");
+    let mut guest = f.guest();
+    let (rep, claim) = f.claim(&mut guest, "t").await;
+    let ok = guest.append(borrow(rep), b"before".to_vec()).await.unwrap();
+    assert_eq!(ok.unwrap(), 1);
+
+    let interrupt = f
+        .store
+        .mailbox
+        .interrupt(&claim.thread, "user sent a newer message")
+        .await
+        .unwrap();
+    assert_eq!(interrupt.active.unwrap().id, claim.id);
+
+    let append = guest.append(borrow(rep), b"after".to_vec()).await.unwrap();
+    assert!(
+        matches!(append, Err(GuestError::Interrupted(_))),
+        "{append:?}"
+    );
+    let ack = guest.ack(borrow(rep)).await.unwrap();
+    assert!(matches!(ack, Err(GuestError::LostClaim(_))), "{ack:?}");
+    let d = f.store.mailbox.load(&claim.id).await.unwrap().unwrap();
+    assert_eq!(d.status, Status::Superseded);
+    assert_eq!(
+        f.store.log.latest(&claim.thread).await.unwrap(),
+        1,
+        "only the fenced-in entry"
+    );
+}
+
+#[tokio::test]
+async fn settling_twice_through_the_claim_is_refused_the_second_time_by_kind() {
+    let f = fixture("");
+    let mut guest = f.guest();
+    let (rep, claim) = f.claim(&mut guest, "t").await;
+    guest
+        .complete(borrow(rep), b"done".to_vec())
+        .await
+        .unwrap()
+        .unwrap();
+    // A retry of the same settlement is idempotent; a different one is refused.
+    guest.ack(borrow(rep)).await.unwrap().unwrap();
+    let nack = guest
+        .nack(borrow(rep), "too late".into(), None)
+        .await
+        .unwrap();
+    assert!(matches!(nack, Err(GuestError::LostClaim(_))), "{nack:?}");
+    let d = f.store.mailbox.load(&claim.id).await.unwrap().unwrap();
+    assert_eq!(d.status, Status::Acked);
+    assert_eq!(d.result.unwrap().output, b"done");
+}
+
+#[tokio::test]
+async fn nack_applies_the_plugins_backoff_and_the_guests_hint_as_a_floor() {
+    let f = fixture("[retry]\ninitial = \"2s\"\nmax = \"1m\"\njitter = 0.0\n");
+    let mut guest = f.guest();
+    let (rep, claim) = f.claim(&mut guest, "t").await;
+    let now = f.store.now();
+    guest
+        .nack(borrow(rep), "busy".into(), Some(10_000))
+        .await
+        .unwrap()
+        .unwrap();
+    let d = f.store.mailbox.load(&claim.id).await.unwrap().unwrap();
+    assert_eq!(d.status, Status::Queued);
+    assert_eq!(
+        d.available_at,
+        now + 10_000,
+        "the hint (10s) exceeds the policy (2s)"
+    );
+    assert_eq!(d.last_error.as_deref(), Some("busy"));
+
+    let mut guest = f.guest();
+    f.clock.advance(10_000);
+    let claim: ClaimHandle = homing::claim::claim_for(&f.ctx.claimer())
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(claim.dispatch.attempt, 1);
+    let rep = guest.table().push(claim).unwrap().rep();
+    let now = f.store.now();
+    guest
+        .nack(borrow(rep), "busy again".into(), None)
+        .await
+        .unwrap()
+        .unwrap();
+    let d = f
+        .store
+        .mailbox
+        .load(&claim_id(&f, "t").await)
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(
+        d.available_at,
+        now + 4_000,
+        "2s doubled for the second failure"
+    );
+}
+
+async fn claim_id(f: &Fixture, thread: &str) -> String {
+    let list = f
+        .store
+        .mailbox
+        .list(&homing::store::ListFilter {
+            thread: Some(thread.into()),
+            ..Default::default()
+        })
+        .await
+        .unwrap();
+    list[0].id.clone()
+}
+
+#[tokio::test]
+async fn enqueue_is_limited_to_allowed_agents_and_capped_in_size() {
+    let f = fixture("enqueue_to = [\"helper\"]\n");
+    let mut guest = f.guest();
+    let (rep, claim) = f.claim(&mut guest, "t").await;
+    let request = |agent: &str, payload: Vec<u8>| EnqueueRequest {
+        agent: agent.into(),
+        thread: None,
+        payload,
+        metadata: vec![],
+        priority: None,
+        delay_ms: None,
+        dedupe_key: None,
+        max_attempts: Some(99),
+    };
+    let denied = HostClaim::enqueue(&mut guest, borrow(rep), request("stranger", b"x".to_vec()))
+        .await
+        .unwrap();
+    assert!(matches!(denied, Err(GuestError::Denied(_))), "{denied:?}");
+    let too_big = HostClaim::enqueue(&mut guest, borrow(rep), request("helper", vec![0; 2048]))
+        .await
+        .unwrap();
+    assert!(
+        matches!(too_big, Err(GuestError::Invalid(_))),
+        "{too_big:?}"
+    );
+    let id = HostClaim::enqueue(&mut guest, borrow(rep), request("helper", b"x".to_vec()))
+        .await
+        .unwrap()
+        .unwrap();
+    let child = f.store.mailbox.load(&id).await.unwrap().unwrap();
+    assert_eq!(child.thread, claim.thread, "same thread by default");
+    assert_eq!(child.max_attempts, 3, "capped at the target's max_attempts");
+    assert_eq!(child.metadata["parent"], claim.id);
+    // Outside a claim, a thread is required.
+    let no_thread = Host::enqueue(&mut guest, request("helper", b"x".to_vec()))
+        .await
+        .unwrap();
+    assert!(
+        matches!(no_thread, Err(GuestError::Invalid(_))),
+        "{no_thread:?}"
+    );
+}
+
+#[tokio::test]
+async fn stop_requested_reports_shutdown_and_cancellation() {
+    let f = fixture("");
+    let mut guest = f.guest();
+    let (rep, _) = f.claim(&mut guest, "t").await;
+    assert_eq!(guest.stop_requested(borrow(rep)).await.unwrap(), None);
+    f.shutdown.store(true, Ordering::SeqCst);
+    assert_eq!(
+        guest.stop_requested(borrow(rep)).await.unwrap(),
+        Some(StopReason::Shutdown)
+    );
+    guest
+        .table()
+        .get(&borrow(rep))
+        .unwrap()
+        .control
+        .request_stop(homing::claim::StopReason::Interrupted);
+    assert_eq!(
+        guest.stop_requested(borrow(rep)).await.unwrap(),
+        Some(StopReason::Interrupted)
+    );
+}
+
+/// Asserts `invalid` naming the field, its size and the host's cap.
+fn expect_over_cap<T: std::fmt::Debug>(result: Result<T, GuestError>, field: &str, len: usize) {
+    match result {
+        Err(GuestError::Invalid(message)) => assert_eq!(
+            message,
+            format!("{field}: {len} bytes exceeds the host's max_payload of 1024 bytes")
+        ),
+        other => panic!("{field} of {len} bytes: expected invalid, got {other:?}"),
+    }
+}
+
+#[tokio::test]
+async fn every_guest_value_over_max_payload_is_invalid_naming_field_and_cap() {
+    let f = fixture("enqueue_to = [\"agent\"]\n");
+    let mut guest = f.guest();
+    let (rep, claim) = f.claim(&mut guest, "t").await;
+    let over = vec![0xffu8; 1025];
+    let request = |payload: Vec<u8>| EnqueueRequest {
+        agent: "agent".into(),
+        thread: Some("follow".into()),
+        payload,
+        metadata: Vec::new(),
+        priority: None,
+        delay_ms: None,
+        dedupe_key: None,
+        max_attempts: None,
+    };
+    expect_over_cap(
+        HostClaim::enqueue(&mut guest, borrow(rep), request(over.clone()))
+            .await
+            .unwrap(),
+        "payload",
+        1025,
+    );
+    expect_over_cap(
+        Host::enqueue(&mut guest, request(over.clone()))
+            .await
+            .unwrap(),
+        "payload",
+        1025,
+    );
+    expect_over_cap(
+        guest.append(borrow(rep), over.clone()).await.unwrap(),
+        "entry",
+        1025,
+    );
+    expect_over_cap(
+        guest
+            .append_expected(borrow(rep), over.clone(), 0)
+            .await
+            .unwrap(),
+        "entry",
+        1025,
+    );
+    expect_over_cap(
+        guest
+            .record_result(borrow(rep), over.clone())
+            .await
+            .unwrap(),
+        "output",
+        1025,
+    );
+    expect_over_cap(
+        guest.complete(borrow(rep), over.clone()).await.unwrap(),
+        "output",
+        1025,
+    );
+    // Nothing was written, and the claim is still the guest's to settle.
+    let d = f.store.mailbox.load(&claim.id).await.unwrap().unwrap();
+    assert_eq!(d.status, Status::Claimed);
+    assert!(d.result.is_none());
+    assert_eq!(f.store.log.latest(&claim.thread).await.unwrap(), 0);
+    assert_eq!(
+        f.store
+            .mailbox
+            .list(&Default::default())
+            .await
+            .unwrap()
+            .len(),
+        1
+    );
+
+    // At the cap, every one is accepted.
+    let at = vec![0xfeu8; 1024];
+    HostClaim::enqueue(&mut guest, borrow(rep), request(at.clone()))
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(
+        guest
+            .append(borrow(rep), at.clone())
+            .await
+            .unwrap()
+            .unwrap(),
+        1
+    );
+    guest
+        .record_result(borrow(rep), at.clone())
+        .await
+        .unwrap()
+        .unwrap();
+    guest
+        .complete(borrow(rep), at.clone())
+        .await
+        .unwrap()
+        .unwrap();
+    let d = f.store.mailbox.load(&claim.id).await.unwrap().unwrap();
+    assert_eq!(d.status, Status::Acked);
+    assert!(d.result.unwrap().output == at);
+}
+
+#[test]
+fn a_returned_output_over_the_cap_fails_naming_the_cap_and_a_cap_above_the_store_is_clamped() {
+    let f = fixture("");
+    assert_eq!(f.ctx.payload_cap(), 1024);
+    assert_eq!(check_returned_output(&f.ctx, &[0u8; 1024]), None);
+    assert_eq!(
+        check_returned_output(&f.ctx, &[0u8; 1025]).as_deref(),
+        Some("output of 1025 bytes exceeds max_payload 1024")
+    );
+    assert_eq!(max_payload_warning(1024, &f.store), None);
+
+    // A host cap above what the store holds is clamped to it, and says so.
+    let holds = f.store.max_value();
+    let ctx = PluginContext {
+        max_payload: u64::MAX,
+        ..PluginContext::standalone("agent", f.ctx.config.clone(), f.store.clone(), ".".into())
+    };
+    assert_eq!(ctx.payload_cap(), holds);
+    let over = usize::try_from(holds + 1).unwrap();
+    assert_eq!(
+        ctx.check_payload("entry", over),
+        Err(format!(
+            "entry: {over} bytes exceeds the host's max_payload of {holds} bytes (what the store \
+             can hold; [host] max_payload is {})",
+            u64::MAX
+        ))
+    );
+    let warning = max_payload_warning(u64::MAX, &f.store).unwrap();
+    assert!(
+        warning.contains(&u64::MAX.to_string()) && warning.contains(&holds.to_string()),
+        "{warning}"
+    );
+}
+
+#[test]
+fn guest_log_text_is_escaped_so_it_stays_one_line_without_terminal_escapes() {
+    assert_eq!(
+        escape_log_text("plain text\tand a tab"),
+        "plain text\tand a tab"
+    );
+    assert_eq!(
+        escape_log_text("one\nINFO host: forged\r\u{1b}[31mred\u{7}\u{0}\u{7f}\u{9b}"),
+        r"one\nINFO host: forged\r\u{1b}[31mred\u{7}\u{0}\u{7f}\u{9b}"
+    );
+    assert_eq!(escape_log_text("ünï\u{202e}🙂"), "ünï\u{202e}🙂");
+}

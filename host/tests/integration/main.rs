@@ -1,0 +1,40 @@
+//! Every integration test of the host, in one test binary so that wasmtime is linked once.
+//!
+//! Shared support: [`common`] (guests built from source, a scratch directory with a
+//! `homing.toml`, the `homing` binary), [`natsd`] (real `nats-server` processes), [`hosts`]
+//! (real `homing run` processes and the journals they leave), [`history`] (the history checker
+//! of the fault tests) and [`conformance`] (the store suite, generic over a backend).
+//!
+//! The suites, one module each (`cargo test --release -p homing --test integration MODULE`
+//! runs one; `cargo test conformance` runs exactly the conformance suites):
+//!
+//! - `embedded_conformance`, `nats_conformance`: the store suite on each backend;
+//! - `embedded_store`: embedded-backend specifics;
+//! - `guest_imports`: the host side of the WIT imports, called directly;
+//! - `faults`: fault injection at the store level, checked by the history checker;
+//! - `e2e`, `polyglot`: the `homing` binary with real components;
+//! - `nats_hosts`: many hosts on one NATS store;
+//! - `process_faults`: hosts killed at random points and restarted;
+//! - `fuzz`: guests making random WIT call sequences.
+//!
+//! Tests share one process: a `nats-server` kept in a static (by the NATS conformance suite
+//! and by the fault tests) lives until the process exits, and the guests are built once.
+
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+
+mod common;
+mod conformance;
+mod history;
+mod hosts;
+mod natsd;
+
+mod e2e;
+mod embedded_conformance;
+mod embedded_store;
+mod faults;
+mod fuzz;
+mod guest_imports;
+mod nats_conformance;
+mod nats_hosts;
+mod polyglot;
+mod process_faults;
