@@ -161,8 +161,9 @@ pub(super) async fn instance_start(
                 lease: None,
             };
             let start = Instant::now();
-            let (_, end) = runtime.run_handler(&plugin, claim, &mut None).await;
+            let run = runtime.run_handler(&plugin, claim, &mut None).await;
             samples.push(start.elapsed().as_secs_f64() * 1e6);
+            let end = run.end();
             if !matches!(end, crate::runtime::CallEnd::Returned(_)) {
                 bail!("the echo guest's handle call did not return: {end:?}");
             }

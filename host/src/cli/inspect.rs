@@ -10,7 +10,7 @@ use serde_json::json;
 
 use crate::config::{Config, StoreConfig};
 use crate::runtime::{Runtime, WasmContext, detect_world};
-use crate::store::nats::NatsStore;
+use crate::store::nats::{NatsConfig, NatsStore};
 
 /// `homing config ...`.
 #[derive(Debug, Subcommand)]
@@ -55,7 +55,7 @@ pub(super) async fn check(file: &Path, json: bool) -> anyhow::Result<()> {
             format!("embedded ({})", config.embedded_path(settings).display())
         }
         StoreConfig::Nats(settings) => {
-            let nats = config.nats_config(settings);
+            let nats = NatsConfig::from_settings(settings, |p| config.resolve(p));
             let report = NatsStore::check(&nats)
                 .await
                 .with_context(|| format!("checking the NATS store at {}", nats.urls.join(", ")))?;

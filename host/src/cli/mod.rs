@@ -19,7 +19,7 @@ use clap::{Parser, Subcommand};
 use crate::bench;
 use crate::config::{Config, StoreConfig};
 use crate::store::embedded::{EmbeddedOptions, EmbeddedStore};
-use crate::store::nats::NatsStore;
+use crate::store::nats::{NatsConfig, NatsStore};
 use crate::store::{Store, SystemClock};
 use crate::supervisor::Supervisor;
 
@@ -149,7 +149,7 @@ fn init_tracing(default: &str) {
 pub async fn open_store(config: &Config) -> anyhow::Result<Store> {
     match &config.store {
         StoreConfig::Nats(settings) => {
-            let nats = config.nats_config(settings);
+            let nats = NatsConfig::from_settings(settings, |p| config.resolve(p));
             NatsStore::open(&nats, Arc::new(SystemClock))
                 .await
                 .with_context(|| {

@@ -18,7 +18,9 @@ use serde::Deserialize;
 mod store;
 mod units;
 
-pub use store::{Backend, EmbeddedSettings, NatsSettings, StoreConfig, Urls};
+pub use store::{
+    Backend, DEFAULT_NATS_URL, EmbeddedSettings, NatsSettings, StoreConfig, Urls, check_nats,
+};
 use units::{duration, size};
 pub use units::{parse_duration, parse_size};
 
@@ -158,8 +160,11 @@ fn default_memory() -> u64 {
 fn default_timeout() -> Duration {
     Duration::from_secs(30)
 }
+/// Attempts a dispatch gets when neither it nor its plugin names a number.
+pub const DEFAULT_MAX_ATTEMPTS: u32 = 5;
+
 fn default_max_attempts() -> u32 {
-    crate::store::DEFAULT_MAX_ATTEMPTS
+    DEFAULT_MAX_ATTEMPTS
 }
 fn default_reuse() -> u32 {
     1
@@ -294,8 +299,14 @@ impl Config {
     }
 
     fn check(&self) -> Result<(), String> {
-        if let Some(nats) = self.nats() {
-            nats.validate().map_err(|e| format!("[store] {e}"))?;
+        if let StoreConfig::Nats(nats) = &self.store {
+            check_nats(
+                &nats.urls(),
+                &nats.prefix,
+                nats.replicas,
+                [nats.connect_timeout, nats.request_timeout],
+            )
+            .map_err(|e| format!("[store] {e}"))?;
         }
         if self.host.lease < Duration::from_millis(100) {
             return Err("[host] lease: must be at least 100ms".into());
@@ -395,35 +406,6 @@ impl Config {
         match &settings.path {
             Some(path) => self.resolve(path),
             None => self.base_dir.join("homing.db"),
-        }
-    }
-
-    /// The NATS settings, when the store is NATS.
-    pub fn nats(&self) -> Option<crate::store::nats::NatsConfig> {
-        match &self.store {
-            StoreConfig::Nats(nats) => Some(self.nats_config(nats)),
-            StoreConfig::Embedded(_) => None,
-        }
-    }
-
-    /// The connection settings of a NATS store with `settings`, paths resolved.
-    pub fn nats_config(&self, settings: &NatsSettings) -> crate::store::nats::NatsConfig {
-        let defaults = crate::store::nats::NatsConfig::default();
-        crate::store::nats::NatsConfig {
-            urls: match &settings.url {
-                None => defaults.urls,
-                Some(Urls::One(url)) => url
-                    .split(',')
-                    .map(|u| u.trim().to_owned())
-                    .filter(|u| !u.is_empty())
-                    .collect(),
-                Some(Urls::Many(urls)) => urls.clone(),
-            },
-            credentials: settings.credentials.as_ref().map(|p| self.resolve(p)),
-            prefix: settings.prefix.clone(),
-            replicas: settings.replicas,
-            connect_timeout: settings.connect_timeout,
-            request_timeout: settings.request_timeout,
         }
     }
 
@@ -575,15 +557,19 @@ mod tests {
             "[store]\nbackend = \"nats\"\nurl = \"nats://a:4222, nats://b:4222\"\nprefix = \"prod\"\nreplicas = 3\nrequest_timeout = \"750ms\"\ncredentials = \"me.creds\"\n",
         )
         .unwrap();
-        let nats = config.nats().unwrap();
-        assert_eq!(nats.urls, vec!["nats://a:4222", "nats://b:4222"]);
+        let StoreConfig::Nats(nats) = &config.store else {
+            panic!("not nats")
+        };
+        assert_eq!(nats.urls(), vec!["nats://a:4222", "nats://b:4222"]);
         assert_eq!(nats.prefix, "prod");
         assert_eq!(nats.replicas, 3);
         assert_eq!(nats.request_timeout, Duration::from_millis(750));
-        assert!(nats.credentials.unwrap().ends_with("me.creds"));
+        assert!(nats.credentials.clone().unwrap().ends_with("me.creds"));
         let config = parse("[store]\nbackend = \"nats\"\nurl = [\"nats://c:1\"]\n").unwrap();
-        let nats = config.nats().unwrap();
-        assert_eq!(nats.urls, vec!["nats://c:1"]);
+        let StoreConfig::Nats(nats) = &config.store else {
+            panic!("not nats")
+        };
+        assert_eq!(nats.urls(), vec!["nats://c:1"]);
         assert_eq!(nats.prefix, "homing");
         let err = parse("[store]\nbackend = \"nats\"\nprefix = \"\"\n").unwrap_err();
         assert!(err.to_string().contains("[store] prefix"), "{err}");
@@ -620,7 +606,7 @@ mod tests {
     fn the_store_is_embedded_unless_it_says_otherwise() {
         let config = parse("").unwrap();
         assert_eq!(config.store.backend(), Backend::Embedded);
-        assert!(config.nats().is_none());
+        assert!(matches!(config.store, StoreConfig::Embedded(_)));
         let config = parse("[store]\nfsync = true\n").unwrap();
         assert!(matches!(
             config.store,
@@ -629,7 +615,10 @@ mod tests {
         let config = parse("[store]\nbackend = \"nats\"\nconnect_timeout = \"2s\"\n").unwrap();
         assert_eq!(config.store_path(), None);
         assert_eq!(
-            config.nats().unwrap().connect_timeout,
+            match &config.store {
+                StoreConfig::Nats(nats) => nats.connect_timeout,
+                StoreConfig::Embedded(_) => Duration::ZERO,
+            },
             Duration::from_secs(2)
         );
     }

@@ -69,18 +69,68 @@ pub struct NatsSettings {
     pub request_timeout: Duration,
 }
 
+/// The server a NATS store connects to when `url` is not set.
+pub const DEFAULT_NATS_URL: &str = "nats://127.0.0.1:4222";
+
 impl Default for NatsSettings {
     fn default() -> Self {
-        let nats = crate::store::nats::NatsConfig::default();
         NatsSettings {
             url: None,
             credentials: None,
-            prefix: nats.prefix,
-            replicas: nats.replicas,
-            connect_timeout: nats.connect_timeout,
-            request_timeout: nats.request_timeout,
+            prefix: "homing".into(),
+            replicas: 1,
+            connect_timeout: Duration::from_secs(5),
+            request_timeout: Duration::from_secs(5),
         }
     }
+}
+
+impl NatsSettings {
+    /// The server URLs: `url` split at commas, or the list, or [`DEFAULT_NATS_URL`].
+    pub fn urls(&self) -> Vec<String> {
+        match &self.url {
+            None => vec![DEFAULT_NATS_URL.to_owned()],
+            Some(Urls::One(url)) => url
+                .split(',')
+                .map(|u| u.trim().to_owned())
+                .filter(|u| !u.is_empty())
+                .collect(),
+            Some(Urls::Many(urls)) => urls.clone(),
+        }
+    }
+}
+
+/// Checks NATS settings a server cannot check for us: at least one URL, a prefix that can
+/// name a stream, a replica count a cluster accepts, timeouts above zero.
+///
+/// # Errors
+///
+/// A message naming the key.
+pub fn check_nats(
+    urls: &[String],
+    prefix: &str,
+    replicas: usize,
+    timeouts: [Duration; 2],
+) -> Result<(), String> {
+    if urls.is_empty() {
+        return Err("url: at least one server URL is needed".into());
+    }
+    if prefix.is_empty()
+        || !prefix
+            .chars()
+            .all(|c| c.is_ascii_alphanumeric() || c == '_' || c == '-')
+    {
+        return Err(format!(
+            "prefix `{prefix}`: use letters, digits, `_` and `-` only (it names a stream)"
+        ));
+    }
+    if !matches!(replicas, 1 | 3 | 5) {
+        return Err(format!("replicas = {replicas}: use 1, 3 or 5"));
+    }
+    if timeouts.iter().any(Duration::is_zero) {
+        return Err("timeouts must be above zero".into());
+    }
+    Ok(())
 }
 
 /// One URL or several.

@@ -14,8 +14,9 @@ use serde::{Deserialize, Serialize};
 /// The priority a dispatch gets when the submitter names none (0 is most urgent).
 pub const DEFAULT_PRIORITY: u8 = 128;
 
-/// How many failed attempts a dispatch may use when the submitter names no limit.
-pub const DEFAULT_MAX_ATTEMPTS: u32 = 5;
+/// How many failed attempts a dispatch may use when the submitter names no limit (a setting's
+/// default, so it lives with the config).
+pub use crate::config::DEFAULT_MAX_ATTEMPTS;
 
 /// The lifecycle state of a dispatch.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]

@@ -1,9 +1,10 @@
 //! How a host reaches its NATS cluster, and how much one message of the stream can carry.
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use super::keys;
+use crate::config::{NatsSettings, check_nats};
 
 /// How a host reaches its NATS cluster (`[store]` with `backend = "nats"`).
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -24,41 +25,33 @@ pub struct NatsConfig {
 
 impl Default for NatsConfig {
     fn default() -> Self {
-        NatsConfig {
-            urls: vec!["nats://127.0.0.1:4222".into()],
-            credentials: None,
-            prefix: "homing".into(),
-            replicas: 1,
-            connect_timeout: Duration::from_secs(5),
-            request_timeout: Duration::from_secs(5),
-        }
+        NatsConfig::from_settings(&NatsSettings::default(), Path::to_path_buf)
     }
 }
 
 impl NatsConfig {
-    /// Checks the settings a server cannot check for us.
+    /// The connection settings of `[store]` with `backend = "nats"`; `resolve` anchors a
+    /// relative credentials path (at the config file's directory).
+    pub fn from_settings(settings: &NatsSettings, resolve: impl Fn(&Path) -> PathBuf) -> Self {
+        NatsConfig {
+            urls: settings.urls(),
+            credentials: settings.credentials.as_deref().map(resolve),
+            prefix: settings.prefix.clone(),
+            replicas: settings.replicas,
+            connect_timeout: settings.connect_timeout,
+            request_timeout: settings.request_timeout,
+        }
+    }
+
+    /// Checks the settings a server cannot check for us (the same rule `homing.toml` is held
+    /// to).
     pub fn validate(&self) -> Result<(), String> {
-        if self.urls.is_empty() {
-            return Err("url: at least one server URL is needed".into());
-        }
-        if self.prefix.is_empty()
-            || !self
-                .prefix
-                .chars()
-                .all(|c| c.is_ascii_alphanumeric() || c == '_' || c == '-')
-        {
-            return Err(format!(
-                "prefix `{}`: use letters, digits, `_` and `-` only (it names a stream)",
-                self.prefix
-            ));
-        }
-        if !matches!(self.replicas, 1 | 3 | 5) {
-            return Err(format!("replicas = {}: use 1, 3 or 5", self.replicas));
-        }
-        if self.request_timeout.is_zero() || self.connect_timeout.is_zero() {
-            return Err("timeouts must be above zero".into());
-        }
-        Ok(())
+        check_nats(
+            &self.urls,
+            &self.prefix,
+            self.replicas,
+            [self.connect_timeout, self.request_timeout],
+        )
     }
 }
 
