@@ -44,8 +44,13 @@ pub(super) async fn check(file: &Path, json: bool) -> anyhow::Result<()> {
     let mut plugins = BTreeMap::new();
     for (name, plugin) in &config.plugins {
         let path = config.resolve(&plugin.path);
-        let component =
-            crate::runtime::cache::load(runtime.engine(), &path, &config.cache_dir(), name)?;
+        let component = crate::runtime::cache::load(
+            runtime.engine(),
+            &path,
+            &config.cache_dir(),
+            name,
+            config.host.max_component_size,
+        )?;
         let world = detect_world(runtime.engine(), &component)
             .with_context(|| format!("plugin `{name}` ({})", path.display()))?;
         plugins.insert(name.clone(), world.name());
@@ -105,7 +110,10 @@ pub(super) async fn check(file: &Path, json: bool) -> anyhow::Result<()> {
 
 pub(super) fn inspect(file: &Path, json: bool) -> anyhow::Result<()> {
     let engine = wasmtime::Engine::default();
-    let component = wasmtime::component::Component::from_file(&engine, file)
+    // No config is read here: the default `[host] max_component_size` bounds the read.
+    let bytes =
+        crate::runtime::cache::read_component(file, crate::config::DEFAULT_MAX_COMPONENT_SIZE)?;
+    let component = wasmtime::component::Component::new(&engine, &bytes)
         .wasm_context(|| format!("{} is not a loadable component", file.display()))?;
     let ty = component.component_type();
     let imports: Vec<String> = ty

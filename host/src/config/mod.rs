@@ -80,6 +80,10 @@ pub struct HostConfig {
     /// The largest payload a dispatch may carry (enqueued by the CLI or by a guest).
     #[serde(deserialize_with = "size")]
     pub max_payload: u64,
+    /// The largest component file a plugin `path` may name; larger ones are refused before
+    /// they are read.
+    #[serde(deserialize_with = "size")]
+    pub max_component_size: u64,
 }
 
 impl Default for HostConfig {
@@ -93,6 +97,7 @@ impl Default for HostConfig {
             cache_dir: None,
             pooling: Pooling::Auto,
             max_payload: 1 << 20,
+            max_component_size: DEFAULT_MAX_COMPONENT_SIZE,
         }
     }
 }
@@ -160,6 +165,10 @@ fn default_memory() -> u64 {
 fn default_timeout() -> Duration {
     Duration::from_secs(30)
 }
+/// The default `[host] max_component_size`: room for the Python and JavaScript agents (whose
+/// components carry an interpreter, tens of MiB) several times over.
+pub const DEFAULT_MAX_COMPONENT_SIZE: u64 = 256 << 20;
+
 /// Attempts a dispatch gets when neither it nor its plugin names a number.
 pub const DEFAULT_MAX_ATTEMPTS: u32 = 5;
 

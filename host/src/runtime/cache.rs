@@ -33,10 +33,16 @@ pub fn artifact_path(engine: &Engine, bytes: &[u8], dir: &Path) -> PathBuf {
 ///
 /// # Errors
 ///
-/// When the file cannot be read or is not a valid component.
-pub fn load(engine: &Engine, path: &Path, dir: &Path, plugin: &str) -> anyhow::Result<Component> {
-    let bytes = std::fs::read(path)
-        .with_context(|| format!("plugin `{plugin}`: cannot read {}", path.display()))?;
+/// When the file cannot be read, is not a regular file, is over `max_size` bytes (`[host]
+/// max_component_size`), or is not a valid component.
+pub fn load(
+    engine: &Engine,
+    path: &Path,
+    dir: &Path,
+    plugin: &str,
+    max_size: u64,
+) -> anyhow::Result<Component> {
+    let bytes = read_component(path, max_size).with_context(|| format!("plugin `{plugin}`"))?;
     let artifact = artifact_path(engine, &bytes, dir);
     if artifact.exists() {
         match deserialize(engine, &artifact) {
@@ -69,6 +75,21 @@ pub fn load(engine: &Engine, path: &Path, dir: &Path, plugin: &str) -> anyhow::R
     #[allow(unsafe_code)]
     let component = unsafe { Component::deserialize(engine, &compiled) }?;
     Ok(component)
+}
+
+/// The bytes of the component file at `path`, refused by name when it is a special file and
+/// before reading when it is over `max_size` bytes.
+///
+/// # Errors
+///
+/// As [`crate::input::read_file_capped`].
+pub fn read_component(path: &Path, max_size: u64) -> anyhow::Result<Vec<u8>> {
+    Ok(crate::input::read_file_capped(
+        path,
+        max_size,
+        "the component",
+        "[host] max_component_size",
+    )?)
 }
 
 fn deserialize(engine: &Engine, artifact: &Path) -> anyhow::Result<Component> {

@@ -104,6 +104,7 @@ impl Runtime {
             engine,
             pooling,
             cache_dir: config.cache_dir(),
+            max_component_size: config.host.max_component_size,
             _ticker: ticker,
         })
     }

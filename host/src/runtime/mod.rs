@@ -56,6 +56,7 @@ pub struct Runtime {
     engine: Engine,
     pooling: bool,
     cache_dir: PathBuf,
+    max_component_size: u64,
     _ticker: engine::EpochTicker,
 }
 

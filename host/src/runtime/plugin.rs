@@ -79,7 +79,13 @@ impl Runtime {
     /// When the file is missing or not a component, exports neither world, or imports something
     /// the host does not provide.
     pub fn load_plugin(&self, ctx: Arc<PluginContext>, path: &Path) -> anyhow::Result<Plugin> {
-        let component = cache::load(&self.engine, path, &self.cache_dir, &ctx.name)?;
+        let component = cache::load(
+            &self.engine,
+            path,
+            &self.cache_dir,
+            &ctx.name,
+            self.max_component_size,
+        )?;
         let world = detect_world(&self.engine, &component)
             .with_context(|| format!("plugin `{}` ({})", ctx.name, path.display()))?;
         let mut linker: Linker<GuestState> = Linker::new(&self.engine);

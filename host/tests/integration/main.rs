@@ -13,6 +13,7 @@
 //! - `guest_imports`: the host side of the WIT imports, called directly;
 //! - `faults`: fault injection at the store level, checked by the history checker;
 //! - `e2e`, `polyglot`: the `homing` binary with real components;
+//! - `bounded_input`: endless or huge inputs refused fast, memory watched;
 //! - `nats_hosts`: many hosts on one NATS store;
 //! - `process_faults`: hosts killed at random points and restarted;
 //! - `fuzz`: guests making random WIT call sequences.
@@ -28,6 +29,7 @@ mod history;
 mod hosts;
 mod natsd;
 
+mod bounded_input;
 mod e2e;
 mod embedded_conformance;
 mod embedded_store;

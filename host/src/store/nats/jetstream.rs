@@ -225,6 +225,9 @@ pub(super) fn room_of(client: &async_nats::Client) -> StoreResult<Room> {
     Ok(Room::of(server))
 }
 
+/// The largest NATS `.creds` file read (a JWT and a seed take a few KiB).
+pub const MAX_CREDENTIALS_SIZE: u64 = 64 * 1024;
+
 /// Connects to the first server of `config` that answers, within its connect timeout.
 pub(super) async fn connect_client(config: &NatsConfig) -> StoreResult<async_nats::Client> {
     let mut options = async_nats::ConnectOptions::new()
@@ -232,7 +235,22 @@ pub(super) async fn connect_client(config: &NatsConfig) -> StoreResult<async_nat
         .request_timeout(Some(config.request_timeout))
         .name("homing");
     if let Some(creds) = &config.credentials {
-        options = options.credentials_file(creds).await.map_err(|e| {
+        // Read here, with a bound, rather than handing the path to the client: a FIFO or a
+        // huge file named by mistake is refused by name instead of read without end.
+        let text = crate::input::read_file_capped(
+            creds,
+            MAX_CREDENTIALS_SIZE,
+            "the NATS credentials file",
+            "the credentials size limit",
+        )
+        .map_err(|e| StoreError::Invalid(e.to_string()))?;
+        let text = String::from_utf8(text).map_err(|_| {
+            StoreError::Invalid(format!(
+                "the NATS credentials file {} is not UTF-8",
+                creds.display()
+            ))
+        })?;
+        options = options.credentials(&text).map_err(|e| {
             StoreError::Invalid(format!("credentials file {}: {e}", creds.display()))
         })?;
     }
