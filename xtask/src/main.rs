@@ -52,7 +52,12 @@ type Result<T> = std::result::Result<T, String>;
 
 /// The workspace root (the parent of this crate).
 fn root() -> PathBuf {
-    let here = PathBuf::from(env!("CARGO_MANIFEST_DIR"));
+    // `cargo run` (the `cargo xtask` alias) sets CARGO_MANIFEST_DIR when it starts us: prefer
+    // it to the path compiled in, which is the checkout that last built this binary when
+    // several checkouts share one target directory.
+    let here = env::var_os("CARGO_MANIFEST_DIR")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| PathBuf::from(env!("CARGO_MANIFEST_DIR")));
     here.parent().map(Path::to_path_buf).unwrap_or(here)
 }
 
