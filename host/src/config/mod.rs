@@ -429,11 +429,17 @@ impl Config {
     /// This host's id.
     pub fn host_id(&self) -> String {
         self.host.id.clone().unwrap_or_else(|| {
-            let name = std::fs::read_to_string("/etc/hostname")
-                .ok()
-                .map(|s| s.trim().to_owned())
-                .filter(|s| !s.is_empty())
-                .unwrap_or_else(|| "host".to_owned());
+            // A host name is at most 255 bytes; anything else in the file is not one.
+            let name = crate::input::read_file_capped(
+                Path::new("/etc/hostname"),
+                255,
+                "the host name file",
+                "the host name limit",
+            )
+            .ok()
+            .map(|bytes| String::from_utf8_lossy(&bytes).trim().to_owned())
+            .filter(|s| !s.is_empty())
+            .unwrap_or_else(|| "host".to_owned());
             format!("{name}-{}", std::process::id())
         })
     }

@@ -27,10 +27,16 @@ impl Clock for SystemClock {
     fn now_ms(&self) -> u64 {
         // A clock before 1970 reads as 0 rather than failing: leases then look expired,
         // which is the safe direction.
-        SystemTime::now()
+        let wall = SystemTime::now()
             .duration_since(UNIX_EPOCH)
             .map(millis)
-            .unwrap_or(0)
+            .unwrap_or(0);
+        // Never backwards within a process: when the wall clock steps back, time stands still
+        // until it catches up, so a lease this host granted is never shortened by its own clock
+        // and a record's times never run backwards. (Across hosts, a claim still checks each
+        // dispatch's `available_at` against the time it reads.)
+        static LATEST: AtomicU64 = AtomicU64::new(0);
+        LATEST.fetch_max(wall, Ordering::SeqCst).max(wall)
     }
 }
 

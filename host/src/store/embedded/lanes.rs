@@ -126,6 +126,16 @@ pub(super) fn release_thread(tx: &Connection, thread: &str, id: &str) -> StoreRe
     Ok(())
 }
 
+/// Takes a queued dispatch that is not due after all (the clock stepped back) out of its lane,
+/// back to waiting for [`promote_due`].
+pub(super) fn demote(tx: &Connection, d: &Dispatch) -> StoreResult<()> {
+    tx.prepare_cached("UPDATE dispatches SET ready = 0 WHERE id = ?1")
+        .map_err(db)?
+        .execute(params![d.id])
+        .map_err(db)?;
+    refresh_lane(tx, &d.agent, &d.thread)
+}
+
 /// Moves delayed dispatches whose time has come into their lanes.
 pub(super) fn promote_due(tx: &Connection, now: u64) -> StoreResult<()> {
     let due: Vec<(String, String, String)> = {

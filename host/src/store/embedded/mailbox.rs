@@ -10,7 +10,7 @@ use rusqlite::{OptionalExtension, params};
 use tokio::sync::Notify;
 
 use super::lanes::{
-    ensure_thread, promote_due, refresh_lane, release_thread, store_claimed, store_reclaim,
+    demote, ensure_thread, promote_due, refresh_lane, release_thread, store_claimed, store_reclaim,
     store_superseded, thread_row,
 };
 use super::rows::{self, COLUMNS, db};
@@ -46,8 +46,11 @@ impl EmbeddedStore {
 
             promote_due(tx, now)?;
             // A lane whose head turns out unusable is repaired and the pick repeated; the bound
-            // only guards against a store that keeps handing back the same broken lane.
-            for _ in 0..64 {
+            // only guards against a store that keeps handing back the same broken lane. A head
+            // not yet due (the clock stepped back since it was promoted) goes back to waiting,
+            // which does not count: each such step takes one dispatch out of the lanes.
+            let mut repairs = 0;
+            while repairs < 64 {
                 let pick: Option<(String, String)> = tx
                     .prepare_cached(
                         "SELECT thread, head FROM lanes WHERE agent = ?1 AND busy = 0 \
@@ -64,6 +67,11 @@ impl EmbeddedStore {
                 let candidate = rows::load(tx, &head)?.map(|row| row.dispatch);
                 match candidate {
                     Some(d) if d.status == Status::Queued && t.holder.is_none() => {
+                        if !rules::due(&d, now) {
+                            demote(tx, &d)?;
+                            continue;
+                        }
+                        repairs += 1;
                         match rules::take(d, t.epoch, consumer, lease_ms, now, start) {
                             Take::Claimed(d) => {
                                 store_claimed(tx, &d)?;
@@ -73,6 +81,7 @@ impl EmbeddedStore {
                         }
                     }
                     _ => {
+                        repairs += 1;
                         // The lane disagrees with the records (it cannot, short of a bug or a
                         // hand-edited file): rebuild it from them and pick again.
                         tx.prepare_cached("UPDATE lanes SET busy = ?2 WHERE thread = ?1")

@@ -100,10 +100,18 @@ impl NatsStore {
                         view.release(&thread);
                     }
                     view.promote(agent, now);
-                    let Some(pick) = view.pick(agent) else {
-                        return Ok(Plan::Done(Ok(Claimed::Nothing)));
+                    // A pick not yet due (the clock stepped back since it was promoted) goes
+                    // back to waiting and the next is tried.
+                    let d = loop {
+                        let Some(pick) = view.pick(agent) else {
+                            return Ok(Plan::Done(Ok(Claimed::Nothing)));
+                        };
+                        let d = pick.d.clone();
+                        if rules::due(&d, now) {
+                            break d;
+                        }
+                        view.demote(&d);
                     };
-                    let d = pick.d.clone();
                     let thread_epoch = view.thread(&d.thread)?.epoch;
                     match rules::take(d, thread_epoch, consumer, lease_ms, now, start) {
                         Take::Stale(d) => Ok(Plan::Write {

@@ -267,6 +267,24 @@ impl View {
         }
     }
 
+    /// Takes the queued `d` out of its thread's lane, back among the delayed (it was promoted,
+    /// but the clock has since stepped back before its `available_at`).
+    pub fn demote(&mut self, d: &Dispatch) {
+        let Some(lanes) = self.lanes.get_mut(&d.agent) else {
+            return;
+        };
+        let mut emptied = false;
+        if let Some(set) = lanes.ready.get_mut(&d.thread) {
+            set.remove(&(d.priority, d.created_at, d.id.clone()));
+            emptied = set.is_empty();
+        }
+        if emptied {
+            lanes.ready.remove(&d.thread);
+        }
+        lanes.delayed.insert((d.available_at, d.id.clone()));
+        self.refresh_lane(&d.agent, &d.thread);
+    }
+
     /// Moves every delayed dispatch of `agent` whose time has come into its thread's lane.
     pub fn promote(&mut self, agent: &str, now: u64) {
         let Some(lanes) = self.lanes.get_mut(agent) else {

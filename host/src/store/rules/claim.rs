@@ -45,6 +45,14 @@ pub(crate) enum Take {
     Stale(Dispatch),
 }
 
+/// Whether the queued `d` may be claimed at `now`: never before its `available_at`. Checked at
+/// every claim, not only when a dispatch is first found due, so a clock that steps back (a wall
+/// clock corrected by NTP or an operator, or another host's clock behind this one's) never
+/// releases work early (the contract's guarantee 5).
+pub(crate) fn due(d: &Dispatch, now: u64) -> bool {
+    d.available_at <= now
+}
+
 /// Claims the queued `d` for `consumer` until `now + lease_ms` with a fresh token (and records
 /// the start when `start` is set), unless its thread's epoch moved past it.
 pub(crate) fn take(

@@ -12,7 +12,7 @@ mod claim;
 mod holder;
 
 pub(crate) use claim::{
-    Reclaim, Take, lease_expired, lease_live, reclaim, stale, superseded, take,
+    Reclaim, Take, due, lease_expired, lease_live, reclaim, stale, superseded, take,
 };
 pub(crate) use holder::{
     Fenced, Found, Holder, HolderOp, Settle, SupersedeClaimed, check_fence, check_holder,

@@ -442,6 +442,8 @@ macro_rules! suite {
                     busy_threads_of_equal_priority_are_served_round_robin,
                     priority_outranks_fairness,
                     claim_follows_priority_across_instances,
+                    clock_stepping_back_releases_nothing_before_its_available_at,
+                    clock_stepping_back_holds_a_dispatch_already_found_due,
                 },
                 fencing::{
                     ack_with_wrong_token_is_lost_claim_and_changes_nothing,

@@ -273,3 +273,43 @@ pub async fn claim_follows_priority_across_instances<F: Factory>(factory: &F) {
     put(&b, nd("t", "high").with_priority(1)).await;
     assert_eq!(claim_some(&a).await.id, "high");
 }
+
+/// A clock that steps back (NTP, an operator) releases nothing early: a dispatch enqueued at
+/// T0+5000 is not claimable at T0+1000, on the instance that enqueued it and on a fresh one,
+/// and is claimable again once the clock passes T0+5000.
+pub async fn clock_stepping_back_releases_nothing_before_its_available_at<F: Factory>(factory: &F) {
+    let env = Env::new(factory).await;
+    let s = env.open().await;
+    env.clock.set(T0 + 5_000);
+    put(&s, nd("t", "d1")).await;
+    env.clock.set(T0 + 1_000);
+    assert_eq!(claim(&s).await, None, "claimed before its available_at");
+    let other = env.open().await;
+    assert_eq!(
+        claim(&other).await,
+        None,
+        "another instance claimed it early"
+    );
+    env.clock.set(T0 + 5_000);
+    assert_eq!(claim_some(&s).await.id, "d1");
+}
+
+/// A dispatch once found due and then passed over (its thread was busy) is re-checked at the
+/// next claim: after the clock steps back before its `available_at`, it waits.
+pub async fn clock_stepping_back_holds_a_dispatch_already_found_due<F: Factory>(factory: &F) {
+    let env = Env::new(factory).await;
+    let s = env.open().await;
+    env.clock.set(T0 + 5_000);
+    put(&s, nd("t", "e1").with_priority(0)).await;
+    put(&s, nd("t", "e2").with_priority(1)).await;
+    let e1 = claim_some(&s).await;
+    assert_eq!(e1.id, "e1");
+    s.mailbox.ack(&e1.id, &tok(&e1)).await.unwrap();
+    env.clock.set(T0 + 1_000);
+    assert_eq!(claim(&s).await, None, "e2 claimed before its available_at");
+    // A dispatch that is due keeps being served meanwhile.
+    put(&s, nd("u", "now")).await;
+    assert_eq!(claim_some(&s).await.id, "now");
+    env.clock.set(T0 + 5_000);
+    assert_eq!(claim_some(&s).await.id, "e2");
+}
