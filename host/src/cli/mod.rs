@@ -208,35 +208,43 @@ async fn execute(cli: Cli) -> anyhow::Result<()> {
     if let Command::Enqueue(args) = &cli.command {
         let new = work::prepare(&config, args)?;
         let store = open_store(&config).await?;
-        return work::enqueue(&store, new, args.json).await;
+        let out = work::enqueue(&store, new, args.json).await;
+        store.close().await;
+        return out;
     }
     let store = open_store(&config).await?;
-    match cli.command {
-        Command::Run { until_idle } => {
-            if let Some(warning) =
-                crate::runtime::host::max_payload_warning(config.host.max_payload, &store)
-            {
-                tracing::warn!("{warning}");
-            }
-            let supervisor = Supervisor::new(config, store)?;
-            let report = supervisor.run(until_idle).await?;
-            let mut outcomes: Vec<_> = report.outcomes.into_iter().collect();
-            outcomes.sort();
-            let summary: Vec<String> = outcomes.iter().map(|(k, v)| format!("{k}={v}")).collect();
-            tracing::info!(
-                "host stopped; this run settled: {}",
-                if summary.is_empty() {
-                    "nothing".into()
-                } else {
-                    summary.join(" ")
-                }
-            );
-            Ok(())
-        }
+    let out = match cli.command {
+        Command::Run { until_idle } => run(config, store.clone(), until_idle).await,
         Command::Dispatch(command) => work::dispatch(&config, &store, command).await,
         Command::Thread(command) => work::thread(&store, command).await,
         Command::Enqueue(_) | Command::Config(_) | Command::Plugin(_) | Command::Bench { .. } => {
             Ok(())
         }
+    };
+    // What this process holds on a shared server goes with it (see `Store::close`).
+    store.close().await;
+    out
+}
+
+/// `homing run`: the host, until a signal or (with `until_idle`) until no work is left.
+async fn run(config: Config, store: Store, until_idle: bool) -> anyhow::Result<()> {
+    if let Some(warning) =
+        crate::runtime::host::max_payload_warning(config.host.max_payload, &store)
+    {
+        tracing::warn!("{warning}");
     }
+    let supervisor = Supervisor::new(config, store)?;
+    let report = supervisor.run(until_idle).await?;
+    let mut outcomes: Vec<_> = report.outcomes.into_iter().collect();
+    outcomes.sort();
+    let summary: Vec<String> = outcomes.iter().map(|(k, v)| format!("{k}={v}")).collect();
+    tracing::info!(
+        "host stopped; this run settled: {}",
+        if summary.is_empty() {
+            "nothing".into()
+        } else {
+            summary.join(" ")
+        }
+    );
+    Ok(())
 }

@@ -231,6 +231,11 @@ pub trait Mailbox: Send + Sync + Debug + 'static {
     /// wait on it between claims; it is a hint, never the only way work is found.
     fn work_signal(&self) -> Arc<Notify>;
 
+    /// Releases what this instance holds on a shared server (NATS: its watcher's consumer)
+    /// before the process goes away; the instance must not be used afterwards. Nothing to do
+    /// for a backend that holds nothing there.
+    async fn close(&self) {}
+
     /// The largest payload, and the largest run output, a dispatch of this backend may carry
     /// (bytes; one record holds both). `enqueue`, `record_result` and `complete` refuse larger
     /// ones with `Invalid` naming the field and this limit.
@@ -304,6 +309,12 @@ impl Store {
     /// The current time of the store's clock.
     pub fn now(&self) -> u64 {
         self.clock.now_ms()
+    }
+
+    /// Releases what this store holds on a shared server ([`Mailbox::close`]); call it once,
+    /// when the process is done with the store.
+    pub async fn close(&self) {
+        self.mailbox.close().await;
     }
 
     /// The store time `after` from now (saturating).

@@ -282,6 +282,37 @@ fn config_check_connects_and_reports_the_stream() {
     assert!(err.contains("replicas 1 (configured 3)"), "{err}");
 }
 
+/// How many consumers the server holds on `stream`.
+fn consumer_count(url: &str, stream: &str) -> usize {
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    rt.block_on(async {
+        let client = async_nats::connect(url).await.unwrap();
+        let js = async_nats::jetstream::new(client);
+        let mut stream = js.get_stream(stream).await.unwrap();
+        stream.info().await.unwrap().state.consumer_count
+    })
+}
+
+/// Each CLI command follows the stream through a consumer of its own; it deletes that consumer
+/// when it is done. Left behind, each lingered on the server for 30 s, and the server takes at
+/// most 1,000 per stream: a script of quick `homing enqueue` calls then failed at the 1,001st
+/// with a watcher that "applied up to 0".
+#[test]
+fn cli_commands_leave_no_consumer_behind() {
+    let server = NatsServer::start();
+    let env = Env::new(&config(&[server.url()], "leftovers", 1, "30s", 1));
+    for i in 0..5 {
+        env.enqueue("sandbox", &format!("t{i}"), "echo:hi", &[]);
+    }
+    env.ok(&["dispatch", "list"]);
+    env.ok(&["run", "--until-idle"]);
+    assert_eq!(
+        consumer_count(&server.url(), "leftovers"),
+        0,
+        "consumers left on the server by finished CLI processes"
+    );
+}
+
 #[test]
 fn a_host_without_a_server_fails_fast_with_a_clear_error() {
     let port = natsd::free_port();

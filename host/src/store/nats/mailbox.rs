@@ -588,6 +588,10 @@ impl Mailbox for NatsStore {
         self.any_live_work().await
     }
 
+    async fn close(&self) {
+        NatsStore::close(self).await;
+    }
+
     fn work_signal(&self) -> Arc<Notify> {
         self.work_signal_handle()
     }

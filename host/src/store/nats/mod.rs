@@ -193,6 +193,11 @@ struct Inner {
     barrier_calls: AtomicU64,
     barrier_last: tokio::sync::Mutex<(u64, u64)>,
     watcher: Mutex<Option<tokio::task::JoinHandle<()>>>,
+    /// The name of the watcher's current consumer, deleted by [`NatsStore::close`].
+    consumer: Mutex<Option<String>>,
+    /// Why the watcher last failed to create its consumer (cleared when it succeeds), for the
+    /// barrier's timeout message.
+    watch_error: Mutex<Option<String>>,
 }
 
 impl Drop for Inner {
@@ -242,6 +247,8 @@ impl NatsStore {
             barrier_calls: AtomicU64::new(0),
             barrier_last: tokio::sync::Mutex::new((0, 0)),
             watcher: Mutex::new(None),
+            consumer: Mutex::new(None),
+            watch_error: Mutex::new(None),
         });
         let task = tokio::spawn(watcher::watch(Arc::downgrade(&inner)));
         if let Ok(mut slot) = inner.watcher.lock() {
@@ -262,6 +269,48 @@ impl NatsStore {
     }
 
     /// Opens the backend as the host holds it.
+    /// Stops following the stream and deletes the watcher's consumer on the server (best
+    /// effort, within the request timeout). A consumer left behind lingers on the server for
+    /// its inactivity threshold (30 s), and a stream takes at most 1,000 consumers by the
+    /// server's default: short-lived processes (each CLI command) that did not close would,
+    /// run quickly enough, make the next one unable to follow the stream at all. The store
+    /// must not be used after this.
+    pub async fn close(&self) {
+        if let Ok(mut watcher) = self.inner.watcher.lock()
+            && let Some(task) = watcher.take()
+        {
+            task.abort();
+        }
+        let name = self
+            .inner
+            .consumer
+            .lock()
+            .ok()
+            .and_then(|mut name| name.take());
+        let Some(name) = name else { return };
+        let delete = async {
+            let stream = self
+                .inner
+                .js
+                .get_stream_no_info(&self.inner.prefix)
+                .await
+                .map_err(|e| e.to_string())?;
+            stream
+                .delete_consumer(&name)
+                .await
+                .map_err(|e| e.to_string())
+        };
+        match tokio::time::timeout(self.inner.timeout, delete).await {
+            Ok(Ok(_)) => tracing::debug!(consumer = %name, "nats: watcher consumer deleted"),
+            Ok(Err(e)) => {
+                tracing::debug!(consumer = %name, "nats: cannot delete the watcher consumer: {e}")
+            }
+            Err(_) => {
+                tracing::debug!(consumer = %name, "nats: deleting the watcher consumer timed out")
+            }
+        }
+    }
+
     pub async fn open(config: &NatsConfig, clock: SharedClock) -> StoreResult<Store> {
         let store = NatsStore::connect(config, clock.clone()).await?;
         Ok(store.into_store())

@@ -45,9 +45,17 @@ impl NatsStore {
             if tokio::time::timeout_at(deadline, applied).await.is_err() {
                 self.inner.resync.notify_one();
                 let pos = self.view()?.pos;
+                let why = self
+                    .inner
+                    .watch_error
+                    .lock()
+                    .ok()
+                    .and_then(|e| e.clone())
+                    .map(|e| format!("; the server refused its consumer: {e}"))
+                    .unwrap_or_default();
                 return Err(StoreError::Unavailable(format!(
                     "nats: the watcher did not reach stream sequence {target} within {:?} \
-                     (it applied up to {pos})",
+                     (it applied up to {pos}){why}",
                     self.inner.timeout
                 )));
             }
@@ -75,6 +83,8 @@ pub(super) async fn watch(weak: Weak<Inner>) {
                 start_sequence: start + 1,
             }
         };
+        // Named, so that closing the store can delete it (see `NatsStore::close`).
+        let name = format!("homing-watch-{}", uuid::Uuid::now_v7().simple());
         let created = async {
             let s = js
                 .get_stream_no_info(&stream)
@@ -84,6 +94,7 @@ pub(super) async fn watch(weak: Weak<Inner>) {
                 .create_consumer(consumer::push::OrderedConfig {
                     deliver_subject: deliver,
                     deliver_policy: policy,
+                    name: Some(name.clone()),
                     ..Default::default()
                 })
                 .await
@@ -91,6 +102,20 @@ pub(super) async fn watch(weak: Weak<Inner>) {
             c.messages().await.map_err(|e| e.to_string())
         }
         .await;
+        if let Some(inner) = weak.upgrade() {
+            let (consumer, error) = match &created {
+                Ok(_) => (Some(name), None),
+                Err(e) => (None, Some(e.clone())),
+            };
+            if let Ok(mut slot) = inner.watch_error.lock() {
+                *slot = error;
+            }
+            if let Some(consumer) = consumer
+                && let Ok(mut slot) = inner.consumer.lock()
+            {
+                *slot = Some(consumer);
+            }
+        }
         match created {
             Ok(mut messages) => loop {
                 // A consumer can also stall without failing (seen after a client failed over
