@@ -145,12 +145,7 @@ pub(super) fn prepare(config: &Config, args: &EnqueueArgs) -> anyhow::Result<New
     let cap = config.host.max_payload;
     let limit = "[host] max_payload";
     let payload = match (&args.payload, &args.payload_file) {
-        (Some(text), _) => {
-            if text.len() as u64 > cap {
-                bail!("the payload is over {limit} of {cap} bytes");
-            }
-            text.clone().into_bytes()
-        }
+        (Some(text), _) => read_capped(text.as_bytes(), cap, "the payload", limit)?,
         (None, Some(file)) => {
             let source = std::fs::File::open(file)
                 .with_context(|| format!("--payload-file {}", file.display()))?;

@@ -36,8 +36,13 @@ impl Clock for SystemClock {
         // and a record's times never run backwards. (Across hosts, a claim still checks each
         // dispatch's `available_at` against the time it reads.)
         static LATEST: AtomicU64 = AtomicU64::new(0);
-        LATEST.fetch_max(wall, Ordering::SeqCst).max(wall)
+        never_backwards(&LATEST, wall)
     }
+}
+
+/// `wall`, or the latest time already returned through `latest` when `wall` is behind it.
+fn never_backwards(latest: &AtomicU64, wall: u64) -> u64 {
+    latest.fetch_max(wall, Ordering::SeqCst).max(wall)
 }
 
 /// A clock tests set and advance by hand.
@@ -73,3 +78,21 @@ impl Clock for ManualClock {
 
 /// A shared clock handle.
 pub type SharedClock = Arc<dyn Clock>;
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_wall_clock_stepping_back_holds_still_until_it_catches_up() {
+        let latest = AtomicU64::new(0);
+        assert_eq!(never_backwards(&latest, 5_000), 5_000);
+        assert_eq!(never_backwards(&latest, 1_000), 5_000, "stepped back: held");
+        assert_eq!(never_backwards(&latest, 4_999), 5_000);
+        assert_eq!(
+            never_backwards(&latest, 5_001),
+            5_001,
+            "caught up: moves again"
+        );
+    }
+}
