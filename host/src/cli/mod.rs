@@ -141,24 +141,37 @@ fn init_tracing(default: &str) {
         .try_init();
 }
 
+/// How a process holds the store.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Role {
+    /// A host: follows the shared stream (NATS) to find work across every thread.
+    Host,
+    /// A short-lived command: reads only what each operation needs, so its cost does not grow
+    /// with what the store retains.
+    Client,
+}
+
 /// Opens the store the config names.
 ///
 /// # Errors
 ///
 /// When the store cannot be opened.
-pub async fn open_store(config: &Config) -> anyhow::Result<Store> {
+pub async fn open_store(config: &Config, role: Role) -> anyhow::Result<Store> {
     match &config.store {
         StoreConfig::Nats(settings) => {
             let nats = NatsConfig::from_settings(settings, |p| config.resolve(p));
-            NatsStore::open(&nats, Arc::new(SystemClock))
-                .await
-                .with_context(|| {
-                    format!(
-                        "opening the NATS store `{}` at {}",
-                        nats.prefix,
-                        nats.urls.join(", ")
-                    )
-                })
+            let clock = Arc::new(SystemClock);
+            let opened = match role {
+                Role::Host => NatsStore::open(&nats, clock).await,
+                Role::Client => NatsStore::open_client(&nats, clock).await,
+            };
+            opened.with_context(|| {
+                format!(
+                    "opening the NATS store `{}` at {}",
+                    nats.prefix,
+                    nats.urls.join(", ")
+                )
+            })
         }
         StoreConfig::Embedded(settings) => {
             let path = config.embedded_path(settings);
@@ -207,12 +220,16 @@ async fn execute(cli: Cli) -> anyhow::Result<()> {
     // Input is read, and refused, before the store is opened.
     if let Command::Enqueue(args) = &cli.command {
         let new = work::prepare(&config, args)?;
-        let store = open_store(&config).await?;
+        let store = open_store(&config, Role::Client).await?;
         let out = work::enqueue(&store, new, args.json).await;
         store.close().await;
         return out;
     }
-    let store = open_store(&config).await?;
+    let role = match cli.command {
+        Command::Run { .. } => Role::Host,
+        _ => Role::Client,
+    };
+    let store = open_store(&config, role).await?;
     let out = match cli.command {
         Command::Run { until_idle } => run(config, store.clone(), until_idle).await,
         Command::Dispatch(command) => work::dispatch(&config, &store, command).await,

@@ -8,7 +8,7 @@ use clap::{Args, Subcommand};
 
 use crate::config::{Config, parse_duration};
 use crate::input::read_capped;
-use crate::store::{Dispatch, ListFilter, NewDispatch, Status, Store, millis};
+use crate::store::{Dispatch, ListCursor, ListFilter, NewDispatch, Status, Store, millis};
 
 /// `homing enqueue`.
 #[derive(Debug, Args)]
@@ -65,6 +65,9 @@ pub enum DispatchCommand {
         /// Page size.
         #[arg(long, default_value_t = 100)]
         limit: usize,
+        /// Start after this cursor (printed under a full page as `next page: --after ...`).
+        #[arg(long, value_name = "CURSOR")]
+        after: Option<ListCursor>,
         /// JSON output.
         #[arg(long)]
         json: bool,
@@ -195,6 +198,7 @@ pub(super) async fn dispatch(
             thread,
             status,
             limit,
+            after,
             json,
         } => {
             let filter = ListFilter {
@@ -202,13 +206,19 @@ pub(super) async fn dispatch(
                 agent,
                 statuses: status.into_iter().collect(),
                 limit,
-                offset: 0,
+                after,
             };
             let rows = store.mailbox.list(&filter).await?;
             if json {
                 println!("{}", serde_json::to_string_pretty(&rows)?);
             } else {
                 print_table(&rows);
+                if limit > 0
+                    && rows.len() == limit
+                    && let Some(last) = rows.last()
+                {
+                    println!("next page: --after {}", ListCursor::of(last));
+                }
             }
         }
         DispatchCommand::Counts { json } => {

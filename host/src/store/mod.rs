@@ -87,8 +87,8 @@ use tokio::sync::Notify;
 pub use clock::{Clock, ManualClock, SharedClock, SystemClock, millis};
 pub use error::{StoreError, StoreResult};
 pub use model::{
-    Claim, DEFAULT_MAX_ATTEMPTS, DEFAULT_PRIORITY, Dispatch, Fence, Interrupt, ListFilter,
-    LogEntry, NewDispatch, RunResult, RunStatus, Status, StatusCount, Watermarks,
+    Claim, DEFAULT_MAX_ATTEMPTS, DEFAULT_PRIORITY, Dispatch, Fence, Interrupt, ListCursor,
+    ListFilter, LogEntry, NewDispatch, RunResult, RunStatus, Status, StatusCount, Watermarks,
 };
 pub use rules::MAX_ERROR_TEXT;
 

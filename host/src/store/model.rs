@@ -438,8 +438,55 @@ pub struct ListFilter {
     pub statuses: Vec<Status>,
     /// Page size (0 means the backend's default of 100).
     pub limit: usize,
-    /// Rows to skip.
-    pub offset: usize,
+    /// Start after this row: the cursor of the previous page's last row.
+    pub after: Option<ListCursor>,
+}
+
+/// Where a page of `list` ended: the order key (priority, then `created_at`, then id) of its
+/// last row. The next page starts after it, so rows that come and go between pages neither
+/// shift nor repeat the rest. Shown as `priority:created_at:id`.
+#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct ListCursor {
+    /// The row's priority.
+    pub priority: u8,
+    /// Its creation time.
+    pub created_at: u64,
+    /// Its id.
+    pub id: String,
+}
+
+impl ListCursor {
+    /// The cursor of a row.
+    pub fn of(d: &Dispatch) -> ListCursor {
+        ListCursor {
+            priority: d.priority,
+            created_at: d.created_at,
+            id: d.id.clone(),
+        }
+    }
+}
+
+impl fmt::Display for ListCursor {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}:{}:{}", self.priority, self.created_at, self.id)
+    }
+}
+
+impl FromStr for ListCursor {
+    type Err = String;
+
+    fn from_str(s: &str) -> Result<ListCursor, String> {
+        let bad = || format!("`{s}` is not a list cursor (priority:created_at:id)");
+        let mut parts = s.splitn(3, ':');
+        let priority = parts.next().and_then(|p| p.parse().ok()).ok_or_else(bad)?;
+        let created_at = parts.next().and_then(|c| c.parse().ok()).ok_or_else(bad)?;
+        let id = parts.next().filter(|id| !id.is_empty()).ok_or_else(bad)?;
+        Ok(ListCursor {
+            priority,
+            created_at,
+            id: id.to_owned(),
+        })
+    }
 }
 
 /// One row of `counts`: how many dispatches an agent has in a status.

@@ -41,6 +41,34 @@ impl conformance::Factory for NatsFactory {
 
 conformance::suite!(NatsFactory);
 
+/// The same suite with every instance a short-lived client's: each operation reads what it
+/// decides on from the server instead of following the stream (the CLI's way).
+mod clients {
+    use super::*;
+
+    /// A prefix per test; every instance opened with [`NatsStore::open_client`].
+    struct ClientFactory;
+
+    impl conformance::Factory for ClientFactory {
+        type Data = String;
+
+        async fn create(&self) -> String {
+            NatsFactory.create().await
+        }
+
+        async fn open(&self, prefix: &String, clock: SharedClock) -> StoreResult<Store> {
+            let config = NatsConfig {
+                urls: vec![server().url()],
+                prefix: prefix.clone(),
+                ..NatsConfig::default()
+            };
+            NatsStore::open_client(&config, clock).await
+        }
+    }
+
+    conformance::suite!(ClientFactory);
+}
+
 /// The NATS backend's own size rules, beyond the shared suite.
 mod nats_sizes {
     use super::*;

@@ -503,29 +503,53 @@ let reason = reason.as_str();
 
     async fn list(&self, filter: &ListFilter) -> StoreResult<Vec<Dispatch>> {
         let filter = filter.clone();
-
         let limit = if filter.limit == 0 {
             DEFAULT_PAGE
         } else {
             filter.limit
         };
-        let limit = i64::try_from(limit).unwrap_or(i64::MAX);
-        let offset = i64::try_from(filter.offset).unwrap_or(i64::MAX);
-        let statuses: Vec<&str> = filter.statuses.iter().map(|s| s.as_str()).collect();
-        let statuses_json = serde_json::to_string(&statuses).unwrap_or_else(|_| "[]".into());
         self.read(move |tx| {
-let filter = &filter;
-
-            rows::query(
-                tx,
-                &format!(
-                    "SELECT {COLUMNS} FROM dispatches WHERE (?1 IS NULL OR thread = ?1) AND (?2 IS NULL OR agent = ?2) \
-                     AND (?3 = '[]' OR status IN (SELECT value FROM json_each(?3))) \
-                     ORDER BY priority, created_at, id LIMIT ?4 OFFSET ?5"
-                ),
-                &[&filter.thread, &filter.agent, &statuses_json, &limit, &offset],
-            )
-        }).await
+            // One statement per shape of filter, so that SQLite walks the index that matches
+            // it in list order and stops after a page (keyset paging: no OFFSET to skip).
+            let mut clauses: Vec<String> = Vec::new();
+            let mut args: Vec<Box<dyn rusqlite::ToSql>> = Vec::new();
+            if let Some(thread) = &filter.thread {
+                clauses.push("thread = ?".into());
+                args.push(Box::new(thread.clone()));
+            }
+            if let Some(agent) = &filter.agent {
+                clauses.push("agent = ?".into());
+                args.push(Box::new(agent.clone()));
+            }
+            if !filter.statuses.is_empty() {
+                let marks = vec!["?"; filter.statuses.len()].join(", ");
+                clauses.push(format!("status IN ({marks})"));
+                for status in &filter.statuses {
+                    args.push(Box::new(status.as_str()));
+                }
+            }
+            if let Some(after) = &filter.after {
+                clauses.push("(priority, created_at, id) > (?, ?, ?)".into());
+                args.push(Box::new(i64::from(after.priority)));
+                args.push(Box::new(
+                    i64::try_from(after.created_at).unwrap_or(i64::MAX),
+                ));
+                args.push(Box::new(after.id.clone()));
+            }
+            let filter = if clauses.is_empty() {
+                String::new()
+            } else {
+                format!("WHERE {}", clauses.join(" AND "))
+            };
+            let limit = i64::try_from(limit).unwrap_or(i64::MAX);
+            let sql = format!(
+                "SELECT {COLUMNS} FROM dispatches {filter} \
+                 ORDER BY priority, created_at, id LIMIT {limit}"
+            );
+            let args: Vec<&dyn rusqlite::ToSql> = args.iter().map(|a| a.as_ref()).collect();
+            rows::query(tx, &sql, &args)
+        })
+        .await
     }
 
     async fn counts(&self) -> StoreResult<Vec<StatusCount>> {

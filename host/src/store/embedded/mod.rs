@@ -72,10 +72,11 @@ pub(crate) const MAX_VALUE_WHY: &str =
     "the embedded store's cap, well below SQLite's limit of 1,000,000,000 bytes per row";
 
 /// The schema version this build writes.
-pub const SCHEMA_VERSION: i64 = 1;
+pub const SCHEMA_VERSION: i64 = 2;
 
 /// Migrations, index `i` moves the schema from version `i` to `i + 1`.
-const MIGRATIONS: &[&str] = &[r#"
+const MIGRATIONS: &[&str] = &[
+    r#"
 CREATE TABLE dispatches (
     id            TEXT PRIMARY KEY NOT NULL,
     agent         TEXT NOT NULL,
@@ -155,7 +156,14 @@ CREATE TABLE log_entries (
     appended_at INTEGER NOT NULL,
     PRIMARY KEY (thread, seq)
 ) WITHOUT ROWID;
-"#];
+"#,
+    // Version 2: `list` pages by cursor in its order (priority, created_at, id) across all
+    // threads, and within one status, without sorting the table.
+    r#"
+CREATE INDEX dispatches_order ON dispatches (priority, created_at, id);
+CREATE INDEX dispatches_by_status ON dispatches (status, priority, created_at, id);
+"#,
+];
 
 /// Options of the embedded backend.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]

@@ -7,6 +7,7 @@ use async_nats::HeaderMap;
 use bytes::Bytes;
 
 use super::NatsStore;
+use super::fetch::Read;
 use super::jetstream::stored_seq;
 use super::keys::{Key, encode_dispatch, encode_thread};
 use super::view::{Record, Stored, ThreadRec, View};
@@ -169,6 +170,9 @@ impl NatsStore {
                 .map_err(CommitError::Store)?;
             last_seq = stored_seq(&reply)?;
         }
+        if !self.follows() {
+            return Ok(());
+        }
         // An atomic batch is stored contiguously, ending at the acknowledged sequence.
         let first = last_seq.saturating_sub(n as u64 - 1);
         if let Ok(mut view) = self.inner.view.lock() {
@@ -181,11 +185,37 @@ impl NatsStore {
     }
 
     /// Runs an operation: decide from the view, commit, and decide again after a barrier when
-    /// an expectation failed or the view's answer was a refusal.
+    /// an expectation failed or the view's answer was a refusal. An instance that does not
+    /// follow the stream decides on a view of what `reads` name, read from the server for each
+    /// attempt (so every answer it gets is already fresh).
     pub(super) async fn run<T>(
         &self,
+        reads: &[Read<'_>],
         mut decide: impl FnMut(&mut View, u64, bool) -> StoreResult<Plan<T>>,
     ) -> StoreResult<T> {
+        if !self.follows() {
+            for _ in 0..MAX_ATTEMPTS {
+                let mut view = self.snapshot(reads).await?;
+                match decide(&mut view, self.now(), true)? {
+                    Plan::Done(out) | Plan::Refuse(out) => return out,
+                    Plan::Write {
+                        writes,
+                        answer,
+                        wake,
+                    } => match self.commit(writes).await {
+                        Ok(()) => {
+                            if wake {
+                                self.signal();
+                            }
+                            return answer;
+                        }
+                        Err(CommitError::Store(e)) => return Err(e),
+                        Err(CommitError::Conflict) => {}
+                    },
+                }
+            }
+            return Err(contended());
+        }
         let mut fresh = false;
         for _ in 0..MAX_ATTEMPTS {
             let plan = {
@@ -214,8 +244,12 @@ impl NatsStore {
             self.barrier().await?;
             fresh = true;
         }
-        Err(StoreError::Contention(
-            "nats: too many concurrent writers on the same records; retry later".into(),
-        ))
+        Err(contended())
     }
+}
+
+fn contended() -> StoreError {
+    StoreError::Contention(
+        "nats: too many concurrent writers on the same records; retry later".into(),
+    )
 }

@@ -14,6 +14,7 @@ use futures_util::StreamExt;
 
 use super::NatsStore;
 use super::commit::{Expect, Plan, Write, put_dispatch, put_thread, settled};
+use super::fetch::Read;
 use super::keys::Key;
 use super::view::Record;
 use crate::store::model::{Fence, LogEntry, Watermarks};
@@ -38,7 +39,11 @@ impl NatsStore {
         }
         let room = self.room();
         check_size("entry", entry, room.entry, &room.entry_why())?;
-        self.run(|view, now, _| {
+        let reads = match fence {
+            Some(fence) => vec![Read::Log(thread), Read::Dispatch(&fence.dispatch)],
+            None => vec![Read::Log(thread)],
+        };
+        self.run(&reads, |view, now, _| {
             if let Some(fence) = fence {
                 let d = view.dispatch(&fence.dispatch)?.map(|s| &s.d);
                 let thread_epoch = match d {
@@ -128,19 +133,20 @@ impl NatsStore {
 
     /// The thread's watermarks once the view caught up with the stream.
     async fn marks(&self, thread: &str) -> StoreResult<Watermarks> {
-        self.barrier().await?;
-        let view = self.view()?;
-        let latest = view.latest(thread);
-        Ok(Watermarks {
-            reserved: latest,
-            latest,
-            trimmed: view.thread(thread)?.trimmed,
+        self.read_view(&[Read::Log(thread)], |view| {
+            let latest = view.latest(thread);
+            Ok(Watermarks {
+                reserved: latest,
+                latest,
+                trimmed: view.thread(thread)?.trimmed,
+            })
         })
+        .await?
     }
 
     async fn cut(&self, thread: &str, up_to: Option<u64>) -> StoreResult<()> {
         let cut = self
-            .run(|view, _, _| {
+            .run(&[Read::Log(thread)], |view, _, _| {
                 let mut t = view.thread(thread)?;
                 let latest = view.latest(thread);
                 let cut = up_to.unwrap_or(latest).min(latest);

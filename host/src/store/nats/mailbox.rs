@@ -14,6 +14,7 @@ use super::commit::{
     settled,
 };
 use super::config::{GROWTH_ROOM, Room};
+use super::fetch::Read;
 use super::keys::{FRAME_OVERHEAD, Key};
 use super::view::{Record, Stored, View};
 use crate::store::check_size;
@@ -95,7 +96,7 @@ impl NatsStore {
         for _ in 0..64 {
             let mut held: Option<String> = None;
             let out = self
-                .run(|view, now, _| {
+                .run(&[Read::All], |view, now, _| {
                     if let Some(thread) = held.take() {
                         view.release(&thread);
                     }
@@ -149,8 +150,8 @@ impl NatsStore {
     /// record and store it.
     async fn holder_write(&self, id: &str, token: &str, op: HolderOp) -> StoreResult<Dispatch> {
         let settles = op.settles();
-        self.run(
-            |view, now, _| match check_holder(view, id, token, settles, now)? {
+        self.run(&[Read::Dispatch(id)], |view, now, _| {
+            match check_holder(view, id, token, settles, now)? {
                 Holder::Repeat(d) => Ok(Plan::Done(Ok(d))),
                 Holder::Refuse(e) => Ok(Plan::Refuse(Err(e))),
                 Holder::Supersede {
@@ -177,8 +178,8 @@ impl NatsStore {
                         wake: settles.is_some(),
                     })
                 }
-            },
-        )
+            }
+        })
         .await
     }
 }
@@ -194,7 +195,10 @@ impl Mailbox for NatsStore {
             .id
             .clone()
             .unwrap_or_else(|| uuid::Uuid::now_v7().to_string());
-        self.run(|view, now, _| {
+        // A minted id is new; a chosen one may be stored already, on this thread or another.
+        let reads = [Read::Thread(&new.thread), Read::Dispatch(&id)];
+        let reads = if chosen { &reads[..] } else { &reads[..1] };
+        self.run(reads, |view, now, _| {
             if let Some(existing) = view.dispatch(&id)? {
                 return Ok(Plan::Done(if same_content(&existing.d, &new) {
                     Ok(existing.d.clone())
@@ -271,7 +275,7 @@ impl Mailbox for NatsStore {
         consumer: &str,
         lease_ms: u64,
     ) -> StoreResult<Option<Dispatch>> {
-        self.run(|view, now, _| {
+        self.run(&[Read::ThreadOf(id)], |view, now, _| {
             let Some(stored) = view.dispatch(id)?.filter(|s| s.d.status == Status::Queued) else {
                 return Ok(Plan::Refuse(Ok(None)));
             };
@@ -371,7 +375,7 @@ impl Mailbox for NatsStore {
     }
 
     async fn cancel(&self, id: &str) -> StoreResult<Option<Dispatch>> {
-        self.run(|view, now, _| {
+        self.run(&[Read::Dispatch(id)], |view, now, _| {
             let Some(stored) = view.dispatch(id)?.filter(|s| s.d.status == Status::Queued) else {
                 return Ok(Plan::Refuse(Ok(None)));
             };
@@ -399,7 +403,7 @@ impl Mailbox for NatsStore {
         let mut first = true;
         loop {
             let (more, chunk) = self
-                .run(|view, now, _| {
+                .run(&[Read::Thread(thread)], |view, now, _| {
                     let mut t = view.thread(thread)?;
                     let mut writes = Vec::new();
                     if first {
@@ -457,7 +461,7 @@ impl Mailbox for NatsStore {
         token: Option<&str>,
         reason: &str,
     ) -> StoreResult<Option<Dispatch>> {
-        self.run(|view, now, _| {
+        self.run(&[Read::Dispatch(id)], |view, now, _| {
             let found = view.dispatch(id)?.map(Stored::found);
             Ok(
                 match rules::supersede_claimed(found, id, token, reason, now) {
@@ -479,19 +483,20 @@ impl Mailbox for NatsStore {
     }
 
     async fn reclaim_expired(&self, now: u64, limit: usize) -> StoreResult<Vec<Dispatch>> {
-        self.barrier().await?;
         let mut expired: Vec<(u64, String)> = self
-            .view()?
-            .claimed()
-            .filter(|s| rules::lease_expired(&s.d, now))
-            .filter_map(|s| Some((s.d.claim.as_ref()?.lease_until, s.d.id.clone())))
-            .collect();
+            .read_view(&[Read::All], |view| {
+                view.claimed()
+                    .filter(|s| rules::lease_expired(&s.d, now))
+                    .filter_map(|s| Some((s.d.claim.as_ref()?.lease_until, s.d.id.clone())))
+                    .collect()
+            })
+            .await?;
         expired.sort();
         expired.truncate(limit);
         let mut out = Vec::new();
         for (_, id) in expired {
             let back = self
-                .run(|view, _, _| {
+                .run(&[Read::Dispatch(&id)], |view, _, _| {
                     let Some(stored) = view.dispatch(&id)? else {
                         return Ok(Plan::Done(Ok(None)));
                     };
@@ -521,7 +526,7 @@ impl Mailbox for NatsStore {
         let mut purged = 0;
         loop {
             let n = self
-                .run(|view, _, _| {
+                .run(&[Read::All], |view, _, _| {
                     // Terminal records never change again, so each tombstone only needs its
                     // own subject unchanged (another host purging the same record).
                     let doomed: Vec<(u64, Dispatch)> = view

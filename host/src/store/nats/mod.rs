@@ -118,6 +118,7 @@
 
 mod commit;
 mod config;
+mod fetch;
 mod jetstream;
 pub mod keys;
 mod log;
@@ -180,6 +181,9 @@ struct Inner {
     /// What one message can carry (from the server's `max_payload` at connect).
     room: Room,
     clock: SharedClock,
+    /// Whether this instance follows the stream into `view` (a host), or reads what each
+    /// operation needs straight from the server (a short-lived client; see `fetch`).
+    follow: bool,
     view: Mutex<View>,
     /// Fired whenever the watcher applied messages (barrier waiters listen).
     applied: Notify,
@@ -211,8 +215,24 @@ impl Drop for Inner {
 }
 
 impl NatsStore {
-    /// Connects, creates or checks the stream, replays it into the view, and starts following.
+    /// Connects, creates or checks the stream, replays it into the view, and starts following:
+    /// the instance a host holds.
     pub async fn connect(config: &NatsConfig, clock: SharedClock) -> StoreResult<NatsStore> {
+        NatsStore::connect_as(config, clock, true).await
+    }
+
+    /// Connects and creates or checks the stream, without following it: each operation reads
+    /// the records it decides on straight from the server, at a cost independent of how much
+    /// the stream retains. For short-lived clients (every CLI command but `homing run`).
+    pub async fn connect_client(config: &NatsConfig, clock: SharedClock) -> StoreResult<NatsStore> {
+        NatsStore::connect_as(config, clock, false).await
+    }
+
+    async fn connect_as(
+        config: &NatsConfig,
+        clock: SharedClock,
+        follow: bool,
+    ) -> StoreResult<NatsStore> {
         config.validate().map_err(StoreError::Invalid)?;
         let client = connect_client(config).await?;
         let room = room_of(&client)?;
@@ -239,6 +259,7 @@ impl NatsStore {
             timeout: config.request_timeout,
             room,
             clock,
+            follow,
             view: Mutex::new(View::default()),
             applied: Notify::new(),
             signal: Arc::new(Notify::new()),
@@ -250,6 +271,9 @@ impl NatsStore {
             consumer: Mutex::new(None),
             watch_error: Mutex::new(None),
         });
+        if !follow {
+            return Ok(NatsStore { inner });
+        }
         let task = tokio::spawn(watcher::watch(Arc::downgrade(&inner)));
         if let Ok(mut slot) = inner.watcher.lock() {
             *slot = Some(task);
@@ -268,7 +292,6 @@ impl NatsStore {
         }
     }
 
-    /// Opens the backend as the host holds it.
     /// Stops following the stream and deletes the watcher's consumer on the server (best
     /// effort, within the request timeout). A consumer left behind lingers on the server for
     /// its inactivity threshold (30 s), and a stream takes at most 1,000 consumers by the
@@ -311,9 +334,21 @@ impl NatsStore {
         }
     }
 
+    /// Opens the backend as a host holds it ([`NatsStore::connect`]).
     pub async fn open(config: &NatsConfig, clock: SharedClock) -> StoreResult<Store> {
         let store = NatsStore::connect(config, clock.clone()).await?;
         Ok(store.into_store())
+    }
+
+    /// Opens the backend as a short-lived client holds it ([`NatsStore::connect_client`]).
+    pub async fn open_client(config: &NatsConfig, clock: SharedClock) -> StoreResult<Store> {
+        let store = NatsStore::connect_client(config, clock).await?;
+        Ok(store.into_store())
+    }
+
+    /// Whether this instance follows the stream (a host) rather than reading on demand.
+    pub fn follows(&self) -> bool {
+        self.inner.follow
     }
 
     /// Both halves over this instance.

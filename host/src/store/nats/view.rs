@@ -11,6 +11,7 @@ use std::collections::{BTreeSet, HashMap, HashSet};
 
 use serde::{Deserialize, Serialize};
 
+use super::keys::Key;
 use crate::store::model::{Dispatch, Status};
 use crate::store::rules::Found;
 use crate::store::{StoreError, StoreResult};
@@ -178,6 +179,21 @@ impl View {
         self.pos = pos;
     }
 
+    /// Decodes one stream message and applies it (a message of no interest only moves `pos`).
+    pub fn apply_message(&mut self, prefix: &str, seq: u64, subject: &str, payload: &[u8]) {
+        match Key::parse(prefix, subject).map(|key| key.decode(payload)) {
+            Some(Ok(record)) => self.apply(seq, record),
+            Some(Err((key, reason))) => self.mark_corrupt(seq, key, reason),
+            None => self.skip(seq),
+        }
+    }
+
+    /// Sets the last sequence of a thread's tree as read from the server (the fence of the
+    /// next write; see `fetch`).
+    pub fn set_thread_seq(&mut self, thread: &str, seq: u64) {
+        self.threads.entry(thread.to_owned()).or_default().seq = seq;
+    }
+
     /// Records that a key's last message could not be decoded.
     pub fn mark_corrupt(&mut self, seq: u64, key: String, reason: String) {
         self.pos = self.pos.max(seq);
@@ -211,6 +227,15 @@ impl View {
 
     fn index(&mut self, d: &Dispatch, seq: u64) {
         let state = self.threads.entry(d.thread.clone()).or_default();
+        // A record a holder settled (or gave back) also says when its thread was last served:
+        // its claim's own message is gone from the stream once the record moved on, so a view
+        // read from the stream later (a restarted host, a client) learns it only from this.
+        let settled = matches!(d.status, Status::Acked | Status::DeadLetter)
+            || (d.status == Status::Queued && d.attempt > 0);
+        let bumped = settled && seq > state.served;
+        if bumped {
+            state.served = seq;
+        }
         match d.status {
             Status::Queued => {
                 self.live += 1;
@@ -228,6 +253,7 @@ impl View {
                 self.claimed.insert(d.id.clone());
                 self.refresh_thread(&d.thread);
             }
+            _ if bumped => self.refresh_thread(&d.thread),
             _ => {}
         }
     }

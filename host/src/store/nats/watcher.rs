@@ -15,7 +15,12 @@ use crate::store::{StoreError, StoreResult};
 
 impl NatsStore {
     /// Waits until the view has applied everything the stream held when this was called.
+    /// An instance that does not follow the stream has no view to wait for: its reads are
+    /// made fresh for each operation.
     pub(super) async fn barrier(&self) -> StoreResult<()> {
+        if !self.follows() {
+            return Ok(());
+        }
         let ticket = self.inner.barrier_calls.fetch_add(1, Ordering::SeqCst) + 1;
         let target = {
             let mut last = self.inner.barrier_last.lock().await;

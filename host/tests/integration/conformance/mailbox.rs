@@ -3,7 +3,9 @@
 use std::collections::BTreeMap;
 use std::time::Duration;
 
-use homing::store::{ListFilter, NewDispatch, RunResult, Status, StatusCount, StoreError};
+use homing::store::{
+    ListCursor, ListFilter, NewDispatch, RunResult, Status, StatusCount, StoreError,
+};
 
 use super::*;
 
@@ -629,7 +631,8 @@ pub async fn counts_track_statuses_per_agent_without_zero_rows<F: Factory>(facto
     assert_eq!(got, want);
 }
 
-/// List filters by thread, agent and statuses and pages with limit and offset.
+/// List filters by thread, agent and statuses and pages with limit and a cursor: a page
+/// starts after the previous page's last row, so a row removed between pages shifts nothing.
 pub async fn list_filters_by_thread_agent_status_and_pages<F: Factory>(factory: &F) {
     let env = Env::new(factory).await;
     let s = env.open().await;
@@ -672,18 +675,57 @@ pub async fn list_filters_by_thread_agent_status_and_pages<F: Factory>(factory: 
         ids(list(queued_t1_agent.clone()).await),
         vec!["a0", "a1", "a2", "a3", "a4"]
     );
-    let page = ListFilter {
+    let first = ListFilter {
         limit: 2,
-        offset: 1,
         ..queued_t1_agent.clone()
     };
-    assert_eq!(ids(list(page).await), vec!["a1", "a2"]);
+    let page = list(first).await;
+    assert_eq!(ids(page.clone()), vec!["a0", "a1"]);
+    let after = page.last().map(ListCursor::of);
+    // A row of the first page leaving the filter does not move the second page.
+    s.mailbox.cancel("a0").await.unwrap();
+    let second = ListFilter {
+        limit: 2,
+        after: after.clone(),
+        ..queued_t1_agent.clone()
+    };
+    assert_eq!(ids(list(second).await), vec!["a2", "a3"]);
+    let cursor: ListCursor = after.as_ref().unwrap().to_string().parse().unwrap();
+    assert_eq!(Some(cursor), after);
     let past_end = ListFilter {
         limit: 2,
-        offset: 10,
+        after: Some(ListCursor {
+            priority: u8::MAX,
+            created_at: u64::MAX,
+            id: "~".into(),
+        }),
         ..queued_t1_agent
     };
     assert!(list(past_end).await.is_empty());
+    // Across all threads, pages in list order too.
+    let mut seen = Vec::new();
+    let mut after = None;
+    loop {
+        let page = list(ListFilter {
+            limit: 3,
+            after: after.clone(),
+            ..ListFilter::default()
+        })
+        .await;
+        after = page.last().map(ListCursor::of);
+        let n = page.len();
+        seen.extend(ids(page));
+        if n < 3 {
+            break;
+        }
+    }
+    let everything = ids(list(ListFilter {
+        limit: 1000,
+        ..ListFilter::default()
+    })
+    .await);
+    assert_eq!(seen, everything);
+    assert_eq!(everything.len(), 8);
     let two_statuses = ListFilter {
         statuses: vec![Status::Cancelled, Status::Queued],
         thread: Some("t2".into()),
@@ -1051,7 +1093,11 @@ pub async fn no_operation_panics_on_extreme_inputs<F: Factory>(factory: &F) {
     let _ = m
         .list(&ListFilter {
             limit: usize::MAX,
-            offset: usize::MAX,
+            after: Some(ListCursor {
+                priority: 0,
+                created_at: u64::MAX,
+                id: odd.into(),
+            }),
             ..ListFilter::default()
         })
         .await;

@@ -41,8 +41,8 @@ use std::sync::{Arc, Mutex};
 use std::time::Instant;
 
 use homing::store::{
-    Dispatch, Fence, Interrupt, ListFilter, LogEntry, NewDispatch, RunResult, Status, Store,
-    StoreError, StoreResult, Watermarks,
+    Dispatch, Fence, Interrupt, ListCursor, ListFilter, LogEntry, NewDispatch, RunResult, Status,
+    Store, StoreError, StoreResult, Watermarks,
 };
 
 /// What a holder call did.
@@ -623,7 +623,7 @@ pub async fn snapshot(store: &Store) -> Vec<Dispatch> {
             .mailbox
             .list(&ListFilter {
                 limit: 1000,
-                offset: out.len(),
+                after: out.last().map(ListCursor::of),
                 ..ListFilter::default()
             })
             .await

@@ -24,7 +24,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use homing::store::nats::{NatsConfig, NatsStore};
-use homing::store::{Dispatch, ListFilter, NewDispatch, Status, Store, SystemClock};
+use homing::store::{Dispatch, ListCursor, ListFilter, NewDispatch, Status, Store, SystemClock};
 
 use crate::common::Env;
 
@@ -124,13 +124,13 @@ pub async fn fill(store: &Store, n: usize, threads: usize, work_ms: u64) -> Vec<
 /// Every dispatch of the store, by id.
 pub async fn all(store: &Store) -> BTreeMap<String, Dispatch> {
     let mut out = BTreeMap::new();
-    let mut offset = 0;
+    let mut after = None;
     loop {
         let page = store
             .mailbox
             .list(&ListFilter {
                 limit: 1000,
-                offset,
+                after,
                 ..ListFilter::default()
             })
             .await
@@ -138,7 +138,7 @@ pub async fn all(store: &Store) -> BTreeMap<String, Dispatch> {
         if page.is_empty() {
             return out;
         }
-        offset += page.len();
+        after = page.last().map(ListCursor::of);
         for d in page {
             out.insert(d.id.clone(), d);
         }

@@ -1,0 +1,389 @@
+//! Reading straight from the stream, for an instance that does not follow it.
+//!
+//! A host follows the whole stream into its view (see `watcher`). A short-lived client (every
+//! `homing` command but `run`) must not: replaying the stream costs time in proportion to what
+//! it retains. Such an instance reads, for each operation, only the records the operation
+//! decides on, with JetStream's direct gets, into a view of its own:
+//!
+//! - a thread: the last sequence of its subject tree first (the fence its write will name),
+//!   then its thread record and the last message of each of its dispatch subjects in one
+//!   `multi_last` request (paged when the thread has more dispatches than one such request
+//!   answers);
+//! - a dispatch by id: its thread (the id index of a caller-chosen id, else one lookup of the
+//!   subject `<p>.th.*.d.<id>`), then that thread's fence, thread record and the one record;
+//! - a thread log: the fence, the thread record and the last entry's subject.
+//!
+//! The fence is read *before* the records: a write naming it is stored only if nothing of the
+//! thread changed since, and then everything read after it is exactly the thread's state at
+//! it. A record that changed in between makes the write fail and the operation read again. A
+//! refusal (not found, not queued) is decided on records at least as new as the request, so
+//! it needs no barrier. Operations over every thread (claims, sweeps, counts) read the whole
+//! stream once, in pages; only a host does those in earnest.
+
+use std::collections::BTreeSet;
+use std::time::Duration;
+
+use bytes::Bytes;
+use futures_util::StreamExt;
+use serde_json::json;
+
+use super::NatsStore;
+use super::jetstream::unavailable;
+use super::keys::Key;
+use super::view::{Record, View};
+use crate::store::StoreResult;
+
+/// Messages per page of a batched direct get.
+const PAGE: usize = 1000;
+/// Bytes per page of a batched direct get (the server stops a page at this size).
+const PAGE_BYTES: usize = 8 * 1024 * 1024;
+
+/// What an operation reads before it decides, when the instance does not follow the stream.
+#[derive(Debug, Clone, Copy)]
+pub(super) enum Read<'a> {
+    /// Every record of the stream.
+    All,
+    /// A thread's record and all its dispatches.
+    Thread(&'a str),
+    /// A thread's record and its latest log entry.
+    Log(&'a str),
+    /// One dispatch, its thread's record, and the id index of a caller-chosen id.
+    Dispatch(&'a str),
+    /// The whole thread of a dispatch.
+    ThreadOf(&'a str),
+}
+
+/// One message of a direct get.
+pub(super) struct Got {
+    pub seq: u64,
+    pub subject: String,
+    pub payload: Bytes,
+}
+
+/// The answer to a batched direct get.
+#[derive(Default)]
+pub(super) struct Batch {
+    pub messages: Vec<Got>,
+    /// Matching messages the server holds past this page.
+    pub pending: u64,
+    /// The server answered "too many results" (a `multi_last` over more subjects than it
+    /// serves at once).
+    pub too_many: bool,
+}
+
+fn header_u64(headers: Option<&async_nats::HeaderMap>, name: &str) -> u64 {
+    headers
+        .and_then(|h| h.get(name))
+        .and_then(|v| v.as_str().parse().ok())
+        .unwrap_or(0)
+}
+
+impl NatsStore {
+    /// One direct-get request answered by several messages (`batch`, `multi_last`), ended by
+    /// the server's end-of-batch status.
+    pub(super) async fn get_batch(&self, body: serde_json::Value) -> StoreResult<Batch> {
+        let client = &self.inner.client;
+        let api = format!("$JS.API.DIRECT.GET.{}", self.inner.prefix);
+        let inbox = client.new_inbox();
+        let mut replies = client
+            .subscribe(inbox.clone())
+            .await
+            .map_err(|e| unavailable("direct get", e))?;
+        client
+            .publish_with_reply(api, inbox, Bytes::from(body.to_string()))
+            .await
+            .map_err(|e| unavailable("direct get", e))?;
+        let deadline = tokio::time::Instant::now() + self.inner.timeout;
+        let mut batch = Batch::default();
+        loop {
+            let message = match tokio::time::timeout_at(deadline, replies.next()).await {
+                Ok(Some(message)) => message,
+                Ok(None) => return Err(unavailable("direct get", "the connection closed")),
+                Err(_) => return Err(unavailable("direct get", "timed out")),
+            };
+            if let Some(status) = message.status {
+                match status.as_u16() {
+                    204 => {
+                        batch.pending = header_u64(message.headers.as_ref(), "Nats-Num-Pending");
+                        return Ok(batch);
+                    }
+                    // Nothing (more) matches.
+                    404 => return Ok(batch),
+                    413 => {
+                        batch.too_many = true;
+                        return Ok(batch);
+                    }
+                    code => {
+                        return Err(unavailable(
+                            "direct get",
+                            format!("status {code}: {}", message.description.unwrap_or_default()),
+                        ));
+                    }
+                }
+            }
+            let headers = message.headers.as_ref();
+            let subject = headers
+                .and_then(|h| h.get("Nats-Subject"))
+                .map(|v| v.as_str().to_owned())
+                .unwrap_or_default();
+            batch.messages.push(Got {
+                seq: header_u64(headers, "Nats-Sequence"),
+                subject,
+                payload: message.payload,
+            });
+        }
+    }
+
+    /// The last message of any subject matching `filter` (which may hold wildcards).
+    pub(super) async fn get_last_matching(&self, filter: &str) -> StoreResult<Option<Got>> {
+        // One message, with no end-of-batch status.
+        let api = format!("$JS.API.DIRECT.GET.{}", self.inner.prefix);
+        let request = async_nats::Request::new()
+            .payload(Bytes::from(json!({ "last_by_subj": filter }).to_string()))
+            .timeout(Some(self.inner.timeout));
+        let fut = self.inner.client.send_request(api, request);
+        let message = match tokio::time::timeout(
+            self.inner.timeout + Duration::from_millis(100),
+            fut,
+        )
+        .await
+        {
+            Ok(Ok(message)) => message,
+            Ok(Err(e)) => return Err(unavailable("direct get", e)),
+            Err(_) => return Err(unavailable("direct get", "timed out")),
+        };
+        if let Some(status) = message.status {
+            if status.as_u16() == 404 {
+                return Ok(None);
+            }
+            return Err(unavailable(
+                "direct get",
+                format!(
+                    "status {status}: {}",
+                    message.description.unwrap_or_default()
+                ),
+            ));
+        }
+        let headers = message.headers.as_ref();
+        Ok(Some(Got {
+            seq: header_u64(headers, "Nats-Sequence"),
+            subject: headers
+                .and_then(|h| h.get("Nats-Subject"))
+                .map(|v| v.as_str().to_owned())
+                .unwrap_or_default(),
+            payload: message.payload,
+        }))
+    }
+
+    /// The last stream sequence of a thread's tree (0 when it holds nothing).
+    async fn tree_seq(&self, thread: &str) -> StoreResult<u64> {
+        let tree = Key::tree(self.prefix(), thread);
+        Ok(self
+            .get_last_matching(&tree)
+            .await?
+            .map_or(0, |got| got.seq))
+    }
+
+    /// The thread a dispatch id belongs to: the id index of a caller-chosen id, else the one
+    /// dispatch subject of that id in any thread. `None` when no record of it exists.
+    async fn thread_of(&self, id: &str, view: &mut View) -> StoreResult<Option<String>> {
+        let prefix = self.prefix().to_owned();
+        let index = Key::Id(id.to_owned()).subject(&prefix);
+        if let Some((seq, payload)) = self.get_last(&index).await? {
+            view.apply_message(&prefix, seq, &index, &payload);
+            if let Ok(thread) = String::from_utf8(payload.to_vec()) {
+                return Ok(Some(thread));
+            }
+        }
+        // Only a minted id (a UUID) can be without an index record: a caller-chosen id is
+        // stored with one, in the same atomic batch as its dispatch.
+        if uuid::Uuid::try_parse(id).is_err() {
+            return Ok(None);
+        }
+        let any = Key::Dispatch("*".into(), id.to_owned()).subject(&prefix);
+        // The thread token of `any` is the encoding of `*`, not a wildcard: put one in.
+        let any = wildcard_thread(&any, &prefix);
+        let Some(got) = self.get_last_matching(&any).await? else {
+            return Ok(None);
+        };
+        Ok(match Key::parse(&prefix, &got.subject) {
+            Some(Key::Dispatch(thread, _)) => Some(thread),
+            _ => None,
+        })
+    }
+
+    /// Applies every message of a batch to `view`.
+    fn apply_batch(&self, view: &mut View, batch: &Batch) {
+        let prefix = self.prefix();
+        for got in &batch.messages {
+            view.apply_message(prefix, got.seq, &got.subject, &got.payload);
+        }
+    }
+
+    /// Reads every message of the stream matching `filter` (all when `None`), page by page
+    /// from the first sequence, handing each page to `each`.
+    pub(super) async fn scan(
+        &self,
+        filter: Option<&str>,
+        mut each: impl FnMut(&Batch),
+    ) -> StoreResult<()> {
+        let mut from = 1u64;
+        loop {
+            let mut body = json!({ "seq": from, "batch": PAGE, "max_bytes": PAGE_BYTES });
+            if let Some(filter) = filter {
+                body["next_by_subj"] = json!(filter);
+            }
+            let batch = self.get_batch(body).await?;
+            let Some(last) = batch.messages.last().map(|m| m.seq) else {
+                return Ok(());
+            };
+            each(&batch);
+            if batch.pending == 0 {
+                return Ok(());
+            }
+            from = last + 1;
+        }
+    }
+
+    /// A thread's record and the last message of each of its dispatch subjects.
+    async fn read_thread_records(&self, thread: &str, view: &mut View) -> StoreResult<()> {
+        let prefix = self.prefix().to_owned();
+        let record = Key::Thread(thread.to_owned()).subject(&prefix);
+        let dispatches = dispatches_of(&prefix, thread);
+        let batch = self
+            .get_batch(json!({ "multi_last": [record, dispatches], "batch": PAGE }))
+            .await?;
+        if !batch.too_many {
+            self.apply_batch(view, &batch);
+            return Ok(());
+        }
+        // More dispatch subjects than one `multi_last` answers: page through them.
+        if let Some((seq, payload)) = self.get_last(&record).await? {
+            view.apply_message(&prefix, seq, &record, &payload);
+        }
+        let mut pages = Vec::new();
+        self.scan(Some(&dispatches), |batch| {
+            pages.extend(
+                batch
+                    .messages
+                    .iter()
+                    .map(|m| (m.seq, m.subject.clone(), m.payload.clone())),
+            );
+        })
+        .await?;
+        for (seq, subject, payload) in pages {
+            view.apply_message(&prefix, seq, &subject, &payload);
+        }
+        Ok(())
+    }
+
+    /// A view holding what `reads` name, read from the server now.
+    pub(super) async fn snapshot(&self, reads: &[Read<'_>]) -> StoreResult<View> {
+        let mut view = View::default();
+        let prefix = self.prefix().to_owned();
+        if reads.iter().any(|r| matches!(r, Read::All)) {
+            self.scan(None, |batch| self.apply_batch(&mut view, batch))
+                .await?;
+            return Ok(view);
+        }
+        // Which threads, and how much of each.
+        let mut whole = BTreeSet::new();
+        let mut logs = BTreeSet::new();
+        let mut records: Vec<(String, String)> = Vec::new();
+        let mut touched = BTreeSet::new();
+        for read in reads {
+            match *read {
+                Read::All => {}
+                Read::Thread(t) => {
+                    whole.insert(t.to_owned());
+                }
+                Read::Log(t) => {
+                    logs.insert(t.to_owned());
+                }
+                Read::Dispatch(id) | Read::ThreadOf(id) => {
+                    let Some(t) = self.thread_of(id, &mut view).await? else {
+                        continue;
+                    };
+                    if matches!(read, Read::ThreadOf(_)) {
+                        whole.insert(t);
+                    } else {
+                        records.push((t, id.to_owned()));
+                    }
+                }
+            }
+        }
+        touched.extend(whole.iter().cloned());
+        touched.extend(logs.iter().cloned());
+        touched.extend(records.iter().map(|(t, _)| t.clone()));
+        // Fences first (see the module).
+        let mut fences = Vec::new();
+        for t in &touched {
+            fences.push((t.clone(), self.tree_seq(t).await?));
+        }
+        for t in &whole {
+            self.read_thread_records(t, &mut view).await?;
+        }
+        for t in touched.iter().filter(|t| !whole.contains(*t)) {
+            let subject = Key::Thread(t.clone()).subject(&prefix);
+            if let Some((seq, payload)) = self.get_last(&subject).await? {
+                view.apply_message(&prefix, seq, &subject, &payload);
+            }
+        }
+        for (t, id) in &records {
+            if whole.contains(t) {
+                continue;
+            }
+            let subject = Key::Dispatch(t.clone(), id.clone()).subject(&prefix);
+            if let Some((seq, payload)) = self.get_last(&subject).await? {
+                view.apply_message(&prefix, seq, &subject, &payload);
+            }
+        }
+        for t in &logs {
+            let entries = Key::entries_of(&prefix, t);
+            if let Some(got) = self.get_last_matching(&entries).await?
+                && let Some(Key::Entry(_, n)) = Key::parse(&prefix, &got.subject)
+            {
+                view.apply(got.seq, Record::Entry(t.clone(), n));
+            }
+        }
+        for (t, seq) in fences {
+            view.set_thread_seq(&t, seq);
+        }
+        Ok(view)
+    }
+}
+
+/// `<p>.th.<thread>.d.*`: every dispatch subject of a thread.
+fn dispatches_of(prefix: &str, thread: &str) -> String {
+    let one = Key::Dispatch(thread.to_owned(), String::new()).subject(prefix);
+    match one.rsplit_once('.') {
+        Some((head, _)) => format!("{head}.*"),
+        None => one,
+    }
+}
+
+/// `subject` (a dispatch subject) with its thread token replaced by `*`.
+fn wildcard_thread(subject: &str, prefix: &str) -> String {
+    let Some(rest) = subject
+        .strip_prefix(prefix)
+        .and_then(|r| r.strip_prefix(".th."))
+    else {
+        return subject.to_owned();
+    };
+    match rest.split_once('.') {
+        Some((_, tail)) => format!("{prefix}.th.*.{tail}"),
+        None => subject.to_owned(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn wildcards_replace_whole_tokens() {
+        let one = Key::Dispatch("t".into(), "id".into()).subject("p");
+        assert_eq!(wildcard_thread(&one, "p"), "p.th.*.d.aWQ");
+        assert_eq!(dispatches_of("p", "t"), "p.th.dA.d.*");
+    }
+}
