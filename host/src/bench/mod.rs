@@ -12,8 +12,11 @@
 //! whatever the server did with them.
 //!
 //! - `scenarios`: what is measured;
+//! - `scale`: commands and a host's start against stores retaining 1k to 1M records (only
+//!   with `--only scale`: it takes minutes);
 //! - `target`: fresh stores per sample and host runs on them.
 
+mod scale;
 mod scenarios;
 mod target;
 
@@ -101,6 +104,9 @@ pub enum Scenario {
     E2e,
     /// Claim latency as the backlog grows.
     Latency,
+    /// CLI commands and a host's start as the store retains more records (1k and 100k, with
+    /// `--million` also 1M; run only when named).
+    Scale,
 }
 
 /// What `homing bench` was asked.
@@ -116,7 +122,8 @@ pub struct BenchArgs {
     pub backend: BenchBackend,
     /// A NATS server to measure against (default: start one).
     pub nats_url: Option<String>,
-    /// Also measure claim latency with 1,000,000 queued (embedded; takes minutes).
+    /// Also measure claim latency with 1,000,000 queued (embedded; takes minutes), and the
+    /// scale scenario at 1,000,000 retained records.
     pub million: bool,
     /// Only these scenario groups (all when empty).
     pub only: Vec<Scenario>,
@@ -126,6 +133,9 @@ pub struct BenchArgs {
 
 impl BenchArgs {
     fn wants(&self, scenario: Scenario) -> bool {
+        if scenario == Scenario::Scale {
+            return self.only.contains(&scenario);
+        }
         self.only.is_empty() || self.only.contains(&scenario)
     }
 }
@@ -215,6 +225,17 @@ pub async fn run(args: &BenchArgs) -> anyhow::Result<()> {
             for backlog in backlogs {
                 figures.extend(claim_latency(target, backlog, size.claims).await?);
             }
+        }
+        if args.wants(Scenario::Scale) {
+            let (mut sizes, samples) = if args.quick {
+                (vec![1_000, 10_000], 5)
+            } else {
+                (vec![1_000, 100_000], 20)
+            };
+            if args.million {
+                sizes.push(1_000_000);
+            }
+            figures.extend(scale::scale(target, echo, &sizes, samples).await?);
         }
     }
     if args.json {

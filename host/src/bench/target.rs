@@ -72,6 +72,14 @@ impl Target {
         matches!(self, Target::Nats { .. })
     }
 
+    /// The NATS server's URL (`None` for the embedded target).
+    pub(super) fn nats_url(&self) -> Option<&str> {
+        match self {
+            Target::Nats { url, .. } => Some(url),
+            Target::Embedded => None,
+        }
+    }
+
     pub(super) async fn scratch(&self) -> anyhow::Result<Scratch> {
         let dir = ScratchDir::new("bench").context("a directory for the bench")?;
         match self {

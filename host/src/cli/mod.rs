@@ -88,10 +88,11 @@ pub enum Command {
         /// no monitoring endpoint is needed.
         #[arg(long)]
         nats_monitor: Option<String>,
-        /// Also measure claim latency with 1,000,000 queued on the embedded store (minutes).
+        /// Also measure claim latency with 1,000,000 queued on the embedded store, and (with
+        /// `--only scale`) commands and host start at 1,000,000 retained records (minutes).
         #[arg(long)]
         million: bool,
-        /// Only these scenario groups (repeatable; default: all).
+        /// Only these scenario groups (repeatable; default: all but `scale`).
         #[arg(long, value_enum)]
         only: Vec<bench::Scenario>,
         /// Also measure the start of the Python and JavaScript agents next to the echo guest
@@ -159,7 +160,10 @@ pub enum Role {
 pub async fn open_store(config: &Config, role: Role) -> anyhow::Result<Store> {
     match &config.store {
         StoreConfig::Nats(settings) => {
-            let nats = NatsConfig::from_settings(settings, |p| config.resolve(p));
+            let mut nats = NatsConfig::from_settings(settings, |p| config.resolve(p));
+            // Settled records expire on the server after the retention, so no host scans
+            // the stream for them.
+            nats.settled_ttl = Some(config.host.retention);
             let clock = Arc::new(SystemClock);
             let opened = match role {
                 Role::Host => NatsStore::open(&nats, clock).await,

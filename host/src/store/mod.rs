@@ -206,6 +206,12 @@ pub trait Mailbox: Send + Sync + Debug + 'static {
     /// Deletes terminal dispatches completed before `older_than`. Returns how many.
     async fn purge_terminal(&self, older_than: u64) -> StoreResult<usize>;
 
+    /// Whether settled records expire by themselves after the host's retention (NATS with a
+    /// per-message TTL): the sweeper then leaves `purge_terminal` alone.
+    fn expires_settled(&self) -> bool {
+        false
+    }
+
     /// The current record, if stored.
     async fn load(&self, id: &str) -> StoreResult<Option<Dispatch>>;
 

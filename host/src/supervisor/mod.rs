@@ -307,14 +307,18 @@ async fn sweep_loop(
             Ok(_) => {}
             Err(e) => warn!("reclaim failed: {e}"),
         }
-        match store
-            .mailbox
-            .purge_terminal(now.saturating_sub(retention_ms))
-            .await
-        {
-            Ok(purged) if purged > 0 => info!(purged, "purged terminal dispatches past retention"),
-            Ok(_) => {}
-            Err(e) => warn!("purge failed: {e}"),
+        if !store.mailbox.expires_settled() {
+            match store
+                .mailbox
+                .purge_terminal(now.saturating_sub(retention_ms))
+                .await
+            {
+                Ok(purged) if purged > 0 => {
+                    info!(purged, "purged terminal dispatches past retention")
+                }
+                Ok(_) => {}
+                Err(e) => warn!("purge failed: {e}"),
+            }
         }
         // Re-signal: queued work whose wake-up was lost is claimed now.
         store.mailbox.work_signal().notify_waiters();

@@ -146,3 +146,110 @@ mod nats_sizes {
         );
     }
 }
+
+/// What a short-lived client costs: it reads the records its operation decides on, never the
+/// stream.
+mod nats_clients {
+    use super::*;
+    use homing::store::{ListFilter, Mailbox, NewDispatch, RunResult, SequenceStore, SystemClock};
+    use std::sync::Arc;
+    use std::sync::atomic::Ordering;
+
+    fn config(prefix: &str) -> NatsConfig {
+        NatsConfig {
+            urls: vec![server().url()],
+            prefix: prefix.into(),
+            ..NatsConfig::default()
+        }
+    }
+
+    /// With 2,000 dispatches over 200 threads retained (half of them settled), a client's
+    /// enqueue, show, cancel, thread listing, interrupt and log append and read together
+    /// receive fewer messages than one thread holds ten times over; a replay would receive
+    /// every record.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_client_receives_only_the_records_its_operations_decide_on() {
+        let prefix = "client_reads";
+        let host = NatsStore::connect(&config(prefix), Arc::new(SystemClock))
+            .await
+            .unwrap();
+        let mut minted = Vec::new();
+        for i in 0..2_000 {
+            let d = host
+                .enqueue(NewDispatch::new("a", format!("t{}", i % 200), "x"))
+                .await
+                .unwrap();
+            minted.push(d.id);
+        }
+        for _ in 0..1_000 {
+            let d = host.claim("a", "w", 60_000).await.unwrap().unwrap();
+            let token = d.token().unwrap().to_owned();
+            host.complete(&d.id, &token, RunResult::success("ok"))
+                .await
+                .unwrap();
+        }
+        let client = NatsStore::connect_client(&config(prefix), Arc::new(SystemClock))
+            .await
+            .unwrap();
+        let stats = client.client_statistics();
+        let before = stats.in_messages.load(Ordering::Relaxed);
+
+        let d = client
+            .enqueue(NewDispatch::new("a", "t7", "new"))
+            .await
+            .unwrap();
+        let shown = client.load(&d.id).await.unwrap().unwrap();
+        assert_eq!(shown.payload, b"new");
+        let old = client.load(&minted[0]).await.unwrap().unwrap();
+        assert_eq!(old.thread, "t0");
+        assert!(client.cancel(&d.id).await.unwrap().is_some());
+        let listed = client
+            .list(&ListFilter {
+                thread: Some("t7".into()),
+                ..ListFilter::default()
+            })
+            .await
+            .unwrap();
+        assert_eq!(listed.len(), 11);
+        let interrupt = client.interrupt("t8", "stop").await.unwrap();
+        assert_eq!(interrupt.epoch, 1);
+        let seq = client.append("t9", b"entry", None).await.unwrap();
+        assert_eq!(client.read("t9", 0, 10).await.unwrap().len(), 1);
+        assert_eq!(seq, 1);
+
+        let received = stats.in_messages.load(Ordering::Relaxed) - before;
+        assert!(
+            received < 150,
+            "a client received {received} messages for eight operations"
+        );
+        // The host sees what the client did.
+        let seen = host.load(&d.id).await.unwrap().unwrap();
+        assert_eq!(seen.status, homing::store::Status::Cancelled);
+        client.close().await;
+        host.close().await;
+        NatsStore::delete_stream(&config(prefix)).await.unwrap();
+    }
+
+    /// A dispatch id that no thread holds is not found, whether it looks minted (a UUID,
+    /// looked up across threads) or chosen (looked up through the id index).
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_client_reports_unknown_ids_as_missing() {
+        let prefix = "client_missing";
+        let client = NatsStore::connect_client(&config(prefix), Arc::new(SystemClock))
+            .await
+            .unwrap();
+        client
+            .enqueue(NewDispatch::new("a", "t", "x").with_id("chosen"))
+            .await
+            .unwrap();
+        let uuid = uuid::Uuid::now_v7().to_string();
+        assert!(client.load(&uuid).await.unwrap().is_none());
+        assert!(client.load("other").await.unwrap().is_none());
+        assert!(client.cancel(&uuid).await.unwrap().is_none());
+        assert_eq!(
+            client.load("chosen").await.unwrap().unwrap().thread,
+            "t".to_owned()
+        );
+        NatsStore::delete_stream(&config(prefix)).await.unwrap();
+    }
+}

@@ -148,6 +148,14 @@ impl NatsStore {
                 }
                 (Expect::None, _) => {}
             }
+            // A settled record expires on the server after the retention (tombstones, which
+            // mark a purge, stay).
+            if let (Some(ttl), Record::Dispatch(_, _, Some(stored))) =
+                (&self.inner.settled_ttl, &w.record)
+                && stored.d.status.is_terminal()
+            {
+                headers.insert("Nats-TTL", ttl.as_str());
+            }
             if n > 1 {
                 headers.insert("Nats-Batch-Id", batch.as_str());
                 headers.insert("Nats-Batch-Sequence", (i + 1).to_string());
@@ -184,47 +192,34 @@ impl NatsStore {
         Ok(())
     }
 
-    /// Runs an operation: decide from the view, commit, and decide again after a barrier when
-    /// an expectation failed or the view's answer was a refusal. An instance that does not
-    /// follow the stream decides on a view of what `reads` name, read from the server for each
-    /// attempt (so every answer it gets is already fresh).
+    /// Runs an operation: decide, commit, and decide again on fresh records when an
+    /// expectation failed or the answer was a refusal (which is only returned once confirmed
+    /// on fresh records).
+    ///
+    /// A host decides first on its own view, so the hot path reads nothing. Fresh records are
+    /// then read from the server for an operation scoped to a thread or a dispatch (the view
+    /// holds live work only, and may lack what it decides on), or awaited in the view (a
+    /// barrier) for one over every thread. An instance that does not follow the stream reads
+    /// what `reads` name for every attempt.
     pub(super) async fn run<T>(
         &self,
         reads: &[Read<'_>],
         mut decide: impl FnMut(&mut View, u64, bool) -> StoreResult<Plan<T>>,
     ) -> StoreResult<T> {
-        if !self.follows() {
-            for _ in 0..MAX_ATTEMPTS {
-                let mut view = self.snapshot(reads).await?;
-                match decide(&mut view, self.now(), true)? {
-                    Plan::Done(out) | Plan::Refuse(out) => return out,
-                    Plan::Write {
-                        writes,
-                        answer,
-                        wake,
-                    } => match self.commit(writes).await {
-                        Ok(()) => {
-                            if wake {
-                                self.signal();
-                            }
-                            return answer;
-                        }
-                        Err(CommitError::Store(e)) => return Err(e),
-                        Err(CommitError::Conflict) => {}
-                    },
-                }
-            }
-            return Err(contended());
-        }
+        let scoped = !reads.iter().any(|r| matches!(r, Read::All));
+        let mut from_server = !self.follows();
         let mut fresh = false;
         for _ in 0..MAX_ATTEMPTS {
-            let plan = {
+            let plan = if from_server {
+                let mut view = self.snapshot(reads).await?;
+                decide(&mut view, self.now(), true)?
+            } else {
                 let mut view = self.view()?;
                 decide(&mut view, self.now(), fresh)?
             };
             match plan {
                 Plan::Done(out) => return out,
-                Plan::Refuse(out) if fresh => return out,
+                Plan::Refuse(out) if fresh || from_server => return out,
                 Plan::Refuse(_) => {}
                 Plan::Write {
                     writes,
@@ -241,8 +236,12 @@ impl NatsStore {
                     Err(CommitError::Conflict) => {}
                 },
             }
-            self.barrier().await?;
-            fresh = true;
+            if scoped {
+                from_server = true;
+            } else {
+                self.barrier().await?;
+                fresh = true;
+            }
         }
         Err(contended())
     }

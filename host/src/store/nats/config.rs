@@ -21,6 +21,9 @@ pub struct NatsConfig {
     pub connect_timeout: Duration,
     /// How long any one request may take before it fails with `Unavailable`.
     pub request_timeout: Duration,
+    /// How long the server keeps a settled record before it expires it by itself (JetStream's
+    /// per-message TTL; `[host] retention`). `None`: records stay until `purge_terminal`.
+    pub settled_ttl: Option<Duration>,
 }
 
 impl Default for NatsConfig {
@@ -40,6 +43,7 @@ impl NatsConfig {
             replicas: settings.replicas,
             connect_timeout: settings.connect_timeout,
             request_timeout: settings.request_timeout,
+            settled_ttl: None,
         }
     }
 

@@ -522,47 +522,7 @@ impl Mailbox for NatsStore {
     }
 
     async fn purge_terminal(&self, older_than: u64) -> StoreResult<usize> {
-        self.barrier().await?;
-        let mut purged = 0;
-        loop {
-            let n = self
-                .run(&[Read::All], |view, _, _| {
-                    // Terminal records never change again, so each tombstone only needs its
-                    // own subject unchanged (another host purging the same record).
-                    let doomed: Vec<(u64, Dispatch)> = view
-                        .all()
-                        .filter(|s| {
-                            s.d.status.is_terminal()
-                                && s.d.completed_at.is_some_and(|at| at < older_than)
-                        })
-                        .take(MAX_BATCH)
-                        .map(|s| (view.dispatch_seq(&s.d.id), s.d.clone()))
-                        .collect();
-                    let writes: Vec<Write> = doomed
-                        .into_iter()
-                        .map(|(seq, d)| Write {
-                            key: Key::Dispatch(d.thread.clone(), d.id.clone()),
-                            expect: Expect::Subject(seq),
-                            payload: bytes::Bytes::new(),
-                            record: Record::Dispatch(d.thread, d.id, None),
-                        })
-                        .collect();
-                    if writes.is_empty() {
-                        return Ok(Plan::Done(Ok(0)));
-                    }
-                    let count = writes.len();
-                    Ok(Plan::Write {
-                        writes,
-                        answer: Ok(count),
-                        wake: false,
-                    })
-                })
-                .await?;
-            if n == 0 {
-                return Ok(purged);
-            }
-            purged += n;
-        }
+        self.purge_settled(older_than).await
     }
 
     async fn load(&self, id: &str) -> StoreResult<Option<Dispatch>> {
@@ -595,6 +555,10 @@ impl Mailbox for NatsStore {
 
     async fn close(&self) {
         NatsStore::close(self).await;
+    }
+
+    fn expires_settled(&self) -> bool {
+        self.inner.settled_ttl.is_some()
     }
 
     fn work_signal(&self) -> Arc<Notify> {

@@ -1,11 +1,13 @@
-//! The read-only queries of the NATS backend's mailbox. A host answers from its view once it
-//! caught up with the stream (a barrier); a client reads what the query names from the server
-//! (see `fetch`), and lists across all threads by reading the dispatch subjects page by page,
-//! keeping only one page of rows in memory.
+//! The queries of the NATS backend's mailbox, and its purge. Live work a host answers from
+//! its view once it caught up with the stream (a barrier); anything else (a settled record, a
+//! thread's listing, anything of a client) is read from the server (see `fetch`), and what
+//! spans all threads by reading the dispatch subjects page by page, keeping at most a page of
+//! rows in memory.
 
 use std::collections::{BTreeMap, BTreeSet};
 
 use super::NatsStore;
+use super::commit::{CommitError, Expect, MAX_BATCH, Write};
 use super::fetch::Read;
 use super::keys::Key;
 use super::view::{Record, View};
@@ -14,6 +16,8 @@ use crate::store::model::{Dispatch, ListCursor, ListFilter, Status, StatusCount}
 
 /// The page size of `list` and `list_terminal` when the caller gives 0.
 const DEFAULT_PAGE: usize = 100;
+/// Records one `purge_terminal` call tombstones at most.
+const PURGE_PER_CALL: usize = 100_000;
 
 /// The first `limit` rows after the filter's cursor, in list order, holding no more than
 /// `limit` rows at any time whatever the input's size.
@@ -85,8 +89,9 @@ impl NatsStore {
         Ok(f(&view))
     }
 
-    /// Every dispatch record of the stream, page by page (a client's cross-thread reads).
-    async fn each_dispatch(&self, mut each: impl FnMut(&Dispatch)) -> StoreResult<()> {
+    /// Every dispatch record of the stream with its sequence, read from the server page by
+    /// page (cross-thread reads: a host's view holds live work only).
+    async fn each_dispatch(&self, mut each: impl FnMut(u64, &Dispatch)) -> StoreResult<()> {
         let prefix = self.prefix().to_owned();
         let filter = format!("{prefix}.th.*.d.*");
         self.scan(Some(&filter), |batch| {
@@ -97,7 +102,7 @@ impl NatsStore {
                 // Tombstones and damaged records are not listed (a read by id reports the
                 // latter).
                 if let Ok(Record::Dispatch(_, _, Some(stored))) = key.decode(&got.payload) {
-                    each(&stored.d);
+                    each(got.seq, &stored.d);
                 }
             }
         })
@@ -105,25 +110,24 @@ impl NatsStore {
     }
 
     pub(super) async fn load_dispatch(&self, id: &str) -> StoreResult<Option<Dispatch>> {
-        self.read_view(&[Read::Dispatch(id)], |view| {
-            Ok(view.dispatch(id)?.map(|s| s.d.clone()))
-        })
-        .await?
+        if self.follows() {
+            self.barrier().await?;
+            if let Some(s) = self.view()?.dispatch(id)? {
+                return Ok(Some(s.d.clone()));
+            }
+        }
+        // Not live (or not followed): read it.
+        let view = self.snapshot(&[Read::Dispatch(id)]).await?;
+        Ok(view.dispatch(id)?.map(|s| s.d.clone()))
     }
 
     pub(super) async fn list_dispatches(&self, filter: &ListFilter) -> StoreResult<Vec<Dispatch>> {
         let mut page = Page::new(filter);
         match &filter.thread {
-            None if !self.follows() => self.each_dispatch(|d| page.offer(d)).await?,
-            None => {
-                self.read_view(&[], |view| view.all().for_each(|s| page.offer(&s.d)))
-                    .await?
-            }
+            None => self.each_dispatch(|_, d| page.offer(d)).await?,
             Some(thread) => {
-                self.read_view(&[Read::Thread(thread)], |view| {
-                    view.all().for_each(|s| page.offer(&s.d))
-                })
-                .await?
+                let view = self.snapshot(&[Read::Thread(thread)]).await?;
+                view.all().for_each(|s| page.offer(&s.d));
             }
         }
         Ok(page.rows())
@@ -131,13 +135,8 @@ impl NatsStore {
 
     pub(super) async fn count_dispatches(&self) -> StoreResult<Vec<StatusCount>> {
         let mut counts: BTreeMap<(String, Status), u64> = BTreeMap::new();
-        let mut count = |d: &Dispatch| *counts.entry((d.agent.clone(), d.status)).or_default() += 1;
-        if self.follows() {
-            self.read_view(&[], |view| view.all().for_each(|s| count(&s.d)))
-                .await?;
-        } else {
-            self.each_dispatch(count).await?;
-        }
+        self.each_dispatch(|_, d| *counts.entry((d.agent.clone(), d.status)).or_default() += 1)
+            .await?;
         Ok(counts
             .into_iter()
             .map(|((agent, status), count)| StatusCount {
@@ -154,16 +153,66 @@ impl NatsStore {
         offset: usize,
     ) -> StoreResult<Vec<Dispatch>> {
         let limit = if limit == 0 { DEFAULT_PAGE } else { limit };
-        self.read_view(&[Read::All], |view| {
-            let mut rows: Vec<&Dispatch> = view
-                .all()
-                .map(|s| &s.d)
-                .filter(|d| d.status.is_terminal() && d.completed_at.is_some())
-                .collect();
-            rows.sort_by(|a, b| (a.completed_at, &a.id).cmp(&(b.completed_at, &b.id)));
-            rows.into_iter().skip(offset).take(limit).cloned().collect()
+        let keep = offset.saturating_add(limit);
+        // The first `offset + limit` by completion, held in a bounded map while reading.
+        let mut rows: BTreeMap<(u64, String), Dispatch> = BTreeMap::new();
+        self.each_dispatch(|_, d| {
+            let Some(at) = d.completed_at.filter(|_| d.status.is_terminal()) else {
+                return;
+            };
+            let key = (at, d.id.clone());
+            if rows.len() >= keep && rows.last_key_value().is_some_and(|(last, _)| key >= *last) {
+                return;
+            }
+            rows.insert(key, d.clone());
+            if rows.len() > keep {
+                rows.pop_last();
+            }
         })
-        .await
+        .await?;
+        Ok(rows.into_values().skip(offset).take(limit).collect())
+    }
+
+    /// Tombstones settled records completed before `older_than`, found by reading the
+    /// dispatch subjects (records written with a TTL expire by themselves; this serves an
+    /// explicit purge). At most `PURGE_PER_CALL` per call, the rest at the next.
+    pub(super) async fn purge_settled(&self, older_than: u64) -> StoreResult<usize> {
+        let mut doomed: Vec<(u64, String, String)> = Vec::new();
+        self.each_dispatch(|seq, d| {
+            if doomed.len() < PURGE_PER_CALL
+                && d.status.is_terminal()
+                && d.completed_at.is_some_and(|at| at < older_than)
+            {
+                doomed.push((seq, d.thread.clone(), d.id.clone()));
+            }
+        })
+        .await?;
+        let tombstone = |(seq, thread, id): &(u64, String, String)| Write {
+            key: Key::Dispatch(thread.clone(), id.clone()),
+            // A settled record never changes again, so its own subject's sequence is the
+            // only expectation: another host purging it first is the one conflict.
+            expect: Expect::Subject(*seq),
+            payload: bytes::Bytes::new(),
+            record: Record::Dispatch(thread.clone(), id.clone(), None),
+        };
+        let mut purged = 0;
+        for chunk in doomed.chunks(MAX_BATCH) {
+            match self.commit(chunk.iter().map(tombstone).collect()).await {
+                Ok(()) => purged += chunk.len(),
+                Err(CommitError::Store(e)) => return Err(e),
+                // Some were purged by another host meanwhile: one by one.
+                Err(CommitError::Conflict) => {
+                    for one in chunk {
+                        match self.commit(vec![tombstone(one)]).await {
+                            Ok(()) => purged += 1,
+                            Err(CommitError::Conflict) => {}
+                            Err(CommitError::Store(e)) => return Err(e),
+                        }
+                    }
+                }
+            }
+        }
+        Ok(purged)
     }
 
     pub(super) async fn epoch_of(&self, thread: &str) -> StoreResult<u64> {

@@ -116,11 +116,25 @@ struct ThreadState {
 }
 
 /// The projection.
+///
+/// A host's view is *lean* ([`View::lean`]): it holds live work only, so its memory follows
+/// the queued and claimed dispatches (and a small state per thread: its fence, epoch, log
+/// watermark), not the records the stream retains. A record that settles leaves it, and is
+/// read from the server when asked for (a refusal decided on a lean view is confirmed on a fresh read, see
+/// `commit`). A settled record's key keeps its sequence (a marker) until the watcher has
+/// applied the stream up to it, so that an older message of that record, still on its way,
+/// cannot bring it back. A view read for one operation (`fetch`) keeps everything it reads.
 #[derive(Debug, Default)]
 pub struct View {
     /// The stream sequence up to which the watcher applied every message (this instance's own
     /// writes applied ahead of it do not count).
     pub pos: u64,
+    /// Whether settled records and idle threads leave the view.
+    lean: bool,
+    /// Settled records' sequences, until `pos` passes them (lean views).
+    markers: HashMap<String, u64>,
+    /// The same, by sequence.
+    marker_order: BTreeSet<(u64, String)>,
     dispatches: HashMap<String, Entry<Stored>>,
     threads: HashMap<String, ThreadState>,
     ids: HashMap<String, Entry<String>>,
@@ -135,10 +149,45 @@ pub struct View {
 }
 
 impl View {
-    /// Applies one message. A record older than the one held for its key is ignored, so the
-    /// watcher can deliver what this instance already applied from its own write.
+    /// A view holding live work only (a host's; see the type).
+    pub fn lean() -> View {
+        View {
+            lean: true,
+            ..View::default()
+        }
+    }
+
+    /// How many dispatch records the view holds.
+    pub fn records(&self) -> usize {
+        self.dispatches.len()
+    }
+
+    /// How many threads the view holds.
+    pub fn thread_count(&self) -> usize {
+        self.threads.len()
+    }
+
+    /// Applies one message the watcher delivered (in stream order) and moves `pos` to it. A
+    /// record older than the one held for its key is ignored, so the watcher can deliver what
+    /// this instance already applied from its own write.
     pub fn apply(&mut self, seq: u64, record: Record) {
+        self.apply_record(seq, record);
+        self.advance(seq);
+    }
+
+    /// Moves `pos` to `seq` and forgets the markers it passed.
+    fn advance(&mut self, seq: u64) {
         self.pos = self.pos.max(seq);
+        while let Some((at, _)) = self.marker_order.first()
+            && *at <= self.pos
+        {
+            if let Some((_, id)) = self.marker_order.pop_first() {
+                self.markers.remove(&id);
+            }
+        }
+    }
+
+    fn apply_record(&mut self, seq: u64, record: Record) {
         if let Some(thread) = record.thread() {
             let state = self.threads.entry(thread.to_owned()).or_default();
             state.seq = state.seq.max(seq);
@@ -155,6 +204,9 @@ impl View {
                     state.latest = state.latest.max(n);
                 }
             }
+            // A host finds chosen ids on the server when it needs them (an enqueue's write of
+            // the id record expects it absent, and reads it after a conflict).
+            Record::Id(..) if self.lean => {}
             Record::Id(id, thread) => {
                 if self.ids.get(&id).is_some_and(|e| e.seq >= seq) {
                     return;
@@ -174,9 +226,7 @@ impl View {
     /// watcher. It does not move `pos`: messages of other hosts below `seq` may not be applied
     /// yet, and `pos` is what barriers wait for and where a restarted watcher resumes.
     pub fn apply_own(&mut self, seq: u64, record: Record) {
-        let pos = self.pos;
-        self.apply(seq, record);
-        self.pos = pos;
+        self.apply_record(seq, record);
     }
 
     /// Decodes one stream message and applies it (a message of no interest only moves `pos`).
@@ -196,20 +246,39 @@ impl View {
 
     /// Records that a key's last message could not be decoded.
     pub fn mark_corrupt(&mut self, seq: u64, key: String, reason: String) {
-        self.pos = self.pos.max(seq);
         self.corrupt.insert(key, reason);
+        self.advance(seq);
     }
 
     /// Moves the view's position on (a message of no interest).
     pub fn skip(&mut self, seq: u64) {
-        self.pos = self.pos.max(seq);
+        self.advance(seq);
     }
 
     fn apply_dispatch(&mut self, id: String, seq: u64, value: Option<Stored>) {
-        if self.dispatches.get(&id).is_some_and(|e| e.seq >= seq) {
+        if self.dispatches.get(&id).is_some_and(|e| e.seq >= seq)
+            || self.markers.get(&id).is_some_and(|at| *at >= seq)
+        {
             return;
         }
         self.corrupt.remove(&format!("dispatches/{id}"));
+        let settled = value.as_ref().is_none_or(|s| s.d.status.is_terminal());
+        if self.lean && settled {
+            // It leaves the view; its marker stays until the watcher passed it.
+            if let Some(old) = self.dispatches.remove(&id).and_then(|e| e.value) {
+                self.unindex(&old.d);
+            }
+            if let Some(new) = &value {
+                self.index(&new.d, seq);
+            }
+            if seq > self.pos {
+                if let Some(at) = self.markers.insert(id.clone(), seq) {
+                    self.marker_order.remove(&(at, id.clone()));
+                }
+                self.marker_order.insert((seq, id));
+            }
+            return;
+        }
         let old = self.dispatches.insert(
             id.clone(),
             Entry {
