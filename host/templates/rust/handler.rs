@@ -25,3 +25,16 @@ fn reply(text: &str, n: usize, thread: &str) -> String {
 }
 
 homing_guest::export_handler!(Agent);
+
+// Plain functions test natively with `cargo test`; only the calls through the claim need the
+// host (`homing run`).
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn replies_with_the_count() {
+        assert_eq!(
+            super::reply("world", 1, "t1"),
+            "hello, world! (message 1 on thread t1)"
+        );
+    }
+}

@@ -159,9 +159,7 @@ impl Tools {
                 Command::new(&python).args(["-m", "venv"]).arg(venv),
             )?;
             step(
-                &format!(
-                    "installing componentize-py {COMPONENTIZE_PY} from PyPI (once, about 10 s)"
-                ),
+                &format!("installing componentize-py {COMPONENTIZE_PY} from PyPI (once)"),
                 Command::new(venv.join("bin").join("python"))
                     .args([
                         "-m",
@@ -227,7 +225,7 @@ impl Tools {
             step(
                 &format!(
                     "installing componentize-js {COMPONENTIZE_JS} and esbuild {ESBUILD} with npm ci \
-                     into {} (once, about 15 s)",
+                     into {} (once)",
                     prefix.display()
                 ),
                 Command::new(npm).current_dir(prefix).args([
