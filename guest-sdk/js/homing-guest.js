@@ -22,8 +22,8 @@
 // Build with the componentize-js CLI: `cli.js app.js --wit <wit> -n <world> -d http fetch-event`.
 // The component is a snapshot taken after the module's top level ran; the module imports only
 // the `homing:agent` interfaces every world has, so it works in any world that includes
-// `handler`. For the `agent` world, import `claim-next` from `homing:agent/queue@0.1.0` and wrap
-// what it returns with `new Claim(raw)`.
+// `handler`. For the `agent` world, `claimNext` is in `homing-guest/agent` (`agent.js`), apart
+// because only that world imports `homing:agent/queue`.
 
 import { enqueue as rawEnqueue } from 'homing:agent/mailbox@0.1.0';
 import { write } from 'homing:agent/log@0.1.0';
@@ -51,8 +51,8 @@ export class HomingError extends Error {
 }
 
 /** Calls a binding, turning the WIT error (thrown with the variant as `payload`) into a
- * `HomingError`. */
-function host(call) {
+ * `HomingError`. Exported for `homing-guest/agent`. */
+export function host(call) {
   try {
     return call();
   } catch (e) {

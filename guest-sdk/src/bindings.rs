@@ -18,7 +18,7 @@
 #[cfg(feature = "agent")]
 pub mod agent_world {
     wit_bindgen::generate!({
-        path: "../wit",
+        path: "wit",
         world: "agent",
         pub_export_macro: true,
         export_macro_name: "__export_agent_world",
@@ -30,7 +30,7 @@ pub mod agent_world {
 #[cfg(all(feature = "handler", feature = "agent"))]
 pub mod handler_world {
     wit_bindgen::generate!({
-        path: "../wit",
+        path: "wit",
         world: "handler",
         pub_export_macro: true,
         export_macro_name: "__export_handler_world",
@@ -47,7 +47,7 @@ pub mod handler_world {
 #[cfg(all(feature = "handler", not(feature = "agent")))]
 pub mod handler_world {
     wit_bindgen::generate!({
-        path: "../wit",
+        path: "wit",
         world: "handler",
         pub_export_macro: true,
         export_macro_name: "__export_handler_world",

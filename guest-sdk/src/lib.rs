@@ -2,8 +2,8 @@
 //!
 //! A Homing agent is a WebAssembly component that the Homing host runs against its durable
 //! mailbox. This crate wraps the bindings that `wit-bindgen` generates from the contract
-//! (`wit/homing.wit`, package `homing:agent@0.1.0`) in plain Rust: a handler is a trait impl
-//! and one macro call.
+//! (`wit/homing.wit`, package `homing:agent@0.1.0`, a copy the crate carries) in plain Rust:
+//! a handler is a trait impl and one macro call.
 //!
 //! ```no_run
 //! use homing_guest::{Claim, Handler};
@@ -47,8 +47,9 @@
 //!
 //! Make the guest a `cdylib` and build it with
 //! `cargo build --release --target wasm32-wasip2`; the output `.wasm` is already a
-//! component. This crate finds the WIT files at `../wit` relative to itself, so it is used
-//! from the Homing repository by path.
+//! component (`homing build` does both, and `homing new NAME --lang rust` writes a crate set up
+//! this way). The crate carries its own copy of the contract in `wit/`, so it builds from a
+//! registry or a packaged copy as well as from the Homing repository.
 
 // The crate docs link every world's items; with a feature off, its links have no target.
 #![cfg_attr(

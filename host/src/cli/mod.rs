@@ -4,9 +4,12 @@
 //!
 //! - this module: the commands, the entry point, `homing run`, opening the store;
 //! - `work`: `homing enqueue`, `homing dispatch ...`, `homing thread ...`;
-//! - `inspect`: `homing config check`, `homing plugin inspect`.
+//! - `inspect`: `homing config check`, `homing plugin inspect`;
+//! - `new`, `build`: `homing new` and `homing build`, writing and building agents.
 
+mod build;
 mod inspect;
+mod new;
 mod work;
 
 use std::path::PathBuf;
@@ -67,6 +70,25 @@ pub enum Command {
     /// Inspects plugin components.
     #[command(subcommand)]
     Plugin(PluginCommand),
+    /// Writes a new agent into ./NAME: its source, WIT, README and a homing.toml that runs it.
+    New {
+        /// The agent's name: lowercase letters, digits, `-` and `_`, starting with a letter.
+        name: String,
+        /// Its language.
+        #[arg(long, value_enum)]
+        lang: new::Lang,
+        /// The world it exports: `handler` (the host calls it once per dispatch) or `agent`
+        /// (it claims its own work).
+        #[arg(long, value_enum, default_value = "handler")]
+        world: new::World,
+    },
+    /// Builds the agent in DIR into DIR/build/NAME.wasm (Rust, Python or JavaScript),
+    /// installing the pinned tools into the user's cache on first use; prints the path.
+    Build {
+        /// The agent's folder.
+        #[arg(default_value = ".")]
+        dir: PathBuf,
+    },
     /// Measures the store, instance start and end-to-end throughput (median, min, max).
     Bench {
         /// Seconds instead of minutes.
@@ -190,6 +212,13 @@ pub async fn open_store(config: &Config, role: Role) -> anyhow::Result<Store> {
 }
 
 async fn execute(cli: Cli) -> anyhow::Result<()> {
+    // Neither reads a config: they make the agent that a config then runs.
+    if let Command::New { name, lang, world } = &cli.command {
+        return new::run(name, *lang, *world);
+    }
+    if let Command::Build { dir } = &cli.command {
+        return build::run(dir);
+    }
     if let Command::Plugin(PluginCommand::Inspect { file, json }) = &cli.command {
         return inspect::inspect(file, *json);
     }
@@ -238,9 +267,12 @@ async fn execute(cli: Cli) -> anyhow::Result<()> {
         Command::Run { until_idle } => run(config, store.clone(), until_idle).await,
         Command::Dispatch(command) => work::dispatch(&config, &store, command).await,
         Command::Thread(command) => work::thread(&store, command).await,
-        Command::Enqueue(_) | Command::Config(_) | Command::Plugin(_) | Command::Bench { .. } => {
-            Ok(())
-        }
+        Command::Enqueue(_)
+        | Command::Config(_)
+        | Command::Plugin(_)
+        | Command::Bench { .. }
+        | Command::New { .. }
+        | Command::Build { .. } => Ok(()),
     };
     // What this process holds on a shared server goes with it (see `Store::close`).
     store.close().await;

@@ -55,6 +55,12 @@ pub fn load(
             }
         }
     }
+    info!(
+        plugin,
+        size_mb = format!("{:.1}", bytes.len() as f64 / 1e6),
+        "compiling the component for this machine (once per build of it; a Python or JavaScript \
+         agent takes 10-20 s, a Rust one well under a second)"
+    );
     let started = std::time::Instant::now();
     let compiled = engine.precompile_component(&bytes).wasm_context(|| {
         format!(

@@ -13,6 +13,8 @@
 //! - `guest_imports`: the host side of the WIT imports, called directly;
 //! - `faults`: fault injection at the store level, checked by the history checker;
 //! - `e2e`, `polyglot`: the `homing` binary with real components;
+//! - `new_and_build`: `homing new` and `homing build` in every language, outside the
+//!   repository, from nothing to acked dispatches; the SDK packages;
 //! - `bounded_input`: endless or huge inputs refused fast, memory watched;
 //! - `nats_hosts`: many hosts on one NATS store;
 //! - `process_faults`: hosts killed at random points and restarted;
@@ -38,5 +40,6 @@ mod fuzz;
 mod guest_imports;
 mod nats_conformance;
 mod nats_hosts;
+mod new_and_build;
 mod polyglot;
 mod process_faults;

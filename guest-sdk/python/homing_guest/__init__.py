@@ -20,8 +20,10 @@ raises (the host nacks: a retry with backoff, a dead letter at the attempt limit
 never traps the guest: its text becomes the nack's reason. For the `agent` world, write
 `WitWorld = homing_guest.export_agent(run)`, where `run()` loops over `claim_next(wait_ms)`.
 
-Build with `componentize-py -d <wit> -w <world> componentize <module> -p <dir of this file>`.
-The module works in any world that includes `homing:agent`'s `handler` or `agent` world.
+Build with `homing build` (it supplies this package), or by hand with `componentize-py -d <wit>
+-w <world> componentize <module> -p <the directory holding this package>`; the contract is in
+this package's `wit/` directory. The package works in any world that includes `homing:agent`'s
+`handler` or `agent` world.
 Everything is imported when the module is: componentize-py snapshots the program after its
 imports ran, and the component has no Python files to import from later.
 """

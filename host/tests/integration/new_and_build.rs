@@ -1,0 +1,395 @@
+//! `homing new` and `homing build`, as a guest author outside the repository uses them: in a
+//! temporary directory, `homing new`, `homing build`, `homing enqueue`, `homing run
+//! --until-idle`, and each dispatch acked with the template's reply, for Rust, Python and
+//! JavaScript in both worlds. The Rust templates build against the packaged `homing-guest`
+//! (the unpacked `cargo package` output, through `[patch.crates-io]`), not the workspace.
+//!
+//! The Python and JavaScript tools are installed by `homing build` itself into one
+//! `HOMING_TOOLS` under the cargo target directory, shared by every test and every run, so
+//! they are installed once per machine. Installing them needs python3 with venv and node with
+//! npm; a test fails loudly, never skips, when they are missing.
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output, Stdio};
+use std::sync::OnceLock;
+
+use serde_json::Value;
+
+use crate::common::root;
+
+/// The cargo target directory this test was built in (`<target>/release/homing`).
+fn target_dir() -> PathBuf {
+    let bin = Path::new(env!("CARGO_BIN_EXE_homing"));
+    bin.parent().and_then(Path::parent).unwrap().to_path_buf()
+}
+
+/// The tool cache every test shares.
+fn tools_dir() -> PathBuf {
+    target_dir().join("homing-tools")
+}
+
+/// `homing args` in `dir`, with the test's tool cache and nothing from the caller's Homing
+/// environment.
+fn homing(dir: &Path, args: &[&str]) -> Command {
+    let mut cmd = Command::new(env!("CARGO_BIN_EXE_homing"));
+    cmd.args(args)
+        .current_dir(dir)
+        .stdin(Stdio::null())
+        .env("HOMING_TOOLS", tools_dir())
+        .env("HOMING_LOG", "info")
+        // The Rust agents share one target directory (not the test's own, which cargo holds).
+        .env("CARGO_TARGET_DIR", target_dir().join("new-agents"))
+        .env_remove("RUSTFLAGS")
+        .env_remove("HOMING_CONFIG")
+        .env_remove("HOMING_STORE_PATH")
+        .env_remove("HOMING_HOST_ID");
+    cmd
+}
+
+fn ok(out: Output, what: &str) -> String {
+    assert!(
+        out.status.success(),
+        "{what} failed ({}):\n{}\n{}",
+        out.status,
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8_lossy(&out.stdout).trim().to_owned()
+}
+
+fn run(mut cmd: impl std::borrow::BorrowMut<Command>, what: &str) -> String {
+    ok(cmd.borrow_mut().output().unwrap(), what)
+}
+
+/// `cargo package` of `guest-sdk` (once per test process), unpacked: the crate as a registry
+/// would serve it.
+fn packaged_sdk() -> &'static Path {
+    static DIR: OnceLock<PathBuf> = OnceLock::new();
+    DIR.get_or_init(|| {
+        let target = target_dir().join("sdk-package");
+        run(
+            Command::new(std::env::var("CARGO").unwrap_or_else(|_| "cargo".into()))
+                .current_dir(root())
+                .env("CARGO_TARGET_DIR", &target)
+                .env_remove("RUSTFLAGS")
+                .args([
+                    "package",
+                    "--manifest-path",
+                    "guest-sdk/Cargo.toml",
+                    "--no-verify",
+                    "--allow-dirty",
+                    "--quiet",
+                ]),
+            "cargo package (guest-sdk)",
+        );
+        let unpacked = target.join("unpacked");
+        let _ = std::fs::remove_dir_all(&unpacked);
+        std::fs::create_dir_all(&unpacked).unwrap();
+        let crate_file = target.join("package").join("homing-guest-0.1.0.crate");
+        run(
+            Command::new("tar")
+                .arg("xzf")
+                .arg(&crate_file)
+                .arg("-C")
+                .arg(&unpacked),
+            "unpacking the packaged crate",
+        );
+        let dir = unpacked.join("homing-guest-0.1.0");
+        assert!(
+            dir.join("wit").join("homing.wit").is_file(),
+            "the packaged crate lacks its WIT"
+        );
+        dir
+    })
+}
+
+/// `homing new hello` in a fresh temporary directory, then `homing build`; returns the
+/// directory (kept alive by the caller) and the agent's folder.
+fn new_and_build(lang: &str, world: &str) -> (tempfile::TempDir, PathBuf) {
+    let tmp = tempfile::tempdir().unwrap();
+    assert!(
+        !tmp.path().starts_with(root()),
+        "the agent must be outside the repository"
+    );
+    let made = run(
+        homing(
+            tmp.path(),
+            &["new", "hello", "--lang", lang, "--world", world],
+        ),
+        "homing new",
+    );
+    assert!(made.contains("homing build"), "{made}");
+    let agent = tmp.path().join("hello");
+    for file in ["homing.toml", "README.md", ".gitignore"] {
+        assert!(agent.join(file).is_file(), "{lang}: no {file}");
+    }
+    if lang == "rust" {
+        assert!(agent.join("wit/homing.wit").is_file());
+        // The crate is not on a registry: point `homing-guest = "0.1"` at the packaged copy.
+        let manifest = agent.join("Cargo.toml");
+        let mut text = std::fs::read_to_string(&manifest).unwrap();
+        assert!(text.contains("homing-guest = "), "{text}");
+        text.push_str(&format!(
+            "\n[patch.crates-io]\nhoming-guest = {{ path = {:?} }}\n",
+            packaged_sdk().display().to_string()
+        ));
+        std::fs::write(&manifest, text).unwrap();
+    } else {
+        assert!(agent.join("wit/world.wit").is_file());
+        assert!(agent.join("wit/deps/homing-agent/homing.wit").is_file());
+    }
+    let out = homing(tmp.path(), &["build", "hello"]).output().unwrap();
+    let path = ok(out, &format!("homing build ({lang}, {world})"));
+    let expected = std::fs::canonicalize(&agent)
+        .unwrap()
+        .join("build")
+        .join("hello.wasm");
+    assert_eq!(
+        Path::new(&path),
+        expected,
+        "homing build prints the component"
+    );
+    assert!(expected.is_file());
+    (tmp, agent)
+}
+
+/// The template's reply to the `n`th message `text` on thread `t1`.
+fn reply(text: &str, n: usize) -> String {
+    format!("hello, {text}! (message {n} on thread t1)")
+}
+
+/// The README's path: from the agent's folder, with its `homing.toml`, enqueue two messages on
+/// one thread, run until idle, and find both acked with the template's replies (the second
+/// read the first back from the thread log).
+fn runs_from_new_to_acked(lang: &str, world: &str) {
+    let (_tmp, agent) = new_and_build(lang, world);
+    let enqueue = |text: &str| {
+        run(
+            homing(
+                &agent,
+                &[
+                    "enqueue",
+                    "--agent",
+                    "hello",
+                    "--thread",
+                    "t1",
+                    "--payload",
+                    text,
+                ],
+            ),
+            "homing enqueue",
+        )
+    };
+    let first = enqueue("world");
+    let second = enqueue("again");
+    let out = homing(&agent, &["run", "--until-idle"]).output().unwrap();
+    let log = String::from_utf8_lossy(&out.stderr).into_owned();
+    ok(out, "homing run --until-idle");
+    // It says it is compiling before it does.
+    let said = log
+        .find("compiling the component")
+        .unwrap_or_else(|| panic!("no compile notice in the log:\n{log}"));
+    let done = log.find("component compiled (cache miss)").unwrap();
+    assert!(said < done, "{log}");
+
+    for (id, text, n) in [(&first, "world", 1), (&second, "again", 2)] {
+        let shown = run(
+            homing(&agent, &["dispatch", "show", id, "--json"]),
+            "homing dispatch show",
+        );
+        let d: Value = serde_json::from_str(&shown).unwrap();
+        assert_eq!(d["status"], "acked", "{lang} {world}: {d}\n{log}");
+        assert_eq!(d["result"]["output"], reply(text, n), "{lang} {world}: {d}");
+    }
+}
+
+#[test]
+fn rust_handler_from_new_to_acked() {
+    runs_from_new_to_acked("rust", "handler");
+}
+
+#[test]
+fn rust_agent_world_from_new_to_acked() {
+    runs_from_new_to_acked("rust", "agent");
+}
+
+#[test]
+fn python_handler_from_new_to_acked() {
+    runs_from_new_to_acked("python", "handler");
+}
+
+#[test]
+fn python_agent_world_from_new_to_acked() {
+    runs_from_new_to_acked("python", "agent");
+}
+
+#[test]
+fn js_handler_from_new_to_acked() {
+    runs_from_new_to_acked("js", "handler");
+}
+
+#[test]
+fn js_agent_world_from_new_to_acked() {
+    runs_from_new_to_acked("js", "agent");
+}
+
+/// With no toolchain on the PATH and an empty tool cache, `homing build` names what is
+/// missing for each language.
+#[test]
+fn a_missing_toolchain_is_named() {
+    let tmp = tempfile::tempdir().unwrap();
+    let empty_path = tmp.path().join("empty-path");
+    std::fs::create_dir(&empty_path).unwrap();
+    for (lang, missing) in [
+        ("python", "`python3` is not on the PATH"),
+        ("js", "`node` is not on the PATH"),
+        ("rust", "`cargo` is not on the PATH"),
+    ] {
+        run(
+            homing(tmp.path(), &["new", lang, "--lang", lang]),
+            "homing new",
+        );
+        let out = homing(tmp.path(), &["build", lang])
+            .env("PATH", &empty_path)
+            .env("HOMING_TOOLS", tmp.path().join("tools"))
+            .env_remove("HOMING_PYTHON")
+            .output()
+            .unwrap();
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert!(
+            !out.status.success(),
+            "{lang}: built without tools: {stderr}"
+        );
+        assert!(stderr.contains(missing), "{lang}: {stderr}");
+        assert!(
+            stderr.contains("needs"),
+            "{lang}: says what needs it: {stderr}"
+        );
+    }
+    // A folder with no agent in it.
+    let out = homing(tmp.path(), &["build", "empty-path"])
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success());
+    assert!(stderr.contains("holds no agent"), "{stderr}");
+}
+
+/// `homing new` refuses a bad name and an existing folder, and writes nothing then.
+#[test]
+fn new_refuses_bad_names_and_existing_folders() {
+    let tmp = tempfile::tempdir().unwrap();
+    let out = homing(tmp.path(), &["new", "Bad Name", "--lang", "rust"])
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    assert!(String::from_utf8_lossy(&out.stderr).contains("agent name"));
+    assert_eq!(std::fs::read_dir(tmp.path()).unwrap().count(), 0);
+
+    std::fs::create_dir(tmp.path().join("taken")).unwrap();
+    let out = homing(tmp.path(), &["new", "taken", "--lang", "js"])
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    assert!(String::from_utf8_lossy(&out.stderr).contains("already exists"));
+    assert_eq!(
+        std::fs::read_dir(tmp.path().join("taken")).unwrap().count(),
+        0
+    );
+}
+
+/// Every copy of the contract is the contract: the Rust crate's, the Python package's, the
+/// JavaScript package's.
+#[test]
+fn sdk_wit_copies_match_the_contract() {
+    let contract = std::fs::read_to_string(root().join("wit/homing.wit")).unwrap();
+    for copy in [
+        "guest-sdk/wit/homing.wit",
+        "guest-sdk/python/homing_guest/wit/homing.wit",
+        "guest-sdk/js/wit/homing.wit",
+    ] {
+        let text =
+            std::fs::read_to_string(root().join(copy)).unwrap_or_else(|e| panic!("{copy}: {e}"));
+        assert!(
+            text == contract,
+            "{copy} differs from wit/homing.wit: copy the contract over it"
+        );
+    }
+}
+
+/// `npm pack` packs the JavaScript SDK with its module, the agent-world module, the WIT and
+/// the README.
+#[test]
+fn js_sdk_packs() {
+    let out = Command::new("npm")
+        .current_dir(root().join("guest-sdk/js"))
+        .args(["pack", "--dry-run", "--json", "--loglevel=error"])
+        .output()
+        .expect("npm is needed to check the JavaScript SDK package");
+    let packed: Value = serde_json::from_str(&ok(out, "npm pack --dry-run")).unwrap();
+    let files: Vec<&str> = packed[0]["files"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|f| f["path"].as_str().unwrap())
+        .collect();
+    for file in [
+        "homing-guest.js",
+        "agent.js",
+        "wit/homing.wit",
+        "README.md",
+        "package.json",
+    ] {
+        assert!(files.contains(&file), "npm pack lacks {file}: {files:?}");
+    }
+}
+
+/// The Python SDK builds into a wheel carrying the package and its WIT (built from a copy, so
+/// the build leaves nothing in the repository).
+#[test]
+fn python_sdk_builds_a_wheel() {
+    let tmp = tempfile::tempdir().unwrap();
+    let source = tmp.path().join("src");
+    let sdk = root().join("guest-sdk/python");
+    for file in [
+        "pyproject.toml",
+        "README.md",
+        "homing_guest/__init__.py",
+        "homing_guest/py.typed",
+        "homing_guest/wit/homing.wit",
+    ] {
+        let to = source.join(file);
+        std::fs::create_dir_all(to.parent().unwrap()).unwrap();
+        std::fs::copy(sdk.join(file), &to).unwrap_or_else(|e| panic!("{file}: {e}"));
+    }
+    let wheels = tmp.path().join("wheels");
+    run(
+        Command::new("python3")
+            .args([
+                "-m",
+                "pip",
+                "wheel",
+                "--no-deps",
+                "--quiet",
+                "--disable-pip-version-check",
+                "-w",
+            ])
+            .arg(&wheels)
+            .arg(&source),
+        "pip wheel guest-sdk/python (needs python3 with pip)",
+    );
+    let wheel = std::fs::read_dir(&wheels)
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .find(|p| p.extension().is_some_and(|x| x == "whl"))
+        .expect("no wheel built");
+    let listing = run(
+        Command::new("python3")
+            .args(["-m", "zipfile", "-l"])
+            .arg(&wheel),
+        "listing the wheel",
+    );
+    for file in ["homing_guest/__init__.py", "homing_guest/wit/homing.wit"] {
+        assert!(listing.contains(file), "the wheel lacks {file}:\n{listing}");
+    }
+}
