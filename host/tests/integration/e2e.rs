@@ -617,6 +617,33 @@ fn bench_quick_reports_every_scenario_as_json() {
     assert!(err.contains("cargo xtask guests"), "{err}");
 }
 
+/// `--only scale` times real `homing` processes against stores retaining more and more
+/// records, on both backends, and is never part of the default run.
+#[test]
+fn bench_scale_times_commands_and_host_start_at_each_retained_size() {
+    let env = Env::new("");
+    let figures = quick_bench(&env, &["--only", "scale", "--backend", "all"]);
+    let names = scenario_names(&figures);
+    for backend in ["embedded", "nats"] {
+        for size in [1_000, 10_000] {
+            for what in [
+                "CLI enqueue p50",
+                "CLI dispatch show p50",
+                "host start to first claim",
+                "host resident memory",
+            ] {
+                let name = format!("scale {backend}, {size} retained: {what}");
+                let f = figures
+                    .iter()
+                    .find(|f| f["scenario"] == name.as_str())
+                    .unwrap_or_else(|| panic!("no {name} in {names:?}"));
+                assert!(f["median"].as_f64().unwrap() > 0.0, "{f}");
+            }
+        }
+    }
+    assert_eq!(figures.len(), 16, "{names:?}");
+}
+
 #[test]
 fn bench_only_runs_the_chosen_scenario_groups() {
     let env = Env::new("");

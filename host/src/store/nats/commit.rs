@@ -113,8 +113,18 @@ pub(super) fn settled(d: Dispatch, token: &str, op: crate::store::rules::Settle)
 
 impl NatsStore {
     /// Stores `writes` atomically, each only if its subject's last sequence is what it expects.
-    /// Applies them to the view on success.
-    pub(super) async fn commit(&self, writes: Vec<Write>) -> Result<(), CommitError> {
+    /// Applies them to the view on success when they were decided on it (`on_view`).
+    ///
+    /// Writes decided on records read from the server are left for the watcher to deliver:
+    /// the view trusts a thread's last sequence only as far as it holds every message of the
+    /// thread up to it, and such a write's expectation may name messages the view has not
+    /// applied yet. Applied ahead, it would let the view decide on a stale record with a
+    /// current fence.
+    pub(super) async fn commit(
+        &self,
+        writes: Vec<Write>,
+        on_view: bool,
+    ) -> Result<(), CommitError> {
         let n = writes.len();
         if n == 0 {
             return Ok(());
@@ -178,7 +188,7 @@ impl NatsStore {
                 .map_err(CommitError::Store)?;
             last_seq = stored_seq(&reply)?;
         }
-        if !self.follows() {
+        if !self.follows() || !on_view {
             return Ok(());
         }
         // An atomic batch is stored contiguously, ending at the acknowledged sequence.
@@ -225,7 +235,7 @@ impl NatsStore {
                     writes,
                     answer,
                     wake,
-                } => match self.commit(writes).await {
+                } => match self.commit(writes, !from_server).await {
                     Ok(()) => {
                         if wake {
                             self.signal();

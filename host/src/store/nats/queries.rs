@@ -197,13 +197,16 @@ impl NatsStore {
         };
         let mut purged = 0;
         for chunk in doomed.chunks(MAX_BATCH) {
-            match self.commit(chunk.iter().map(tombstone).collect()).await {
+            match self
+                .commit(chunk.iter().map(tombstone).collect(), false)
+                .await
+            {
                 Ok(()) => purged += chunk.len(),
                 Err(CommitError::Store(e)) => return Err(e),
                 // Some were purged by another host meanwhile: one by one.
                 Err(CommitError::Conflict) => {
                     for one in chunk {
-                        match self.commit(vec![tombstone(one)]).await {
+                        match self.commit(vec![tombstone(one)], false).await {
                             Ok(()) => purged += 1,
                             Err(CommitError::Conflict) => {}
                             Err(CommitError::Store(e)) => return Err(e),

@@ -37,15 +37,23 @@ impl NatsStore {
         self.wait_for(target).await
     }
 
-    /// Waits until the view applied stream sequence `target`.
+    /// Waits until the view applied stream sequence `target`. It fails once the watcher made
+    /// no progress for the request timeout: a host starting on a stream that retains a
+    /// million records replays for longer than that, and must not give up while it advances.
     async fn wait_for(&self, target: u64) -> StoreResult<()> {
-        let deadline = tokio::time::Instant::now() + self.inner.timeout;
+        let mut deadline = tokio::time::Instant::now() + self.inner.timeout;
+        let mut seen = self.view()?.pos;
         loop {
             let applied = self.inner.applied.notified();
             tokio::pin!(applied);
             applied.as_mut().enable();
-            if self.view()?.pos >= target {
+            let pos = self.view()?.pos;
+            if pos >= target {
                 return Ok(());
+            }
+            if pos > seen {
+                seen = pos;
+                deadline = tokio::time::Instant::now() + self.inner.timeout;
             }
             if tokio::time::timeout_at(deadline, applied).await.is_err() {
                 self.inner.resync.notify_one();
