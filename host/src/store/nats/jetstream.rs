@@ -146,40 +146,10 @@ impl NatsStore {
 
     /// Reads a subject's last message straight from the server: its sequence and payload.
     pub(super) async fn get_last(&self, subject: &str) -> StoreResult<Option<(u64, Bytes)>> {
-        let api = format!("$JS.API.DIRECT.GET.{}.{subject}", self.inner.prefix);
-        let request = async_nats::Request::new()
-            .payload(Bytes::new())
-            .timeout(Some(self.inner.timeout));
-        let fut = self.inner.client.send_request(api, request);
-        let message = match tokio::time::timeout(
-            self.inner.timeout + Duration::from_millis(100),
-            fut,
-        )
-        .await
-        {
-            Ok(Ok(message)) => message,
-            Ok(Err(e)) => return Err(unavailable("direct get", e)),
-            Err(_) => return Err(unavailable("direct get", "timed out")),
-        };
-        if let Some(status) = message.status {
-            if status.as_u16() == 404 {
-                return Ok(None);
-            }
-            return Err(unavailable(
-                "direct get",
-                format!(
-                    "status {status}: {}",
-                    message.description.unwrap_or_default()
-                ),
-            ));
-        }
-        let seq = message
-            .headers
-            .as_ref()
-            .and_then(|h| h.get("Nats-Sequence"))
-            .and_then(|v| v.as_str().parse::<u64>().ok())
-            .unwrap_or(0);
-        Ok(Some((seq, message.payload)))
+        Ok(self
+            .get_last_matching(subject)
+            .await?
+            .map(|got| (got.seq, got.payload)))
     }
 
     /// Purges messages as `body` says (`filter`, `seq`: see the JetStream purge API).
