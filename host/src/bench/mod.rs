@@ -14,6 +14,7 @@
 //! - `scenarios`: what is measured;
 //! - `target`: fresh stores per sample and host runs on them.
 
+mod api;
 mod scenarios;
 mod target;
 
@@ -101,6 +102,8 @@ pub enum Scenario {
     E2e,
     /// Claim latency as the backlog grows.
     Latency,
+    /// The HTTP API: enqueue throughput and enqueue-to-result latency.
+    Api,
 }
 
 /// What `homing bench` was asked.
@@ -215,6 +218,9 @@ pub async fn run(args: &BenchArgs) -> anyhow::Result<()> {
             for backlog in backlogs {
                 figures.extend(claim_latency(target, backlog, size.claims).await?);
             }
+        }
+        if args.wants(Scenario::Api) {
+            figures.extend(api::api(target, echo, size).await?);
         }
     }
     if args.json {
