@@ -17,6 +17,7 @@ use super::target::Target;
 use super::{Figure, Size, figure};
 use crate::api::{AgentInfo, ApiServer};
 use crate::config::Config;
+use crate::store::NewDispatch;
 use crate::supervisor::Supervisor;
 
 /// The bench's bearer token (the server reads it from a file in the scratch directory).
@@ -139,6 +140,13 @@ pub(super) async fn api(target: &Target, echo: &Path, size: Size) -> anyhow::Res
         let config = api_config(scratch.dir.path(), echo, 4)?;
         let server =
             ApiServer::start(Arc::new(config.clone()), scratch.store.clone(), None).await?;
+        // A dispatch held back for an hour keeps the host from going idle until it is
+        // cancelled: then `run(until_idle)` stops it cleanly, sweeper and all.
+        let keep = scratch
+            .store
+            .mailbox
+            .enqueue(NewDispatch::new("echo", "keep", "x").with_delay_ms(3_600_000))
+            .await?;
         let supervisor = Supervisor::new(config, scratch.store.clone())?;
         server.plugins_loaded(
             supervisor
@@ -147,7 +155,7 @@ pub(super) async fn api(target: &Target, echo: &Path, size: Size) -> anyhow::Res
                 .map(|p| AgentInfo::of(p))
                 .collect(),
         );
-        let host = tokio::spawn(supervisor.run(false));
+        let host = tokio::spawn(supervisor.run(true));
         let mut conn = Conn::open(server.addr()).await?;
         let mut samples = Vec::new();
         let rounds = (size.claims).max(50);
@@ -175,7 +183,8 @@ pub(super) async fn api(target: &Target, echo: &Path, size: Size) -> anyhow::Res
                 samples.push(started.elapsed().as_secs_f64() * 1e6);
             }
         }
-        host.abort();
+        scratch.store.mailbox.cancel(&keep.id).await?;
+        host.await??;
         server.stop(Duration::from_secs(5)).await;
         target.drop_scratch(scratch).await;
         samples.sort_by(f64::total_cmp);
