@@ -217,6 +217,51 @@ async fn guard(State(state): State<Arc<ApiState>>, request: Request, next: Next)
     response
 }
 
+/// How long a client may take to send a request's headers (also how long an idle keep-alive
+/// connection is kept): a connection that sends nothing cannot hold a slot for long.
+const HEADER_READ_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// Accepts connections until `stop`, serving each over HTTP/1.1 with a header read timeout;
+/// then waits for the connections in flight (long polls and streams end on `stop` too).
+async fn serve(
+    listener: tokio::net::TcpListener,
+    app: Router,
+    mut stop: watch::Receiver<bool>,
+    request_timeout: Duration,
+) {
+    use hyper_util::rt::{TokioIo, TokioTimer};
+    let graceful = hyper_util::server::graceful::GracefulShutdown::new();
+    let service = hyper_util::service::TowerToHyperService::new(app);
+    let header_timeout = HEADER_READ_TIMEOUT.min(request_timeout);
+    loop {
+        let accepted = tokio::select! {
+            accepted = listener.accept() => accepted,
+            _ = stop.wait_for(|stop| *stop) => break,
+        };
+        let stream = match accepted {
+            Ok((stream, _)) => stream,
+            Err(e) => {
+                // Out of file descriptors, or a connection reset before it was accepted:
+                // pause rather than spin.
+                warn!("API: accept failed: {e}");
+                tokio::time::sleep(Duration::from_millis(50)).await;
+                continue;
+            }
+        };
+        let _ = stream.set_nodelay(true);
+        let connection = hyper::server::conn::http1::Builder::new()
+            .timer(TokioTimer::new())
+            .header_read_timeout(header_timeout)
+            .serve_connection(TokioIo::new(stream), service.clone());
+        let connection = graceful.watch(connection);
+        tokio::spawn(async move {
+            let _ = connection.await;
+        });
+    }
+    drop(listener);
+    graceful.shutdown().await;
+}
+
 /// A running API server.
 #[derive(Debug)]
 pub struct ApiServer {
@@ -267,17 +312,7 @@ impl ApiServer {
             config: config.clone(),
         });
         let app = router(state.clone());
-        let mut until = shutdown;
-        let task = tokio::spawn(async move {
-            let served = axum::serve(listener, app)
-                .with_graceful_shutdown(async move {
-                    let _ = until.wait_for(|stop| *stop).await;
-                })
-                .await;
-            if let Err(e) = served {
-                warn!("the API server stopped: {e}");
-            }
-        });
+        let task = tokio::spawn(serve(listener, app, shutdown, api.request_timeout));
         info!(%addr, "HTTP API listening");
         Ok(ApiServer {
             state,
@@ -357,7 +392,7 @@ mod tests {
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn every_v1_route_is_served_and_refuses_a_request_without_a_token() {
         let config = Config::parse(
-            "[api]\nlisten = \"127.0.0.1:0\"\n[plugins.echo]\npath = \"echo.wasm\"\n",
+            "[api]\nlisten = \"127.0.0.1:0\"\nrequest_timeout = \"1s\"\n[plugins.echo]\npath = \"echo.wasm\"\n",
             "homing.toml",
             std::path::Path::new("."),
         )
