@@ -1198,3 +1198,37 @@ fn cli_waits_follows_and_exits_with_distinct_codes() {
         String::from_utf8_lossy(&out.stderr)
     );
 }
+
+/// `[host] log_format = "json"` (and `HOMING_LOG_FORMAT`) writes one JSON object per line.
+#[test]
+fn json_logs_are_one_object_per_line() {
+    let env = Env::new(&format!(
+        "[host]\nlog_format = \"json\"\n[plugins.echo]\npath = {}\n",
+        toml_path(&guest("echo"))
+    ));
+    env.enqueue("echo", "j", "hello", &[]);
+    let log = env.run_until_idle();
+    let lines: Vec<Value> = log
+        .lines()
+        .map(|line| serde_json::from_str(line).unwrap_or_else(|_| panic!("not JSON: {line}")))
+        .collect();
+    assert!(
+        lines
+            .iter()
+            .any(|l| l["message"] == "dispatch finished" && l["outcome"] == "completed"),
+        "{log}"
+    );
+    // The environment variable wins over the config.
+    env.enqueue("echo", "j", "again", &[]);
+    let out = env
+        .command(&["run", "--until-idle"])
+        .env("HOMING_LOG_FORMAT", "text")
+        .stdin(Stdio::null())
+        .output()
+        .unwrap();
+    let text = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        out.status.success() && !text.trim_start().starts_with('{'),
+        "{text}"
+    );
+}
