@@ -9,12 +9,16 @@
 //!
 //! - [`cli`] — the `homing` command: run a host, enqueue and inspect work;
 //! - [`bench`] — `homing bench`, the measurements (uses every layer below, like a user);
+//! - [`api`] — the HTTP API, health checks and `/metrics` that `homing run` serves, and the
+//!   operations on work it shares with the CLI;
 //! - [`supervisor`] — workers per plugin (claim, run, settle what the guest left unsettled),
 //!   the sweeper, shutdown;
 //! - [`runtime`] — the wasmtime engine, plugin loading, the call paths, limits, and in
 //!   [`runtime::host`] the host side of the WIT imports, one file per interface;
 //! - [`claim`] — a claimed dispatch as the host holds it: the claim handle, its stop requests,
 //!   the lease guard, settlement and retry time, and claiming;
+//! - [`telemetry`] — Prometheus metrics: their names, the recorder, the timed store and the
+//!   queue gauges;
 //! - [`store`] — the mailbox and sequence-store contract (docs/contract.md), the decisions made
 //!   once (`store::rules`), and the two backends, `embedded` (SQLite) and `nats` (JetStream);
 //! - [`config`] — `homing.toml`;
@@ -22,6 +26,7 @@
 //!
 //! Beside them, [`natsd`] starts a local `nats-server` for `homing bench` and the test suites.
 
+pub mod api;
 pub mod bench;
 pub mod claim;
 pub mod cli;
@@ -32,3 +37,4 @@ pub mod runtime;
 mod scratch;
 pub mod store;
 pub mod supervisor;
+pub mod telemetry;

@@ -16,6 +16,7 @@
 //!   with `--only scale`: it takes minutes);
 //! - `target`: fresh stores per sample and host runs on them.
 
+mod api;
 mod scale;
 mod scenarios;
 mod target;
@@ -107,6 +108,8 @@ pub enum Scenario {
     /// CLI commands and a host's start as the store retains more records (1k and 100k, with
     /// `--million` also 1M; run only when named).
     Scale,
+    /// The HTTP API: enqueue throughput and enqueue-to-result latency.
+    Api,
 }
 
 /// What `homing bench` was asked.
@@ -236,6 +239,9 @@ pub async fn run(args: &BenchArgs) -> anyhow::Result<()> {
                 sizes.push(1_000_000);
             }
             figures.extend(scale::scale(target, echo, &sizes, samples).await?);
+        }
+        if args.wants(Scenario::Api) {
+            figures.extend(api::api(target, echo, size).await?);
         }
     }
     if args.json {

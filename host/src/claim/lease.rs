@@ -45,6 +45,7 @@ impl LeaseGuard {
         control: Arc<ClaimControl>,
     ) -> Self {
         let (id, thread, epoch) = (dispatch.id.clone(), dispatch.thread.clone(), dispatch.epoch);
+        let agent = dispatch.agent.clone();
         let period = (lease / 3).max(Duration::from_millis(10));
         let lease_ms = millis(lease);
         let task = tokio::spawn(async move {
@@ -67,6 +68,7 @@ impl LeaseGuard {
                 }
                 match store.mailbox.extend_lease(&id, &token, lease_ms).await {
                     Ok(true) => {
+                        crate::telemetry::lease_renewed(&agent);
                         renewed_at = tokio::time::Instant::now();
                         next_renewal = renewed_at + period;
                     }
@@ -77,6 +79,9 @@ impl LeaseGuard {
                             }
                             _ => StopReason::LeaseLost,
                         };
+                        if reason == StopReason::LeaseLost {
+                            crate::telemetry::lease_lost(&agent);
+                        }
                         debug!(dispatch = %id, ?reason, "claim is gone; stopping its guest");
                         control.request_stop(reason);
                         return;
@@ -84,6 +89,7 @@ impl LeaseGuard {
                     Err(e) => {
                         warn!(dispatch = %id, "lease renewal failed: {e}");
                         if renewed_at.elapsed() >= lease {
+                            crate::telemetry::lease_lost(&agent);
                             control.request_stop(StopReason::LeaseLost);
                             return;
                         }

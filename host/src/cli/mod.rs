@@ -8,6 +8,7 @@
 //! - `new`, `build`: `homing new` and `homing build`, writing and building agents.
 
 mod build;
+pub mod exit;
 mod inspect;
 mod new;
 mod work;
@@ -19,8 +20,9 @@ use std::sync::Arc;
 use anyhow::Context;
 use clap::{Parser, Subcommand};
 
+use crate::api::{AgentInfo, ApiServer};
 use crate::bench;
-use crate::config::{Config, StoreConfig};
+use crate::config::{Config, LogFormat, StoreConfig};
 use crate::store::embedded::{EmbeddedOptions, EmbeddedStore};
 use crate::store::nats::{NatsConfig, NatsStore};
 use crate::store::{Store, SystemClock};
@@ -128,11 +130,14 @@ pub enum Command {
 pub fn main() -> ExitCode {
     let cli = Cli::parse();
     // A benchmark logs only problems: a line per dispatch would be part of what it measures.
-    init_tracing(if matches!(cli.command, Command::Bench { .. }) {
-        "warn"
-    } else {
-        "info,wasmtime=warn,cranelift=warn"
-    });
+    init_tracing(
+        if matches!(cli.command, Command::Bench { .. }) {
+            "warn"
+        } else {
+            "info,wasmtime=warn,cranelift=warn"
+        },
+        log_format(&cli),
+    );
     let runtime = match tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()
@@ -147,21 +152,43 @@ pub fn main() -> ExitCode {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
             eprintln!("error: {e:#}");
-            ExitCode::FAILURE
+            exit::code(&e).into()
         }
     }
 }
 
-fn init_tracing(default: &str) {
+/// `HOMING_LOG_FORMAT` (`text` or `json`), else `[host] log_format` of a `homing run`'s
+/// config (a config that does not load is reported by the command itself, in text).
+fn log_format(cli: &Cli) -> LogFormat {
+    match std::env::var("HOMING_LOG_FORMAT").ok().as_deref() {
+        Some("json") => return LogFormat::Json,
+        Some("text") => return LogFormat::Text,
+        _ => {}
+    }
+    if matches!(cli.command, Command::Run { .. }) {
+        return Config::load(&cli.config).map_or(LogFormat::Text, |c| c.host.log_format);
+    }
+    LogFormat::Text
+}
+
+fn init_tracing(default: &str, format: LogFormat) {
     use tracing_subscriber::EnvFilter;
     let filter = EnvFilter::try_from_env("HOMING_LOG")
         .or_else(|_| EnvFilter::try_from_default_env())
         .unwrap_or_else(|_| EnvFilter::new(default));
-    let _ = tracing_subscriber::fmt()
+    let builder = tracing_subscriber::fmt()
         .with_env_filter(filter)
-        .with_writer(std::io::stderr)
-        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
-        .try_init();
+        .with_writer(std::io::stderr);
+    let _ = match format {
+        LogFormat::Json => builder
+            .json()
+            .flatten_event(true)
+            .with_current_span(false)
+            .try_init(),
+        LogFormat::Text => builder
+            .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
+            .try_init(),
+    };
 }
 
 /// How a process holds the store.
@@ -254,7 +281,7 @@ async fn execute(cli: Cli) -> anyhow::Result<()> {
     if let Command::Enqueue(args) = &cli.command {
         let new = work::prepare(&config, args)?;
         let store = open_store(&config, Role::Client).await?;
-        let out = work::enqueue(&store, new, args.json).await;
+        let out = work::enqueue(&store, new, args).await;
         store.close().await;
         return out;
     }
@@ -279,15 +306,47 @@ async fn execute(cli: Cli) -> anyhow::Result<()> {
     out
 }
 
-/// `homing run`: the host, until a signal or (with `until_idle`) until no work is left.
+/// How long the API may finish its requests in flight once the host stopped.
+const API_STOP_GRACE: std::time::Duration = std::time::Duration::from_secs(5);
+
+/// `homing run`: the host, until a signal or (with `until_idle`) until no work is left. With
+/// `[api] listen`, the API serves from before the plugins load (so `/livez` answers and
+/// `/readyz` says what is loading) until the host has stopped.
 async fn run(config: Config, store: Store, until_idle: bool) -> anyhow::Result<()> {
     if let Some(warning) =
         crate::runtime::host::max_payload_warning(config.host.max_payload, &store)
     {
         tracing::warn!("{warning}");
     }
-    let supervisor = Supervisor::new(config, store)?;
-    let report = supervisor.run(until_idle).await?;
+    let (store, api) = if config.api.listen.is_some() {
+        let metrics = crate::telemetry::install()?;
+        let backend = match config.store {
+            StoreConfig::Embedded(_) => "embedded",
+            StoreConfig::Nats(_) => "nats",
+        };
+        let store = crate::telemetry::instrument(store, backend);
+        let api = ApiServer::start(Arc::new(config.clone()), store.clone(), Some(metrics)).await?;
+        (store, Some(api))
+    } else {
+        (store, None)
+    };
+    // Loading compiles components (seconds for a large one): off the async workers, so the API
+    // answers meanwhile.
+    let supervisor = tokio::task::block_in_place(|| Supervisor::new(config, store))?;
+    if let Some(api) = &api {
+        api.plugins_loaded(
+            supervisor
+                .plugins()
+                .iter()
+                .map(|p| AgentInfo::of(p))
+                .collect(),
+        );
+    }
+    let report = supervisor.run(until_idle).await;
+    if let Some(api) = api {
+        api.stop(API_STOP_GRACE).await;
+    }
+    let report = report?;
     let mut outcomes: Vec<_> = report.outcomes.into_iter().collect();
     outcomes.sort();
     let summary: Vec<String> = outcomes.iter().map(|(k, v)| format!("{k}={v}")).collect();

@@ -2,10 +2,13 @@
 //! `homing thread ...`, and how they print dispatches and log entries.
 
 use std::path::PathBuf;
+use std::time::Duration;
 
-use anyhow::{Context, bail};
+use anyhow::Context;
 use clap::{Args, Subcommand};
 
+use super::exit::{Exit, coded};
+use crate::api::ops::{self, OpError};
 use crate::config::{Config, parse_duration};
 use crate::input::read_capped;
 use crate::store::{Dispatch, ListCursor, ListFilter, NewDispatch, Status, Store, millis};
@@ -46,6 +49,13 @@ pub struct EnqueueArgs {
     /// Print the stored record as JSON.
     #[arg(long)]
     pub json: bool,
+    /// Wait until the dispatch finishes and print its result (exit 5 if it dead-letters, is
+    /// cancelled or superseded; 6 if `--timeout` passes first).
+    #[arg(long)]
+    pub wait: bool,
+    /// How long `--wait` waits ("60s", "5m").
+    #[arg(long, default_value = "60s", requires = "wait")]
+    pub timeout: String,
 }
 
 /// `homing dispatch ...`.
@@ -122,6 +132,10 @@ pub enum ThreadCommand {
         /// Most entries.
         #[arg(long, default_value_t = 1000)]
         limit: usize,
+        /// Keep following: print new entries as they are appended, until interrupted (with
+        /// `--json`, one JSON object per line).
+        #[arg(long)]
+        follow: bool,
         /// JSON output.
         #[arg(long)]
         json: bool,
@@ -133,17 +147,20 @@ pub enum ThreadCommand {
 /// however much a file or pipe holds.
 pub(super) fn prepare(config: &Config, args: &EnqueueArgs) -> anyhow::Result<NewDispatch> {
     if !config.plugins.contains_key(&args.agent) {
-        bail!(
-            "--agent `{}` is not a plugin in {} (configured: {})",
-            args.agent,
-            config.source,
-            config
-                .plugins
-                .keys()
-                .cloned()
-                .collect::<Vec<_>>()
-                .join(", ")
-        );
+        return Err(coded(
+            Exit::NotFound,
+            format!(
+                "--agent `{}` is not a plugin in {} (configured: {})",
+                args.agent,
+                config.source,
+                config
+                    .plugins
+                    .keys()
+                    .cloned()
+                    .collect::<Vec<_>>()
+                    .join(", ")
+            ),
+        ));
     }
     let cap = config.host.max_payload;
     let limit = "[host] max_payload";
@@ -159,33 +176,87 @@ pub(super) fn prepare(config: &Config, args: &EnqueueArgs) -> anyhow::Result<New
     let mut new = NewDispatch::new(&args.agent, &args.thread, payload).with_priority(args.priority);
     new.id = args.id.clone();
     new.dedupe_key = args.dedupe_key.clone();
-    new.max_attempts = args
-        .max_attempts
-        .or_else(|| config.plugins.get(&args.agent).map(|p| p.max_attempts))
-        .unwrap_or(crate::store::DEFAULT_MAX_ATTEMPTS);
+    new.max_attempts = ops::max_attempts(config, &args.agent, args.max_attempts);
     if let Some(delay) = &args.delay {
-        let delay = parse_duration(delay).map_err(|e| anyhow::anyhow!("--delay: {e}"))?;
+        let delay =
+            parse_duration(delay).map_err(|e| coded(Exit::Invalid, format!("--delay: {e}")))?;
         new.delay_ms = millis(delay);
     }
     for entry in &args.metadata {
         let Some((key, value)) = entry.split_once('=') else {
-            bail!("--meta `{entry}`: expected KEY=VALUE");
+            return Err(coded(
+                Exit::Invalid,
+                format!("--meta `{entry}`: expected KEY=VALUE"),
+            ));
         };
         new.metadata.insert(key.to_owned(), value.to_owned());
     }
     Ok(new)
 }
 
-/// Submits what [`prepare`] made and prints its id (or the record, with `--json`).
-pub(super) async fn enqueue(store: &Store, new: NewDispatch, json: bool) -> anyhow::Result<()> {
+/// Submits what [`prepare`] made and prints its id (or the record, with `--json`); with
+/// `--wait`, waits for it to finish and prints its result instead.
+pub(super) async fn enqueue(
+    store: &Store,
+    new: NewDispatch,
+    args: &EnqueueArgs,
+) -> anyhow::Result<()> {
+    let timeout = parse_duration(&args.timeout)
+        .map_err(|e| coded(Exit::Invalid, format!("--timeout: {e}")))?;
     let dispatch = store.mailbox.enqueue(new).await?;
-    if json {
-        println!("{}", serde_json::to_string_pretty(&dispatch)?);
-    } else {
-        println!("{}", dispatch.id);
+    if !args.wait {
+        if args.json {
+            println!("{}", serde_json::to_string_pretty(&dispatch)?);
+        } else {
+            println!("{}", dispatch.id);
+        }
+        return Ok(());
     }
-    Ok(())
+    let d = wait_terminal(store, &dispatch.id, timeout).await?;
+    if args.json {
+        println!("{}", serde_json::to_string_pretty(&d)?);
+    } else if let Some(result) = d.result.as_ref().filter(|_| d.status == Status::Acked) {
+        println!("{}", printable(&result.output));
+    }
+    match d.status {
+        Status::Acked => Ok(()),
+        Status::Queued | Status::Claimed => Err(coded(
+            Exit::TimedOut,
+            format!(
+                "dispatch {} is still {} after {timeout:?} (--timeout)",
+                d.id, d.status
+            ),
+        )),
+        status => Err(coded(
+            Exit::DispatchFailed,
+            format!(
+                "dispatch {} ended {status}: {}",
+                d.id,
+                d.last_error.as_deref().unwrap_or("no error recorded")
+            ),
+        )),
+    }
 }
+
+/// Polls `id` until it is terminal or `timeout` passes; returns it as last read.
+async fn wait_terminal(store: &Store, id: &str, timeout: Duration) -> anyhow::Result<Dispatch> {
+    let deadline = tokio::time::Instant::now() + timeout;
+    let mut poll = Duration::from_millis(10);
+    loop {
+        let Some(d) = store.mailbox.load(id).await? else {
+            return Err(coded(Exit::NotFound, format!("no dispatch `{id}`")));
+        };
+        let now = tokio::time::Instant::now();
+        if d.status.is_terminal() || now >= deadline {
+            return Ok(d);
+        }
+        tokio::time::sleep(poll.min(deadline - now)).await;
+        poll = (poll * 2).min(FOLLOW_POLL);
+    }
+}
+
+/// How often `--wait` and `--follow` read the store again, at most.
+const FOLLOW_POLL: Duration = Duration::from_millis(250);
 
 pub(super) async fn dispatch(
     config: &Config,
@@ -234,7 +305,7 @@ pub(super) async fn dispatch(
         }
         DispatchCommand::Show { id, json } => {
             let Some(d) = store.mailbox.load(&id).await? else {
-                bail!("no dispatch `{id}`");
+                return Err(OpError::NotFound(id).into());
             };
             if json {
                 println!("{}", serde_json::to_string_pretty(&d)?);
@@ -242,37 +313,12 @@ pub(super) async fn dispatch(
                 print_dispatch(&d);
             }
         }
-        DispatchCommand::Cancel { id } => match store.mailbox.cancel(&id).await? {
-            Some(d) => println!("{} cancelled", d.id),
-            None => match store.mailbox.load(&id).await? {
-                Some(d) => bail!(
-                    "dispatch `{id}` is {}; only queued dispatches can be cancelled (interrupt its thread to stop a running one)",
-                    d.status
-                ),
-                None => bail!("no dispatch `{id}`"),
-            },
-        },
+        DispatchCommand::Cancel { id } => {
+            let d = ops::cancel(store, &id).await?;
+            println!("{} cancelled", d.id);
+        }
         DispatchCommand::Retry { id } => {
-            let Some(d) = store.mailbox.load(&id).await? else {
-                bail!("no dispatch `{id}`");
-            };
-            if !matches!(d.status, Status::DeadLetter | Status::Cancelled) {
-                bail!(
-                    "dispatch `{id}` is {}; only dead-lettered or cancelled dispatches can be retried",
-                    d.status
-                );
-            }
-            let mut new =
-                NewDispatch::new(&d.agent, &d.thread, d.payload.clone()).with_priority(d.priority);
-            new.metadata = d.metadata.clone();
-            new.metadata.insert("retry-of".into(), d.id.clone());
-            new.max_attempts = config
-                .plugins
-                .get(&d.agent)
-                .map(|p| p.max_attempts)
-                .unwrap_or(d.max_attempts);
-            new.dedupe_key = d.dedupe_key.clone();
-            let retried = store.mailbox.enqueue(new).await?;
+            let retried = ops::retry(config, store, &id).await?;
             println!("{}", retried.id);
         }
     }
@@ -307,8 +353,12 @@ pub(super) async fn thread(store: &Store, command: ThreadCommand) -> anyhow::Res
             thread,
             after,
             limit,
+            follow,
             json,
         } => {
+            if follow {
+                return follow_log(store, &thread, after, json).await;
+            }
             let entries = store.log.read(&thread, after, limit).await?;
             if json {
                 println!("{}", serde_json::to_string_pretty(&entries)?);
@@ -320,6 +370,53 @@ pub(super) async fn thread(store: &Store, command: ThreadCommand) -> anyhow::Res
         }
     }
     Ok(())
+}
+
+/// `homing thread log --follow`: every entry after `after`, then new ones as they come, until
+/// SIGINT or SIGTERM.
+async fn follow_log(store: &Store, thread: &str, mut after: u64, json: bool) -> anyhow::Result<()> {
+    use std::io::Write;
+    let stop = stop_signal();
+    tokio::pin!(stop);
+    let mut poll = Duration::from_millis(10);
+    loop {
+        let entries = store.log.read(thread, after, 1000).await?;
+        if entries.is_empty() {
+            tokio::select! {
+                () = &mut stop => return Ok(()),
+                () = tokio::time::sleep(poll) => {}
+            }
+            poll = (poll * 2).min(FOLLOW_POLL);
+            continue;
+        }
+        poll = Duration::from_millis(10);
+        let mut out = std::io::stdout().lock();
+        for entry in entries {
+            after = entry.seq;
+            if json {
+                writeln!(out, "{}", serde_json::to_string(&entry)?)?;
+            } else {
+                writeln!(out, "{:>6}  {}", entry.seq, printable(&entry.data))?;
+            }
+        }
+        out.flush()?;
+    }
+}
+
+/// Resolves on SIGINT or SIGTERM.
+async fn stop_signal() {
+    #[cfg(unix)]
+    {
+        use tokio::signal::unix::{SignalKind, signal};
+        if let Ok(mut term) = signal(SignalKind::terminate()) {
+            tokio::select! {
+                _ = tokio::signal::ctrl_c() => {}
+                _ = term.recv() => {}
+            }
+            return;
+        }
+    }
+    let _ = tokio::signal::ctrl_c().await;
 }
 
 /// Bytes for a terminal: text with its control characters escaped (a stored value cannot move

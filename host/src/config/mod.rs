@@ -15,9 +15,11 @@ use std::time::Duration;
 
 use serde::Deserialize;
 
+pub mod api;
 mod store;
 mod units;
 
+pub use api::ApiConfig;
 pub use store::{
     Backend, DEFAULT_NATS_URL, EmbeddedSettings, NatsSettings, StoreConfig, Urls, check_nats,
 };
@@ -47,6 +49,9 @@ pub struct Config {
     /// `[plugins.<name>]`.
     #[serde(default)]
     pub plugins: BTreeMap<String, PluginConfig>,
+    /// `[api]`: the HTTP API (off unless `listen` is set).
+    #[serde(default)]
+    pub api: ApiConfig,
     /// The directory relative paths resolve against (the config file's).
     #[serde(skip)]
     pub base_dir: PathBuf,
@@ -84,6 +89,20 @@ pub struct HostConfig {
     /// they are read.
     #[serde(deserialize_with = "size")]
     pub max_component_size: u64,
+    /// How log lines are written: `text` for people, `json` for log shippers
+    /// (`HOMING_LOG_FORMAT` overrides it).
+    pub log_format: LogFormat,
+}
+
+/// `[host] log_format`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, Default)]
+#[serde(rename_all = "lowercase")]
+pub enum LogFormat {
+    /// One line of text per event.
+    #[default]
+    Text,
+    /// One JSON object per event.
+    Json,
 }
 
 impl Default for HostConfig {
@@ -98,6 +117,7 @@ impl Default for HostConfig {
             pooling: Pooling::Auto,
             max_payload: 1 << 20,
             max_component_size: DEFAULT_MAX_COMPONENT_SIZE,
+            log_format: LogFormat::Text,
         }
     }
 }
@@ -308,6 +328,7 @@ impl Config {
     }
 
     fn check(&self) -> Result<(), String> {
+        self.api.check()?;
         if let StoreConfig::Nats(nats) = &self.store {
             check_nats(
                 &nats.urls(),

@@ -159,7 +159,12 @@ impl Runtime {
         let call = async {
             let instance = match instance {
                 Some(instance) => instance,
-                None => pre.instantiate_async(&mut store).await?,
+                None => {
+                    let started = Instant::now();
+                    let instance = pre.instantiate_async(&mut store).await?;
+                    crate::telemetry::instance_start(&plugin.ctx.name, started.elapsed());
+                    instance
+                }
             };
             let out = instance
                 .homing_agent_handle()
@@ -223,7 +228,9 @@ impl Runtime {
         store.data_mut().claims_left = budget.saturating_sub(1);
         let limit = (plugin.ctx.config.timeout + CALL_TIMEOUT_SLACK).saturating_mul(budget.max(1));
         let call = async {
+            let started = Instant::now();
             let instance = pre.instantiate_async(&mut store).await?;
+            crate::telemetry::instance_start(&plugin.ctx.name, started.elapsed());
             instance.call_run(&mut store).await
         };
         match tokio::time::timeout(limit, call).await {

@@ -42,6 +42,7 @@ use crate::config::Config;
 use crate::runtime::host::{Abort, PluginContext};
 use crate::runtime::{CallEnd, HandlerRun, Plugin, Runtime, WarmInstance, World};
 use crate::store::{Dispatch, Status, Store, StoreError, millis};
+use crate::telemetry;
 pub use histogram::Histogram;
 
 /// The longest a worker waits between claim attempts when no signal arrives.
@@ -186,6 +187,7 @@ impl Supervisor {
             self.config.host.sweep_interval,
             self.config.host.retention,
             self.shutdown.clone(),
+            self.config.plugins.keys().cloned().collect(),
         ));
         info!(
             plugins = self.plugins.len(),
@@ -295,13 +297,19 @@ async fn sweep_loop(
     interval: Duration,
     retention: Duration,
     shutdown: Arc<AtomicBool>,
+    agents: Vec<String>,
 ) {
     let retention_ms = millis(retention);
+    let gauges = telemetry::enabled();
     while !shutdown.load(Ordering::SeqCst) {
+        if gauges && let Err(e) = telemetry::refresh_queue(&store, &agents).await {
+            warn!("reading the queue for its gauges failed: {e}");
+        }
         tokio::time::sleep(interval).await;
         let now = store.now();
         match store.mailbox.reclaim_expired(now, RECLAIM_BATCH).await {
             Ok(reclaimed) if !reclaimed.is_empty() => {
+                telemetry::reclaimed(reclaimed.len());
                 info!(count = reclaimed.len(), "reclaimed expired leases");
             }
             Ok(_) => {}
@@ -349,6 +357,13 @@ async fn worker(
             Ok(Some(dispatch)) => {
                 failures = 0;
                 let claimed = std::time::Instant::now();
+                telemetry::queue_wait(
+                    &plugin.ctx.name,
+                    dispatch
+                        .started_at
+                        .unwrap_or(dispatch.updated_at)
+                        .saturating_sub(dispatch.available_at),
+                );
                 let claim = claim::hold(&claimer, dispatch);
                 in_flight.add(&claim);
                 let id = claim.dispatch.id.clone();
@@ -358,6 +373,7 @@ async fn worker(
                     *report.outcomes.entry(outcome).or_default() += 1;
                     if let Some(settling) = settling {
                         let own = claimed.elapsed().saturating_sub(settling);
+                        telemetry::host_overhead(&plugin.ctx.name, own);
                         report
                             .host_overhead
                             .record(u64::try_from(own.as_micros()).unwrap_or(u64::MAX));
@@ -418,7 +434,8 @@ async fn run_one(
                     warn!(plugin = %name, "agent run returned an error: {message}");
                     "run-failed"
                 }
-                CallEnd::Trapped { reason, .. } => {
+                CallEnd::Trapped { reason, abort } => {
+                    telemetry::guest_trap(&name, trap_kind(abort.as_ref()));
                     // Claims the guest still held were dropped with the store: unsettled ones
                     // run out their lease and are reclaimed; the one being worked on is nacked
                     // by the drop handler when the guest dropped it cleanly.
@@ -428,6 +445,7 @@ async fn run_one(
             }
         }
     };
+    telemetry::dispatch_finished(&name, outcome, started.elapsed());
     info!(
         plugin = %name,
         dispatch = %id,
@@ -452,6 +470,9 @@ async fn settle(plugin: &Plugin, mut claim: ClaimHandle, end: CallEnd) -> &'stat
         };
     }
     let (store, retry) = (&plugin.ctx.store, &plugin.ctx.config.retry);
+    if let CallEnd::Trapped { abort, .. } = &end {
+        telemetry::guest_trap(&plugin.ctx.name, trap_kind(abort.as_ref()));
+    }
     let result = match end {
         CallEnd::Returned(output) => claim.complete(store, output).await.map(|_| "completed"),
         CallEnd::Failed(message) => claim
@@ -481,6 +502,18 @@ async fn settle(plugin: &Plugin, mut claim: ClaimHandle, end: CallEnd) -> &'stat
             warn!(plugin = %plugin.ctx.name, dispatch = %claim.dispatch.id, "could not settle: {e}");
             "unsettled"
         }
+    }
+}
+
+/// The `kind` label of a trapped or cut-short call.
+fn trap_kind(abort: Option<&Abort>) -> &'static str {
+    match abort {
+        None => "trap",
+        Some(Abort::Timeout) => "timeout",
+        Some(Abort::Cancelled(StopReason::Interrupted)) => "interrupted",
+        Some(Abort::Cancelled(StopReason::LeaseLost)) => "lease_lost",
+        Some(Abort::Cancelled(StopReason::Shutdown)) => "shutdown",
+        Some(Abort::Cancelled(StopReason::Deadline)) => "deadline",
     }
 }
 

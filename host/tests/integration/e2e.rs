@@ -596,8 +596,9 @@ fn bench_quick_reports_every_scenario_as_json() {
     let figures = quick_bench(&env, &[]);
     let names = scenario_names(&figures);
     // Instance start and start + call, pooling on and off; store ops; four end-to-end runs,
-    // each with its host overhead; p50 and p99 at two backlogs.
-    assert_eq!(figures.len(), 17, "{names:?}");
+    // each with its host overhead; p50 and p99 at two backlogs; API enqueue throughput and
+    // enqueue-to-result p50 and p99.
+    assert_eq!(figures.len(), 20, "{names:?}");
     for f in &figures {
         let (median, min, max) = (
             f["median"].as_f64().unwrap(),
@@ -670,8 +671,9 @@ fn bench_quick_on_nats_starts_its_own_server_and_counts_requests() {
     let figures = quick_bench(&env, &["--backend", "nats"]);
     let names = scenario_names(&figures);
     // Store ops, requests per dispatch twice, four end-to-end runs each with its host
-    // overhead, p50 and p99 at two backlogs.
-    assert_eq!(figures.len(), 15, "{names:?}");
+    // overhead, p50 and p99 at two backlogs, API enqueue throughput and enqueue-to-result p50
+    // and p99.
+    assert_eq!(figures.len(), 18, "{names:?}");
     for f in &figures {
         assert!(f["median"].as_f64().unwrap() > 0.0, "{f}");
         assert!(f["scenario"].as_str().unwrap().contains("nats"), "{f}");

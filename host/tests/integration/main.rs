@@ -12,6 +12,7 @@
 //! - `embedded_store`: embedded-backend specifics;
 //! - `guest_imports`: the host side of the WIT imports, called directly;
 //! - `faults`: fault injection at the store level, checked by the history checker;
+//! - `api`: the HTTP API of a real `homing run`, called over loopback;
 //! - `e2e`, `polyglot`: the `homing` binary with real components;
 //! - `new_and_build`: `homing new` and `homing build` in every language, outside the
 //!   repository, from nothing to acked dispatches; the SDK packages;
@@ -31,6 +32,7 @@ mod history;
 mod hosts;
 mod natsd;
 
+mod api;
 mod bounded_input;
 mod e2e;
 mod embedded_conformance;

@@ -161,6 +161,7 @@ pub(super) async fn watch(weak: Weak<Inner>) {
             Err(e) => tracing::warn!(error = %e, "nats watcher: cannot create its consumer"),
         }
         restarts += 1;
+        crate::telemetry::nats_watcher_restarted();
         match weak.upgrade() {
             Some(inner) => inner.watcher_restarts.store(restarts, Ordering::Relaxed),
             None => return,

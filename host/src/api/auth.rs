@@ -1,0 +1,179 @@
+//! Bearer tokens: each configured token's secret is kept only as its SHA-256 digest, and a
+//! presented token is hashed and compared against every digest in constant time (the digests
+//! have one length, so neither the comparison nor the loop, which never stops early, tells how
+//! much of a guess was right). Refusals are logged with the route and the reason, and with the
+//! token's name when it was a known token of too small a role; never with the token.
+
+use std::path::Path;
+use std::sync::Arc;
+
+use axum::extract::{Request, State};
+use axum::http::header;
+use axum::middleware::Next;
+use axum::response::{IntoResponse, Response};
+use sha2::{Digest, Sha256};
+use subtle::ConstantTimeEq;
+use tracing::warn;
+
+use super::{ApiError, ApiState};
+use crate::config::api::{Role, TokenConfig};
+use crate::telemetry::API_REFUSALS;
+
+/// One token as the server keeps it.
+#[derive(Debug)]
+struct Token {
+    name: String,
+    role: Role,
+    digest: [u8; 32],
+}
+
+/// The configured tokens.
+#[derive(Debug, Default)]
+pub(super) struct Tokens(Vec<Token>);
+
+/// Who called: the token's name and role.
+#[derive(Debug, Clone)]
+pub(crate) struct Caller {
+    /// The token's name.
+    pub name: String,
+}
+
+fn digest(bytes: &[u8]) -> [u8; 32] {
+    Sha256::digest(bytes).into()
+}
+
+impl Tokens {
+    /// Reads every token's secret.
+    pub(super) fn read(tokens: &[TokenConfig], base_dir: &Path) -> Result<Tokens, String> {
+        let mut out: Vec<Token> = Vec::new();
+        for token in tokens {
+            let secret = token
+                .secret
+                .read(base_dir)
+                .map_err(|e| format!("`{}`: {e}", token.name))?;
+            let digest = digest(secret.expose());
+            if let Some(other) = out
+                .iter()
+                .find(|t| bool::from(t.digest[..].ct_eq(&digest[..])))
+            {
+                return Err(format!(
+                    "`{}` and `{}` have the same secret",
+                    other.name, token.name
+                ));
+            }
+            out.push(Token {
+                name: token.name.clone(),
+                role: token.role,
+                digest,
+            });
+        }
+        Ok(Tokens(out))
+    }
+
+    pub(super) fn is_empty(&self) -> bool {
+        self.0.is_empty()
+    }
+
+    /// The token `presented` is, if any: every digest is compared, whatever matches.
+    fn find(&self, presented: &[u8]) -> Option<&Token> {
+        let presented = digest(presented);
+        let mut found = None;
+        for token in &self.0 {
+            if bool::from(token.digest[..].ct_eq(&presented[..])) {
+                found = Some(token);
+            }
+        }
+        found
+    }
+}
+
+fn refuse(
+    reason: &'static str,
+    request: &Request,
+    error: ApiError,
+    name: Option<&str>,
+) -> Response {
+    metrics::counter!(API_REFUSALS, "reason" => reason).increment(1);
+    warn!(
+        method = %request.method(),
+        path = %request.uri().path(),
+        token = name.unwrap_or("-"),
+        status = error.status().as_u16(),
+        "API request refused: {reason}"
+    );
+    error.into_response()
+}
+
+/// The middleware of a `/v1` route that needs `role`.
+pub(super) async fn require(
+    State((state, role)): State<(Arc<ApiState>, Role)>,
+    mut request: Request,
+    next: Next,
+) -> Response {
+    let presented = request
+        .headers()
+        .get(header::AUTHORIZATION)
+        .and_then(|value| value.to_str().ok())
+        .and_then(|value| {
+            let (scheme, token) = value.split_once(' ')?;
+            scheme
+                .eq_ignore_ascii_case("bearer")
+                .then(|| token.trim().as_bytes().to_vec())
+        });
+    let Some(presented) = presented else {
+        return refuse(
+            "missing",
+            &request,
+            ApiError::unauthenticated("a bearer token is required (Authorization: Bearer ...)"),
+            None,
+        );
+    };
+    let Some(token) = state.tokens.find(&presented) else {
+        return refuse(
+            "invalid",
+            &request,
+            ApiError::unauthenticated("the bearer token is not valid"),
+            None,
+        );
+    };
+    if token.role < role {
+        let error = ApiError::forbidden(format!(
+            "token `{}` has role {}; this route needs {role}",
+            token.name, token.role
+        ));
+        return refuse("role", &request, error, Some(&token.name));
+    }
+    request.extensions_mut().insert(Caller {
+        name: token.name.clone(),
+    });
+    next.run(request).await
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+    use super::*;
+
+    #[test]
+    fn tokens_match_by_digest_and_duplicates_are_refused() {
+        let tokens = Tokens(vec![
+            Token {
+                name: "a".into(),
+                role: Role::Reader,
+                digest: digest(b"0123456789abcdef-a"),
+            },
+            Token {
+                name: "b".into(),
+                role: Role::Operator,
+                digest: digest(b"0123456789abcdef-b"),
+            },
+        ]);
+        assert_eq!(tokens.find(b"0123456789abcdef-b").unwrap().name, "b");
+        assert_eq!(
+            tokens.find(b"0123456789abcdef-a").unwrap().role,
+            Role::Reader
+        );
+        assert!(tokens.find(b"0123456789abcdef-").is_none());
+        assert!(tokens.find(b"").is_none());
+    }
+}

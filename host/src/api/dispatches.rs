@@ -1,0 +1,444 @@
+//! `/v1/dispatches`: enqueue, list, show (with a long poll), cancel, retry.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use axum::Json;
+use axum::body::Body;
+use axum::extract::{Path, Query, State};
+use axum::http::{HeaderMap, StatusCode, header};
+use axum::response::{IntoResponse, Response};
+use base64::Engine;
+use base64::engine::general_purpose::STANDARD;
+use futures_util::StreamExt;
+use serde_json::{Map, Value, json};
+use tracing::info;
+
+use super::auth::Caller;
+use super::ops::{self, OpError};
+use super::{ApiError, ApiState, view};
+use crate::config::parse_duration;
+use crate::store::{ListCursor, ListFilter, NewDispatch, Status, millis};
+
+/// The most rows one page of the list holds.
+pub(crate) const MAX_PAGE: usize = 1000;
+
+impl From<OpError> for ApiError {
+    fn from(e: OpError) -> ApiError {
+        match e {
+            OpError::NotFound(id) => ApiError::not_found(format!("no dispatch `{id}`")),
+            e @ OpError::WrongState { status, .. } => {
+                ApiError::conflict(e.to_string()).with("status", status.as_str())
+            }
+            OpError::Store(e) => e.into(),
+        }
+    }
+}
+
+/// Reads a request body up to `limit` bytes: 413 past it (at once when `Content-Length`
+/// says so, else as soon as the bytes read pass it).
+pub(super) async fn read_body(
+    headers: &HeaderMap,
+    body: Body,
+    limit: u64,
+) -> Result<Vec<u8>, ApiError> {
+    let too_large = || {
+        ApiError::too_large(
+            "body",
+            format!("the request body exceeds [api] max_body ({limit} bytes)"),
+            limit,
+        )
+    };
+    let declared = headers
+        .get(header::CONTENT_LENGTH)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.parse::<u64>().ok());
+    if declared.is_some_and(|n| n > limit) {
+        return Err(too_large());
+    }
+    let mut out = Vec::new();
+    let mut stream = body.into_data_stream();
+    while let Some(chunk) = stream.next().await {
+        let chunk =
+            chunk.map_err(|_| ApiError::invalid("body", "the request body could not be read"))?;
+        if (out.len() + chunk.len()) as u64 > limit {
+            return Err(too_large());
+        }
+        out.extend_from_slice(&chunk);
+    }
+    Ok(out)
+}
+
+/// A JSON object body, or 400.
+pub(super) fn object(bytes: &[u8]) -> Result<Map<String, Value>, ApiError> {
+    if bytes.iter().all(u8::is_ascii_whitespace) {
+        return Ok(Map::new());
+    }
+    match serde_json::from_slice::<Value>(bytes) {
+        Ok(Value::Object(map)) => Ok(map),
+        Ok(_) => Err(ApiError::invalid("body", "the body must be a JSON object")),
+        Err(e) => Err(ApiError::invalid(
+            "body",
+            format!("the body is not valid JSON: {e}"),
+        )),
+    }
+}
+
+/// The fields of a JSON object, taken one by one; what is left over is an unknown field.
+pub(super) struct Fields(Map<String, Value>);
+
+impl Fields {
+    pub(super) fn new(map: Map<String, Value>) -> Fields {
+        Fields(map)
+    }
+
+    pub(super) fn string(&mut self, key: &str) -> Result<Option<String>, ApiError> {
+        match self.0.remove(key) {
+            None | Some(Value::Null) => Ok(None),
+            Some(Value::String(s)) => Ok(Some(s)),
+            Some(_) => Err(ApiError::invalid(key, format!("{key}: must be a string"))),
+        }
+    }
+
+    fn required(&mut self, key: &str) -> Result<String, ApiError> {
+        self.string(key)?
+            .ok_or_else(|| ApiError::invalid(key, format!("{key}: is required")))
+    }
+
+    fn integer(&mut self, key: &str, min: u64, max: u64) -> Result<Option<u64>, ApiError> {
+        match self.0.remove(key) {
+            None | Some(Value::Null) => Ok(None),
+            Some(Value::Number(n)) => match n.as_u64() {
+                Some(v) if (min..=max).contains(&v) => Ok(Some(v)),
+                _ => Err(ApiError::invalid(
+                    key,
+                    format!("{key}: must be an integer from {min} to {max}"),
+                )),
+            },
+            Some(_) => Err(ApiError::invalid(key, format!("{key}: must be an integer"))),
+        }
+    }
+
+    fn take(&mut self, key: &str) -> Option<Value> {
+        self.0.remove(key).filter(|v| !v.is_null())
+    }
+
+    /// 400 naming the first field nobody asked for.
+    pub(super) fn finish(self) -> Result<(), ApiError> {
+        match self.0.keys().next() {
+            Some(key) => Err(ApiError::invalid(key, format!("{key}: unknown field"))),
+            None => Ok(()),
+        }
+    }
+}
+
+/// A W3C `traceparent` (`00-<32 hex>-<16 hex>-<2 hex>`), or `None` when malformed.
+fn traceparent(headers: &HeaderMap) -> Option<String> {
+    let value = headers.get("traceparent")?.to_str().ok()?.trim();
+    let parts: Vec<&str> = value.split('-').collect();
+    let hex = |s: &str, n: usize| s.len() == n && s.bytes().all(|b| b.is_ascii_hexdigit());
+    (parts.len() == 4
+        && hex(parts[0], 2)
+        && parts[0] != "ff"
+        && hex(parts[1], 32)
+        && parts[1] != "0".repeat(32)
+        && hex(parts[2], 16)
+        && parts[2] != "0".repeat(16)
+        && hex(parts[3], 2))
+    .then(|| value.to_ascii_lowercase())
+}
+
+/// `POST /v1/dispatches`.
+pub(super) async fn enqueue(
+    State(state): State<Arc<ApiState>>,
+    caller: Option<axum::Extension<Caller>>,
+    headers: HeaderMap,
+    body: Body,
+) -> Result<Response, ApiError> {
+    let bytes = read_body(&headers, body, state.body_limit).await?;
+    let mut fields = Fields::new(object(&bytes)?);
+    let agent = fields.required("agent")?;
+    let thread = fields.required("thread")?;
+    let text = fields.string("payload")?;
+    let encoded = fields.string("payload_base64")?;
+    let payload = match (text, encoded) {
+        (Some(_), Some(_)) => {
+            return Err(ApiError::invalid(
+                "payload_base64",
+                "give payload or payload_base64, not both",
+            ));
+        }
+        (Some(text), None) => text.into_bytes(),
+        (None, Some(encoded)) => STANDARD.decode(encoded.as_bytes()).map_err(|e| {
+            ApiError::invalid("payload_base64", format!("payload_base64: not base64: {e}"))
+        })?,
+        (None, None) => Vec::new(),
+    };
+    let priority = fields.integer("priority", 0, 255)?;
+    let max_attempts = fields.integer("max_attempts", 1, u64::from(u32::MAX))?;
+    let dedupe_key = fields.string("dedupe_key")?;
+    let id = fields.string("id")?;
+    let delay = match fields.take("delay") {
+        None => None,
+        Some(Value::String(text)) => Some(
+            parse_duration(&text).map_err(|e| ApiError::invalid("delay", format!("delay: {e}")))?,
+        ),
+        Some(Value::Number(n)) => match n.as_u64() {
+            Some(ms) => Some(Duration::from_millis(ms)),
+            None => return Err(ApiError::invalid("delay", "delay: must be a duration")),
+        },
+        Some(_) => {
+            return Err(ApiError::invalid(
+                "delay",
+                "delay: a duration (\"30s\") or milliseconds",
+            ));
+        }
+    };
+    let mut metadata = std::collections::BTreeMap::new();
+    match fields.take("metadata") {
+        None => {}
+        Some(Value::Object(map)) => {
+            for (key, value) in map {
+                let Value::String(value) = value else {
+                    return Err(ApiError::invalid(
+                        "metadata",
+                        format!("metadata: `{key}` must be a string"),
+                    ));
+                };
+                metadata.insert(key, value);
+            }
+        }
+        Some(_) => {
+            return Err(ApiError::invalid(
+                "metadata",
+                "metadata: must be an object of strings",
+            ));
+        }
+    }
+    fields.finish()?;
+    if !state.config.plugins.contains_key(&agent) {
+        return Err(ApiError::not_found(format!("no agent `{agent}`")).with("field", "agent"));
+    }
+    if payload.len() as u64 > state.max_payload {
+        return Err(ApiError::too_large(
+            "payload",
+            format!(
+                "payload: {} bytes exceeds max_payload ({} bytes)",
+                payload.len(),
+                state.max_payload
+            ),
+            state.max_payload,
+        ));
+    }
+    if let Some(parent) = traceparent(&headers) {
+        metadata.insert("traceparent".into(), parent);
+    }
+    let mut new = NewDispatch::new(&agent, &thread, payload);
+    new.id = id;
+    new.dedupe_key = dedupe_key;
+    new.metadata = metadata;
+    new.priority = priority.map_or(crate::store::DEFAULT_PRIORITY, |p| p as u8);
+    new.max_attempts = ops::max_attempts(
+        &state.config,
+        &agent,
+        max_attempts.map(|n| u32::try_from(n).unwrap_or(u32::MAX)),
+    );
+    new.delay_ms = delay.map_or(0, millis);
+    if let Err(message) = new.validate() {
+        let field = message
+            .split([' ', ':'])
+            .next()
+            .unwrap_or("body")
+            .to_owned();
+        return Err(ApiError::invalid(&field, message));
+    }
+    let d = state.store.mailbox.enqueue(new).await?;
+    info!(
+        dispatch = %d.id,
+        agent = %d.agent,
+        token = caller.as_ref().map_or("-", |c| c.name.as_str()),
+        "enqueued through the API"
+    );
+    let location = format!("/v1/dispatches/{}", d.id);
+    Ok((
+        StatusCode::CREATED,
+        [(header::LOCATION, location)],
+        Json(json!({ "id": d.id, "status": d.status.as_str() })),
+    )
+        .into_response())
+}
+
+/// Query parameters as pairs, unknown ones refused.
+pub(super) fn params(
+    query: Result<Query<Vec<(String, String)>>, axum::extract::rejection::QueryRejection>,
+    known: &[&str],
+) -> Result<Vec<(String, String)>, ApiError> {
+    let Query(pairs) =
+        query.map_err(|e| ApiError::invalid("query", format!("bad query string: {e}")))?;
+    if let Some((key, _)) = pairs.iter().find(|(k, _)| !known.contains(&k.as_str())) {
+        return Err(ApiError::invalid(
+            key,
+            format!("{key}: unknown query parameter"),
+        ));
+    }
+    Ok(pairs)
+}
+
+pub(super) fn param<'a>(pairs: &'a [(String, String)], key: &str) -> Option<&'a str> {
+    pairs
+        .iter()
+        .rev()
+        .find(|(k, _)| k == key)
+        .map(|(_, v)| v.as_str())
+}
+
+/// A `limit` parameter: 1 to [`MAX_PAGE`], default 100.
+pub(super) fn limit(pairs: &[(String, String)]) -> Result<usize, ApiError> {
+    match param(pairs, "limit") {
+        None => Ok(100),
+        Some(text) => match text.parse::<usize>() {
+            Ok(n) if (1..=MAX_PAGE).contains(&n) => Ok(n),
+            _ => Err(ApiError::invalid(
+                "limit",
+                format!("limit: must be an integer from 1 to {MAX_PAGE}"),
+            )),
+        },
+    }
+}
+
+/// `GET /v1/dispatches?agent=&thread=&status=&limit=&cursor=`.
+pub(super) async fn list(
+    State(state): State<Arc<ApiState>>,
+    query: Result<Query<Vec<(String, String)>>, axum::extract::rejection::QueryRejection>,
+) -> Result<Json<Value>, ApiError> {
+    let pairs = params(query, &["agent", "thread", "status", "limit", "cursor"])?;
+    let limit = limit(&pairs)?;
+    let mut statuses = Vec::new();
+    if let Some(text) = param(&pairs, "status") {
+        for name in text.split(',').filter(|s| !s.is_empty()) {
+            statuses.push(
+                name.parse::<Status>()
+                    .map_err(|e| ApiError::invalid("status", format!("status: {e}")))?,
+            );
+        }
+    }
+    let after = match param(&pairs, "cursor") {
+        None => None,
+        Some(text) => Some(
+            text.parse::<ListCursor>()
+                .map_err(|e| ApiError::invalid("cursor", format!("cursor: {e}")))?,
+        ),
+    };
+    let filter = ListFilter {
+        thread: param(&pairs, "thread").map(str::to_owned),
+        agent: param(&pairs, "agent").map(str::to_owned),
+        statuses,
+        limit,
+        after,
+    };
+    let rows = state.store.mailbox.list(&filter).await?;
+    let next = (rows.len() == limit)
+        .then(|| rows.last().map(|d| ListCursor::of(d).to_string()))
+        .flatten();
+    Ok(Json(json!({
+        "dispatches": rows.iter().map(view::dispatch).collect::<Vec<_>>(),
+        "next_cursor": next,
+    })))
+}
+
+/// The first poll interval of a long poll; it doubles up to [`POLL_MAX`]. The store's work
+/// signal (fired when this process settles a dispatch) wakes it sooner.
+const POLL_FIRST: Duration = Duration::from_millis(5);
+const POLL_MAX: Duration = Duration::from_millis(250);
+
+/// `GET /v1/dispatches/{id}?wait=30s`.
+pub(super) async fn show(
+    State(state): State<Arc<ApiState>>,
+    Path(id): Path<String>,
+    query: Result<Query<Vec<(String, String)>>, axum::extract::rejection::QueryRejection>,
+) -> Result<Json<Value>, ApiError> {
+    let pairs = params(query, &["wait"])?;
+    let max_wait = state.config.api.max_wait;
+    let wait = match param(&pairs, "wait") {
+        None => Duration::ZERO,
+        Some(text) => {
+            let wait = parse_duration(text)
+                .map_err(|e| ApiError::invalid("wait", format!("wait: {e}")))?;
+            if wait > max_wait {
+                return Err(ApiError::invalid(
+                    "wait",
+                    format!("wait: at most {max_wait:?} ([api] max_wait)"),
+                ));
+            }
+            wait
+        }
+    };
+    let deadline = tokio::time::Instant::now() + wait;
+    let signal = state.store.mailbox.work_signal();
+    let mut shutdown = state.shutdown.clone();
+    let mut poll = POLL_FIRST;
+    loop {
+        let notified = signal.notified();
+        tokio::pin!(notified);
+        notified.as_mut().enable();
+        let Some(d) = state.store.mailbox.load(&id).await? else {
+            return Err(ApiError::not_found(format!("no dispatch `{id}`")));
+        };
+        let now = tokio::time::Instant::now();
+        if d.status.is_terminal() || now >= deadline || *shutdown.borrow() {
+            return Ok(Json(view::dispatch(&d)));
+        }
+        tokio::select! {
+            () = &mut notified => {}
+            () = tokio::time::sleep(poll.min(deadline - now)) => {}
+            _ = shutdown.changed() => {}
+        }
+        poll = (poll * 2).min(POLL_MAX);
+    }
+}
+
+/// `POST /v1/dispatches/{id}/cancel`.
+pub(super) async fn cancel(
+    State(state): State<Arc<ApiState>>,
+    Path(id): Path<String>,
+) -> Result<Json<Value>, ApiError> {
+    let d = ops::cancel(&state.store, &id).await?;
+    Ok(Json(view::dispatch(&d)))
+}
+
+/// `POST /v1/dispatches/{id}/retry`.
+pub(super) async fn retry(
+    State(state): State<Arc<ApiState>>,
+    Path(id): Path<String>,
+) -> Result<Response, ApiError> {
+    let d = ops::retry(&state.config, &state.store, &id).await?;
+    Ok((
+        StatusCode::CREATED,
+        [(header::LOCATION, format!("/v1/dispatches/{}", d.id))],
+        Json(json!({ "id": d.id, "retry_of": id })),
+    )
+        .into_response())
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+    use super::*;
+
+    #[test]
+    fn traceparent_is_kept_only_when_well_formed() {
+        let mut headers = HeaderMap::new();
+        let good = "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01";
+        headers.insert("traceparent", good.parse().unwrap());
+        assert_eq!(traceparent(&headers).as_deref(), Some(good));
+        for bad in [
+            "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331",
+            "00-00000000000000000000000000000000-b7ad6b7169203331-01",
+            "zz-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01",
+            "00-0af7651916cd43dd8448eb211c80319c-b7ad6b716920333-01",
+        ] {
+            headers.insert("traceparent", bad.parse().unwrap());
+            assert_eq!(traceparent(&headers), None, "{bad}");
+        }
+    }
+}

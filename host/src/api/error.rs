@@ -1,0 +1,156 @@
+//! API errors: a status and a JSON body `{"error": ..., "field": ..., ...}` that says what was
+//! wrong in the caller's terms. Store errors map onto statuses by variant; a store that is
+//! unreachable or a record that fails to decode is logged here in full and reported to the
+//! caller without the details (no server names, no subjects, no SQL).
+
+use std::time::Duration;
+
+use axum::Json;
+use axum::http::{HeaderValue, StatusCode, header};
+use axum::response::{IntoResponse, Response};
+use serde_json::{Map, Value};
+use tracing::warn;
+
+use crate::store::StoreError;
+
+/// A refusal or failure, as the caller sees it.
+#[derive(Debug)]
+pub struct ApiError {
+    status: StatusCode,
+    body: Map<String, Value>,
+    retry_after: Option<u64>,
+    authenticate: bool,
+}
+
+impl ApiError {
+    fn new(status: StatusCode, error: impl Into<String>) -> ApiError {
+        let mut body = Map::new();
+        body.insert("error".into(), Value::String(error.into()));
+        ApiError {
+            status,
+            body,
+            retry_after: None,
+            authenticate: false,
+        }
+    }
+
+    /// Adds a key to the body.
+    pub fn with(mut self, key: &str, value: impl Into<Value>) -> ApiError {
+        self.body.insert(key.into(), value.into());
+        self
+    }
+
+    /// The status.
+    pub fn status(&self) -> StatusCode {
+        self.status
+    }
+
+    /// 400, naming the field.
+    pub fn invalid(field: &str, error: impl Into<String>) -> ApiError {
+        ApiError::new(StatusCode::BAD_REQUEST, error).with("field", field)
+    }
+
+    /// 404.
+    pub fn not_found(error: impl Into<String>) -> ApiError {
+        ApiError::new(StatusCode::NOT_FOUND, error)
+    }
+
+    /// 409.
+    pub fn conflict(error: impl Into<String>) -> ApiError {
+        ApiError::new(StatusCode::CONFLICT, error)
+    }
+
+    /// 413, naming the field and the limit.
+    pub fn too_large(field: &str, error: impl Into<String>, limit: u64) -> ApiError {
+        ApiError::new(StatusCode::PAYLOAD_TOO_LARGE, error)
+            .with("field", field)
+            .with("limit", limit)
+    }
+
+    /// 401: no token, or one that matches none.
+    pub fn unauthenticated(error: impl Into<String>) -> ApiError {
+        let mut e = ApiError::new(StatusCode::UNAUTHORIZED, error);
+        e.authenticate = true;
+        e
+    }
+
+    /// 403: a known token whose role is too small.
+    pub fn forbidden(error: impl Into<String>) -> ApiError {
+        ApiError::new(StatusCode::FORBIDDEN, error)
+    }
+
+    /// 503 with a retry hint.
+    pub fn busy(error: impl Into<String>) -> ApiError {
+        let mut e = ApiError::new(StatusCode::SERVICE_UNAVAILABLE, error);
+        e.retry_after = Some(1);
+        e
+    }
+
+    /// 503: the request took longer than its limit.
+    pub fn timeout(limit: Duration) -> ApiError {
+        ApiError::busy(format!("the request took longer than {limit:?}"))
+    }
+}
+
+impl From<StoreError> for ApiError {
+    fn from(e: StoreError) -> ApiError {
+        match e {
+            StoreError::NotFound { id } => ApiError::not_found(format!("no dispatch `{id}`")),
+            StoreError::Duplicate { id, holder } => {
+                let holder = holder.unwrap_or_else(|| id.clone());
+                let message = if holder == id {
+                    format!("dispatch `{id}` exists with different content")
+                } else {
+                    format!("the dedupe key is held by live dispatch `{holder}`")
+                };
+                ApiError::conflict(message).with("id", holder)
+            }
+            StoreError::Invalid(message) => {
+                let field = message
+                    .split_once(':')
+                    .map(|(field, _)| field)
+                    .filter(|f| {
+                        !f.is_empty() && f.chars().all(|c| c.is_ascii_lowercase() || c == '_')
+                    })
+                    .unwrap_or("body")
+                    .to_owned();
+                ApiError::invalid(&field, message)
+            }
+            e @ (StoreError::NotClaimed { .. }
+            | StoreError::LostClaim { .. }
+            | StoreError::StaleEpoch { .. }
+            | StoreError::InvalidTransition { .. }
+            | StoreError::Conflict { .. }) => ApiError::conflict(e.to_string()),
+            StoreError::Contention(detail) => {
+                warn!("API: store contention: {detail}");
+                ApiError::busy("the store is busy; retry later")
+            }
+            StoreError::Unavailable(detail) => {
+                warn!("API: store unavailable: {detail}");
+                ApiError::busy("the store is unavailable; retry later")
+            }
+            StoreError::Corrupt { key, reason } => {
+                warn!("API: corrupt record `{key}`: {reason}");
+                ApiError::new(StatusCode::INTERNAL_SERVER_ERROR, "internal error")
+            }
+        }
+    }
+}
+
+impl IntoResponse for ApiError {
+    fn into_response(self) -> Response {
+        let mut response = (self.status, Json(Value::Object(self.body))).into_response();
+        if let Some(seconds) = self.retry_after {
+            response
+                .headers_mut()
+                .insert(header::RETRY_AFTER, HeaderValue::from(seconds));
+        }
+        if self.authenticate {
+            response.headers_mut().insert(
+                header::WWW_AUTHENTICATE,
+                HeaderValue::from_static("Bearer realm=\"homing\""),
+            );
+        }
+        response
+    }
+}

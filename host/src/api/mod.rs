@@ -1,0 +1,434 @@
+//! The HTTP API `homing run` serves when `[api] listen` is set: JSON in and out, over axum.
+//!
+//! | route | role | does |
+//! | --- | --- | --- |
+//! | `POST /v1/dispatches` | producer | enqueue |
+//! | `GET /v1/dispatches` | reader | list, paged by cursor |
+//! | `GET /v1/dispatches/{id}` | reader | one dispatch; `?wait=30s` long-polls until it is terminal |
+//! | `POST /v1/dispatches/{id}/cancel` | operator | cancel a queued dispatch |
+//! | `POST /v1/dispatches/{id}/retry` | operator | re-enqueue a dead-lettered or cancelled one |
+//! | `GET /v1/threads/{thread}/log` | reader | a page of the thread's log |
+//! | `GET /v1/threads/{thread}/log/stream` | reader | the log as server-sent events, following |
+//! | `POST /v1/threads/{thread}/interrupt` | operator | interrupt the thread |
+//! | `GET /v1/agents` | reader | plugins: world, limits, grants, queue counts |
+//! | `GET /v1/openapi.json` | reader | the description of all of the above |
+//! | `GET /livez`, `/readyz`, `/metrics` | none | health and Prometheus metrics |
+//!
+//! The table of [`routes`] is the one place a `/v1` route and its role are named: the router
+//! is built from it, and a test checks `openapi.json` against it. Every `/v1` request passes
+//! [`auth`] (a bearer token of the route's role, compared in constant time), a cap on requests
+//! in flight, and a time limit; bodies are read up to `[api] max_body`. Errors are JSON
+//! `{"error": ..., "field": ...}` naming what was wrong, never a store's internals.
+//!
+//! - `auth`: tokens and the middleware;
+//! - `error`: [`ApiError`] and how store errors map to statuses;
+//! - `dispatches`, `threads`, `agents`, `health`: the handlers;
+//! - `ops`: operations the CLI shares (retry, enqueue defaults);
+//! - `view`: the JSON shape of a dispatch (no claim token).
+
+mod agents;
+mod auth;
+mod dispatches;
+mod error;
+mod health;
+pub mod ops;
+mod threads;
+mod view;
+
+use std::net::SocketAddr;
+use std::sync::{Arc, RwLock};
+use std::time::Duration;
+
+use anyhow::Context;
+use axum::Router;
+use axum::extract::{MatchedPath, Request, State};
+use axum::http::Method;
+use axum::middleware::Next;
+use axum::response::{IntoResponse, Response};
+use axum::routing::{MethodRouter, get, post};
+use metrics_exporter_prometheus::PrometheusHandle;
+use tokio::sync::{Semaphore, watch};
+use tracing::{info, warn};
+
+use crate::config::Config;
+use crate::config::api::Role;
+use crate::store::Store;
+pub use agents::AgentInfo;
+pub use error::ApiError;
+
+/// The OpenAPI description served at `/v1/openapi.json`.
+pub const OPENAPI: &str = include_str!("openapi.json");
+
+/// What the handlers share.
+#[derive(Debug)]
+pub(crate) struct ApiState {
+    store: Store,
+    config: Arc<Config>,
+    /// The payload cap in force: `[host] max_payload`, clamped to what the store holds.
+    max_payload: u64,
+    body_limit: u64,
+    tokens: auth::Tokens,
+    metrics: Option<PrometheusHandle>,
+    /// The plugins, once loaded (`/readyz` is 503 until then).
+    agents: RwLock<Option<Vec<AgentInfo>>>,
+    shutdown: watch::Receiver<bool>,
+    in_flight: Semaphore,
+}
+
+/// One `/v1` route: its method, path, the least role that may call it, and its handler.
+pub(crate) struct Route {
+    pub method: Method,
+    pub path: &'static str,
+    pub role: Role,
+    handler: MethodRouter<Arc<ApiState>>,
+}
+
+/// Every `/v1` route.
+pub(crate) fn routes() -> Vec<Route> {
+    let route = |method: Method, path, role, handler| Route {
+        method,
+        path,
+        role,
+        handler,
+    };
+    vec![
+        route(
+            Method::POST,
+            "/v1/dispatches",
+            Role::Producer,
+            post(dispatches::enqueue),
+        ),
+        route(
+            Method::GET,
+            "/v1/dispatches",
+            Role::Reader,
+            get(dispatches::list),
+        ),
+        route(
+            Method::GET,
+            "/v1/dispatches/{id}",
+            Role::Reader,
+            get(dispatches::show),
+        ),
+        route(
+            Method::POST,
+            "/v1/dispatches/{id}/cancel",
+            Role::Operator,
+            post(dispatches::cancel),
+        ),
+        route(
+            Method::POST,
+            "/v1/dispatches/{id}/retry",
+            Role::Operator,
+            post(dispatches::retry),
+        ),
+        route(
+            Method::GET,
+            "/v1/threads/{thread}/log",
+            Role::Reader,
+            get(threads::log),
+        ),
+        route(
+            Method::GET,
+            "/v1/threads/{thread}/log/stream",
+            Role::Reader,
+            get(threads::stream),
+        ),
+        route(
+            Method::POST,
+            "/v1/threads/{thread}/interrupt",
+            Role::Operator,
+            post(threads::interrupt),
+        ),
+        route(Method::GET, "/v1/agents", Role::Reader, get(agents::list)),
+        route(Method::GET, "/v1/openapi.json", Role::Reader, get(openapi)),
+    ]
+}
+
+async fn openapi() -> Response {
+    (
+        [(axum::http::header::CONTENT_TYPE, "application/json")],
+        OPENAPI,
+    )
+        .into_response()
+}
+
+fn router(state: Arc<ApiState>) -> Router {
+    let mut v1 = Router::new();
+    for Route {
+        method,
+        path,
+        role,
+        handler,
+    } in routes()
+    {
+        tracing::debug!(%method, path, %role, "API route");
+        let handler = handler.route_layer(axum::middleware::from_fn_with_state(
+            (state.clone(), role),
+            auth::require,
+        ));
+        v1 = v1.route(path, handler);
+    }
+    v1.route("/livez", get(health::livez))
+        .route("/readyz", get(health::readyz))
+        .route("/metrics", get(health::metrics))
+        .fallback(not_found)
+        .layer(axum::middleware::from_fn_with_state(state.clone(), guard))
+        .with_state(state)
+}
+
+async fn not_found() -> ApiError {
+    ApiError::not_found("no such route")
+}
+
+/// Every request: at most `max_concurrent` in flight (503 beyond), a time limit (long polls
+/// get their `wait` on top; streams end themselves at `max_stream`), and a count by route.
+async fn guard(State(state): State<Arc<ApiState>>, request: Request, next: Next) -> Response {
+    let Ok(_permit) = state.in_flight.try_acquire() else {
+        return ApiError::busy("too many requests in flight; retry later").into_response();
+    };
+    let route = request
+        .extensions()
+        .get::<MatchedPath>()
+        .map_or_else(|| "unmatched".to_owned(), |p| p.as_str().to_owned());
+    let method = request.method().clone();
+    let api = &state.config.api;
+    let limit = if route.ends_with("/stream") {
+        None
+    } else if route == "/v1/dispatches/{id}" {
+        Some(api.request_timeout + api.max_wait)
+    } else {
+        Some(api.request_timeout)
+    };
+    let response = match limit {
+        None => next.run(request).await,
+        Some(limit) => match tokio::time::timeout(limit, next.run(request)).await {
+            Ok(response) => response,
+            Err(_) => ApiError::timeout(limit).into_response(),
+        },
+    };
+    metrics::counter!(
+        crate::telemetry::API_REQUESTS,
+        "route" => route,
+        "method" => method.as_str().to_owned(),
+        "status" => response.status().as_u16().to_string()
+    )
+    .increment(1);
+    response
+}
+
+/// How long a client may take to send a request's headers (also how long an idle keep-alive
+/// connection is kept): a connection that sends nothing cannot hold a slot for long.
+const HEADER_READ_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// Accepts connections until `stop`, serving each over HTTP/1.1 with a header read timeout;
+/// then waits for the connections in flight (long polls and streams end on `stop` too).
+async fn serve(
+    listener: tokio::net::TcpListener,
+    app: Router,
+    mut stop: watch::Receiver<bool>,
+    request_timeout: Duration,
+) {
+    use hyper_util::rt::{TokioIo, TokioTimer};
+    let graceful = hyper_util::server::graceful::GracefulShutdown::new();
+    let service = hyper_util::service::TowerToHyperService::new(app);
+    let header_timeout = HEADER_READ_TIMEOUT.min(request_timeout);
+    loop {
+        let accepted = tokio::select! {
+            accepted = listener.accept() => accepted,
+            _ = stop.wait_for(|stop| *stop) => break,
+        };
+        let stream = match accepted {
+            Ok((stream, _)) => stream,
+            Err(e) => {
+                // Out of file descriptors, or a connection reset before it was accepted:
+                // pause rather than spin.
+                warn!("API: accept failed: {e}");
+                tokio::time::sleep(Duration::from_millis(50)).await;
+                continue;
+            }
+        };
+        let _ = stream.set_nodelay(true);
+        let connection = hyper::server::conn::http1::Builder::new()
+            .timer(TokioTimer::new())
+            .header_read_timeout(header_timeout)
+            .serve_connection(TokioIo::new(stream), service.clone());
+        let connection = graceful.watch(connection);
+        tokio::spawn(async move {
+            let _ = connection.await;
+        });
+    }
+    drop(listener);
+    graceful.shutdown().await;
+}
+
+/// A running API server.
+#[derive(Debug)]
+pub struct ApiServer {
+    state: Arc<ApiState>,
+    addr: SocketAddr,
+    stop: watch::Sender<bool>,
+    task: tokio::task::JoinHandle<()>,
+}
+
+impl ApiServer {
+    /// Reads the tokens' secrets, binds `[api] listen` and starts serving.
+    ///
+    /// # Errors
+    ///
+    /// When a secret cannot be read, the address cannot be bound, or `listen` is unset.
+    pub async fn start(
+        config: Arc<Config>,
+        store: Store,
+        metrics: Option<PrometheusHandle>,
+    ) -> anyhow::Result<ApiServer> {
+        let api = &config.api;
+        let Some(listen) = api.listen else {
+            anyhow::bail!("[api] listen is not set");
+        };
+        let tokens = auth::Tokens::read(&api.tokens, &config.base_dir)
+            .map_err(|e| anyhow::anyhow!("{}: [api] tokens: {e}", config.source))?;
+        if tokens.is_empty() {
+            warn!(
+                "[api] has no tokens: every /v1 request is refused (401); only /livez, /readyz and /metrics answer"
+            );
+        }
+        let max_payload = config.host.max_payload.min(store.max_value());
+        let body_limit = api.body_limit(max_payload);
+        let listener = tokio::net::TcpListener::bind(listen)
+            .await
+            .with_context(|| format!("[api] listen: cannot bind {listen}"))?;
+        let addr = listener.local_addr()?;
+        let (stop, shutdown) = watch::channel(false);
+        let state = Arc::new(ApiState {
+            store,
+            max_payload,
+            body_limit,
+            tokens,
+            metrics,
+            agents: RwLock::new(None),
+            shutdown: shutdown.clone(),
+            in_flight: Semaphore::new(api.max_concurrent),
+            config: config.clone(),
+        });
+        let app = router(state.clone());
+        let task = tokio::spawn(serve(listener, app, shutdown, api.request_timeout));
+        info!(%addr, "HTTP API listening");
+        Ok(ApiServer {
+            state,
+            addr,
+            stop,
+            task,
+        })
+    }
+
+    /// The address it listens on.
+    pub fn addr(&self) -> SocketAddr {
+        self.addr
+    }
+
+    /// Records the loaded plugins: `/readyz` answers 200 from here on (while the store answers).
+    pub fn plugins_loaded(&self, agents: Vec<AgentInfo>) {
+        if let Ok(mut slot) = self.state.agents.write() {
+            *slot = Some(agents);
+        }
+    }
+
+    /// Stops accepting, ends long polls and streams, and waits (at most `within`) for the
+    /// requests in flight.
+    pub async fn stop(self, within: Duration) {
+        let _ = self.stop.send(true);
+        let mut task = self.task;
+        if tokio::time::timeout(within, &mut task).await.is_err() {
+            warn!("API requests still running after {within:?}; dropping them");
+            task.abort();
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+    use std::collections::BTreeSet;
+
+    use super::*;
+    use crate::store::SystemClock;
+    use crate::store::embedded::EmbeddedStore;
+
+    /// `(METHOD, path)` of every operation `openapi.json` describes, with its role.
+    fn described() -> BTreeSet<(String, String, Option<String>)> {
+        let spec: serde_json::Value = serde_json::from_str(OPENAPI).unwrap();
+        let mut out = BTreeSet::new();
+        for (path, item) in spec["paths"].as_object().unwrap() {
+            for (method, op) in item.as_object().unwrap() {
+                out.insert((
+                    method.to_uppercase(),
+                    path.clone(),
+                    op["x-homing-role"].as_str().map(str::to_owned),
+                ));
+            }
+        }
+        out
+    }
+
+    #[test]
+    fn openapi_describes_exactly_the_routes_served_with_their_roles() {
+        let mut served: BTreeSet<(String, String, Option<String>)> = routes()
+            .iter()
+            .map(|r| {
+                (
+                    r.method.to_string(),
+                    r.path.to_owned(),
+                    Some(r.role.as_str().to_owned()),
+                )
+            })
+            .collect();
+        for path in ["/livez", "/readyz", "/metrics"] {
+            served.insert(("GET".into(), path.into(), None));
+        }
+        assert_eq!(described(), served);
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn every_v1_route_is_served_and_refuses_a_request_without_a_token() {
+        let config = Config::parse(
+            "[api]\nlisten = \"127.0.0.1:0\"\nrequest_timeout = \"1s\"\n[plugins.echo]\npath = \"echo.wasm\"\n",
+            "homing.toml",
+            std::path::Path::new("."),
+        )
+        .unwrap();
+        let store = EmbeddedStore::open_in_memory(Arc::new(SystemClock))
+            .unwrap()
+            .store();
+        let server = ApiServer::start(Arc::new(config), store, None)
+            .await
+            .unwrap();
+        let base = format!("http://{}", server.addr());
+        let client = reqwest::Client::new();
+        for route in routes() {
+            let path = route.path.replace("{id}", "x").replace("{thread}", "t");
+            let response = client
+                .request(route.method.clone(), format!("{base}{path}"))
+                .send()
+                .await
+                .unwrap();
+            assert_eq!(response.status(), 401, "{} {path}", route.method);
+            assert!(response.headers().contains_key("www-authenticate"));
+            let body: serde_json::Value = response.json().await.unwrap();
+            assert!(body["error"].is_string(), "{body}");
+        }
+        let live = client.get(format!("{base}/livez")).send().await.unwrap();
+        assert_eq!(live.status(), 200);
+        let ready = client.get(format!("{base}/readyz")).send().await.unwrap();
+        assert_eq!(ready.status(), 503, "the plugin is not loaded");
+        let body: serde_json::Value = ready.json().await.unwrap();
+        assert_eq!(body["not_ready"][0], "plugins not loaded: echo");
+        let missing = client
+            .get(format!("{base}/v2/nothing"))
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(missing.status(), 404);
+        server.stop(Duration::from_secs(5)).await;
+    }
+}

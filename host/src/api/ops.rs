@@ -1,0 +1,83 @@
+//! Operations on work that the CLI and the API both offer, written once: the defaults of an
+//! enqueue, cancel (with the reason a dispatch cannot be cancelled) and retry.
+
+use crate::config::Config;
+use crate::store::{Dispatch, NewDispatch, Status, Store, StoreError};
+
+/// Why an operation on one dispatch did not happen.
+#[derive(Debug, thiserror::Error)]
+pub enum OpError {
+    /// No dispatch with this id.
+    #[error("no dispatch `{0}`")]
+    NotFound(String),
+    /// The dispatch is in a state the operation does not apply to.
+    #[error("dispatch `{id}` is {status}; {hint}")]
+    WrongState {
+        /// The dispatch.
+        id: String,
+        /// Its status.
+        status: Status,
+        /// What the operation needs.
+        hint: &'static str,
+    },
+    /// The store refused or failed.
+    #[error(transparent)]
+    Store(#[from] StoreError),
+}
+
+/// The attempts a new dispatch of `agent` gets: what the caller asked, else the plugin's
+/// `max_attempts`, else the default.
+pub fn max_attempts(config: &Config, agent: &str, asked: Option<u32>) -> u32 {
+    asked
+        .or_else(|| config.plugins.get(agent).map(|p| p.max_attempts))
+        .unwrap_or(crate::store::DEFAULT_MAX_ATTEMPTS)
+}
+
+/// Cancels a queued dispatch.
+///
+/// # Errors
+///
+/// [`OpError::NotFound`], [`OpError::WrongState`] when it is not queued, or the store's error.
+pub async fn cancel(store: &Store, id: &str) -> Result<Dispatch, OpError> {
+    if let Some(d) = store.mailbox.cancel(id).await? {
+        return Ok(d);
+    }
+    match store.mailbox.load(id).await? {
+        Some(d) => Err(OpError::WrongState {
+            id: id.to_owned(),
+            status: d.status,
+            hint: "only queued dispatches can be cancelled (interrupt its thread to stop a running one)",
+        }),
+        None => Err(OpError::NotFound(id.to_owned())),
+    }
+}
+
+/// Re-enqueues a dead-lettered or cancelled dispatch as a new one (same agent, thread,
+/// payload, priority, metadata and dedupe key, with `retry-of` naming the original).
+///
+/// # Errors
+///
+/// [`OpError::NotFound`], [`OpError::WrongState`] for any other status, or the store's error.
+pub async fn retry(config: &Config, store: &Store, id: &str) -> Result<Dispatch, OpError> {
+    let Some(d) = store.mailbox.load(id).await? else {
+        return Err(OpError::NotFound(id.to_owned()));
+    };
+    if !matches!(d.status, Status::DeadLetter | Status::Cancelled) {
+        return Err(OpError::WrongState {
+            id: id.to_owned(),
+            status: d.status,
+            hint: "only dead-lettered or cancelled dispatches can be retried",
+        });
+    }
+    let mut new =
+        NewDispatch::new(&d.agent, &d.thread, d.payload.clone()).with_priority(d.priority);
+    new.metadata = d.metadata.clone();
+    new.metadata.insert("retry-of".into(), d.id.clone());
+    new.max_attempts = config
+        .plugins
+        .get(&d.agent)
+        .map(|p| p.max_attempts)
+        .unwrap_or(d.max_attempts);
+    new.dedupe_key = d.dedupe_key.clone();
+    Ok(store.mailbox.enqueue(new).await?)
+}

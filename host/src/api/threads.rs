@@ -1,0 +1,167 @@
+//! `/v1/threads/{thread}`: the log (a page, or a stream of server-sent events) and interrupt.
+
+use std::collections::VecDeque;
+use std::convert::Infallible;
+use std::sync::Arc;
+use std::time::Duration;
+
+use axum::Json;
+use axum::body::Body;
+use axum::extract::{Path, Query, State};
+use axum::http::HeaderMap;
+use axum::response::sse::{Event, KeepAlive, Sse};
+use axum::response::{IntoResponse, Response};
+use futures_util::stream;
+use serde_json::{Value, json};
+use tokio::sync::watch;
+
+use super::dispatches::{Fields, limit, object, param, params, read_body};
+use super::{ApiError, ApiState, view};
+use crate::store::{LogEntry, Store};
+
+fn after(pairs: &[(String, String)], headers: &HeaderMap) -> Result<u64, ApiError> {
+    let text = param(pairs, "after")
+        .or_else(|| headers.get("last-event-id").and_then(|v| v.to_str().ok()));
+    match text {
+        None => Ok(0),
+        Some(text) => text
+            .trim()
+            .parse()
+            .map_err(|_| ApiError::invalid("after", "after: must be a log sequence number")),
+    }
+}
+
+/// `GET /v1/threads/{thread}/log?after=&limit=`.
+pub(super) async fn log(
+    State(state): State<Arc<ApiState>>,
+    Path(thread): Path<String>,
+    headers: HeaderMap,
+    query: Result<Query<Vec<(String, String)>>, axum::extract::rejection::QueryRejection>,
+) -> Result<Json<Value>, ApiError> {
+    let pairs = params(query, &["after", "limit"])?;
+    let (after, limit) = (after(&pairs, &headers)?, limit(&pairs)?);
+    let entries = state.store.log.read(&thread, after, limit).await?;
+    let latest = state.store.log.latest(&thread).await?;
+    Ok(Json(json!({
+        "thread": thread,
+        "entries": entries.iter().map(view::entry).collect::<Vec<_>>(),
+        "latest": latest,
+    })))
+}
+
+/// How often a stream with nothing new reads the log again, at most.
+const STREAM_POLL_MAX: Duration = Duration::from_millis(250);
+const STREAM_POLL_FIRST: Duration = Duration::from_millis(10);
+/// Entries read per store call.
+const STREAM_BATCH: usize = 100;
+
+struct Follow {
+    store: Store,
+    thread: String,
+    after: u64,
+    buffered: VecDeque<LogEntry>,
+    until: tokio::time::Instant,
+    shutdown: watch::Receiver<bool>,
+    done: bool,
+}
+
+impl Follow {
+    /// The next event: a buffered entry, else the next read that finds one; `None` once the
+    /// stream's time is up or the host stops.
+    async fn next(mut self) -> Option<(Result<Event, Infallible>, Follow)> {
+        if self.done {
+            return None;
+        }
+        let mut poll = STREAM_POLL_FIRST;
+        loop {
+            if let Some(entry) = self.buffered.pop_front() {
+                let event = Event::default()
+                    .id(entry.seq.to_string())
+                    .event("entry")
+                    .data(view::entry(&entry).to_string());
+                return Some((Ok(event), self));
+            }
+            match self
+                .store
+                .log
+                .read(&self.thread, self.after, STREAM_BATCH)
+                .await
+            {
+                Ok(entries) if !entries.is_empty() => {
+                    self.after = entries.last().map_or(self.after, |e| e.seq);
+                    self.buffered.extend(entries);
+                    continue;
+                }
+                Ok(_) => {}
+                Err(e) => {
+                    self.done = true;
+                    tracing::warn!(thread = %self.thread, "API log stream: {e}");
+                    let event = Event::default().event("error").data(
+                        json!({ "error": "the log could not be read; reconnect with Last-Event-ID" })
+                            .to_string(),
+                    );
+                    return Some((Ok(event), self));
+                }
+            }
+            let now = tokio::time::Instant::now();
+            if now >= self.until || *self.shutdown.borrow() {
+                return None;
+            }
+            tokio::select! {
+                () = tokio::time::sleep(poll.min(self.until - now)) => {}
+                _ = self.shutdown.changed() => {}
+            }
+            poll = (poll * 2).min(STREAM_POLL_MAX);
+        }
+    }
+}
+
+/// `GET /v1/threads/{thread}/log/stream?after=N` (or `Last-Event-ID: N`): every entry after N
+/// as an `entry` event whose id is its sequence, then new ones as they are appended. The server
+/// ends the stream after `[api] max_stream`; reconnecting with `Last-Event-ID` misses nothing.
+pub(super) async fn stream(
+    State(state): State<Arc<ApiState>>,
+    Path(thread): Path<String>,
+    headers: HeaderMap,
+    query: Result<Query<Vec<(String, String)>>, axum::extract::rejection::QueryRejection>,
+) -> Result<Response, ApiError> {
+    let pairs = params(query, &["after"])?;
+    let after = after(&pairs, &headers)?;
+    // Refuse at once when the store cannot be read, rather than with an open empty stream.
+    state.store.log.latest(&thread).await?;
+    let follow = Follow {
+        store: state.store.clone(),
+        thread,
+        after,
+        buffered: VecDeque::new(),
+        until: tokio::time::Instant::now() + state.config.api.max_stream,
+        shutdown: state.shutdown.clone(),
+        done: false,
+    };
+    let events = stream::unfold(follow, Follow::next);
+    Ok(Sse::new(events)
+        .keep_alive(KeepAlive::new().interval(Duration::from_secs(15)))
+        .into_response())
+}
+
+/// `POST /v1/threads/{thread}/interrupt` with an optional `{"reason": "..."}`.
+pub(super) async fn interrupt(
+    State(state): State<Arc<ApiState>>,
+    Path(thread): Path<String>,
+    headers: HeaderMap,
+    body: Body,
+) -> Result<Json<Value>, ApiError> {
+    let bytes = read_body(&headers, body, state.body_limit).await?;
+    let mut fields = Fields::new(object(&bytes)?);
+    let reason = fields
+        .string("reason")?
+        .unwrap_or_else(|| "interrupted through the API".to_owned());
+    fields.finish()?;
+    let interrupt = state.store.mailbox.interrupt(&thread, &reason).await?;
+    Ok(Json(json!({
+        "thread": thread,
+        "epoch": interrupt.epoch,
+        "superseded": interrupt.superseded,
+        "active": interrupt.active.as_ref().map(|d| d.id.clone()),
+    })))
+}

@@ -1,0 +1,54 @@
+//! The JSON shape of a dispatch and a log entry in the API. Bytes are a UTF-8 string when
+//! they are text, else `{"base64": ...}` (as in the CLI's JSON). A dispatch's claim token is
+//! never shown: only who holds it and until when.
+
+use base64::Engine;
+use base64::engine::general_purpose::STANDARD;
+use serde_json::{Value, json};
+
+use crate::store::{Dispatch, LogEntry};
+
+/// Bytes as JSON: text, or `{"base64": ...}`.
+pub(crate) fn bytes(data: &[u8]) -> Value {
+    match std::str::from_utf8(data) {
+        Ok(text) => Value::String(text.to_owned()),
+        Err(_) => json!({ "base64": STANDARD.encode(data) }),
+    }
+}
+
+/// A dispatch as the API shows it. Times are milliseconds since the Unix epoch.
+pub(crate) fn dispatch(d: &Dispatch) -> Value {
+    json!({
+        "id": d.id,
+        "agent": d.agent,
+        "thread": d.thread,
+        "run_id": d.run_id,
+        "status": d.status.as_str(),
+        "terminal": d.status.is_terminal(),
+        "priority": d.priority,
+        "attempts": d.attempt,
+        "max_attempts": d.max_attempts,
+        "epoch": d.epoch,
+        "payload": bytes(&d.payload),
+        "metadata": d.metadata,
+        "dedupe_key": d.dedupe_key,
+        "claimed_by": d.claim.as_ref().map(|c| c.claimed_by.clone()),
+        "lease_until": d.claim.as_ref().map(|c| c.lease_until),
+        "result": d.result.as_ref().map(|r| json!({
+            "status": r.status.as_str(),
+            "output": bytes(&r.output),
+            "error": r.error,
+        })),
+        "last_error": d.last_error,
+        "available_at": d.available_at,
+        "created_at": d.created_at,
+        "updated_at": d.updated_at,
+        "started_at": d.started_at,
+        "completed_at": d.completed_at,
+    })
+}
+
+/// A log entry.
+pub(crate) fn entry(e: &LogEntry) -> Value {
+    json!({ "seq": e.seq, "data": bytes(&e.data), "appended_at": e.appended_at })
+}

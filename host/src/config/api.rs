@@ -1,0 +1,320 @@
+//! `[api]`: the HTTP API `homing run` serves when `listen` is set, and who may call it.
+//!
+//! Deny by default: without `listen` nothing listens; every `/v1` route needs a bearer token of a
+//! role high enough for it; a `listen` address off the loopback interface without any token
+//! refuses to start. A token's secret comes from the environment or a file, never from the
+//! config text, and lives in a [`Secret`], whose `Debug` prints `<redacted>` and which has no
+//! `Display`, so it cannot reach a log line, an error or a page by accident.
+
+use std::fmt;
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use serde::Deserialize;
+
+use super::units::{duration, size};
+
+/// `[api]`.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct ApiConfig {
+    /// Where to listen (`127.0.0.1:7080`); no API when absent.
+    pub listen: Option<SocketAddr>,
+    /// The bearer tokens and their roles.
+    pub tokens: Vec<TokenConfig>,
+    /// The largest request body (default: room for a `[host] max_payload` payload in base64,
+    /// plus 64 KiB for the other fields).
+    #[serde(deserialize_with = "optional_size")]
+    pub max_body: Option<u64>,
+    /// How long one request may take (a long poll's `wait` is added to it).
+    #[serde(deserialize_with = "duration")]
+    pub request_timeout: Duration,
+    /// The longest `?wait` a long poll may ask for.
+    #[serde(deserialize_with = "duration")]
+    pub max_wait: Duration,
+    /// How long one server-sent-event stream stays open before the server ends it (the
+    /// client reconnects with `Last-Event-ID` and misses nothing).
+    #[serde(deserialize_with = "duration")]
+    pub max_stream: Duration,
+    /// Requests served at once; more are refused with 503 at once.
+    pub max_concurrent: usize,
+}
+
+impl Default for ApiConfig {
+    fn default() -> Self {
+        ApiConfig {
+            listen: None,
+            tokens: Vec::new(),
+            max_body: None,
+            request_timeout: Duration::from_secs(30),
+            max_wait: Duration::from_secs(60),
+            max_stream: Duration::from_secs(3600),
+            max_concurrent: 1024,
+        }
+    }
+}
+
+/// What a token may do; each role includes the ones before it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Role {
+    /// Reads dispatches, logs and agents.
+    Reader,
+    /// Also enqueues.
+    Producer,
+    /// Everything: also cancels, retries and interrupts.
+    Operator,
+}
+
+impl Role {
+    /// The role's name in the config and in refusals.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Role::Reader => "reader",
+            Role::Producer => "producer",
+            Role::Operator => "operator",
+        }
+    }
+}
+
+impl fmt::Display for Role {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+/// One `[[api.tokens]]` entry.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct TokenConfig {
+    /// A name for logs and metrics (the secret never appears there).
+    pub name: String,
+    /// What it may do.
+    pub role: Role,
+    /// Where its secret comes from.
+    pub secret: SecretSource,
+}
+
+/// Where a token's secret is read from.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields, rename_all = "lowercase")]
+pub enum SecretSource {
+    /// An environment variable.
+    Env(String),
+    /// A file (relative to the config), read up to 4 KiB; one trailing newline is dropped.
+    File(PathBuf),
+}
+
+/// The shortest secret accepted: a guessable token is refused at start.
+pub const MIN_SECRET_LEN: usize = 16;
+
+/// The largest secret file read.
+const MAX_SECRET_FILE: u64 = 4096;
+
+/// A secret value. `Debug` prints `<redacted>`; there is no `Display`.
+#[derive(Clone, PartialEq, Eq)]
+pub struct Secret(Vec<u8>);
+
+impl fmt::Debug for Secret {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("<redacted>")
+    }
+}
+
+impl Secret {
+    /// The secret's bytes, for hashing and comparing; never for printing.
+    pub fn expose(&self) -> &[u8] {
+        &self.0
+    }
+}
+
+impl SecretSource {
+    /// Reads the secret. Errors name the source, never the value.
+    ///
+    /// # Errors
+    ///
+    /// When the variable is unset or empty, the file cannot be read or is too large, or the
+    /// secret is shorter than [`MIN_SECRET_LEN`].
+    pub fn read(&self, base_dir: &Path) -> Result<Secret, String> {
+        let (bytes, what) = match self {
+            SecretSource::Env(var) => match std::env::var_os(var) {
+                Some(value) => (
+                    value.into_encoded_bytes(),
+                    format!("environment variable {var}"),
+                ),
+                None => return Err(format!("environment variable {var} is not set")),
+            },
+            SecretSource::File(path) => {
+                let path = if path.is_absolute() {
+                    path.clone()
+                } else {
+                    base_dir.join(path)
+                };
+                let mut bytes = crate::input::read_file_capped(
+                    &path,
+                    MAX_SECRET_FILE,
+                    "the secret file",
+                    "the secret size limit",
+                )
+                .map_err(|e| e.to_string())?;
+                if bytes.last() == Some(&b'\n') {
+                    bytes.pop();
+                    if bytes.last() == Some(&b'\r') {
+                        bytes.pop();
+                    }
+                }
+                (bytes, format!("file {}", path.display()))
+            }
+        };
+        if bytes.len() < MIN_SECRET_LEN {
+            return Err(format!(
+                "the secret in {what} is shorter than {MIN_SECRET_LEN} bytes"
+            ));
+        }
+        Ok(Secret(bytes))
+    }
+}
+
+impl ApiConfig {
+    /// Checks what can be checked without reading secrets.
+    pub(super) fn check(&self) -> Result<(), String> {
+        let mut names = std::collections::BTreeSet::new();
+        for token in &self.tokens {
+            if token.name.trim().is_empty() {
+                return Err("[api] tokens: a token's name is blank".into());
+            }
+            if !names.insert(token.name.as_str()) {
+                return Err(format!(
+                    "[api] tokens: the name `{}` is used twice",
+                    token.name
+                ));
+            }
+            if let SecretSource::Env(var) = &token.secret
+                && var.trim().is_empty()
+            {
+                return Err(format!(
+                    "[api] tokens: `{}`: secret.env names no variable",
+                    token.name
+                ));
+            }
+        }
+        if let Some(listen) = self.listen
+            && !listen.ip().is_loopback()
+            && self.tokens.is_empty()
+        {
+            return Err(format!(
+                "[api] listen: {listen} is not a loopback address and [api] tokens is empty; \
+                 add a token (`tokens = [{{ name = \"..\", role = \"reader\", secret = {{ env = \"..\" }} }}]`) \
+                 or listen on 127.0.0.1"
+            ));
+        }
+        if self.request_timeout.is_zero() {
+            return Err("[api] request_timeout: must be more than 0".into());
+        }
+        if self.max_stream.is_zero() {
+            return Err("[api] max_stream: must be more than 0".into());
+        }
+        if self.max_concurrent == 0 {
+            return Err("[api] max_concurrent: must be at least 1".into());
+        }
+        if self.max_body == Some(0) {
+            return Err("[api] max_body: must be more than 0".into());
+        }
+        Ok(())
+    }
+
+    /// The body cap in force: `max_body`, or room for a `max_payload` payload in base64 plus
+    /// 64 KiB.
+    pub fn body_limit(&self, max_payload: u64) -> u64 {
+        self.max_body.unwrap_or_else(|| {
+            max_payload
+                .saturating_mul(4)
+                .div_ceil(3)
+                .saturating_add(64 << 10)
+        })
+    }
+}
+
+fn optional_size<'de, D: serde::Deserializer<'de>>(
+    deserializer: D,
+) -> Result<Option<u64>, D::Error> {
+    size(deserializer).map(Some)
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+    use super::*;
+    use crate::config::Config;
+
+    fn parse(text: &str) -> Result<Config, String> {
+        Config::parse(text, "homing.toml", Path::new("/etc/homing")).map_err(|e| e.to_string())
+    }
+
+    #[test]
+    fn the_api_is_off_unless_listen_is_set() {
+        let config = parse("").unwrap();
+        assert!(config.api.listen.is_none());
+        assert!(config.api.tokens.is_empty());
+        assert_eq!(config.api.body_limit(3), 4 + (64 << 10));
+    }
+
+    #[test]
+    fn tokens_take_a_role_and_a_secret_source() {
+        let config = parse(
+            "[api]\nlisten = \"127.0.0.1:7080\"\nmax_body = \"2MiB\"\nrequest_timeout = \"5s\"\ntokens = [\n  { name = \"web\", role = \"producer\", secret = { env = \"HOMING_WEB_TOKEN\" } },\n  { name = \"ops\", role = \"operator\", secret = { file = \"ops.token\" } },\n]\n",
+        )
+        .unwrap();
+        assert_eq!(config.api.tokens.len(), 2);
+        assert_eq!(config.api.tokens[0].role, Role::Producer);
+        assert!(
+            matches!(&config.api.tokens[1].secret, SecretSource::File(p) if p == Path::new("ops.token"))
+        );
+        assert_eq!(config.api.body_limit(1), 2 << 20);
+        assert_eq!(config.api.request_timeout, Duration::from_secs(5));
+        assert!(Role::Reader < Role::Producer && Role::Producer < Role::Operator);
+    }
+
+    #[test]
+    fn a_public_listen_without_tokens_is_refused_and_bad_keys_name_the_line() {
+        let err = parse("[api]\nlisten = \"0.0.0.0:7080\"\n").unwrap_err();
+        assert!(
+            err.contains("[api] listen: 0.0.0.0:7080 is not a loopback address"),
+            "{err}"
+        );
+        let err = parse("[api]\nlisten = \"127.0.0.1:7080\"\nrole = \"x\"\n").unwrap_err();
+        assert!(err.contains("line 3") && err.contains("role"), "{err}");
+        let err = parse(
+            "[api]\ntokens = [{ name = \"a\", role = \"admin\", secret = { env = \"X\" } }]\n",
+        )
+        .unwrap_err();
+        assert!(err.contains("admin"), "{err}");
+        let err = parse(
+            "[api]\ntokens = [{ name = \"a\", role = \"reader\", secret = { env = \"X\" } }, { name = \"a\", role = \"reader\", secret = { env = \"Y\" } }]\n",
+        )
+        .unwrap_err();
+        assert!(err.contains("used twice"), "{err}");
+    }
+
+    #[test]
+    fn secrets_are_redacted_and_short_ones_refused() {
+        let dir = tempfile::tempdir().unwrap();
+        std::fs::write(dir.path().join("t"), "0123456789abcdefXYZ\n").unwrap();
+        let secret = SecretSource::File("t".into()).read(dir.path()).unwrap();
+        assert_eq!(secret.expose(), b"0123456789abcdefXYZ");
+        assert_eq!(format!("{secret:?}"), "<redacted>");
+        std::fs::write(dir.path().join("short"), "hunter2").unwrap();
+        let err = SecretSource::File("short".into())
+            .read(dir.path())
+            .unwrap_err();
+        assert!(
+            err.contains("shorter than 16") && !err.contains("hunter2"),
+            "{err}"
+        );
+        let err = SecretSource::Env("HOMING_TEST_UNSET_SECRET_VAR".into())
+            .read(dir.path())
+            .unwrap_err();
+        assert!(err.contains("is not set"), "{err}");
+    }
+}

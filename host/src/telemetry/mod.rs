@@ -1,0 +1,196 @@
+//! What a running host shows of itself: Prometheus metrics (the `metrics` crate, rendered by
+//! its Prometheus exporter into the API's `/metrics`) and the store's queue as gauges.
+//!
+//! Every metric is named here, once, with its help text: `homing_..._total` for counters,
+//! `_seconds` for durations (histograms) and ages (gauges). Recording goes through the small
+//! functions below, which cost a lookup and an atomic add; until [`install`] is called (by
+//! `homing run` when `[api] listen` is set) there is no recorder and they do nothing.
+//!
+//! - `store`: a [`Store`] whose every operation is timed by backend and operation;
+//! - `queue`: the queue depth and the oldest queued dispatch's age, read from the store (by
+//!   the sweeper).
+
+mod queue;
+mod store;
+
+use std::sync::OnceLock;
+use std::time::Duration;
+
+use metrics::{Unit, counter, describe_counter, describe_gauge, describe_histogram, histogram};
+use metrics_exporter_prometheus::{Matcher, PrometheusBuilder, PrometheusHandle};
+
+pub use queue::refresh_queue;
+pub use store::instrument;
+
+/// Dispatches settled by this host: `agent`, `outcome` (completed, retrying, dead-lettered, ...).
+pub const DISPATCHES_FINISHED: &str = "homing_dispatches_finished_total";
+/// From claim to settled, per attempt: `agent`.
+pub const DISPATCH_DURATION: &str = "homing_dispatch_duration_seconds";
+/// From when a dispatch became claimable (enqueued, or its delay or backoff over) to its
+/// claim: `agent`.
+pub const QUEUE_WAIT: &str = "homing_dispatch_queue_wait_seconds";
+/// Dispatches in the store by `agent` and `status` (refreshed every sweep).
+pub const QUEUE_DEPTH: &str = "homing_queue_depth";
+/// Age of the oldest queued dispatch: `agent` (0 when none is queued).
+pub const QUEUE_OLDEST_AGE: &str = "homing_queue_oldest_age_seconds";
+/// Leases renewed while guests ran: `agent`.
+pub const LEASE_RENEWALS: &str = "homing_lease_renewals_total";
+/// Claims lost while their guest ran (lease ran out, taken over): `agent`.
+pub const LEASES_LOST: &str = "homing_leases_lost_total";
+/// Expired leases this host's sweeper reclaimed.
+pub const RECLAIMS: &str = "homing_reclaims_total";
+/// Guest calls that trapped or were cut short: `agent`, `kind` (timeout, interrupted,
+/// lease_lost, shutdown, trap).
+pub const GUEST_TRAPS: &str = "homing_guest_traps_total";
+/// Store operation latency: `backend`, `operation`.
+pub const STORE_OPERATION: &str = "homing_store_operation_seconds";
+/// Store operations that failed: `backend`, `operation`, `error`.
+pub const STORE_ERRORS: &str = "homing_store_errors_total";
+/// Fresh guest instance creation: `agent`.
+pub const INSTANCE_START: &str = "homing_instance_start_seconds";
+/// The host's own time per dispatch beyond the settling store call: `agent`.
+pub const HOST_OVERHEAD: &str = "homing_host_overhead_seconds";
+/// Restarts of the NATS watcher's consumer.
+pub const NATS_WATCHER_RESTARTS: &str = "homing_nats_watcher_restarts_total";
+/// API requests answered: `route`, `method`, `status`.
+pub const API_REQUESTS: &str = "homing_api_requests_total";
+/// API requests refused by authentication or role: `reason` (missing, invalid, role).
+pub const API_REFUSALS: &str = "homing_api_auth_refusals_total";
+
+/// Histogram buckets of every `_seconds` histogram: 50 µs to 5 min.
+const BUCKETS: &[f64] = &[
+    0.000_05, 0.000_1, 0.000_25, 0.000_5, 0.001, 0.002_5, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5,
+    1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 300.0,
+];
+
+static HANDLE: OnceLock<PrometheusHandle> = OnceLock::new();
+
+/// Installs the process's Prometheus recorder (once; later calls return the same handle) and
+/// starts its upkeep, which keeps histogram memory bounded between scrapes.
+///
+/// # Errors
+///
+/// When another recorder is installed already.
+pub fn install() -> anyhow::Result<PrometheusHandle> {
+    if let Some(handle) = HANDLE.get() {
+        return Ok(handle.clone());
+    }
+    let handle = PrometheusBuilder::new()
+        .set_buckets_for_metric(Matcher::Suffix("_seconds".into()), BUCKETS)?
+        .install_recorder()?;
+    describe();
+    let upkeep = handle.clone();
+    tokio::spawn(async move {
+        loop {
+            tokio::time::sleep(Duration::from_secs(5)).await;
+            upkeep.run_upkeep();
+        }
+    });
+    Ok(HANDLE.get_or_init(|| handle).clone())
+}
+
+/// Whether a recorder is installed (the queue gauges cost a store read per sweep; without a
+/// recorder nobody would see them).
+pub fn enabled() -> bool {
+    HANDLE.get().is_some()
+}
+
+fn describe() {
+    describe_counter!(
+        DISPATCHES_FINISHED,
+        "Dispatches settled by this host, by agent and outcome."
+    );
+    describe_histogram!(
+        DISPATCH_DURATION,
+        Unit::Seconds,
+        "Claim to settlement, per attempt."
+    );
+    describe_histogram!(
+        QUEUE_WAIT,
+        Unit::Seconds,
+        "From claimable (enqueue, delay or backoff over) to claim."
+    );
+    describe_gauge!(QUEUE_DEPTH, "Dispatches in the store by agent and status.");
+    describe_gauge!(
+        QUEUE_OLDEST_AGE,
+        Unit::Seconds,
+        "Age of the oldest queued dispatch."
+    );
+    describe_counter!(LEASE_RENEWALS, "Leases renewed while guests ran.");
+    describe_counter!(LEASES_LOST, "Claims lost while their guest ran.");
+    describe_counter!(RECLAIMS, "Expired leases reclaimed by this host's sweeper.");
+    describe_counter!(
+        GUEST_TRAPS,
+        "Guest calls that trapped or were cut short, by kind."
+    );
+    describe_histogram!(STORE_OPERATION, Unit::Seconds, "Store operation latency.");
+    describe_counter!(STORE_ERRORS, "Store operations that failed.");
+    describe_histogram!(
+        INSTANCE_START,
+        Unit::Seconds,
+        "Fresh guest instance creation."
+    );
+    describe_histogram!(
+        HOST_OVERHEAD,
+        Unit::Seconds,
+        "The host's own time per dispatch beyond the settling store call."
+    );
+    describe_counter!(
+        NATS_WATCHER_RESTARTS,
+        "Restarts of the NATS watcher's consumer."
+    );
+    describe_counter!(
+        API_REQUESTS,
+        "API requests answered, by route, method and status."
+    );
+    describe_counter!(
+        API_REFUSALS,
+        "API requests refused by authentication or role."
+    );
+}
+
+/// A dispatch attempt this host settled.
+pub fn dispatch_finished(agent: &str, outcome: &'static str, took: Duration) {
+    counter!(DISPATCHES_FINISHED, "agent" => agent.to_owned(), "outcome" => outcome).increment(1);
+    histogram!(DISPATCH_DURATION, "agent" => agent.to_owned()).record(took.as_secs_f64());
+}
+
+/// A dispatch claimed `waited_ms` after it became claimable.
+pub fn queue_wait(agent: &str, waited_ms: u64) {
+    histogram!(QUEUE_WAIT, "agent" => agent.to_owned()).record(waited_ms as f64 / 1000.0);
+}
+
+/// The host's own time on one dispatch.
+pub fn host_overhead(agent: &str, own: Duration) {
+    histogram!(HOST_OVERHEAD, "agent" => agent.to_owned()).record(own.as_secs_f64());
+}
+
+/// A fresh instance created in `took`.
+pub fn instance_start(agent: &str, took: Duration) {
+    histogram!(INSTANCE_START, "agent" => agent.to_owned()).record(took.as_secs_f64());
+}
+
+/// A guest call that trapped or was cut short.
+pub fn guest_trap(agent: &str, kind: &'static str) {
+    counter!(GUEST_TRAPS, "agent" => agent.to_owned(), "kind" => kind).increment(1);
+}
+
+/// A lease renewed.
+pub fn lease_renewed(agent: &str) {
+    counter!(LEASE_RENEWALS, "agent" => agent.to_owned()).increment(1);
+}
+
+/// A claim lost while its guest ran.
+pub fn lease_lost(agent: &str) {
+    counter!(LEASES_LOST, "agent" => agent.to_owned()).increment(1);
+}
+
+/// Expired leases reclaimed by a sweep.
+pub fn reclaimed(count: usize) {
+    counter!(RECLAIMS).increment(count as u64);
+}
+
+/// The NATS watcher restarted its consumer.
+pub fn nats_watcher_restarted() {
+    counter!(NATS_WATCHER_RESTARTS).increment(1);
+}
