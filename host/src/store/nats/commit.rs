@@ -214,10 +214,22 @@ impl NatsStore {
     pub(super) async fn run<T>(
         &self,
         reads: &[Read<'_>],
+        decide: impl FnMut(&mut View, u64, bool) -> StoreResult<Plan<T>>,
+    ) -> StoreResult<T> {
+        self.run_reading(reads, false, decide).await
+    }
+
+    /// [`NatsStore::run`], deciding on records read from the server from the first attempt
+    /// when `read_first`: for a decision a lean view cannot make, because it rests on a record
+    /// being absent (the view no longer holds settled records).
+    pub(super) async fn run_reading<T>(
+        &self,
+        reads: &[Read<'_>],
+        read_first: bool,
         mut decide: impl FnMut(&mut View, u64, bool) -> StoreResult<Plan<T>>,
     ) -> StoreResult<T> {
         let scoped = !reads.iter().any(|r| matches!(r, Read::All));
-        let mut from_server = !self.follows();
+        let mut from_server = !self.follows() || (read_first && scoped);
         let mut fresh = false;
         for _ in 0..MAX_ATTEMPTS {
             let plan = if from_server {

@@ -195,10 +195,12 @@ impl Mailbox for NatsStore {
             .id
             .clone()
             .unwrap_or_else(|| uuid::Uuid::now_v7().to_string());
-        // A minted id is new; a chosen one may be stored already, on this thread or another.
+        // A minted id is new; a chosen one may be stored already, on this thread or another,
+        // settled (so not in a host's view) or minted earlier (so without an id record): only
+        // a read of the server tells.
         let reads = [Read::Thread(&new.thread), Read::Dispatch(&id)];
         let reads = if chosen { &reads[..] } else { &reads[..1] };
-        self.run(reads, |view, now, _| {
+        self.run_reading(reads, chosen, |view, now, _| {
             if let Some(existing) = view.dispatch(&id)? {
                 return Ok(Plan::Done(if same_content(&existing.d, &new) {
                     Ok(existing.d.clone())

@@ -964,6 +964,33 @@ pub async fn enqueue_same_id_different_content_is_duplicate<F: Factory>(factory:
     assert_eq!(all(&s).await.len(), 1);
 }
 
+/// A settled dispatch's id, minted by the store, offered again as a chosen id: a duplicate
+/// with other content (on its thread or another), the stored record with the same content;
+/// the settled record and its result are never overwritten.
+pub async fn chosen_id_equal_to_a_settled_minted_id_is_a_duplicate<F: Factory>(factory: &F) {
+    let env = Env::new(factory).await;
+    let s = env.open().await;
+    let new = NewDispatch::new(AGENT, "t", b"first".to_vec());
+    let minted = put(&s, new.clone()).await;
+    let c = claim_some(&s).await;
+    let done = s
+        .mailbox
+        .complete(&c.id, &tok(&c), RunResult::success("result"))
+        .await
+        .unwrap();
+    for thread in ["t", "t-other"] {
+        let again = NewDispatch::new(AGENT, thread, b"second".to_vec()).with_id(&minted.id);
+        match s.mailbox.enqueue(again).await {
+            Err(StoreError::Duplicate { id, .. }) => assert_eq!(id, minted.id),
+            other => panic!("expected Duplicate on {thread}, got {other:?}"),
+        }
+    }
+    let same = new.with_id(&minted.id);
+    assert_eq!(s.mailbox.enqueue(same).await.unwrap(), done);
+    assert_eq!(load(&s, &minted.id).await, done);
+    assert_eq!(all(&s).await.len(), 1);
+}
+
 /// Re-submitting the same content under the same id (a retry after a lost reply) returns the
 /// stored record and stores nothing new.
 pub async fn enqueue_same_id_same_content_returns_existing_record<F: Factory>(factory: &F) {

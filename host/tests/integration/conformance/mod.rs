@@ -379,6 +379,7 @@ macro_rules! suite {
                     store_stamps_times_from_its_clock,
                 },
                 mailbox::{
+                    chosen_id_equal_to_a_settled_minted_id_is_a_duplicate,
                     enqueued_dispatch_is_listed_for_its_thread_as_queued,
                     claim_returns_dispatch_claimed_with_token_consumer_and_lease,
                     claim_with_nothing_available_is_none,
