@@ -100,7 +100,7 @@ impl Api {
             env,
             _host: host,
             base: format!("http://127.0.0.1:{port}"),
-            client: reqwest::Client::new(),
+            client: client(),
         };
         api.wait_ready().await;
         api
@@ -772,7 +772,7 @@ async fn concurrent_enqueues(backend: Backend) {
     for c in 0..CLIENTS {
         let url = api.url("/v1/dispatches");
         tasks.spawn(async move {
-            let client = reqwest::Client::new();
+            let client = client();
             let mut ids = Vec::new();
             for i in 0..EACH {
                 let n = c * EACH + i;
@@ -1231,4 +1231,13 @@ fn json_logs_are_one_object_per_line() {
         out.status.success() && !text.trim_start().starts_with('{'),
         "{text}"
     );
+}
+
+/// An HTTP client that drops idle connections before the server does (it closes an idle
+/// keep-alive connection after 10 s): reusing one the server is closing fails the request.
+fn client() -> reqwest::Client {
+    reqwest::Client::builder()
+        .pool_idle_timeout(Duration::from_secs(5))
+        .build()
+        .unwrap()
 }
