@@ -14,6 +14,7 @@
 //! - `faults`: fault injection at the store level, checked by the history checker;
 //! - `api`: the HTTP API of a real `homing run`, called over loopback;
 //! - `e2e`, `polyglot`: the `homing` binary with real components;
+//! - `outbound_http`: guests' HTTP(S) requests, allow-list, address rules, TLS, caps, secrets;
 //! - `new_and_build`: `homing new` and `homing build` in every language, outside the
 //!   repository, from nothing to acked dispatches; the SDK packages;
 //! - `bounded_input`: endless or huge inputs refused fast, memory watched;
@@ -43,5 +44,6 @@ mod guest_imports;
 mod nats_conformance;
 mod nats_hosts;
 mod new_and_build;
+mod outbound_http;
 mod polyglot;
 mod process_faults;
