@@ -915,13 +915,17 @@ mod tests {
         let local = entry("http://localhost:11434");
         assert!(may_reach(
             &local,
-            &[local.clone()],
+            std::slice::from_ref(&local),
             "127.0.0.1".parse().unwrap()
         ));
-        assert!(may_reach(&local, &[local.clone()], "::1".parse().unwrap()));
+        assert!(may_reach(
+            &local,
+            std::slice::from_ref(&local),
+            "::1".parse().unwrap()
+        ));
         assert!(!may_reach(
             &local,
-            &[local.clone()],
+            std::slice::from_ref(&local),
             "10.0.0.1".parse().unwrap()
         ));
     }
