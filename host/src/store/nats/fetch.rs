@@ -215,13 +215,11 @@ impl NatsStore {
         ] {
             // The thread token is the encoding of `*`, not a wildcard: put one in.
             let any = wildcard_thread(&key.subject(&prefix), &prefix);
-            if let Some(got) = self.get_last_matching(&any).await? {
-                match Key::parse(&prefix, &got.subject) {
-                    Some(Key::Dispatch(thread, _) | Key::Archive(thread, _)) => {
-                        return Ok(Some(thread));
-                    }
-                    _ => {}
-                }
+            if let Some(got) = self.get_last_matching(&any).await?
+                && let Some(Key::Dispatch(thread, _) | Key::Archive(thread, _)) =
+                    Key::parse(&prefix, &got.subject)
+            {
+                return Ok(Some(thread));
             }
         }
         Ok(None)
