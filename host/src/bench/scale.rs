@@ -10,6 +10,10 @@
 //!
 //! The goal is flat lines: a command's cost and a host's start independent of what the store
 //! retains.
+//!
+//! On NATS the terminal records are stored where a host's sweep leaves settled records once
+//! they are older than `archive_after` (store/nats/archive.rs): in the archive, and one thread
+//! record per thread in the thread's tree. A week of finished work looks like that.
 
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};

@@ -253,3 +253,351 @@ mod nats_clients {
         NatsStore::delete_stream(&config(prefix)).await.unwrap();
     }
 }
+
+/// Settled records leave their threads' trees for the archive (store/nats/archive.rs): every
+/// read answers as before, a starting host does not read them, and the move never lets a stale
+/// writer through.
+mod nats_archive {
+    use super::*;
+    use homing::store::nats::keys::Key;
+    use homing::store::{
+        Dispatch, ListFilter, Mailbox, NewDispatch, RunResult, Status, StoreError, SystemClock,
+    };
+    use std::sync::Arc;
+    use std::sync::atomic::Ordering;
+    use std::time::{Duration, Instant};
+
+    /// Settled records are archived at the first sweep after they settle.
+    fn config(prefix: &str) -> NatsConfig {
+        NatsConfig {
+            urls: vec![server().url()],
+            prefix: prefix.into(),
+            settled_ttl: Some(Duration::from_secs(3600)),
+            archive_after: Duration::ZERO,
+            ..NatsConfig::default()
+        }
+    }
+
+    async fn open_host(prefix: &str) -> NatsStore {
+        NatsStore::connect(&config(prefix), Arc::new(SystemClock))
+            .await
+            .unwrap()
+    }
+
+    async fn jetstream() -> async_nats::jetstream::Context {
+        let client = async_nats::connect(server().url()).await.unwrap();
+        async_nats::jetstream::new(client)
+    }
+
+    /// The sequence of the last message of any subject matching `filter`, if any (a direct
+    /// get).
+    async fn last_seq(
+        js: &async_nats::jetstream::Context,
+        prefix: &str,
+        filter: &str,
+    ) -> Option<u64> {
+        let body = serde_json::json!({ "last_by_subj": filter }).to_string();
+        let reply = js
+            .client()
+            .request(format!("$JS.API.DIRECT.GET.{prefix}"), body.into())
+            .await
+            .unwrap();
+        if reply.status.is_some_and(|s| s.as_u16() == 404) {
+            return None;
+        }
+        assert!(
+            reply.status.is_none(),
+            "direct get: {:?}",
+            reply.description
+        );
+        let seq = reply.headers.as_ref().and_then(|h| h.get("Nats-Sequence"));
+        Some(seq.unwrap().as_str().parse().unwrap())
+    }
+
+    /// The time the stores read (a system clock).
+    fn now() -> u64 {
+        let since = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .unwrap();
+        u64::try_from(since.as_millis()).unwrap()
+    }
+
+    /// Sweeps until `n` records were archived in all (each sweep reads one page).
+    async fn archive_all(store: &NatsStore, n: usize) {
+        let deadline = Instant::now() + Duration::from_secs(60);
+        let mut archived = 0;
+        while archived < n {
+            assert!(Instant::now() < deadline, "archived {archived} of {n}");
+            archived += store.archive_settled(now()).await.unwrap();
+        }
+        assert_eq!(archived, n);
+    }
+
+    /// Claims and settles `id`; its token and the settled record.
+    async fn settle(store: &NatsStore, id: &str, how: &str) -> (String, Dispatch) {
+        let c = store
+            .claim_dispatch(id, "w", 60_000)
+            .await
+            .unwrap()
+            .unwrap();
+        let token = c.token().unwrap().to_owned();
+        let d = match how {
+            "complete" => store
+                .complete(id, &token, RunResult::success("out"))
+                .await
+                .unwrap(),
+            _ => store.dead_letter(id, &token, "poison").await.unwrap(),
+        };
+        (token, d)
+    }
+
+    /// Everything a reader sees of the records.
+    async fn everything(store: &NatsStore, ids: &[String]) -> Vec<String> {
+        let mut seen = Vec::new();
+        for id in ids {
+            seen.push(format!("{:?}", store.load(id).await.unwrap()));
+        }
+        for thread in [None, Some("t"), Some("u")] {
+            let filter = ListFilter {
+                thread: thread.map(str::to_owned),
+                ..ListFilter::default()
+            };
+            seen.push(format!("{:?}", store.list(&filter).await.unwrap()));
+        }
+        seen.push(format!("{:?}", store.counts().await.unwrap()));
+        seen.push(format!("{:?}", store.list_terminal(10, 0).await.unwrap()));
+        seen
+    }
+
+    /// A settled record (acked, dead-lettered, cancelled; minted and chosen ids) leaves its
+    /// thread's tree for the archive, and a host, a client and a restarted host show, list,
+    /// count, dedupe and repeat settlements of it exactly as before; a purge removes it.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn an_archived_record_reads_as_it_did_in_its_tree() {
+        let prefix = "archive_reads";
+        let host = open_host(prefix).await;
+        let client = NatsStore::connect_client(&config(prefix), Arc::new(SystemClock))
+            .await
+            .unwrap();
+        let minted = host.enqueue(NewDispatch::new("a", "t", "m")).await.unwrap();
+        let chosen_new = NewDispatch::new("a", "t", "c").with_id("chosen-1");
+        let chosen = host.enqueue(chosen_new.clone()).await.unwrap();
+        let dead = host.enqueue(NewDispatch::new("a", "u", "d")).await.unwrap();
+        let cancelled = host
+            .enqueue(NewDispatch::new("a", "u", "x").with_dedupe_key("k"))
+            .await
+            .unwrap();
+        let live = host
+            .enqueue(NewDispatch::new("a", "t", "live"))
+            .await
+            .unwrap();
+        let (token, done) = settle(&host, &minted.id, "complete").await;
+        settle(&host, &chosen.id, "complete").await;
+        settle(&host, &dead.id, "dead").await;
+        host.cancel(&cancelled.id).await.unwrap().unwrap();
+        let ids: Vec<String> = [&minted, &chosen, &dead, &cancelled, &live]
+            .iter()
+            .map(|d| d.id.clone())
+            .collect();
+        let before = everything(&host, &ids).await;
+        assert_eq!(everything(&client, &ids).await, before);
+
+        archive_all(&host, 4).await;
+        let js = jetstream().await;
+        for d in [&minted, &chosen, &dead, &cancelled] {
+            let tree = Key::Dispatch(d.thread.clone(), d.id.clone()).subject(prefix);
+            let archived = Key::Archive(d.thread.clone(), d.id.clone()).subject(prefix);
+            assert_eq!(
+                last_seq(&js, prefix, &tree).await,
+                None,
+                "{} left its tree",
+                d.id
+            );
+            assert!(
+                last_seq(&js, prefix, &archived).await.is_some(),
+                "{} archived",
+                d.id
+            );
+        }
+        let live_subject = Key::Dispatch(live.thread.clone(), live.id.clone()).subject(prefix);
+        assert!(
+            last_seq(&js, prefix, &live_subject).await.is_some(),
+            "live work stays"
+        );
+        assert_eq!(host.archive_settled(now()).await.unwrap(), 0);
+
+        assert_eq!(everything(&host, &ids).await, before);
+        assert_eq!(everything(&client, &ids).await, before);
+        let restarted = open_host(prefix).await;
+        assert_eq!(everything(&restarted, &ids).await, before);
+
+        // A holder repeating its settlement gets the record back.
+        for store in [&host, &client] {
+            assert_eq!(
+                store
+                    .complete(&minted.id, &token, RunResult::success("out"))
+                    .await
+                    .unwrap(),
+                done
+            );
+        }
+        // Chosen ids and minted ids stay taken; the same content under a chosen id is the
+        // stored record.
+        assert_eq!(
+            host.enqueue(chosen_new).await.unwrap(),
+            host.load("chosen-1").await.unwrap().unwrap()
+        );
+        for (id, thread) in [
+            (&minted.id, "t"),
+            (&minted.id, "other"),
+            (&chosen.id, "other"),
+        ] {
+            let again = NewDispatch::new("a", thread, "again").with_id(id);
+            for store in [&host, &client] {
+                match store.enqueue(again.clone()).await {
+                    Err(StoreError::Duplicate { id: dup, .. }) => assert_eq!(&dup, id),
+                    other => panic!("expected Duplicate for {id} on {thread}, got {other:?}"),
+                }
+            }
+        }
+        // A settled dedupe key is free again, as it was before the move.
+        host.enqueue(NewDispatch::new("a", "u", "y").with_dedupe_key("k"))
+            .await
+            .unwrap();
+        // What a retry reads.
+        assert_eq!(
+            client.load(&dead.id).await.unwrap().unwrap().status,
+            Status::DeadLetter
+        );
+
+        let purged = host.purge_terminal(u64::MAX).await.unwrap();
+        assert_eq!(purged, 4);
+        for d in [&minted, &chosen, &dead, &cancelled] {
+            assert_eq!(client.load(&d.id).await.unwrap(), None);
+            assert_eq!(host.load(&d.id).await.unwrap(), None);
+        }
+        assert!(host.list_terminal(10, 0).await.unwrap().is_empty());
+        restarted.close().await;
+        client.close().await;
+        host.close().await;
+        NatsStore::delete_stream(&config(prefix)).await.unwrap();
+    }
+
+    /// How many messages a host receives from connecting until its view caught up.
+    async fn start_cost(prefix: &str) -> (u64, NatsStore) {
+        let store = open_host(prefix).await;
+        let received = store
+            .client_statistics()
+            .in_messages
+            .load(Ordering::Relaxed);
+        (received, store)
+    }
+
+    /// With 600 settled dispatches over 60 threads archived, a starting host receives about
+    /// what the trees hold (thread records and live work), not the archive: fewer messages
+    /// than a tenth of what it received when the same records were still in the trees.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_starting_host_does_not_read_archived_records() {
+        let prefix = "archive_start";
+        let host = open_host(prefix).await;
+        for i in 0..600 {
+            host.enqueue(NewDispatch::new("a", format!("t{}", i % 60), "x"))
+                .await
+                .unwrap();
+        }
+        for _ in 0..600 {
+            let d = host.claim("a", "w", 60_000).await.unwrap().unwrap();
+            let token = d.token().unwrap().to_owned();
+            host.ack(&d.id, &token).await.unwrap();
+        }
+        let live: Vec<String> = {
+            let mut ids = Vec::new();
+            for i in 0..5 {
+                let d = host
+                    .enqueue(NewDispatch::new("a", format!("live{i}"), "x"))
+                    .await
+                    .unwrap();
+                ids.push(d.id);
+            }
+            ids
+        };
+        let (unarchived, before) = start_cost(prefix).await;
+        assert!(unarchived >= 600, "received {unarchived} before archiving");
+        before.close().await;
+
+        archive_all(&host, 600).await;
+        let (received, after) = start_cost(prefix).await;
+        assert!(
+            received < 150 && received * 4 < unarchived,
+            "a host started over 600 archived records received {received} messages \
+             ({unarchived} before they were archived)"
+        );
+        assert_eq!(after.view_records(), live.len());
+        // It works: it claims the live dispatches and shows the archived ones.
+        let mut claimed = Vec::new();
+        while let Some(d) = after.claim("a", "w2", 60_000).await.unwrap() {
+            claimed.push(d.id);
+        }
+        claimed.sort();
+        let mut expected = live.clone();
+        expected.sort();
+        assert_eq!(claimed, expected);
+        let listed = after
+            .list(&ListFilter {
+                statuses: vec![Status::Acked],
+                limit: 1000,
+                ..ListFilter::default()
+            })
+            .await
+            .unwrap();
+        assert_eq!(listed.len(), 600);
+        after.close().await;
+        host.close().await;
+        NatsStore::delete_stream(&config(prefix)).await.unwrap();
+    }
+
+    /// The archiver never deletes a tree's last message: a writer still holding the fence of
+    /// the tree whose last message was the settled record is refused after the move, as it
+    /// was before.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn archiving_never_moves_a_trees_fence_back() {
+        let prefix = "archive_fence";
+        let host = open_host(prefix).await;
+        let d = host.enqueue(NewDispatch::new("a", "t", "x")).await.unwrap();
+        settle(&host, &d.id, "complete").await;
+        let js = jetstream().await;
+        let tree = Key::tree(prefix, "t");
+        let record = Key::Dispatch("t".into(), d.id.clone()).subject(prefix);
+        let fence = last_seq(&js, prefix, &tree).await.unwrap();
+        assert_eq!(
+            last_seq(&js, prefix, &record).await,
+            Some(fence),
+            "the settled record is its tree's last message"
+        );
+        archive_all(&host, 1).await;
+        assert_eq!(last_seq(&js, prefix, &record).await, None);
+        let now_last = last_seq(&js, prefix, &tree).await.unwrap();
+        assert!(
+            now_last > fence,
+            "the tree's last sequence moved on: {now_last}"
+        );
+
+        // A stale writer's thread record, fenced by the tree as it was before the move.
+        let mut headers = async_nats::HeaderMap::new();
+        headers.insert("Nats-Expected-Last-Subject-Sequence", fence.to_string());
+        headers.insert("Nats-Expected-Last-Subject-Sequence-Subject", tree.as_str());
+        let stale = js
+            .publish_with_headers(
+                Key::Thread("t".into()).subject(prefix),
+                headers,
+                bytes::Bytes::from_static(b"{\"epoch\":7}"),
+            )
+            .await
+            .unwrap()
+            .await;
+        assert!(stale.is_err(), "a stale fence was accepted: {stale:?}");
+        assert_eq!(host.thread_epoch("t").await.unwrap(), 0);
+        host.close().await;
+        NatsStore::delete_stream(&config(prefix)).await.unwrap();
+    }
+}

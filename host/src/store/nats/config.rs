@@ -24,7 +24,13 @@ pub struct NatsConfig {
     /// How long the server keeps a settled record before it expires it by itself (JetStream's
     /// per-message TTL; `[host] retention`). `None`: records stay until `purge_terminal`.
     pub settled_ttl: Option<Duration>,
+    /// How long a settled record stays in its thread's tree before a host's sweep moves it to
+    /// the archive (see `archive`), out of what a starting host reads.
+    pub archive_after: Duration,
 }
+
+/// [`NatsConfig::archive_after`] unless set otherwise.
+pub const ARCHIVE_AFTER: Duration = Duration::from_secs(30);
 
 impl Default for NatsConfig {
     fn default() -> Self {
@@ -44,6 +50,7 @@ impl NatsConfig {
             connect_timeout: settings.connect_timeout,
             request_timeout: settings.request_timeout,
             settled_ttl: None,
+            archive_after: ARCHIVE_AFTER,
         }
     }
 

@@ -10,7 +10,8 @@
 //!   `multi_last` request (paged when the thread has more dispatches than one such request
 //!   answers);
 //! - a dispatch by id: its thread (the id index of a caller-chosen id, else one lookup of the
-//!   subject `<p>.th.*.d.<id>`), then that thread's fence, thread record and the one record;
+//!   subject `<p>.th.*.d.<id>`, then of `<p>.ar.*.<id>`), then that thread's fence, thread
+//!   record and the one record;
 //! - a thread log: the fence, the thread record and the last entry's subject.
 //!
 //! The fence is read *before* the records: a write naming it is stored only if nothing of the
@@ -19,6 +20,12 @@
 //! refusal (not found, not queued) is decided on records at least as new as the request, so
 //! it needs no barrier. Operations over every thread (claims, sweeps, counts) read the whole
 //! stream once, in pages; only a host does those in earnest.
+//!
+//! Settled records move out of their thread's tree into the archive (`archive`). Every read of
+//! dispatch records reads the tree first and the archive after, and a record found in the tree
+//! wins: the archiver writes its copy before it deletes the tree's, and any later version of
+//! a record is written to the tree, so the tree's is never older and a record being archived
+//! is found in one or the other.
 
 use std::collections::BTreeSet;
 use std::time::Duration;
@@ -34,9 +41,9 @@ use super::view::{Record, View};
 use crate::store::StoreResult;
 
 /// Messages per page of a batched direct get.
-const PAGE: usize = 1000;
+pub(super) const PAGE: usize = 1000;
 /// Bytes per page of a batched direct get (the server stops a page at this size).
-const PAGE_BYTES: usize = 8 * 1024 * 1024;
+pub(super) const PAGE_BYTES: usize = 8 * 1024 * 1024;
 
 /// What an operation reads before it decides, when the instance does not follow the stream.
 #[derive(Debug, Clone, Copy)]
@@ -200,23 +207,35 @@ impl NatsStore {
         if uuid::Uuid::try_parse(id).is_err() {
             return Ok(None);
         }
-        let any = Key::Dispatch("*".into(), id.to_owned()).subject(&prefix);
-        // The thread token of `any` is the encoding of `*`, not a wildcard: put one in.
-        let any = wildcard_thread(&any, &prefix);
-        let Some(got) = self.get_last_matching(&any).await? else {
-            return Ok(None);
-        };
-        Ok(match Key::parse(&prefix, &got.subject) {
-            Some(Key::Dispatch(thread, _)) => Some(thread),
-            _ => None,
-        })
+        // The tree first, then the archive: the archiver copies a record out before it deletes
+        // it from the tree, so a record archived meanwhile is found in one or the other.
+        for key in [
+            Key::Dispatch("*".into(), id.to_owned()),
+            Key::Archive("*".into(), id.to_owned()),
+        ] {
+            // The thread token is the encoding of `*`, not a wildcard: put one in.
+            let any = wildcard_thread(&key.subject(&prefix), &prefix);
+            if let Some(got) = self.get_last_matching(&any).await?
+                && let Some(Key::Dispatch(thread, _) | Key::Archive(thread, _)) =
+                    Key::parse(&prefix, &got.subject)
+            {
+                return Ok(Some(thread));
+            }
+        }
+        Ok(None)
     }
 
-    /// Applies every message of a batch to `view`.
+    /// Applies every message of a batch to `view`: those of thread trees first, then archived
+    /// copies (which a record of the tree replaces; see [`View::apply_archived`]).
     fn apply_batch(&self, view: &mut View, batch: &Batch) {
         let prefix = self.prefix();
-        for got in &batch.messages {
-            view.apply_message(prefix, got.seq, &got.subject, &got.payload);
+        let archive = format!("{prefix}.ar.");
+        for archived in [false, true] {
+            for got in &batch.messages {
+                if got.subject.starts_with(&archive) == archived {
+                    view.apply_message(prefix, got.seq, &got.subject, &got.payload);
+                }
+            }
         }
     }
 
@@ -245,34 +264,39 @@ impl NatsStore {
         }
     }
 
-    /// A thread's record and the last message of each of its dispatch subjects.
+    /// A thread's record and the last message of each of its dispatch subjects, in its tree
+    /// and in the archive.
     async fn read_thread_records(&self, thread: &str, view: &mut View) -> StoreResult<()> {
         let prefix = self.prefix().to_owned();
         let record = Key::Thread(thread.to_owned()).subject(&prefix);
         let dispatches = dispatches_of(&prefix, thread);
+        let archived = Key::archive_of(&prefix, thread);
         let batch = self
-            .get_batch(json!({ "multi_last": [record, dispatches], "batch": PAGE }))
+            .get_batch(json!({ "multi_last": [record, dispatches, archived], "batch": PAGE }))
             .await?;
         if !batch.too_many {
             self.apply_batch(view, &batch);
             return Ok(());
         }
-        // More dispatch subjects than one `multi_last` answers: page through them.
+        // More dispatch subjects than one `multi_last` answers: page through them, the tree's
+        // before the archive's.
         if let Some((seq, payload)) = self.get_last(&record).await? {
             view.apply_message(&prefix, seq, &record, &payload);
         }
-        let mut pages = Vec::new();
-        self.scan(Some(&dispatches), |batch| {
-            pages.extend(
-                batch
-                    .messages
-                    .iter()
-                    .map(|m| (m.seq, m.subject.clone(), m.payload.clone())),
-            );
-        })
-        .await?;
-        for (seq, subject, payload) in pages {
-            view.apply_message(&prefix, seq, &subject, &payload);
+        for filter in [dispatches, archived] {
+            let mut pages = Vec::new();
+            self.scan(Some(&filter), |batch| {
+                pages.extend(
+                    batch
+                        .messages
+                        .iter()
+                        .map(|m| (m.seq, m.subject.clone(), m.payload.clone())),
+                );
+            })
+            .await?;
+            for (seq, subject, payload) in pages {
+                view.apply_message(&prefix, seq, &subject, &payload);
+            }
         }
         Ok(())
     }
@@ -333,9 +357,16 @@ impl NatsStore {
             if whole.contains(t) {
                 continue;
             }
-            let subject = Key::Dispatch(t.clone(), id.clone()).subject(&prefix);
-            if let Some((seq, payload)) = self.get_last(&subject).await? {
-                view.apply_message(&prefix, seq, &subject, &payload);
+            // The tree first, then the archive (see `thread_of`).
+            for key in [
+                Key::Dispatch(t.clone(), id.clone()),
+                Key::Archive(t.clone(), id.clone()),
+            ] {
+                let subject = key.subject(&prefix);
+                if let Some((seq, payload)) = self.get_last(&subject).await? {
+                    view.apply_message(&prefix, seq, &subject, &payload);
+                    break;
+                }
             }
         }
         for t in &logs {
@@ -362,16 +393,18 @@ fn dispatches_of(prefix: &str, thread: &str) -> String {
     }
 }
 
-/// `subject` (a dispatch subject) with its thread token replaced by `*`.
+/// `subject` (a dispatch subject, in a tree or the archive) with its thread token replaced by
+/// `*`.
 fn wildcard_thread(subject: &str, prefix: &str) -> String {
-    let Some(rest) = subject
+    let Some((kind, rest)) = subject
         .strip_prefix(prefix)
-        .and_then(|r| r.strip_prefix(".th."))
+        .and_then(|r| r.strip_prefix('.'))
+        .and_then(|r| r.split_once('.'))
     else {
         return subject.to_owned();
     };
     match rest.split_once('.') {
-        Some((_, tail)) => format!("{prefix}.th.*.{tail}"),
+        Some((_, tail)) => format!("{prefix}.{kind}.*.{tail}"),
         None => subject.to_owned(),
     }
 }
@@ -384,6 +417,8 @@ mod tests {
     fn wildcards_replace_whole_tokens() {
         let one = Key::Dispatch("t".into(), "id".into()).subject("p");
         assert_eq!(wildcard_thread(&one, "p"), "p.th.*.d.aWQ");
+        let archived = Key::Archive("t".into(), "id".into()).subject("p");
+        assert_eq!(wildcard_thread(&archived, "p"), "p.ar.*.aWQ");
         assert_eq!(dispatches_of("p", "t"), "p.th.dA.d.*");
     }
 }

@@ -167,6 +167,34 @@ impl NatsStore {
         Ok(())
     }
 
+    /// Deletes the one message at stream sequence `seq` (never anything newer on its subject:
+    /// a message replaced since is already gone, and then nothing is deleted). `Ok(false)`
+    /// when the server deleted nothing: no message has that sequence any more.
+    pub(super) async fn delete_seq(&self, seq: u64) -> StoreResult<bool> {
+        #[derive(Deserialize)]
+        struct DeleteReply {
+            #[serde(default)]
+            success: bool,
+            #[serde(default)]
+            error: Option<jetstream::Error>,
+        }
+        let api = format!("$JS.API.STREAM.MSG.DELETE.{}", self.inner.prefix);
+        let body = serde_json::json!({ "seq": seq, "no_erase": true }).to_string();
+        let reply = self
+            .request(api, Bytes::from(body), HeaderMap::new())
+            .await?;
+        let parsed: DeleteReply =
+            serde_json::from_slice(&reply).map_err(|e| unavailable("delete reply", e))?;
+        match parsed.error {
+            None => Ok(parsed.success),
+            // The server's "delete failed" code: here, no message at that sequence.
+            Some(error) if error.error_code() == ErrorCode::STREAM_MESSAGE_DELETE_FAILED => {
+                Ok(false)
+            }
+            Some(error) => Err(unavailable("delete", error)),
+        }
+    }
+
     /// The error of a message publish the client refused.
     pub(super) fn publish_failed(&self, subject: &str, e: async_nats::PublishError) -> StoreError {
         if e.kind() == async_nats::client::PublishErrorKind::MaxPayloadExceeded {

@@ -42,6 +42,9 @@ pub enum Key {
     Entry(String, u64),
     /// The thread a caller-chosen id belongs to: `<p>.id.<id>`.
     Id(String),
+    /// The archived copy of a settled dispatch record, outside its thread's tree:
+    /// `<p>.ar.<thread>.<id>` (see `archive`).
+    Archive(String, String),
 }
 
 /// The token of the empty string (base64 of nothing is empty, and subjects have no empty
@@ -71,6 +74,7 @@ impl Key {
             Key::Dispatch(t, id) => format!("{prefix}.th.{}.d.{}", enc(t), enc(id)),
             Key::Entry(t, seq) => format!("{prefix}.th.{}.e.{seq}", enc(t)),
             Key::Id(id) => format!("{prefix}.id.{}", enc(id)),
+            Key::Archive(t, id) => format!("{prefix}.ar.{}.{}", enc(t), enc(id)),
         }
     }
 
@@ -78,8 +82,23 @@ impl Key {
     pub fn thread(&self) -> Option<&str> {
         match self {
             Key::Thread(t) | Key::Dispatch(t, _) | Key::Entry(t, _) => Some(t),
-            Key::Id(_) => None,
+            Key::Id(_) | Key::Archive(..) => None,
         }
+    }
+
+    /// The subject filter of every thread's tree (what a host's view is built from).
+    pub fn trees(prefix: &str) -> String {
+        format!("{prefix}.th.>")
+    }
+
+    /// The subject filter of a thread's archived records.
+    pub fn archive_of(prefix: &str, thread: &str) -> String {
+        format!("{prefix}.ar.{}.*", enc(thread))
+    }
+
+    /// The subject filter of every archived record.
+    pub fn archives(prefix: &str) -> String {
+        format!("{prefix}.ar.*.*")
     }
 
     /// The subject filter of a thread's whole tree.
@@ -107,6 +126,10 @@ impl Key {
                 }
             }
             "id" => Key::Id(dec(parts.next()?)?),
+            "ar" => {
+                let thread = dec(parts.next()?)?;
+                Key::Archive(thread, dec(parts.next()?)?)
+            }
             _ => return None,
         };
         parts.next().is_none().then_some(key)
@@ -115,7 +138,7 @@ impl Key {
     /// The name a `Corrupt` error gives this key.
     pub fn describe(&self) -> String {
         match self {
-            Key::Dispatch(_, id) => format!("dispatches/{id}"),
+            Key::Dispatch(_, id) | Key::Archive(_, id) => format!("dispatches/{id}"),
             Key::Thread(t) => format!("threads/{t}"),
             Key::Entry(t, seq) => format!("log/{t}/{seq}"),
             Key::Id(id) => format!("ids/{id}"),
@@ -123,10 +146,11 @@ impl Key {
     }
 
     /// Decodes the payload of this key's message. An empty dispatch payload is a tombstone.
+    /// An archived copy decodes as the dispatch record it copies.
     pub fn decode(self, payload: &[u8]) -> Result<Record, (String, String)> {
         let name = self.describe();
         match self {
-            Key::Dispatch(thread, id) => {
+            Key::Dispatch(thread, id) | Key::Archive(thread, id) => {
                 if payload.is_empty() {
                     return Ok(Record::Dispatch(thread, id, None));
                 }
@@ -353,6 +377,7 @@ mod tests {
                 Key::Dispatch(name.into(), format!("{name}!")),
                 Key::Entry(name.into(), 42),
                 Key::Id(name.into()),
+                Key::Archive(name.into(), format!("{name}?")),
             ] {
                 let subject = key.subject("hm");
                 assert_eq!(Key::parse("hm", &subject), Some(key.clone()), "{subject}");

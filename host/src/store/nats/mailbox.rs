@@ -520,6 +520,14 @@ impl Mailbox for NatsStore {
                 .await?;
             out.extend(back);
         }
+        // A host's sweep also moves settled records out of the threads' trees (`archive`).
+        // It is upkeep: a failure is reported and retried at the next sweep, never the
+        // reclaim's.
+        if self.follows()
+            && let Err(e) = self.archive_settled(now).await
+        {
+            tracing::warn!(error = %e, "nats: archiving settled records failed");
+        }
         Ok(out)
     }
 

@@ -12,6 +12,7 @@
 //! | `<p>.th.<thread>.d.<id>` | a dispatch record (JSON), or an empty tombstone after purge |
 //! | `<p>.th.<thread>.e.<seq>` | one thread-log entry |
 //! | `<p>.id.<id>` | the thread of a caller-chosen id (admits the id once) |
+//! | `<p>.ar.<thread>.<id>` | a settled dispatch record moved out of its thread's tree (`archive`) |
 //!
 //! Names are encoded as unpadded URL-safe base64 so that any id, thread or key is one subject
 //! token.
@@ -49,9 +50,10 @@
 //!
 //! # Finding work without scans
 //!
-//! Each instance keeps a [`view::View`]: every record of the stream, fed by one ordered push
-//! consumer (the watcher) that replays the stream once at start and then follows it, plus this
-//! instance's own writes applied as soon as they are acknowledged. The view keeps the claim
+//! Each instance keeps a [`view::View`]: the records of the threads' trees, fed by one ordered
+//! push consumer (the watcher) that loads the trees once at start (`<p>.th.>`: the server skips
+//! the archive) and then follows the stream, plus this instance's own writes applied as soon
+//! as they are acknowledged. The view keeps the claim
 //! index (per agent, the open threads ordered by priority then least recently served), so a
 //! claim is a lookup in memory and one atomic batch of two messages. The view may lag: its
 //! answers are checked by the compare-and-set of the write they lead to, and refusals (nothing
@@ -61,8 +63,8 @@
 //!
 //! There are no per-thread arrays of dispatch ids (which grow with the backlog and are
 //! rewritten on every change) and no key scans (whose cost grows with the stream): the index
-//! is rebuilt by the watcher's replay at start (one streamed pass, no per-key requests) and
-//! kept by it since. Wake-ups come from the watcher too: an instance signals its own workers
+//! is rebuilt by the watcher's load at start (one streamed pass over the trees, no per-key
+//! requests) and kept by it since. Wake-ups come from the watcher too: an instance signals its own workers
 //! when a record it sees makes work claimable, so hosts do not wake each other in a storm of
 //! re-signals. The watcher restarts from the last sequence it applied when its consumer fails
 //! (the stream deleted, the server gone) and counts the restarts
@@ -89,8 +91,19 @@
 //! host's would. Its cost depends on the thread it touches, never on how many records the
 //! stream retains; the conformance suite runs against clients too. A caller-chosen id is
 //! found through its id index; a minted id (a UUID v7) by one last-message lookup of
-//! `<p>.th.*.d.<id>`, which the server answers from its subject index (its cost grows with
-//! the number of threads, not of records: about 12 ms at 100,000 threads).
+//! `<p>.th.*.d.<id>`, then of `<p>.ar.*.<id>` when it was archived, which the server answers
+//! from its subject index (its cost grows with the number of threads, not of records: about
+//! 12 ms at 100,000 threads).
+//!
+//! # What a host's start reads
+//!
+//! A settled record stays in its thread's tree for [`NatsConfig::archive_after`], then a
+//! host's sweep moves it to the archive (`archive`): a copy outside the tree, a fenced
+//! rewrite of the thread record so that the record is not the tree's last message (the fence
+//! must never move back), and the delete of exactly that message. Reads of dispatch records
+//! look in the tree first and in the archive after (`fetch`). So a starting host reads one
+//! thread record per thread that ever settled a record, the live and recently settled
+//! records, and the log entries not yet trimmed; not the settled records the stream retains.
 //!
 //! # Round trips per dispatch
 //!
@@ -128,6 +141,7 @@
 //! `Unavailable`. The client reconnects by itself and the watcher resumes from its position,
 //! so a host rides out a server restart. Stored data survives per the stream's `replicas`.
 
+mod archive;
 mod commit;
 mod config;
 mod fetch;
@@ -146,7 +160,7 @@ use std::time::Duration;
 
 use tokio::sync::Notify;
 
-pub use self::config::{MIN_SERVER_PAYLOAD, NatsConfig, Room};
+pub use self::config::{ARCHIVE_AFTER, MIN_SERVER_PAYLOAD, NatsConfig, Room};
 use self::jetstream::{
     check_config, connect_client, ensure_stream, find_stream, room_of, unavailable,
 };
@@ -192,6 +206,12 @@ struct Inner {
     timeout: Duration,
     /// The `Nats-TTL` header settled records are written with, if any.
     settled_ttl: Option<String>,
+    /// The same retention in seconds (archived copies expire with what remains of it).
+    retention_secs: Option<u64>,
+    /// How long a settled record stays in its tree before it is archived, in milliseconds.
+    archive_after_ms: u64,
+    /// The stream sequence the archiver's next page of the trees starts at.
+    archive_from: AtomicU64,
     /// What one message can carry (from the server's `max_payload` at connect).
     room: Room,
     clock: SharedClock,
@@ -274,6 +294,9 @@ impl NatsStore {
             settled_ttl: config
                 .settled_ttl
                 .map(|ttl| format!("{}s", ttl.as_secs().max(1))),
+            retention_secs: config.settled_ttl.map(|ttl| ttl.as_secs().max(1)),
+            archive_after_ms: u64::try_from(config.archive_after.as_millis()).unwrap_or(u64::MAX),
+            archive_from: AtomicU64::new(1),
             room,
             clock,
             follow,
@@ -419,16 +442,18 @@ impl NatsStore {
             .map_err(|e| unavailable("delete stream", e))
     }
 
-    /// Stores terminal records as they are, bypassing the mailbox's rules and fences: how
-    /// `homing bench` makes a stream that retains many records quickly (publishes in flight
-    /// together, acknowledged before this returns). Anything but a terminal record is
-    /// refused.
+    /// Stores terminal records as they are, bypassing the mailbox's rules and fences, in the
+    /// archive (where the archiver leaves settled records): how `homing bench` makes a stream
+    /// that retains many records quickly (publishes in flight together, acknowledged before
+    /// this returns). Anything but a terminal record is refused.
     pub(crate) async fn retain_for_bench(
         &self,
         records: Vec<crate::store::Dispatch>,
     ) -> StoreResult<()> {
         const IN_FLIGHT: usize = 4096;
         let mut acks = Vec::with_capacity(IN_FLIGHT);
+        let mut threads = std::collections::HashSet::new();
+        let mut messages = Vec::new();
         for d in records {
             if !d.status.is_terminal() {
                 return Err(StoreError::Invalid(format!(
@@ -436,10 +461,17 @@ impl NatsStore {
                     d.id, d.status
                 )));
             }
-            let subject =
-                keys::Key::Dispatch(d.thread.clone(), d.id.clone()).subject(self.prefix());
+            // What the archiver leaves (see `archive`): the record in the archive, and in
+            // its thread's tree the thread record it wrote.
+            if threads.insert(d.thread.clone()) {
+                let subject = keys::Key::Thread(d.thread.clone()).subject(self.prefix());
+                messages.push((subject, keys::encode_thread(&view::ThreadRec::default())?));
+            }
+            let subject = keys::Key::Archive(d.thread.clone(), d.id.clone()).subject(self.prefix());
             let mut stored = commit::plain(d);
-            let payload = keys::encode_dispatch(&mut stored)?;
+            messages.push((subject, keys::encode_dispatch(&mut stored)?));
+        }
+        for (subject, payload) in messages {
             let ack = self
                 .inner
                 .js

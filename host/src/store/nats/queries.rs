@@ -4,7 +4,7 @@
 //! spans all threads by reading the dispatch subjects page by page, keeping at most a page of
 //! rows in memory.
 
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::{BTreeMap, BTreeSet, HashSet};
 
 use super::NatsStore;
 use super::commit::{CommitError, Expect, MAX_BATCH, Write};
@@ -13,6 +13,15 @@ use super::keys::Key;
 use super::view::{Record, View};
 use crate::store::StoreResult;
 use crate::store::model::{Dispatch, ListCursor, ListFilter, Status, StatusCount};
+
+/// Where a dispatch record was read.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Held {
+    /// In its thread's tree.
+    Tree,
+    /// In the archive (`archive`).
+    Archive,
+}
 
 /// The page size of `list` and `list_terminal` when the caller gives 0.
 const DEFAULT_PAGE: usize = 100;
@@ -89,20 +98,45 @@ impl NatsStore {
         Ok(f(&view))
     }
 
-    /// Every dispatch record of the stream with its sequence, read from the server page by
-    /// page (cross-thread reads: a host's view holds live work only).
-    async fn each_dispatch(&self, mut each: impl FnMut(u64, &Dispatch)) -> StoreResult<()> {
+    /// Every dispatch record of the stream with where it is and its sequence, read from the
+    /// server page by page (cross-thread reads: a host's view holds live work only): the
+    /// threads' trees first, then the archive, skipping archived copies of ids the trees hold
+    /// (the tree's record is the newer; see `fetch`). The ids of the trees are kept while the
+    /// archive is read: as many as the trees hold records, which the archiver keeps to live
+    /// work and recently settled records.
+    async fn each_dispatch(&self, mut each: impl FnMut(Held, u64, &Dispatch)) -> StoreResult<()> {
         let prefix = self.prefix().to_owned();
-        let filter = format!("{prefix}.th.*.d.*");
-        self.scan(Some(&filter), |batch| {
+        let mut in_tree: HashSet<String> = HashSet::new();
+        let trees = format!("{prefix}.th.*.d.*");
+        self.scan(Some(&trees), |batch| {
             for got in &batch.messages {
                 let Some(key @ Key::Dispatch(..)) = Key::parse(&prefix, &got.subject) else {
                     continue;
                 };
+                if let Key::Dispatch(_, id) = &key {
+                    in_tree.insert(id.clone());
+                }
                 // Tombstones and damaged records are not listed (a read by id reports the
                 // latter).
                 if let Ok(Record::Dispatch(_, _, Some(stored))) = key.decode(&got.payload) {
-                    each(got.seq, &stored.d);
+                    each(Held::Tree, got.seq, &stored.d);
+                }
+            }
+        })
+        .await?;
+        let archives = Key::archives(&prefix);
+        self.scan(Some(&archives), |batch| {
+            for got in &batch.messages {
+                let Some(key @ Key::Archive(..)) = Key::parse(&prefix, &got.subject) else {
+                    continue;
+                };
+                if matches!(&key, Key::Archive(_, id) if in_tree.contains(id)) {
+                    continue;
+                }
+                if let Ok(Record::Dispatch(_, _, Some(stored))) = key.decode(&got.payload)
+                    && stored.d.status.is_terminal()
+                {
+                    each(Held::Archive, got.seq, &stored.d);
                 }
             }
         })
@@ -124,7 +158,7 @@ impl NatsStore {
     pub(super) async fn list_dispatches(&self, filter: &ListFilter) -> StoreResult<Vec<Dispatch>> {
         let mut page = Page::new(filter);
         match &filter.thread {
-            None => self.each_dispatch(|_, d| page.offer(d)).await?,
+            None => self.each_dispatch(|_, _, d| page.offer(d)).await?,
             Some(thread) => {
                 let view = self.snapshot(&[Read::Thread(thread)]).await?;
                 view.all().for_each(|s| page.offer(&s.d));
@@ -135,7 +169,7 @@ impl NatsStore {
 
     pub(super) async fn count_dispatches(&self) -> StoreResult<Vec<StatusCount>> {
         let mut counts: BTreeMap<(String, Status), u64> = BTreeMap::new();
-        self.each_dispatch(|_, d| *counts.entry((d.agent.clone(), d.status)).or_default() += 1)
+        self.each_dispatch(|_, _, d| *counts.entry((d.agent.clone(), d.status)).or_default() += 1)
             .await?;
         Ok(counts
             .into_iter()
@@ -156,7 +190,7 @@ impl NatsStore {
         let keep = offset.saturating_add(limit);
         // The first `offset + limit` by completion, held in a bounded map while reading.
         let mut rows: BTreeMap<(u64, String), Dispatch> = BTreeMap::new();
-        self.each_dispatch(|_, d| {
+        self.each_dispatch(|_, _, d| {
             let Some(at) = d.completed_at.filter(|_| d.status.is_terminal()) else {
                 return;
             };
@@ -173,20 +207,33 @@ impl NatsStore {
         Ok(rows.into_values().skip(offset).take(limit).collect())
     }
 
-    /// Tombstones settled records completed before `older_than`, found by reading the
-    /// dispatch subjects (records written with a TTL expire by themselves; this serves an
-    /// explicit purge). At most `PURGE_PER_CALL` per call, the rest at the next.
+    /// Purges settled records completed before `older_than`, found by reading the dispatch
+    /// subjects (records written with a TTL expire by themselves; this serves an explicit
+    /// purge): a record in its thread's tree is tombstoned (a write, so the tree's last
+    /// sequence only moves forward), an archived copy deleted. At most `PURGE_PER_CALL` per
+    /// call, the rest at the next.
     pub(super) async fn purge_settled(&self, older_than: u64) -> StoreResult<usize> {
         let mut doomed: Vec<(u64, String, String)> = Vec::new();
-        self.each_dispatch(|seq, d| {
-            if doomed.len() < PURGE_PER_CALL
+        let mut archived: Vec<u64> = Vec::new();
+        self.each_dispatch(|held, seq, d| {
+            if doomed.len() + archived.len() < PURGE_PER_CALL
                 && d.status.is_terminal()
                 && d.completed_at.is_some_and(|at| at < older_than)
             {
-                doomed.push((seq, d.thread.clone(), d.id.clone()));
+                match held {
+                    Held::Tree => doomed.push((seq, d.thread.clone(), d.id.clone())),
+                    Held::Archive => archived.push(seq),
+                }
             }
         })
         .await?;
+        let mut purged = 0;
+        for seq in archived {
+            // Deleted by sequence: a copy archived again since (a newer record) stays.
+            if self.delete_seq(seq).await? {
+                purged += 1;
+            }
+        }
         let tombstone = |(seq, thread, id): &(u64, String, String)| Write {
             key: Key::Dispatch(thread.clone(), id.clone()),
             // A settled record never changes again, so its own subject's sequence is the
@@ -195,7 +242,6 @@ impl NatsStore {
             payload: bytes::Bytes::new(),
             record: Record::Dispatch(thread.clone(), id.clone(), None),
         };
-        let mut purged = 0;
         for chunk in doomed.chunks(MAX_BATCH) {
             match self
                 .commit(chunk.iter().map(tombstone).collect(), false)

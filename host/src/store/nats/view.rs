@@ -1,5 +1,7 @@
-//! The local projection of the mailbox: every record of the stream as last seen by this
-//! instance's watcher (or written by this instance), and the claim index built from them.
+//! The local projection of the mailbox: the records of the threads' trees as last seen by this
+//! instance's watcher (or written by this instance), and the claim index built from them. A
+//! view read for one operation (`fetch`) may also hold archived records (see
+//! [`View::apply_archived`]).
 //!
 //! The view may lag the server. It is trusted only for what a compare-and-set then confirms:
 //! every write names the last stream sequence of its thread's subject tree as the view knows
@@ -136,6 +138,9 @@ pub struct View {
     /// The same, by sequence.
     marker_order: BTreeSet<(u64, String)>,
     dispatches: HashMap<String, Entry<Stored>>,
+    /// Ids in `dispatches` read from the archive: a record of the tree replaces them whatever
+    /// the sequences (see [`View::apply_archived`]).
+    archived: HashSet<String>,
     threads: HashMap<String, ThreadState>,
     ids: HashMap<String, Entry<String>>,
     corrupt: HashMap<String, String>,
@@ -230,12 +235,50 @@ impl View {
     }
 
     /// Decodes one stream message and applies it (a message of no interest only moves `pos`).
+    /// An archived copy goes through [`View::apply_archived`].
     pub fn apply_message(&mut self, prefix: &str, seq: u64, subject: &str, payload: &[u8]) {
-        match Key::parse(prefix, subject).map(|key| key.decode(payload)) {
+        let key = Key::parse(prefix, subject);
+        if let Some(Key::Archive(_, id)) = &key {
+            if self.dispatches.contains_key(id) {
+                return;
+            }
+            match key.map(|key| key.decode(payload)) {
+                Some(Ok(Record::Dispatch(_, id, Some(stored)))) => {
+                    self.apply_archived(seq, id, *stored)
+                }
+                Some(Err((key, reason))) => {
+                    self.corrupt.insert(key, reason);
+                }
+                _ => {}
+            }
+            return;
+        }
+        match key.map(|key| key.decode(payload)) {
             Some(Ok(record)) => self.apply(seq, record),
             Some(Err((key, reason))) => self.mark_corrupt(seq, key, reason),
             None => self.skip(seq),
         }
+    }
+
+    /// Applies a settled record read from the archive, unless the view holds a record of the
+    /// tree for its id: a record in the tree is always the newer (the archiver copies a record
+    /// out before it deletes it from the tree, and any later version is written to the tree),
+    /// whatever the archived copy's sequence. It neither moves `pos` nor the thread's fence
+    /// (the archive is outside the tree), nor enters the claim index: only settled records are
+    /// archived, and anything else found there is ignored.
+    pub fn apply_archived(&mut self, seq: u64, id: String, stored: Stored) {
+        if self.dispatches.contains_key(&id) || !stored.d.status.is_terminal() {
+            return;
+        }
+        self.corrupt.remove(&format!("dispatches/{id}"));
+        self.archived.insert(id.clone());
+        self.dispatches.insert(
+            id,
+            Entry {
+                seq,
+                value: Some(stored),
+            },
+        );
     }
 
     /// Sets the last sequence of a thread's tree as read from the server (the fence of the
@@ -256,7 +299,8 @@ impl View {
     }
 
     fn apply_dispatch(&mut self, id: String, seq: u64, value: Option<Stored>) {
-        if self.dispatches.get(&id).is_some_and(|e| e.seq >= seq)
+        let archived = self.archived.remove(&id);
+        if (!archived && self.dispatches.get(&id).is_some_and(|e| e.seq >= seq))
             || self.markers.get(&id).is_some_and(|at| *at >= seq)
         {
             return;

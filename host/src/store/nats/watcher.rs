@@ -76,13 +76,60 @@ impl NatsStore {
     }
 }
 
+/// What the watcher's next consumer reads.
+enum Phase {
+    /// Nothing yet: the initial load starts at the stream's last sequence as of now.
+    Start,
+    /// The initial load: the threads' trees only, up to and including this sequence.
+    Load(u64),
+    /// Everything, from the view's position on.
+    Follow,
+}
+
 /// Follows the stream into the view until the store is dropped; restarts its consumer from the
 /// last applied sequence whenever it fails.
+///
+/// It starts with a *load*: a consumer filtered to the threads' trees (`<p>.th.>`) delivers
+/// their messages up to the stream's last sequence as of the start, and the server skips the
+/// rest (archived records and id records, which a host's view does not hold; see `archive`).
+/// So a host's start costs what the trees hold (thread records, live and recently settled
+/// dispatch records, log entries not yet trimmed), not what the archive retains. From there it
+/// follows every message, so that `pos` (what barriers wait for) reaches the stream's last
+/// sequence.
 pub(super) async fn watch(weak: Weak<Inner>) {
     let mut restarts = 0u64;
+    let mut phase = Phase::Start;
     loop {
         let Some(inner) = weak.upgrade() else { return };
         let start = inner.view.lock().map(|v| v.pos).unwrap_or(0);
+        if matches!(phase, Phase::Start) {
+            let store = NatsStore {
+                inner: inner.clone(),
+            };
+            match store.stream_last_seq().await {
+                Ok(last) if last > start => phase = Phase::Load(last),
+                Ok(_) => phase = Phase::Follow,
+                Err(e) => {
+                    tracing::warn!(error = %e, "nats watcher: cannot read the stream's state");
+                    if let Ok(mut slot) = inner.watch_error.lock() {
+                        *slot = Some(e.to_string());
+                    }
+                    drop(store);
+                    drop(inner);
+                    // A retry pause, not a wait for state.
+                    tokio::time::sleep(Duration::from_millis(200)).await;
+                    continue;
+                }
+            }
+        }
+        let load = match phase {
+            Phase::Load(until) if start >= until => {
+                phase = Phase::Follow;
+                None
+            }
+            Phase::Load(until) => Some(until),
+            _ => None,
+        };
         let js = inner.js.clone();
         let stream = inner.prefix.clone();
         let deliver = inner.client.new_inbox();
@@ -108,11 +155,19 @@ pub(super) async fn watch(weak: Weak<Inner>) {
                     deliver_subject: deliver,
                     deliver_policy: policy,
                     name: Some(name.clone()),
+                    filter_subject: match load {
+                        Some(_) => Key::trees(&stream),
+                        None => String::new(),
+                    },
                     ..Default::default()
                 })
                 .await
                 .map_err(|e| e.to_string())?;
-            c.messages().await.map_err(|e| e.to_string())
+            let pending = c.cached_info().num_pending;
+            c.messages()
+                .await
+                .map(|m| (m, pending))
+                .map_err(|e| e.to_string())
         }
         .await;
         if let Some(inner) = weak.upgrade() {
@@ -129,8 +184,10 @@ pub(super) async fn watch(weak: Weak<Inner>) {
                 *slot = Some(consumer);
             }
         }
+        let mut loaded = false;
         match created {
-            Ok(mut messages) => loop {
+            Ok((_, 0)) if load.is_some() => loaded = true,
+            Ok((mut messages, _)) => loop {
                 // A consumer can also stall without failing (seen after a client failed over
                 // to another cluster node): a barrier that times out asks for a resync.
                 let next = tokio::select! {
@@ -145,10 +202,23 @@ pub(super) async fn watch(weak: Weak<Inner>) {
                     let Some(inner) = weak.upgrade() else { return };
                     match next {
                         Ok(message) => {
-                            let seq = match message.info() {
-                                Ok(info) => info.stream_sequence,
+                            let (seq, pending) = match message.info() {
+                                Ok(info) => (info.stream_sequence, info.pending),
                                 Err(_) => continue,
                             };
+                            if let Some(until) = load {
+                                // Everything of the trees up to `until` was delivered.
+                                if seq > until {
+                                    loaded = true;
+                                    break;
+                                }
+                                inner.ingest(seq, message.subject.as_str(), &message.payload);
+                                if pending == 0 {
+                                    loaded = true;
+                                    break;
+                                }
+                                continue;
+                            }
                             inner.ingest(seq, message.subject.as_str(), &message.payload);
                         }
                         Err(e) => {
@@ -159,6 +229,24 @@ pub(super) async fn watch(weak: Weak<Inner>) {
                 }
             },
             Err(e) => tracing::warn!(error = %e, "nats watcher: cannot create its consumer"),
+        }
+        if let (true, Some(until)) = (loaded, load) {
+            // The view holds every message of the trees up to `until`; what else the stream
+            // held up to there is of no interest to it. Follow from there.
+            let Some(inner) = weak.upgrade() else { return };
+            if let Ok(mut view) = inner.view.lock() {
+                view.skip(until);
+            }
+            inner.applied.notify_waiters();
+            phase = Phase::Follow;
+            let name = inner.consumer.lock().ok().and_then(|mut n| n.take());
+            drop(inner);
+            if let Some(name) = name
+                && let Ok(s) = js.get_stream_no_info(&stream).await
+            {
+                let _ = s.delete_consumer(&name).await;
+            }
+            continue;
         }
         restarts += 1;
         crate::telemetry::nats_watcher_restarted();
@@ -174,7 +262,10 @@ pub(super) async fn watch(weak: Weak<Inner>) {
 impl Inner {
     /// Decodes one message of the stream into the view.
     fn ingest(&self, seq: u64, subject: &str, payload: &[u8]) {
-        let decoded = Key::parse(&self.prefix, subject).map(|key| key.decode(payload));
+        // Archived copies are outside the trees: a host's view does not hold them.
+        let decoded = Key::parse(&self.prefix, subject)
+            .filter(|key| !matches!(key, Key::Archive(..)))
+            .map(|key| key.decode(payload));
         let mut wake = false;
         if let Ok(mut view) = self.view.lock() {
             match decoded {
