@@ -24,10 +24,13 @@
 //! - `error`: [`ApiError`] and how store errors map to statuses;
 //! - `dispatches`, `threads`, `agents`, `health`: the handlers;
 //! - `ops`: operations the CLI shares (retry, enqueue defaults);
-//! - `view`: the JSON shape of a dispatch (no claim token).
+//! - `view`: the JSON shape of a dispatch (no claim token);
+//! - `dashboard`: the operators' web pages at `/` (unless `[api] dashboard = false`), behind
+//!   the same layers, with sessions opened by a token of the same list.
 
 mod agents;
 mod auth;
+mod dashboard;
 mod dispatches;
 mod error;
 mod health;
@@ -168,6 +171,9 @@ fn router(state: Arc<ApiState>) -> Router {
             auth::require,
         ));
         v1 = v1.route(path, handler);
+    }
+    if state.config.api.dashboard {
+        v1 = v1.merge(dashboard::router(state.clone()));
     }
     v1.route("/livez", get(health::livez))
         .route("/readyz", get(health::readyz))
