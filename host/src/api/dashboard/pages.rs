@@ -297,7 +297,7 @@ pub(super) async fn overview(
         div #live hx-get="/" hx-trigger="every 5s" hx-select="#live" hx-swap="outerHTML" {
             p.muted { "As of " (view::time(now)) "; refreshes every 5 seconds." }
             div.scroll {
-                table #agents {
+                table.stack #agents {
                     caption.muted { "Dispatches per agent" }
                     thead { tr {
                         th scope="col" { "Agent" }
@@ -313,18 +313,18 @@ pub(super) async fn overview(
                         @for row in &rows {
                             tr data-agent=(row.name) {
                                 th scope="row" { a href={ "/dispatches?agent=" (encode(&row.name)) } { (row.name) } }
-                                td.num data-col="queued" { a href={ "/dispatches?agent=" (encode(&row.name)) "&status=queued" } { (count_of(row, Status::Queued)) } }
-                                td.num data-col="claimed" { (count_of(row, Status::Claimed)) }
-                                td.num data-col="retrying" { (row.retrying) @if !row.scanned_all { "+" } }
-                                td.num data-col="dead_letter" { a href={ "/dead-letters?agent=" (encode(&row.name)) } { (count_of(row, Status::DeadLetter)) } }
-                                td.num data-col="acked" { (count_of(row, Status::Acked)) }
-                                td data-col="oldest" {
+                                td.num data-col="queued" data-label="Queued" { a href={ "/dispatches?agent=" (encode(&row.name)) "&status=queued" } { (count_of(row, Status::Queued)) } }
+                                td.num data-col="claimed" data-label="Claimed" { (count_of(row, Status::Claimed)) }
+                                td.num data-col="retrying" data-label="Retrying" { (row.retrying) @if !row.scanned_all { "+" } }
+                                td.num data-col="dead_letter" data-label="Dead letters" { a href={ "/dead-letters?agent=" (encode(&row.name)) } { (count_of(row, Status::DeadLetter)) } }
+                                td.num data-col="acked" data-label="Acked" { (count_of(row, Status::Acked)) }
+                                td data-col="oldest" data-label="Oldest queued" {
                                     @match row.oldest {
                                         Some(t) => { (age(now.saturating_sub(t))) @if !row.scanned_all { " or more" } }
                                         None => { span.muted { "none queued" } }
                                     }
                                 }
-                                td {
+                                td data-label="Settled per minute" {
                                     @let total: u64 = row.series.iter().sum();
                                     (chart(&row.series, &format!("{}: {total} settled in the last {MINUTES} minutes", row.name)))
                                     span.muted { (total) " in " (MINUTES) " min" }
@@ -501,7 +501,7 @@ pub(super) async fn logout(
 fn dispatch_table(rows: &[Dispatch], now: u64, select: Option<&Session>) -> Markup {
     html! {
         div.scroll {
-            table.dispatches {
+            table.dispatches.stack {
                 thead { tr {
                     @if select.is_some() {
                         th scope="col" {
@@ -521,16 +521,16 @@ fn dispatch_table(rows: &[Dispatch], now: u64, select: Option<&Session>) -> Mark
                     @for row in rows {
                         tr data-id=(row.id) {
                             @if select.is_some() {
-                                td { input type="checkbox" name="id" value=(row.id) aria-label={ "Select " (row.id) }; }
+                                td data-label="Select" { input type="checkbox" name="id" value=(row.id) aria-label={ "Select " (row.id) }; }
                             }
-                            td.id { a href=(dispatch_href(&row.id)) { (row.id) } }
-                            td { (row.agent) }
-                            td { a href=(thread_href(&row.thread)) { (row.thread) } }
-                            td { (status(row.status)) }
-                            td.num { (row.priority) }
-                            td.num { (row.attempt) "/" (row.max_attempts) }
-                            td { (when(row.created_at, now)) }
-                            @if select.is_some() { td { (row.last_error.as_deref().unwrap_or("")) } }
+                            td.id data-label="Id" { a href=(dispatch_href(&row.id)) { (row.id) } }
+                            td data-label="Agent" { (row.agent) }
+                            td data-label="Thread" { a href=(thread_href(&row.thread)) { (row.thread) } }
+                            td data-label="Status" { (status(row.status)) }
+                            td.num data-label="Priority" { (row.priority) }
+                            td.num data-label="Attempts" { (row.attempt) "/" (row.max_attempts) }
+                            td data-label="Created" { (when(row.created_at, now)) }
+                            @if select.is_some() { td data-label="Last error" { (row.last_error.as_deref().unwrap_or("")) } }
                         }
                     }
                     @if rows.is_empty() {
