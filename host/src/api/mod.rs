@@ -435,6 +435,17 @@ mod tests {
             .await
             .unwrap();
         assert_eq!(missing.status(), 404);
+        // The dashboard's pages need a session too: to the login page, which is served.
+        let client = reqwest::Client::builder()
+            .redirect(reqwest::redirect::Policy::none())
+            .build()
+            .unwrap();
+        let page = client.get(format!("{base}/agents")).send().await.unwrap();
+        assert_eq!(page.status(), 303);
+        assert_eq!(page.headers()["location"], "/login?next=%2Fagents");
+        let login = client.get(format!("{base}/login")).send().await.unwrap();
+        assert_eq!(login.status(), 200);
+        assert!(login.headers().contains_key("content-security-policy"));
         server.stop(Duration::from_secs(5)).await;
     }
 }

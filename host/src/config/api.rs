@@ -262,6 +262,9 @@ mod tests {
         assert!(config.api.listen.is_none());
         assert!(config.api.tokens.is_empty());
         assert_eq!(config.api.body_limit(3), 4 + (64 << 10));
+        assert!(config.api.dashboard, "the dashboard comes with the API");
+        let config = parse("[api]\nlisten = \"127.0.0.1:7080\"\ndashboard = false\n").unwrap();
+        assert!(!config.api.dashboard);
     }
 
     #[test]
