@@ -12,6 +12,7 @@
 use std::time::{Duration, Instant};
 
 use fantoccini::Locator;
+use fantoccini::key::Key;
 use reqwest::header;
 use serde_json::{Value, json};
 
@@ -192,7 +193,18 @@ async fn pages_show_what_the_store_holds_and_escape_it() {
     assert_eq!(ids.len(), 2, "{ids:?}");
     assert!(ids.contains(&json_id));
     browser.screenshot("dispatches").await;
-    browser.goto(&api.url("/dispatches?thread=chat-1")).await;
+    // By keyboard: a skip link comes first; Enter in a filter field submits the filters.
+    browser.goto(&api.url("/dispatches")).await;
+    let first = browser
+        .eval("return document.querySelector('a[href], button, input, select').className")
+        .await;
+    assert_eq!(first, "skip");
+    browser
+        .type_into("input[name=thread]", &format!("chat-1{}", Key::Enter))
+        .await;
+    browser
+        .wait_path("/dispatches?agent=&status=&thread=chat-1")
+        .await;
     assert_eq!(browser.count("tr[data-id]").await, 3);
     browser
         .goto(&api.url(&format!("/dispatches?id={dead}")))
