@@ -157,7 +157,14 @@ impl Browser {
 
     /// Types `text` into the element `css` matches.
     pub async fn type_into(&self, css: &str, text: &str) {
-        let e = self.client.find(Locator::Css(css)).await.unwrap();
+        let e = match self.client.find(Locator::Css(css)).await {
+            Ok(e) => e,
+            Err(e) => panic!(
+                "no {css} at {}: {e}\n{}",
+                self.path().await,
+                self.excerpt().await
+            ),
+        };
         e.clear().await.unwrap();
         e.send_keys(text).await.unwrap();
     }
@@ -186,6 +193,12 @@ impl Browser {
         }
     }
 
+    /// The start of the page's text, for a failure's message.
+    async fn excerpt(&self) -> String {
+        let text = self.text("body").await.unwrap_or_default();
+        text.chars().take(400).collect()
+    }
+
     /// Waits until the current path starts with `prefix`.
     pub async fn wait_path(&self, prefix: &str) -> String {
         let deadline = Instant::now() + WAIT;
@@ -194,10 +207,12 @@ impl Browser {
             if path.starts_with(prefix) {
                 return path;
             }
-            assert!(
-                Instant::now() < deadline,
-                "still at {path}, waiting for {prefix}"
-            );
+            if Instant::now() >= deadline {
+                panic!(
+                    "still at {path}, waiting for {prefix}:\n{}",
+                    self.excerpt().await
+                );
+            }
             tokio::time::sleep(Duration::from_millis(50)).await;
         }
     }
