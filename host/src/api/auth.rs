@@ -74,6 +74,11 @@ impl Tokens {
         self.0.is_empty()
     }
 
+    /// The name and role of the token `presented` is, if any (the dashboard's login).
+    pub(super) fn identify(&self, presented: &[u8]) -> Option<(String, Role)> {
+        self.find(presented).map(|t| (t.name.clone(), t.role))
+    }
+
     /// The token `presented` is, if any: every digest is compared, whatever matches.
     fn find(&self, presented: &[u8]) -> Option<&Token> {
         let presented = digest(presented);

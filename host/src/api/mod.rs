@@ -24,10 +24,13 @@
 //! - `error`: [`ApiError`] and how store errors map to statuses;
 //! - `dispatches`, `threads`, `agents`, `health`: the handlers;
 //! - `ops`: operations the CLI shares (retry, enqueue defaults);
-//! - `view`: the JSON shape of a dispatch (no claim token).
+//! - `view`: the JSON shape of a dispatch (no claim token);
+//! - `dashboard`: the operators' web pages at `/` (unless `[api] dashboard = false`), behind
+//!   the same layers, with sessions opened by a token of the same list.
 
 mod agents;
 mod auth;
+mod dashboard;
 mod dispatches;
 mod error;
 mod health;
@@ -168,6 +171,9 @@ fn router(state: Arc<ApiState>) -> Router {
             auth::require,
         ));
         v1 = v1.route(path, handler);
+    }
+    if state.config.api.dashboard {
+        v1 = v1.merge(dashboard::router(state.clone()));
     }
     v1.route("/livez", get(health::livez))
         .route("/readyz", get(health::readyz))
@@ -429,6 +435,17 @@ mod tests {
             .await
             .unwrap();
         assert_eq!(missing.status(), 404);
+        // The dashboard's pages need a session too: to the login page, which is served.
+        let client = reqwest::Client::builder()
+            .redirect(reqwest::redirect::Policy::none())
+            .build()
+            .unwrap();
+        let page = client.get(format!("{base}/agents")).send().await.unwrap();
+        assert_eq!(page.status(), 303);
+        assert_eq!(page.headers()["location"], "/login?next=%2Fagents");
+        let login = client.get(format!("{base}/login")).send().await.unwrap();
+        assert_eq!(login.status(), 200);
+        assert!(login.headers().contains_key("content-security-policy"));
         server.stop(Duration::from_secs(5)).await;
     }
 }

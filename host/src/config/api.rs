@@ -39,6 +39,9 @@ pub struct ApiConfig {
     pub max_stream: Duration,
     /// Requests served at once; more are refused with 503 at once.
     pub max_concurrent: usize,
+    /// Whether the operators' dashboard is served at `/` (its pages need a login with one of
+    /// `tokens`).
+    pub dashboard: bool,
 }
 
 impl Default for ApiConfig {
@@ -51,6 +54,7 @@ impl Default for ApiConfig {
             max_wait: Duration::from_secs(60),
             max_stream: Duration::from_secs(3600),
             max_concurrent: 1024,
+            dashboard: true,
         }
     }
 }
@@ -258,6 +262,9 @@ mod tests {
         assert!(config.api.listen.is_none());
         assert!(config.api.tokens.is_empty());
         assert_eq!(config.api.body_limit(3), 4 + (64 << 10));
+        assert!(config.api.dashboard, "the dashboard comes with the API");
+        let config = parse("[api]\nlisten = \"127.0.0.1:7080\"\ndashboard = false\n").unwrap();
+        assert!(!config.api.dashboard);
     }
 
     #[test]

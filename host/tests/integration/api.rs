@@ -17,9 +17,9 @@ use crate::common::{Env, guest, toml_path};
 use crate::hosts::Host;
 use crate::natsd::{NatsServer, free_port};
 
-const READER: &str = "reader-secret-0123456789abcdef";
-const PRODUCER: &str = "producer-secret-0123456789abcdef";
-const OPERATOR: &str = "operator-secret-0123456789abcdef";
+pub(crate) const READER: &str = "reader-secret-0123456789abcdef";
+pub(crate) const PRODUCER: &str = "producer-secret-0123456789abcdef";
+pub(crate) const OPERATOR: &str = "operator-secret-0123456789abcdef";
 
 /// Which store a test host runs on.
 enum Backend {
@@ -43,6 +43,14 @@ impl Backend {
     }
 }
 
+/// The `[api] tokens` of a test host: `reader` and `producer` from the environment [`spawn`]
+/// sets, `operator` from the file [`Api::start_with`] writes.
+pub(crate) const TOKENS: &str = r#"tokens = [
+  { name = "reader", role = "reader", secret = { env = "HOMING_TEST_READER" } },
+  { name = "producer", role = "producer", secret = { env = "HOMING_TEST_PRODUCER" } },
+  { name = "operator", role = "operator", secret = { file = "operator.token" } },
+]"#;
+
 fn config(backend: &Backend, port: u16) -> String {
     format!(
         r#"
@@ -57,11 +65,7 @@ max_payload = "64KiB"
 listen = "127.0.0.1:{port}"
 request_timeout = "10s"
 max_wait = "30s"
-tokens = [
-  {{ name = "reader", role = "reader", secret = {{ env = "HOMING_TEST_READER" }} }},
-  {{ name = "producer", role = "producer", secret = {{ env = "HOMING_TEST_PRODUCER" }} }},
-  {{ name = "operator", role = "operator", secret = {{ file = "operator.token" }} }},
-]
+{TOKENS}
 
 [plugins.echo]
 path = {echo}
@@ -81,19 +85,29 @@ memory = "16MiB"
 }
 
 /// A running `homing run` with its API, and a client.
-struct Api {
-    env: Env,
+pub(crate) struct Api {
+    pub(crate) env: Env,
     /// Killed when the test ends.
     _host: Host,
-    base: String,
+    pub(crate) base: String,
     client: reqwest::Client,
 }
 
 impl Api {
     /// Starts a host on `backend` and waits until `/readyz` says ready.
     async fn start(backend: &Backend) -> Api {
+        Api::start_with(|port| config(backend, port), |_| {}).await
+    }
+
+    /// Starts a host with the config `config(port)` makes (tokens as in [`config`]), after
+    /// `prepare` has seen its directory, and waits until `/readyz` says ready.
+    pub(crate) async fn start_with(
+        config: impl FnOnce(u16) -> String,
+        prepare: impl FnOnce(&std::path::Path),
+    ) -> Api {
         let port = free_port();
-        let env = Env::new(&config(backend, port));
+        let env = Env::new(&config(port));
+        prepare(env.path());
         std::fs::write(env.path().join("operator.token"), format!("{OPERATOR}\n")).unwrap();
         let host = spawn(&env);
         let api = Api {
@@ -106,7 +120,7 @@ impl Api {
         api
     }
 
-    fn log(&self) -> String {
+    pub(crate) fn log(&self) -> String {
         std::fs::read_to_string(self.env.path().join("host.log")).unwrap_or_default()
     }
 
@@ -127,7 +141,7 @@ impl Api {
         }
     }
 
-    fn url(&self, path: &str) -> String {
+    pub(crate) fn url(&self, path: &str) -> String {
         format!("{}{path}", self.base)
     }
 
@@ -153,25 +167,25 @@ impl Api {
         (status, value)
     }
 
-    async fn get(&self, path: &str) -> (u16, Value) {
+    pub(crate) async fn get(&self, path: &str) -> (u16, Value) {
         self.call(reqwest::Method::GET, path, Some(READER), None)
             .await
     }
 
-    async fn post(&self, path: &str, token: &str, body: Value) -> (u16, Value) {
+    pub(crate) async fn post(&self, path: &str, token: &str, body: Value) -> (u16, Value) {
         self.call(reqwest::Method::POST, path, Some(token), Some(body))
             .await
     }
 
     /// Enqueues and returns the id, expecting 201.
-    async fn enqueue(&self, body: Value) -> String {
+    pub(crate) async fn enqueue(&self, body: Value) -> String {
         let (status, reply) = self.post("/v1/dispatches", PRODUCER, body.clone()).await;
         assert_eq!(status, 201, "{body} -> {reply}");
         reply["id"].as_str().unwrap().to_owned()
     }
 
     /// Long-polls a dispatch until it is terminal.
-    async fn wait_terminal(&self, id: &str) -> Value {
+    pub(crate) async fn wait_terminal(&self, id: &str) -> Value {
         let deadline = Instant::now() + Duration::from_secs(60);
         loop {
             let (status, d) = self.get(&format!("/v1/dispatches/{id}?wait=20s")).await;

@@ -13,6 +13,7 @@
 //! - `guest_imports`: the host side of the WIT imports, called directly;
 //! - `faults`: fault injection at the store level, checked by the history checker;
 //! - `api`: the HTTP API of a real `homing run`, called over loopback;
+//! - `dashboard`: the web dashboard of a real `homing run`, in a headless Chromium ([`browser`]);
 //! - `e2e`, `polyglot`: the `homing` binary with real components;
 //! - `outbound_http`: guests' HTTP(S) requests, allow-list, address rules, TLS, caps, secrets;
 //! - `new_and_build`: `homing new` and `homing build` in every language, outside the
@@ -27,6 +28,7 @@
 
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
+mod browser;
 mod common;
 mod conformance;
 mod history;
@@ -35,6 +37,7 @@ mod natsd;
 
 mod api;
 mod bounded_input;
+mod dashboard;
 mod e2e;
 mod embedded_conformance;
 mod embedded_store;

@@ -17,7 +17,7 @@ pub fn root() -> PathBuf {
 }
 
 /// The cargo target directory this test was built in (`<target>/release/homing`).
-fn target_dir() -> PathBuf {
+pub fn target_dir() -> PathBuf {
     let bin = Path::new(env!("CARGO_BIN_EXE_homing"));
     bin.parent().and_then(Path::parent).unwrap().to_path_buf()
 }

@@ -1,0 +1,142 @@
+//! The operators' dashboard, served by `homing run` at `/` next to the API when `[api] listen`
+//! is set (and `[api] dashboard` is not `false`): server-rendered pages (maud, which escapes
+//! every value it inserts), htmx and a small script of our own served from the binary, no
+//! CDN, no build step.
+//!
+//! | page | shows |
+//! | --- | --- |
+//! | `/` | per agent: queued, claimed, retrying, dead letters, oldest queued, settled per minute over 15 minutes; the hosts seen; refreshes itself |
+//! | `/dispatches` | the list, filtered by agent, status, thread or id; priority or newest order; paged |
+//! | `/dispatches/{id}` | payload, result, metadata, attempts, timeline; cancel, retry, interrupt |
+//! | `/threads/{thread}` | the thread's log, following new entries, and its dispatches; interrupt |
+//! | `/dead-letters` | dead letters, select and retry |
+//! | `/agents` | world, limits, grants (names, never values), the component's SHA-256 |
+//!
+//! Security: every page needs a session, opened at `/login` with an API token (see
+//! `session`); the cookie is HttpOnly and SameSite=Strict and holds a random id, never the
+//! token. Every action is a POST carrying the session's CSRF token, checked in constant time,
+//! from the same origin, by a session of the `operator` role; a `reader` sees no action
+//! buttons and its posts are refused. Every response carries a Content-Security-Policy that
+//! allows no inline script, `frame-ancestors 'none'` and `X-Frame-Options: DENY`; pages are
+//! `no-store`. The API's layers apply too: requests in flight capped, a time limit; form
+//! bodies are capped at [`FORM_LIMIT`].
+//!
+//! - `session`: sessions, login rate limit, CSRF;
+//! - `stats`: throughput and hosts, sampled from the store;
+//! - `pages`: the handlers; `view`: layout and formatting.
+
+mod pages;
+mod session;
+mod stats;
+mod view;
+
+use std::collections::BTreeMap;
+use std::sync::{Arc, Mutex};
+
+use axum::Router;
+use axum::extract::{DefaultBodyLimit, Path, Request};
+use axum::http::{HeaderValue, StatusCode, header};
+use axum::middleware::Next;
+use axum::response::{IntoResponse, Response};
+use axum::routing::{get, post};
+
+use super::ApiState;
+
+/// The largest form body accepted.
+pub(super) const FORM_LIMIT: usize = 64 << 10;
+
+/// The dashboard's Content-Security-Policy: only our own script and style, no inline script,
+/// no framing, forms post only to us.
+const CSP: &str = "default-src 'none'; script-src 'self'; style-src 'self'; img-src 'self'; \
+                   connect-src 'self'; form-action 'self'; frame-ancestors 'none'; base-uri 'none'";
+
+const HTMX: &str = include_str!("assets/htmx.min.js");
+const APP_JS: &str = include_str!("assets/app.js");
+const APP_CSS: &str = include_str!("assets/app.css");
+
+/// What the dashboard's handlers share.
+#[derive(Debug)]
+pub(super) struct Dashboard {
+    api: Arc<ApiState>,
+    sessions: session::Sessions,
+    stats: Arc<stats::Stats>,
+    /// This host's id.
+    host_id: String,
+    /// Each plugin's component file SHA-256 (hex), or why it could not be read.
+    hashes: Mutex<BTreeMap<String, Result<String, String>>>,
+}
+
+/// The dashboard's routes, for the API's router (which adds its own layers around them).
+pub(super) fn router(api: Arc<ApiState>) -> Router<Arc<ApiState>> {
+    let dashboard = Arc::new(Dashboard {
+        host_id: api.config.host_id(),
+        sessions: session::Sessions::default(),
+        stats: Arc::new(stats::Stats::default()),
+        hashes: Mutex::new(BTreeMap::new()),
+        api: api.clone(),
+    });
+    tokio::spawn(stats::run(
+        dashboard.stats.clone(),
+        api.store.clone(),
+        api.shutdown.clone(),
+    ));
+    Router::new()
+        .route("/", get(pages::overview))
+        .route("/login", get(pages::login_page).post(pages::login))
+        .route("/logout", post(pages::logout))
+        .route("/dispatches", get(pages::dispatches))
+        .route("/dispatches/{id}", get(pages::dispatch))
+        .route("/dispatches/{id}/cancel", post(pages::cancel))
+        .route("/dispatches/{id}/retry", post(pages::retry))
+        .route("/threads/{thread}", get(pages::thread))
+        .route("/threads/{thread}/interrupt", post(pages::interrupt))
+        .route("/dead-letters", get(pages::dead_letters))
+        .route("/dead-letters/retry", post(pages::retry_selected))
+        .route("/agents", get(pages::agents))
+        .route("/assets/{name}", get(asset))
+        .layer(DefaultBodyLimit::max(FORM_LIMIT))
+        .layer(axum::middleware::from_fn(security_headers))
+        .with_state(dashboard)
+}
+
+/// The files the pages load.
+async fn asset(Path(name): Path<String>) -> Response {
+    let (body, kind) = match name.as_str() {
+        "htmx.min.js" => (HTMX, "text/javascript; charset=utf-8"),
+        "app.js" => (APP_JS, "text/javascript; charset=utf-8"),
+        "app.css" => (APP_CSS, "text/css; charset=utf-8"),
+        _ => return StatusCode::NOT_FOUND.into_response(),
+    };
+    (
+        [
+            (header::CONTENT_TYPE, kind),
+            (header::CACHE_CONTROL, "public, max-age=300"),
+        ],
+        body,
+    )
+        .into_response()
+}
+
+/// Adds the security headers to every dashboard response; `no-store` unless it is an asset.
+async fn security_headers(request: Request, next: Next) -> Response {
+    let asset = request.uri().path().starts_with("/assets/");
+    let mut response = next.run(request).await;
+    let headers = response.headers_mut();
+    headers.insert(
+        header::CONTENT_SECURITY_POLICY,
+        HeaderValue::from_static(CSP),
+    );
+    headers.insert(header::X_FRAME_OPTIONS, HeaderValue::from_static("DENY"));
+    headers.insert(
+        header::X_CONTENT_TYPE_OPTIONS,
+        HeaderValue::from_static("nosniff"),
+    );
+    headers.insert(
+        header::REFERRER_POLICY,
+        HeaderValue::from_static("same-origin"),
+    );
+    if !asset {
+        headers.insert(header::CACHE_CONTROL, HeaderValue::from_static("no-store"));
+    }
+    response
+}

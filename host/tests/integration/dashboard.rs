@@ -1,0 +1,656 @@
+//! The dashboard in a real browser: a real `homing run` with `[api]` on the embedded store,
+//! seeded through the API, and a headless Chromium (see `browser`) logging in and clicking.
+//! The overview's counts match the store's; filters narrow the list; a dead letter retried from
+//! its page is queued again and acked once the host runs it; a queued dispatch is cancelled; a
+//! thread interrupted; dead letters selected and retried; a `<script>` payload shows as text
+//! and opens no dialog. The refusals: pages without a session go to the login page; a wrong
+//! token, a post without the CSRF token or from another origin, and a reader's post are
+//! refused and change nothing; failed logins are rate-limited. Each test saves screenshots
+//! under `<target>/dashboard-screenshots/` (and `docs/dashboard/` with
+//! `HOMING_DASHBOARD_DOCS=1`).
+
+use std::time::{Duration, Instant};
+
+use fantoccini::Locator;
+use fantoccini::key::Key;
+use reqwest::header;
+use serde_json::{Value, json};
+
+use crate::api::{Api, OPERATOR, PRODUCER, READER, TOKENS};
+use crate::browser::Browser;
+use crate::common::{guest, toml_path};
+
+fn config(port: u16) -> String {
+    format!(
+        r#"
+[host]
+lease = "5s"
+sweep_interval = "200ms"
+shutdown_grace = "2s"
+
+[api]
+listen = "127.0.0.1:{port}"
+request_timeout = "10s"
+{TOKENS}
+
+[plugins.echo]
+path = {echo}
+
+[plugins.sandbox]
+path = {sandbox}
+max_attempts = 1
+dirs = [{{ host = "data", guest = "/data" }}]
+
+[plugins.flaky]
+path = {flaky}
+max_attempts = 3
+retry = {{ initial = "1h", max = "1h" }}
+"#,
+        echo = toml_path(&guest("echo")),
+        sandbox = toml_path(&guest("sandbox")),
+        flaky = toml_path(&guest("flaky")),
+    )
+}
+
+async fn start() -> Api {
+    Api::start_with(config, |dir| {
+        std::fs::create_dir_all(dir.join("data")).unwrap()
+    })
+    .await
+}
+
+/// Polls the API until dispatch `id` satisfies `ok`.
+async fn wait_api(api: &Api, id: &str, what: &str, ok: impl Fn(&Value) -> bool) -> Value {
+    let deadline = Instant::now() + Duration::from_secs(60);
+    loop {
+        let (status, d) = api.get(&format!("/v1/dispatches/{id}")).await;
+        assert_eq!(status, 200, "{d}");
+        if ok(&d) {
+            return d;
+        }
+        assert!(Instant::now() < deadline, "{what}: {d}\n{}", api.log());
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+async fn queue_counts(api: &Api) -> Value {
+    let (status, agents) = api.get("/v1/agents").await;
+    assert_eq!(status, 200);
+    let mut out = serde_json::Map::new();
+    for a in agents["agents"].as_array().unwrap() {
+        out.insert(a["name"].as_str().unwrap().to_owned(), a["queue"].clone());
+    }
+    Value::Object(out)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn pages_show_what_the_store_holds_and_escape_it() {
+    let api = start().await;
+    let mut chat = Vec::new();
+    for n in 1..=3 {
+        let id = api
+            .enqueue(
+                json!({ "agent": "echo", "thread": "chat-1", "payload": format!("hello {n}") }),
+            )
+            .await;
+        chat.push(id);
+    }
+    let json_id = api
+        .enqueue(json!({ "agent": "echo", "thread": "later", "payload": "{\"q\":\"what\",\"n\":[1,2]}", "delay": "1h", "metadata": { "team": "ops" } }))
+        .await;
+    api.enqueue(json!({ "agent": "echo", "thread": "later", "payload": "second", "delay": "1h" }))
+        .await;
+    let journal = api
+        .enqueue(json!({ "agent": "sandbox", "thread": "journal", "payload": "journal:0" }))
+        .await;
+    let dead = api
+        .enqueue(json!({ "agent": "sandbox", "thread": "dead-1", "payload": "panic" }))
+        .await;
+    let flaky = api
+        .enqueue(json!({ "agent": "flaky", "thread": "flaky-1", "payload": "fail-until:2" }))
+        .await;
+    let xss = api
+        .enqueue(
+            json!({ "agent": "echo", "thread": "xss", "payload": "<script>alert(1)</script>" }),
+        )
+        .await;
+    for id in chat.iter().chain([&journal, &dead, &xss]) {
+        api.wait_terminal(id).await;
+    }
+    wait_api(&api, &flaky, "flaky waits for its retry", |d| {
+        d["status"] == "queued" && d["attempts"] == 1
+    })
+    .await;
+
+    let browser = Browser::start(1280, 900).await;
+    browser.login(&api.base, OPERATOR).await;
+
+    // The overview's counts are the store's.
+    browser
+        .wait_text(
+            "#agents tr[data-agent='echo'] td[data-col='acked']",
+            "acked count",
+            |t| t == "4",
+        )
+        .await;
+    let store = queue_counts(&api).await;
+    for agent in ["echo", "sandbox", "flaky"] {
+        for status in ["queued", "claimed", "dead_letter", "acked"] {
+            let shown = browser
+                .text(&format!(
+                    "#agents tr[data-agent='{agent}'] td[data-col='{status}']"
+                ))
+                .await
+                .unwrap();
+            assert_eq!(shown, store[agent][status].to_string(), "{agent} {status}");
+        }
+    }
+    assert_eq!(store["echo"]["queued"], 2);
+    assert_eq!(store["sandbox"]["dead_letter"], 1);
+    let retrying = browser
+        .text("#agents tr[data-agent='flaky'] td[data-col='retrying']")
+        .await;
+    assert_eq!(retrying.as_deref(), Some("1"));
+    assert!(
+        browser.count("#hosts li").await >= 1,
+        "the overview names this host"
+    );
+    browser.screenshot("overview").await;
+
+    // The list, then narrowed by the filter form.
+    browser.goto(&api.url("/dispatches")).await;
+    assert_eq!(browser.count("tr[data-id]").await, 9);
+    browser
+        .client
+        .find(Locator::Css("select[name=agent]"))
+        .await
+        .unwrap()
+        .select_by_value("echo")
+        .await
+        .unwrap();
+    browser
+        .client
+        .find(Locator::Css("select[name=status]"))
+        .await
+        .unwrap()
+        .select_by_value("queued")
+        .await
+        .unwrap();
+    browser.click("form.filters button[type=submit]").await;
+    browser.wait_path("/dispatches?agent=echo").await;
+    let ids: Vec<String> = {
+        let mut ids = Vec::new();
+        for row in browser
+            .client
+            .find_all(Locator::Css("tr[data-id]"))
+            .await
+            .unwrap()
+        {
+            ids.push(row.attr("data-id").await.unwrap().unwrap());
+        }
+        ids
+    };
+    assert_eq!(ids.len(), 2, "{ids:?}");
+    assert!(ids.contains(&json_id));
+    browser.screenshot("dispatches").await;
+    // By keyboard: a skip link comes first; Enter in a filter field submits the filters.
+    browser.goto(&api.url("/dispatches")).await;
+    let first = browser
+        .eval("return document.querySelector('a[href], button, input, select').className")
+        .await;
+    assert_eq!(first, "skip");
+    browser
+        .type_into("input[name=thread]", &format!("chat-1{}", Key::Enter))
+        .await;
+    browser
+        .wait_path("/dispatches?agent=&status=&thread=chat-1")
+        .await;
+    assert_eq!(browser.count("tr[data-id]").await, 3);
+    browser
+        .goto(&api.url(&format!("/dispatches?id={dead}")))
+        .await;
+    assert_eq!(browser.count("tr[data-id]").await, 1);
+    browser.goto(&api.url("/dispatches?order=newest")).await;
+    let first = browser
+        .client
+        .find(Locator::Css("tr[data-id]"))
+        .await
+        .unwrap()
+        .attr("data-id")
+        .await
+        .unwrap();
+    assert_eq!(first.as_deref(), Some(xss.as_str()), "newest first");
+
+    // A JSON payload shows pretty-printed, with its metadata and a link to its thread.
+    browser
+        .goto(&api.url(&format!("/dispatches/{json_id}")))
+        .await;
+    let payload = browser.text("#payload").await.unwrap();
+    assert!(payload.contains("\"q\": \"what\""), "{payload}");
+    assert_eq!(browser.text("#metadata dd").await.as_deref(), Some("ops"));
+    assert_eq!(
+        browser.count("#cancel").await,
+        1,
+        "a queued one can be cancelled"
+    );
+    assert_eq!(browser.count("#retry").await, 0, "but not retried");
+    browser.screenshot("dispatch").await;
+
+    // A script payload is text: shown as written, run never.
+    browser.goto(&api.url(&format!("/dispatches/{xss}"))).await;
+    assert_eq!(
+        browser.text("#payload").await.as_deref(),
+        Some("<script>alert(1)</script>")
+    );
+    assert_eq!(
+        browser.text("#result").await.as_deref(),
+        Some("<script>alert(1)</script>")
+    );
+    assert_eq!(
+        browser
+            .eval("return document.querySelectorAll('main script').length")
+            .await,
+        0
+    );
+    assert!(
+        browser.client.get_alert_text().await.is_err(),
+        "a dialog opened"
+    );
+    browser.screenshot("escaped").await;
+
+    // The thread page shows the log the sandbox wrote.
+    browser.goto(&api.url("/threads/journal")).await;
+    let log = browser
+        .wait_text("#log tbody", "the journal entries", |t| t.contains("end"))
+        .await;
+    assert!(log.contains(&format!("start {journal}")), "{log}");
+    assert_eq!(browser.count("tr[data-id]").await, 1);
+    browser.screenshot("thread").await;
+
+    browser.goto(&api.url("/dead-letters")).await;
+    assert_eq!(browser.count("tr[data-id]").await, 1);
+    browser.screenshot("dead-letters").await;
+
+    // Agents: grants by name, the component's hash.
+    browser.goto(&api.url("/agents")).await;
+    let sandbox = browser.text("section[data-agent='sandbox']").await.unwrap();
+    assert!(sandbox.contains("/data (read-only)"), "{sandbox}");
+    let hash = browser
+        .text("section[data-agent='echo'] dd.mono")
+        .await
+        .unwrap();
+    assert!(
+        hash.len() == 64 && hash.bytes().all(|b| b.is_ascii_hexdigit()),
+        "{hash}"
+    );
+    browser.screenshot("agents").await;
+
+    // A narrow screen: nothing wider than the window but the tables' own scrollers.
+    browser.client.set_window_size(390, 844).await.unwrap();
+    browser.goto(&api.url("/")).await;
+    let fits = browser
+        .eval("return document.documentElement.scrollWidth <= window.innerWidth")
+        .await;
+    assert_eq!(fits, true);
+    browser.screenshot("overview-narrow").await;
+    browser.close().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_operator_retries_cancels_and_interrupts() {
+    let api = start().await;
+    let dead = api
+        .enqueue(json!({ "agent": "sandbox", "thread": "dl", "payload": "read-file:/data/ready" }))
+        .await;
+    let d = api.wait_terminal(&dead).await;
+    assert_eq!(d["status"], "dead_letter", "{d}");
+    let queued = api
+        .enqueue(json!({ "agent": "echo", "thread": "c1", "payload": "x", "delay": "1h" }))
+        .await;
+    let running = api
+        .enqueue(json!({ "agent": "echo", "thread": "i1", "payload": "y", "delay": "1h" }))
+        .await;
+
+    let browser = Browser::start(1280, 900).await;
+    browser.login(&api.base, OPERATOR).await;
+
+    // Retry a dead letter from its page: a new dispatch, queued, then acked by the host.
+    browser.goto(&api.url(&format!("/dispatches/{dead}"))).await;
+    assert_eq!(browser.count("#cancel").await, 0);
+    std::fs::write(api.env.path().join("data").join("ready"), "ready").unwrap();
+    browser.click("#retry").await;
+    browser.wait_path("/dispatches/").await;
+    let path = browser.path().await;
+    assert!(
+        !path.contains(&dead) && path.contains("notice=retried"),
+        "{path}"
+    );
+    let new = path
+        .trim_start_matches("/dispatches/")
+        .split('?')
+        .next()
+        .unwrap()
+        .to_owned();
+    let d = wait_api(&api, &new, "the retry is stored", |_| true).await;
+    assert_eq!(d["metadata"]["retry-of"], dead.as_str(), "{d}");
+    browser
+        .wait_text("#status", "the retried dispatch is acked", |t| {
+            t.starts_with("acked")
+        })
+        .await;
+    let d = api.wait_terminal(&new).await;
+    assert_eq!(
+        (d["status"].as_str(), d["result"]["output"].as_str()),
+        (Some("acked"), Some("ready")),
+        "{d}"
+    );
+    browser.screenshot("retried").await;
+
+    // Cancel a queued one.
+    browser
+        .goto(&api.url(&format!("/dispatches/{queued}")))
+        .await;
+    browser.click("#cancel").await;
+    browser
+        .wait_text("#status", "cancelled", |t| t.starts_with("cancelled"))
+        .await;
+    assert_eq!(browser.count("#cancel").await, 0);
+    assert_eq!(
+        browser.count("#retry").await,
+        1,
+        "a cancelled one can be retried"
+    );
+    let d = wait_api(&api, &queued, "cancelled", |d| d["status"] != "queued").await;
+    assert_eq!(d["status"], "cancelled");
+    browser.screenshot("cancelled").await;
+
+    // Interrupt a thread: its queued work is superseded, its epoch moves on.
+    browser.goto(&api.url("/threads/i1")).await;
+    assert_eq!(browser.text("#epoch").await.as_deref(), Some("0"));
+    browser.click("#interrupt").await;
+    browser.wait_path("/threads/i1?notice=interrupted").await;
+    assert_eq!(browser.text("#epoch").await.as_deref(), Some("1"));
+    let d = wait_api(&api, &running, "superseded", |d| d["status"] != "queued").await;
+    assert_eq!(d["status"], "superseded", "{d}");
+    browser.screenshot("interrupted").await;
+
+    // Select every dead letter and retry them at once.
+    for thread in ["dl-a", "dl-b"] {
+        let id = api
+            .enqueue(json!({ "agent": "sandbox", "thread": thread, "payload": "panic" }))
+            .await;
+        api.wait_terminal(&id).await;
+    }
+    browser.goto(&api.url("/dead-letters")).await;
+    assert_eq!(browser.count("input[name=id]").await, 3);
+    browser.click("#select-all").await;
+    assert_eq!(browser.count("input[name=id]:checked").await, 3);
+    browser.click("#retry-selected").await;
+    browser.wait_path("/dead-letters?notice=retried-n").await;
+    assert_eq!(
+        browser.text("p.notice").await.as_deref(),
+        Some("Retried 3 dead letter(s).")
+    );
+    let (_, list) = api.get("/v1/dispatches?limit=1000").await;
+    let retries = list["dispatches"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|d| d["metadata"]["retry-of"].is_string())
+        .count();
+    assert_eq!(retries, 4, "the first retry and these three");
+    browser.close().await;
+}
+
+/// A client that follows no redirect, keeps no cookies.
+fn raw_client() -> reqwest::Client {
+    reqwest::Client::builder()
+        .redirect(reqwest::redirect::Policy::none())
+        .pool_idle_timeout(Duration::from_secs(5))
+        .build()
+        .unwrap()
+}
+
+/// Logs in with `token`: the session cookie (`name=value`) and the session's CSRF token.
+async fn session(api: &Api, client: &reqwest::Client, token: &str) -> (String, String) {
+    let r = client
+        .post(api.url("/login"))
+        .form(&[("token", token), ("next", "/dead-letters")])
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 303);
+    assert_eq!(r.headers()[header::LOCATION], "/dead-letters");
+    let set = r.headers()[header::SET_COOKIE].to_str().unwrap().to_owned();
+    assert!(
+        set.contains("HttpOnly") && set.contains("SameSite=Strict") && !set.contains(token),
+        "{set}"
+    );
+    let cookie = set.split(';').next().unwrap().to_owned();
+    let page = client
+        .get(api.url("/"))
+        .header(header::COOKIE, &cookie)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(page.status(), 200);
+    let body = page.text().await.unwrap();
+    let csrf = body
+        .split("name=\"csrf\" value=\"")
+        .nth(1)
+        .and_then(|rest| rest.split('"').next())
+        .unwrap()
+        .to_owned();
+    (cookie, csrf)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn refusals_change_nothing() {
+    let api = start().await;
+    let queued = api
+        .enqueue(json!({ "agent": "echo", "thread": "q", "payload": "x", "delay": "1h" }))
+        .await;
+    let dead = api
+        .enqueue(json!({ "agent": "sandbox", "thread": "d", "payload": "panic" }))
+        .await;
+    api.wait_terminal(&dead).await;
+
+    // Without a session, every page goes to the login page, which comes back after.
+    let browser = Browser::start(1280, 900).await;
+    browser
+        .goto(&api.url(&format!("/dispatches/{queued}")))
+        .await;
+    let path = browser.wait_path("/login?next=").await;
+    assert!(path.contains(&queued), "{path}");
+    browser.type_into("#token", "not-a-token-0123456789").await;
+    browser
+        .click("form[action='/login'] button[type=submit]")
+        .await;
+    browser
+        .wait_text("p.notice.error", "a wrong token is refused", |t| {
+            t == "That token is not valid."
+        })
+        .await;
+    browser.screenshot("login").await;
+    // A reader logs in, lands on the page it asked for, and sees no action.
+    browser.type_into("#token", READER).await;
+    browser
+        .click("form[action='/login'] button[type=submit]")
+        .await;
+    browser.wait_path(&format!("/dispatches/{queued}")).await;
+    browser
+        .wait_text("#status", "the reader sees the dispatch", |t| {
+            t.starts_with("queued")
+        })
+        .await;
+    assert_eq!(browser.count("main form[method=post]").await, 0);
+    browser.goto(&api.url("/dead-letters")).await;
+    assert_eq!(browser.count("tr[data-id]").await, 1);
+    assert_eq!(browser.count("input[type=checkbox]").await, 0);
+    browser.goto(&api.url("/threads/q")).await;
+    assert_eq!(browser.count("#interrupt").await, 0);
+    browser.screenshot("reader").await;
+    browser.close().await;
+
+    let client = raw_client();
+    let get = |path: &str, cookie: Option<&str>| {
+        let mut r = client.get(api.url(path));
+        if let Some(cookie) = cookie {
+            r = r.header(header::COOKIE, cookie);
+        }
+        r.send()
+    };
+    let r = get("/dead-letters?agent=echo", None).await.unwrap();
+    assert_eq!(r.status(), 303);
+    assert_eq!(
+        r.headers()[header::LOCATION],
+        "/login?next=%2Fdead-letters%3Fagent%3Decho"
+    );
+    let r = get(
+        "/dispatches",
+        Some("homing_session=0000000000000000000000000000000000000000000000000000000000000000"),
+    )
+    .await
+    .unwrap();
+    assert_eq!(r.status(), 303, "an unknown session is no session");
+
+    let (cookie, csrf) = session(&api, &client, OPERATOR).await;
+    let r = get(&format!("/dispatches/{queued}"), Some(&cookie))
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 200);
+    let h = r.headers();
+    let csp = h["content-security-policy"].to_str().unwrap();
+    assert!(
+        csp.contains("script-src 'self'")
+            && csp.contains("frame-ancestors 'none'")
+            && !csp.contains("unsafe-inline"),
+        "{csp}"
+    );
+    assert_eq!(h["x-frame-options"], "DENY");
+    assert_eq!(h["cache-control"], "no-store");
+    let body = r.text().await.unwrap();
+    assert!(!body.contains(OPERATOR) && !body.contains("<script>alert"));
+
+    let post =
+        |path: String, cookie: &str, form: Vec<(&'static str, String)>, origin: Option<&str>| {
+            let mut r = client
+                .post(api.url(&path))
+                .header(header::COOKIE, cookie)
+                .form(&form);
+            if let Some(origin) = origin {
+                r = r.header(header::ORIGIN, origin);
+            }
+            r.send()
+        };
+    let cancel = format!("/dispatches/{queued}/cancel");
+    let origin = api.base.clone();
+    for (form, from, why) in [
+        (vec![], Some(origin.as_str()), "no CSRF token"),
+        (
+            vec![("csrf", "0".repeat(64))],
+            Some(origin.as_str()),
+            "a wrong CSRF token",
+        ),
+        (
+            vec![("csrf", csrf.clone())],
+            Some("http://evil.example"),
+            "another origin",
+        ),
+    ] {
+        let r = post(cancel.clone(), &cookie, form, from).await.unwrap();
+        assert_eq!(r.status(), 403, "{why}");
+    }
+    let r = client
+        .post(api.url(&cancel))
+        .form(&[("csrf", csrf.as_str())])
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 401, "no session");
+    let (reader, reader_csrf) = session(&api, &client, READER).await;
+    let r = post(
+        cancel.clone(),
+        &reader,
+        vec![("csrf", reader_csrf.clone())],
+        Some(&origin),
+    )
+    .await
+    .unwrap();
+    assert_eq!(r.status(), 403, "a reader's post");
+    let r = post(
+        format!("/dispatches/{dead}/retry"),
+        &reader,
+        vec![("csrf", reader_csrf)],
+        None,
+    )
+    .await
+    .unwrap();
+    assert_eq!(r.status(), 403, "a reader's retry");
+    let (_, d) = api.get(&format!("/v1/dispatches/{queued}")).await;
+    assert_eq!(d["status"], "queued", "nothing refused changed it");
+    let (_, list) = api.get("/v1/dispatches?status=queued").await;
+    assert_eq!(
+        list["dispatches"].as_array().unwrap().len(),
+        1,
+        "nothing was retried"
+    );
+
+    // The operator's own post goes through; a second cancel finds it in the wrong state.
+    for expected in [303, 409] {
+        let r = post(
+            cancel.clone(),
+            &cookie,
+            vec![("csrf", csrf.clone())],
+            Some(&origin),
+        )
+        .await
+        .unwrap();
+        assert_eq!(r.status(), expected);
+        let (_, d) = api.get(&format!("/v1/dispatches/{queued}")).await;
+        assert_eq!(d["status"], "cancelled");
+    }
+    // Logging out ends the session.
+    let r = post(
+        "/logout".into(),
+        &cookie,
+        vec![("csrf", csrf)],
+        Some(&origin),
+    )
+    .await
+    .unwrap();
+    assert_eq!(r.status(), 303);
+    let r = get("/", Some(&cookie)).await.unwrap();
+    assert_eq!(r.status(), 303);
+
+    // Failed logins are limited: after 30 in a minute (the browser's wrong token was the
+    // first), even a good token waits.
+    let mut refused = 0;
+    for _ in 0..40 {
+        let r = client
+            .post(api.url("/login"))
+            .form(&[("token", "wrong-token-0123456789abcdef")])
+            .send()
+            .await
+            .unwrap();
+        match r.status().as_u16() {
+            401 => refused += 1,
+            429 => break,
+            other => panic!("login answered {other}"),
+        }
+    }
+    assert_eq!(refused, 29);
+    let r = client
+        .post(api.url("/login"))
+        .form(&[("token", PRODUCER)])
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 429);
+
+    let log = api.log();
+    for secret in [READER, PRODUCER, OPERATOR] {
+        assert!(!log.contains(secret), "a token reached the log");
+    }
+    assert!(log.contains("dashboard action refused"), "{log}");
+}
