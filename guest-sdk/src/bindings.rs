@@ -59,3 +59,14 @@ pub mod handler_world {
 pub use agent_world::homing::agent::{log, mailbox, queue, types};
 #[cfg(all(feature = "handler", not(feature = "agent")))]
 pub use handler_world::homing::agent::{log, mailbox, types};
+
+/// Bindings of `wasi:config/store@0.2.0-rc.1` (feature `config`), generated from the copy in
+/// `wit/deps/config` (from `wasmtime-wasi-config` 48.0.8, Apache-2.0 WITH LLVM-exception).
+/// Only imports; a component that never calls them imports nothing (`wit-component` prunes).
+#[cfg(feature = "config")]
+pub mod config_world {
+    wit_bindgen::generate!({
+        path: "wit/deps/config",
+        world: "wasi:config/imports@0.2.0-rc.1",
+    });
+}

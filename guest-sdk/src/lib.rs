@@ -42,6 +42,9 @@
 //! - [`Error`] ([`error`](mod@error)): why the host refused a call, mirroring the WIT `error` variant.
 //! - [`logging`]: the host's log, through [`info!`], [`warn!`] and the other macros.
 //! - [`json`] (feature `json`): typed JSON payloads with serde.
+//! - [`http`] (feature `http`): outbound HTTP requests over `wasi:http`, to the origins the
+//!   plugin's `allowed_outbound_hosts` allows.
+//! - [`config`] (feature `config`): the plugin's variables and secrets over `wasi:config`.
 //!
 //! # Building
 //!
@@ -53,7 +56,13 @@
 
 // The crate docs link every world's items; with a feature off, its links have no target.
 #![cfg_attr(
-    not(all(feature = "handler", feature = "agent", feature = "json")),
+    not(all(
+        feature = "handler",
+        feature = "agent",
+        feature = "json",
+        feature = "http",
+        feature = "config"
+    )),
     allow(rustdoc::broken_intra_doc_links)
 )]
 
@@ -67,10 +76,14 @@ pub mod __bindings;
 #[cfg(feature = "agent")]
 pub mod agent;
 pub mod claim;
+#[cfg(feature = "config")]
+pub mod config;
 pub mod enqueue;
 pub mod error;
 #[cfg(feature = "handler")]
 pub mod handler;
+#[cfg(feature = "http")]
+pub mod http;
 #[cfg(feature = "json")]
 pub mod json;
 pub mod logging;
