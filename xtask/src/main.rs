@@ -310,7 +310,11 @@ fn build_polyglot(out: &Path) -> Result<()> {
         let stage = target_dir().join("js-agent-src");
         std::fs::create_dir_all(&stage)
             .map_err(|e| format!("cannot create {}: {e}", stage.display()))?;
-        for from in [js_agent.join("app.js"), js_sdk.join("homing-guest.js")] {
+        for from in [
+            js_agent.join("app.js"),
+            js_sdk.join("homing-guest.js"),
+            js_sdk.join("config.js"),
+        ] {
             let to = stage.join(from.file_name().unwrap_or_default());
             std::fs::copy(&from, &to)
                 .map_err(|e| format!("cannot copy {} to {}: {e}", from.display(), to.display()))?;
