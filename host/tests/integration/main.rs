@@ -14,6 +14,8 @@
 //! - `faults`: fault injection at the store level, checked by the history checker;
 //! - `api`: the HTTP API of a real `homing run`, called over loopback;
 //! - `e2e`, `polyglot`: the `homing` binary with real components;
+//! - `outbound_guests`: outbound HTTP and variables from Rust, Python and JavaScript guests and
+//!   the assistant example, against local servers on the loopback address;
 //! - `new_and_build`: `homing new` and `homing build` in every language, outside the
 //!   repository, from nothing to acked dispatches; the SDK packages;
 //! - `bounded_input`: endless or huge inputs refused fast, memory watched;
@@ -43,5 +45,6 @@ mod guest_imports;
 mod nats_conformance;
 mod nats_hosts;
 mod new_and_build;
+mod outbound_guests;
 mod polyglot;
 mod process_faults;
