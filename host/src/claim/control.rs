@@ -56,6 +56,8 @@ const STOP_DEADLINE: u8 = 4;
 #[derive(Debug, Default)]
 pub struct ClaimControl {
     stop: AtomicU8,
+    /// Woken when a final reason is set, for host calls that wait (outbound requests).
+    cancelled: tokio::sync::Notify,
 }
 
 impl ClaimControl {
@@ -70,6 +72,23 @@ impl ClaimControl {
                         _ => Some(code),
                     }
                 });
+        if self.must_cancel() {
+            self.cancelled.notify_waiters();
+        }
+    }
+
+    /// Resolves once the guest must be cancelled (at once if it already must).
+    pub async fn cancelled(&self) {
+        loop {
+            let woken = self.cancelled.notified();
+            tokio::pin!(woken);
+            // Registered before the check, so a stop set in between still wakes us.
+            woken.as_mut().enable();
+            if self.must_cancel() {
+                return;
+            }
+            woken.await;
+        }
     }
 
     /// The current stop request, if any.

@@ -42,18 +42,26 @@ pub(super) async fn check(file: &Path, json: bool) -> anyhow::Result<()> {
     let config = Config::load(file)?;
     let runtime = Runtime::new(&config)?;
     let mut plugins = BTreeMap::new();
+    let mut values = BTreeMap::new();
     for (name, plugin) in &config.plugins {
         let path = config.resolve(&plugin.path);
-        let component = crate::runtime::cache::load(
-            runtime.engine(),
-            &path,
-            &config.cache_dir(),
-            name,
-            config.host.max_component_size,
-        )?;
-        let world = detect_world(runtime.engine(), &component)
-            .with_context(|| format!("plugin `{name}` ({})", path.display()))?;
+        let world = runtime.check_plugin(name, plugin, &path, &config.tls_ca_files(name))?;
+        config.resolve_values(name)?;
         plugins.insert(name.clone(), world.name());
+        // What each value is and where it comes from; never a value.
+        let described: Vec<String> = plugin
+            .variables
+            .iter()
+            .map(|(k, spec)| {
+                let kind = if spec.is_secret() {
+                    "secret"
+                } else {
+                    "variable"
+                };
+                format!("{kind} {k} from {}", spec.origin())
+            })
+            .collect();
+        values.insert(name.clone(), described);
     }
     let store = match &config.store {
         StoreConfig::Embedded(settings) => {
@@ -95,7 +103,7 @@ pub(super) async fn check(file: &Path, json: bool) -> anyhow::Result<()> {
         println!(
             "{}",
             serde_json::to_string_pretty(
-                &json!({"file": file.display().to_string(), "store": store, "plugins": plugins, "pooling": runtime.pooling()})
+                &json!({"file": file.display().to_string(), "store": store, "plugins": plugins, "variables": values, "pooling": runtime.pooling()})
             )?
         );
     } else {
@@ -103,6 +111,9 @@ pub(super) async fn check(file: &Path, json: bool) -> anyhow::Result<()> {
         println!("store: {store}");
         for (name, world) in plugins {
             println!("plugin {name}: {world} world");
+            for line in values.get(&name).into_iter().flatten() {
+                println!("  {line}");
+            }
         }
     }
     Ok(())

@@ -16,10 +16,13 @@ use std::time::Duration;
 use serde::Deserialize;
 
 pub mod api;
+pub mod outbound;
 mod store;
 mod units;
+pub mod vars;
 
 pub use api::ApiConfig;
+pub use outbound::{HttpLimits, OutboundHost};
 pub use store::{
     Backend, DEFAULT_NATS_URL, EmbeddedSettings, NatsSettings, StoreConfig, Urls, check_nats,
 };
@@ -92,6 +95,9 @@ pub struct HostConfig {
     /// How log lines are written: `text` for people, `json` for log shippers
     /// (`HOMING_LOG_FORMAT` overrides it).
     pub log_format: LogFormat,
+    /// Certificate authorities (a PEM file) every plugin's HTTPS requests trust, besides the
+    /// built-in web roots: a company proxy's, a local model server's.
+    pub tls_ca: Option<PathBuf>,
 }
 
 /// `[host] log_format`.
@@ -118,6 +124,7 @@ impl Default for HostConfig {
             max_payload: 1 << 20,
             max_component_size: DEFAULT_MAX_COMPONENT_SIZE,
             log_format: LogFormat::Text,
+            tls_ca: None,
         }
     }
 }
@@ -162,15 +169,29 @@ pub struct PluginConfig {
     /// Dispatches one instance may serve before it is replaced (1: a fresh instance each time).
     #[serde(default = "default_reuse")]
     pub reuse_instance: u32,
-    /// Environment variables the guest sees (none by default).
+    /// Environment variables the guest sees (none by default): text, or taken from the
+    /// host's environment or a file.
     #[serde(default)]
-    pub env: BTreeMap<String, String>,
+    pub env: BTreeMap<String, vars::ValueSpec>,
+    /// Values the guest reads through `wasi:config/store` (none by default), some secret.
+    #[serde(default)]
+    pub variables: BTreeMap<String, vars::ValueSpec>,
     /// Host directories the guest may open.
     #[serde(default)]
     pub dirs: Vec<DirGrant>,
-    /// Outbound network the guest may reach, as `host:port` (none by default).
+    /// Outbound TCP the guest may open, as `host:port` (none by default).
     #[serde(default)]
     pub allowed_hosts: Vec<String>,
+    /// Origins the guest may send HTTP requests to through `wasi:http` (none by default).
+    #[serde(default)]
+    pub allowed_outbound_hosts: Vec<OutboundHost>,
+    /// Certificate authorities (a PEM file) trusted for this plugin's HTTPS requests, besides
+    /// the built-in web roots and `[host] tls_ca`.
+    #[serde(default)]
+    pub tls_ca: Option<PathBuf>,
+    /// Caps on outbound HTTP requests.
+    #[serde(default)]
+    pub http: HttpLimits,
     /// Agents this plugin may enqueue follow-up work to.
     #[serde(default)]
     pub enqueue_to: Vec<String>,
@@ -401,6 +422,19 @@ impl Config {
                     ));
                 }
             }
+            for (var, spec) in &plugin.variables {
+                vars::check_variable_name(var).map_err(|e| format!("{}: {e}", key("variables")))?;
+                spec.check()
+                    .map_err(|e| format!("{} `{var}` {e}", key("variables")))?;
+            }
+            for (var, spec) in &plugin.env {
+                if var.is_empty() || var.contains(['=', '\0']) {
+                    return Err(format!("{}: `{var}` is not a variable name", key("env")));
+                }
+                spec.check()
+                    .map_err(|e| format!("{} `{var}` {e}", key("env")))?;
+            }
+            plugin.http.check().map_err(|e| key(&e))?;
             for dir in &plugin.dirs {
                 if !dir.guest.starts_with('/') {
                     return Err(format!(
@@ -412,6 +446,48 @@ impl Config {
             }
         }
         Ok(())
+    }
+
+    /// Reads the values of plugin `name`'s `variables` and `env` from where they come from.
+    /// `homing run` and `homing config check` call it; the other commands never need them.
+    ///
+    /// # Errors
+    ///
+    /// A required value that is not set, naming the plugin, the variable and where it was
+    /// looked for; never a value.
+    pub fn resolve_values(&self, name: &str) -> Result<vars::Resolved, ConfigError> {
+        let err = |message: String| ConfigError {
+            file: self.source.clone(),
+            message,
+        };
+        let Some(plugin) = self.plugins.get(name) else {
+            return Err(err(format!("[plugins.{name}]: no such plugin")));
+        };
+        Ok(vars::Resolved {
+            variables: vars::resolve_all(
+                &plugin.variables,
+                &format!("[plugins.{name}.variables]"),
+                &self.base_dir,
+            )
+            .map_err(err)?,
+            env: vars::resolve_all(
+                &plugin.env,
+                &format!("[plugins.{name}.env]"),
+                &self.base_dir,
+            )
+            .map_err(err)?,
+        })
+    }
+
+    /// The CA files plugin `name`'s HTTPS requests trust besides the web roots, resolved.
+    pub fn tls_ca_files(&self, name: &str) -> outbound::CaFiles {
+        let plugin = self.plugins.get(name).and_then(|p| p.tls_ca.as_ref());
+        self.host
+            .tls_ca
+            .iter()
+            .chain(plugin)
+            .map(|p| self.resolve(p))
+            .collect()
     }
 
     /// Resolves a path from the file against the config's directory.

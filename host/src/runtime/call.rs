@@ -101,7 +101,9 @@ impl Runtime {
     /// When instantiation fails.
     pub async fn start_instance(&self, plugin: &Plugin) -> anyhow::Result<()> {
         let mut store = self.new_store(plugin)?;
-        store.data_mut().deadline = Some(Instant::now() + plugin.ctx.config.timeout);
+        let deadline = Some(Instant::now() + plugin.ctx.config.timeout);
+        store.data_mut().deadline = deadline;
+        store.data_mut().http.deadline = deadline;
         match &plugin.pre {
             PluginPre::Handler(pre) => {
                 pre.instantiate_async(&mut store).await?;

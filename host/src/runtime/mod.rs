@@ -22,6 +22,7 @@ mod call;
 mod engine;
 pub mod host;
 pub mod limits;
+pub mod outbound;
 mod output;
 mod plugin;
 

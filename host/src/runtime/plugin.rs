@@ -11,7 +11,7 @@
 //! when its claim must stop (an interrupt or a lost lease: every write would be refused) or
 //! its deadline passed, and records why in [`GuestState::abort`]; otherwise it yields to tokio.
 
-use std::net::{SocketAddr, ToSocketAddrs};
+use std::net::SocketAddr;
 use std::path::Path;
 use std::sync::{Arc, Mutex};
 
@@ -23,6 +23,7 @@ use wasmtime_wasi::sockets::SocketAddrUse;
 use wasmtime_wasi::{FsPerms, WasiCtxBuilder};
 
 use super::host::{Abort, GuestState, LogState, PluginContext};
+use super::outbound::Outbound;
 use super::{Runtime, WasmContext, bindings, cache, output};
 use crate::claim::StopReason;
 use crate::config::PluginConfig;
@@ -53,7 +54,9 @@ pub struct Plugin {
     /// Its world.
     pub world: World,
     pub(super) pre: PluginPre,
-    net_allow: Arc<Vec<SocketAddr>>,
+    net_allow: Arc<Vec<String>>,
+    outbound: Arc<Outbound>,
+    config_vars: Arc<wasmtime_wasi_config::WasiConfigVariables>,
 }
 
 impl std::fmt::Debug for Plugin {
@@ -86,10 +89,52 @@ impl Runtime {
             &ctx.name,
             self.max_component_size,
         )?;
-        let world = detect_world(&self.engine, &component)
-            .with_context(|| format!("plugin `{}` ({})", ctx.name, path.display()))?;
+        let (world, pre) = self.link(&ctx.name, path, &component)?;
+        let net_allow = Arc::new(ctx.config.allowed_hosts.clone());
+        let outbound = Arc::new(
+            Outbound::new(&ctx.name, &ctx.config, &ctx.tls_ca)
+                .with_context(|| format!("plugin `{}`", ctx.name))?,
+        );
+        let config_vars = Arc::new(
+            ctx.values
+                .variables
+                .iter()
+                .map(|(k, v)| (k.as_str(), v.expose()))
+                .collect(),
+        );
+        info!(plugin = %ctx.name, world = world.name(), "plugin loaded");
+        Ok(Plugin {
+            ctx,
+            world,
+            pre,
+            net_allow,
+            outbound,
+            config_vars,
+        })
+    }
+
+    /// Detects `component`'s world and links it exactly as `homing run` does: WASI p2,
+    /// `wasi:http` (outgoing), `wasi:config/store` and the world's `homing:agent` imports.
+    /// `homing config check` calls this too, so a component that passes the check starts.
+    ///
+    /// # Errors
+    ///
+    /// When the component exports neither world, or imports something the host does not
+    /// serve (named, with what would provide it).
+    pub(super) fn link(
+        &self,
+        name: &str,
+        path: &Path,
+        component: &Component,
+    ) -> anyhow::Result<(World, PluginPre)> {
+        let world = detect_world(&self.engine, component)
+            .with_context(|| format!("plugin `{name}` ({})", path.display()))?;
         let mut linker: Linker<GuestState> = Linker::new(&self.engine);
         wasmtime_wasi::p2::add_to_linker_async(&mut linker)?;
+        wasmtime_wasi_http::p2::add_only_http_to_linker_async(&mut linker)?;
+        wasmtime_wasi_config::add_to_linker(&mut linker, |s: &mut GuestState| {
+            wasmtime_wasi_config::WasiConfig::from(&*s.config_vars)
+        })?;
         match world {
             World::Handler => bindings::handler::Handler::add_to_linker::<_, HasSelf<GuestState>>(
                 &mut linker,
@@ -99,21 +144,55 @@ impl Runtime {
                 bindings::agent::Agent::add_to_linker::<_, HasSelf<GuestState>>(&mut linker, |s| s)?
             }
         }
-        let linked = linker
-            .instantiate_pre(&component)
-            .wasm_context(|| format!("plugin `{}`: cannot link {}", ctx.name, path.display()))?;
+        let linked = match linker.instantiate_pre(component) {
+            Ok(linked) => linked,
+            Err(e) => {
+                let unserved = unserved_imports(&self.engine, component);
+                return Err(anyhow::Error::from(e).context(if unserved.is_empty() {
+                    format!("plugin `{name}`: cannot link {}", path.display())
+                } else {
+                    format!(
+                        "plugin `{name}`: cannot link {}: it imports {}, which this host does not \
+                         serve. The host serves WASI 0.2 (cli, clocks, filesystem, random, \
+                         sockets, io), wasi:http/outgoing-handler (grant origins with \
+                         `allowed_outbound_hosts`), wasi:config/store (`[plugins.{name}.variables]`) \
+                         and homing:agent; rebuild the component without the others",
+                        path.display(),
+                        unserved.join(", ")
+                    )
+                }));
+            }
+        };
         let pre = match world {
             World::Handler => PluginPre::Handler(bindings::handler::HandlerPre::new(linked)?),
             World::Agent => PluginPre::Agent(bindings::agent::AgentPre::new(linked)?),
         };
-        let net_allow = Arc::new(resolve_allowed(&ctx.config)?);
-        info!(plugin = %ctx.name, world = world.name(), "plugin loaded");
-        Ok(Plugin {
-            ctx,
-            world,
-            pre,
-            net_allow,
-        })
+        Ok((world, pre))
+    }
+
+    /// Checks plugin `name` as `homing run` would load it, without running it: the component
+    /// compiles (or loads from the cache), exports a world, links, and its TLS files read.
+    ///
+    /// # Errors
+    ///
+    /// As [`Runtime::load_plugin`].
+    pub fn check_plugin(
+        &self,
+        name: &str,
+        config: &PluginConfig,
+        path: &Path,
+        tls_ca: &[std::path::PathBuf],
+    ) -> anyhow::Result<World> {
+        let component = cache::load(
+            &self.engine,
+            path,
+            &self.cache_dir,
+            name,
+            self.max_component_size,
+        )?;
+        let (world, _) = self.link(name, path, &component)?;
+        Outbound::new(name, config, tls_ca).with_context(|| format!("plugin `{name}`"))?;
+        Ok(world)
     }
 
     /// A fresh store for one instance of `plugin`, with its grants and limits.
@@ -135,8 +214,8 @@ impl Runtime {
             "stderr",
             log.clone(),
         ));
-        for (key, value) in &config.env {
-            wasi.env(key, value);
+        for (key, value) in &plugin.ctx.values.env {
+            wasi.env(key, value.expose());
         }
         for dir in &config.dirs {
             let perms = if dir.writable {
@@ -161,16 +240,28 @@ impl Runtime {
             let allow = plugin.net_allow.clone();
             wasi.allow_tcp(true);
             wasi.allow_ip_name_lookup(true);
+            let plugin_name = plugin.ctx.name.clone();
             wasi.socket_addr_check(move |addr, use_| {
-                let allowed = match use_ {
-                    SocketAddrUse::TcpConnect => allow.contains(&addr),
-                    SocketAddrUse::TcpBind => addr.ip().is_unspecified() && addr.port() == 0,
-                    _ => false,
-                };
-                Box::pin(async move { allowed })
+                let allow = allow.clone();
+                let plugin_name = plugin_name.clone();
+                Box::pin(async move {
+                    match use_ {
+                        SocketAddrUse::TcpConnect => {
+                            let allowed = tcp_grant_allows(&allow, addr).await;
+                            if !allowed {
+                                tracing::warn!(plugin = %plugin_name, %addr, "outbound TCP connect refused: not an address of allowed_hosts");
+                            }
+                            allowed
+                        }
+                        SocketAddrUse::TcpBind => addr.ip().is_unspecified() && addr.port() == 0,
+                        _ => false,
+                    }
+                })
             });
         }
-        let state = GuestState::new(wasi.build(), plugin.ctx.clone(), log);
+        let http = plugin.outbound.hooks(log.clone());
+        let state = GuestState::new(wasi.build(), plugin.ctx.clone(), log)
+            .with_grants(http, plugin.config_vars.clone());
         let mut store = WasmStore::new(&self.engine, state);
         store.limiter(|s| &mut s.limits);
         if let Some(fuel) = config.fuel {
@@ -231,14 +322,61 @@ pub fn detect_world(engine: &Engine, component: &Component) -> anyhow::Result<Wo
     }
 }
 
-/// The socket addresses a plugin's `allowed_hosts` resolve to.
-fn resolve_allowed(config: &PluginConfig) -> anyhow::Result<Vec<SocketAddr>> {
-    let mut out = Vec::new();
-    for hostport in &config.allowed_hosts {
-        let addrs = hostport
-            .to_socket_addrs()
-            .with_context(|| format!("allowed_hosts: cannot resolve `{hostport}`"))?;
-        out.extend(addrs);
+/// The interfaces the host serves, as import-name prefixes.
+const SERVED: &[&str] = &[
+    "wasi:cli/",
+    "wasi:clocks/",
+    "wasi:filesystem/",
+    "wasi:io/",
+    "wasi:random/",
+    "wasi:sockets/",
+    "wasi:http/types@0.2.",
+    "wasi:http/outgoing-handler@0.2.",
+    "wasi:config/store@0.2.",
+    "homing:agent/",
+];
+
+/// The imports of `component` the host does not serve, by name, for the error that explains
+/// why linking failed.
+fn unserved_imports(engine: &Engine, component: &Component) -> Vec<String> {
+    component
+        .component_type()
+        .imports(engine)
+        .filter(|(name, _)| {
+            let wasi_02 = !name.starts_with("wasi:") || name.contains("@0.2.");
+            !(wasi_02 && SERVED.iter().any(|p| name.starts_with(p)))
+        })
+        .map(|(name, _)| format!("`{name}`"))
+        .collect()
+}
+
+/// Whether an `allowed_hosts` entry grants a TCP connect to `addr`. The names are resolved
+/// now, at connect time (an endpoint behind a CDN changes address), and an address that is not
+/// public passes only when the entry names it literally or names `localhost` (for loopback),
+/// as for outbound HTTP.
+async fn tcp_grant_allows(allowed: &[String], addr: SocketAddr) -> bool {
+    for hostport in allowed {
+        let Some((host, port)) = hostport.rsplit_once(':') else {
+            continue;
+        };
+        if port.parse::<u16>().ok() != Some(addr.port()) {
+            continue;
+        }
+        let host = host.trim_start_matches('[').trim_end_matches(']');
+        let literal = host.parse::<std::net::IpAddr>().ok();
+        let reaches = match literal {
+            Some(ip) => ip == addr.ip(),
+            None => match tokio::net::lookup_host(hostport.as_str()).await {
+                Ok(mut found) => found.any(|a| a.ip() == addr.ip()),
+                Err(_) => false,
+            },
+        };
+        let safe = literal.is_some()
+            || super::outbound::is_public(addr.ip())
+            || (host.eq_ignore_ascii_case("localhost") && addr.ip().is_loopback());
+        if reaches && safe {
+            return true;
+        }
     }
-    Ok(out)
+    false
 }

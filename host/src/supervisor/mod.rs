@@ -135,6 +135,8 @@ impl Supervisor {
                 lease: config.host.lease,
                 targets,
                 config_dir: config.base_dir.clone(),
+                values: config.resolve_values(name)?,
+                tls_ca: config.tls_ca_files(name),
                 max_payload: config.host.max_payload,
                 shutdown: shutdown.clone(),
             });

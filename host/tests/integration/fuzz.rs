@@ -854,6 +854,8 @@ mod found {
             lease: std::time::Duration::from_secs(30),
             max_payload: 1024,
             config_dir: ".".into(),
+            values: Default::default(),
+            tls_ca: Vec::new(),
             shutdown: Default::default(),
         });
         let mut guest = GuestState::new(

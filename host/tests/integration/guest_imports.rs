@@ -42,6 +42,8 @@ fn fixture(plugin_toml: &str) -> Fixture {
         lease: std::time::Duration::from_millis(LEASE_MS),
         max_payload: 1024,
         config_dir: ".".into(),
+        values: Default::default(),
+        tls_ca: Vec::new(),
         shutdown: shutdown.clone(),
     });
     Fixture {

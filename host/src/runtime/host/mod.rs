@@ -29,13 +29,17 @@ use std::time::{Duration, Instant};
 
 use wasmtime::component::ResourceTable;
 use wasmtime_wasi::{WasiCtx, WasiCtxView, WasiView};
+use wasmtime_wasi_config::WasiConfigVariables;
+use wasmtime_wasi_http::{WasiHttpCtx, WasiHttpCtxView, WasiHttpView};
 
 use super::bindings::handler::homing::agent::types;
 use super::limits::MemoryLimiter;
+use super::outbound::{HttpHooks, Outbound};
 /// The host representation of a guest's `claim` resource.
 pub use crate::claim::ClaimHandle;
 use crate::claim::{ClaimControl, Claimer, StopReason};
 use crate::config::PluginConfig;
+use crate::config::vars::Resolved;
 use crate::store::Store;
 pub use claim::dispatch_info;
 pub use log::{LogState, LogTag, escape_log_text};
@@ -63,6 +67,10 @@ pub struct PluginContext {
     pub max_payload: u64,
     /// The directory relative grant paths resolve against (the config file's).
     pub config_dir: PathBuf,
+    /// Its `variables` and `env`, read from where they come from.
+    pub values: Resolved,
+    /// The CA files its HTTPS requests trust besides the web roots.
+    pub tls_ca: Vec<PathBuf>,
     /// Set when the host is shutting down.
     pub shutdown: Arc<AtomicBool>,
 }
@@ -80,6 +88,8 @@ impl PluginContext {
             targets: Vec::new(),
             max_payload: 1 << 20,
             config_dir,
+            values: Resolved::default(),
+            tls_ca: Vec::new(),
             shutdown: Default::default(),
         }
     }
@@ -126,6 +136,11 @@ pub struct GuestState {
     pub claims_left: u32,
     /// `agent` world: a dispatch the host claimed before starting the instance.
     pub first_claim: Option<ClaimHandle>,
+    http_ctx: WasiHttpCtx,
+    /// The instance's outbound HTTP: grants, caps, and the current claim's deadline.
+    pub http: HttpHooks,
+    /// What `wasi:config/store` answers.
+    pub config_vars: Arc<WasiConfigVariables>,
 }
 
 impl std::fmt::Debug for GuestState {
@@ -145,10 +160,25 @@ impl WasiView for GuestState {
     }
 }
 
+impl WasiHttpView for GuestState {
+    fn http(&mut self) -> WasiHttpCtxView<'_> {
+        WasiHttpCtxView {
+            ctx: &mut self.http_ctx,
+            table: &mut self.table,
+            hooks: &mut self.http,
+        }
+    }
+}
+
 impl GuestState {
-    /// A fresh state for one instance.
+    /// A fresh state for one instance, with no outbound HTTP and no variables (see
+    /// [`GuestState::with_grants`]).
     pub fn new(wasi: WasiCtx, plugin: Arc<PluginContext>, log: Arc<Mutex<LogState>>) -> Self {
+        let http = Arc::new(Outbound::deny_all(&plugin.name)).hooks(log.clone());
         GuestState {
+            http_ctx: WasiHttpCtx::new(),
+            http,
+            config_vars: Arc::new(WasiConfigVariables::new()),
             wasi,
             table: ResourceTable::new(),
             limits: MemoryLimiter::new(plugin.config.memory),
@@ -162,6 +192,13 @@ impl GuestState {
         }
     }
 
+    /// Gives the instance its plugin's outbound grants and variables.
+    pub fn with_grants(mut self, http: HttpHooks, config_vars: Arc<WasiConfigVariables>) -> Self {
+        self.http = http;
+        self.config_vars = config_vars;
+        self
+    }
+
     /// The resource table (claims live here while the guest holds them).
     pub fn table(&mut self) -> &mut ResourceTable {
         &mut self.table
@@ -172,6 +209,8 @@ impl GuestState {
     pub fn begin(&mut self, claim: &ClaimHandle) {
         self.deadline = Some(Instant::now() + self.plugin.config.timeout);
         self.control = Some(claim.control.clone());
+        self.http.deadline = self.deadline;
+        self.http.control = self.control.clone();
         if let Ok(mut log) = self.log.lock() {
             log.begin(LogTag {
                 dispatch: claim.dispatch.id.clone(),
