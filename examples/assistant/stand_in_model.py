@@ -36,7 +36,7 @@ def tool_call_reply(messages):
         "content": None,
         "tool_calls": [
             {
-                "id": "call_stand_in_1",
+                "id": f"call_stand_in_{len(messages)}",
                 "type": "function",
                 "function": {"name": "add", "arguments": json.dumps({"a": a, "b": b})},
             }

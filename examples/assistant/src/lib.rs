@@ -180,10 +180,13 @@ impl Conversation {
         }
     }
 
-    /// Whether a tool message answers the call `id`.
+    /// Whether a tool message after the last assistant message answers the call `id` (ids
+    /// are unique only within one reply: some servers reuse them across turns).
     fn answered(&self, id: &str) -> bool {
         self.messages
             .iter()
+            .rev()
+            .take_while(|m| m["role"] != "assistant")
             .any(|m| m["role"] == "tool" && m["tool_call_id"].as_str() == Some(id))
     }
 }

@@ -426,7 +426,7 @@ fn polyglot_requests_without_a_grant_are_denied(agent: &str) {
         &format!("http GET {}", server.url("/denied")),
         &[],
     );
-    env.run_until_idle();
+    run_until_idle_with(&env, &[("POLYGLOT_TEST_KEY", "polyglot-s3cret")]);
     let reply = output(&env, &id);
     assert!(
         reply.starts_with("tool http failed"),
