@@ -65,6 +65,9 @@ pub(super) async fn list(State(state): State<Arc<ApiState>>) -> Result<Json<Valu
                 "env": p.env.keys().collect::<Vec<_>>(),
                 "dirs": p.dirs.iter().map(|d| json!({ "guest": d.guest, "writable": d.writable })).collect::<Vec<_>>(),
                 "allowed_hosts": p.allowed_hosts,
+                "allowed_outbound_hosts": p.allowed_outbound_hosts.iter().map(ToString::to_string).collect::<Vec<_>>(),
+                // Names, kinds and sources only: never a value.
+                "variables": p.variables.iter().map(|(k, v)| json!({ "name": k, "secret": v.is_secret(), "from": v.origin() })).collect::<Vec<_>>(),
                 "enqueue_to": p.enqueue_to,
             },
             "queue": queue,

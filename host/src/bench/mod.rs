@@ -17,6 +17,7 @@
 //! - `target`: fresh stores per sample and host runs on them.
 
 mod api;
+mod outbound;
 mod scale;
 mod scenarios;
 mod target;
@@ -110,6 +111,9 @@ pub enum Scenario {
     Scale,
     /// The HTTP API: enqueue throughput and enqueue-to-result latency.
     Api,
+    /// One outbound HTTP request through a guest against the host making it directly (run
+    /// only when named: it needs the http-probe test guest).
+    Outbound,
 }
 
 /// What `homing bench` was asked.
@@ -132,11 +136,13 @@ pub struct BenchArgs {
     pub only: Vec<Scenario>,
     /// Also measure the start of the Python and JavaScript agents found next to the echo guest.
     pub polyglot: bool,
+    /// The http-probe guest (`--only outbound`).
+    pub http_probe: Option<PathBuf>,
 }
 
 impl BenchArgs {
     fn wants(&self, scenario: Scenario) -> bool {
-        if scenario == Scenario::Scale {
+        if matches!(scenario, Scenario::Scale | Scenario::Outbound) {
             return self.only.contains(&scenario);
         }
         self.only.is_empty() || self.only.contains(&scenario)
@@ -172,6 +178,15 @@ pub async fn run(args: &BenchArgs) -> anyhow::Result<()> {
             claims: 500,
         }
     };
+    let mut figures = Vec::new();
+    if args.wants(Scenario::Outbound) {
+        let probe = args.http_probe.clone().unwrap_or_else(|| {
+            echo.parent()
+                .unwrap_or(std::path::Path::new("."))
+                .join("http_probe.wasm")
+        });
+        figures.extend(outbound::outbound(&probe, if args.quick { 200 } else { 2_000 }).await?);
+    }
     let mut targets = Vec::new();
     let mut _local = None;
     if matches!(args.backend, BenchBackend::Embedded | BenchBackend::All) {
@@ -192,7 +207,6 @@ pub async fn run(args: &BenchArgs) -> anyhow::Result<()> {
         targets.push(Target::new_nats(url));
     }
 
-    let mut figures = Vec::new();
     if args.wants(Scenario::Start)
         && matches!(args.backend, BenchBackend::Embedded | BenchBackend::All)
     {

@@ -45,7 +45,13 @@ pub(super) async fn check(file: &Path, json: bool) -> anyhow::Result<()> {
     let mut values = BTreeMap::new();
     for (name, plugin) in &config.plugins {
         let path = config.resolve(&plugin.path);
-        let world = runtime.check_plugin(name, plugin, &path, &config.tls_ca_files(name))?;
+        let world = runtime.check_plugin(
+            name,
+            plugin,
+            &path,
+            &config.tls_ca_files(name),
+            &config.host.hosts,
+        )?;
         config.resolve_values(name)?;
         plugins.insert(name.clone(), world.name());
         // What each value is and where it comes from; never a value.

@@ -123,6 +123,10 @@ pub enum Command {
         /// (compiled once into `.homing/cache`; the first run compiles each for 10-20 s).
         #[arg(long)]
         polyglot: bool,
+        /// The http-probe test guest, for `--only outbound` (default: `http_probe.wasm` next to
+        /// the echo guest).
+        #[arg(long)]
+        http_probe: Option<PathBuf>,
     },
 }
 
@@ -259,6 +263,7 @@ async fn execute(cli: Cli) -> anyhow::Result<()> {
         million,
         only,
         polyglot,
+        http_probe,
     } = &cli.command
     {
         return bench::run(&bench::BenchArgs {
@@ -270,6 +275,7 @@ async fn execute(cli: Cli) -> anyhow::Result<()> {
             million: *million,
             only: only.clone(),
             polyglot: *polyglot,
+            http_probe: http_probe.clone(),
         })
         .await;
     }

@@ -98,6 +98,11 @@ pub struct HostConfig {
     /// Certificate authorities (a PEM file) every plugin's HTTPS requests trust, besides the
     /// built-in web roots: a company proxy's, a local model server's.
     pub tls_ca: Option<PathBuf>,
+    /// Fixed addresses for names, used before DNS by outbound requests and the TCP grant
+    /// (like `/etc/hosts`, for this host's guests only): `{ "models.internal" = "10.0.0.5" }`.
+    /// The address rules still apply: a name pinned to a private address is reachable only
+    /// when `allowed_outbound_hosts` names that address.
+    pub hosts: BTreeMap<String, std::net::IpAddr>,
 }
 
 /// `[host] log_format`.
@@ -125,6 +130,7 @@ impl Default for HostConfig {
             max_component_size: DEFAULT_MAX_COMPONENT_SIZE,
             log_format: LogFormat::Text,
             tls_ca: None,
+            hosts: BTreeMap::new(),
         }
     }
 }

@@ -52,6 +52,7 @@ const MAX_CA_FILE: u64 = 1 << 20;
 /// What every instance of one plugin shares: its grants, limits and TLS setup.
 pub struct Outbound {
     plugin: String,
+    hosts: std::collections::BTreeMap<String, IpAddr>,
     allow: Vec<OutboundHost>,
     limits: HttpLimits,
     tls: Option<Arc<rustls::ClientConfig>>,
@@ -72,7 +73,12 @@ impl Outbound {
     /// # Errors
     ///
     /// When a CA file cannot be read or holds no certificate.
-    pub fn new(name: &str, config: &PluginConfig, ca_files: &[PathBuf]) -> anyhow::Result<Self> {
+    pub fn new(
+        name: &str,
+        config: &PluginConfig,
+        ca_files: &[PathBuf],
+        hosts: &std::collections::BTreeMap<String, IpAddr>,
+    ) -> anyhow::Result<Self> {
         let needs_tls = config
             .allowed_outbound_hosts
             .iter()
@@ -86,6 +92,10 @@ impl Outbound {
         };
         Ok(Outbound {
             plugin: name.to_owned(),
+            hosts: hosts
+                .iter()
+                .map(|(k, v)| (k.trim_end_matches('.').to_ascii_lowercase(), *v))
+                .collect(),
             allow: config.allowed_outbound_hosts.clone(),
             limits: config.http.clone(),
             tls,
@@ -96,6 +106,7 @@ impl Outbound {
     pub fn deny_all(name: &str) -> Self {
         Outbound {
             plugin: name.to_owned(),
+            hosts: Default::default(),
             allow: Vec::new(),
             limits: HttpLimits::default(),
             tls: None,
@@ -530,9 +541,13 @@ impl Job {
         host: &str,
         port: u16,
     ) -> Result<TcpStream, (String, HttpError)> {
-        let addrs: Vec<SocketAddr> = match host.parse::<IpAddr>() {
-            Ok(ip) => vec![SocketAddr::new(ip, port)],
-            Err(_) => match tokio::net::lookup_host((host, port)).await {
+        let fixed = host
+            .parse::<IpAddr>()
+            .ok()
+            .or_else(|| self.outbound.hosts.get(host).copied());
+        let addrs: Vec<SocketAddr> = match fixed {
+            Some(ip) => vec![SocketAddr::new(ip, port)],
+            None => match tokio::net::lookup_host((host, port)).await {
                 Ok(found) => found.collect(),
                 Err(e) => {
                     return Err((
@@ -900,13 +915,17 @@ mod tests {
         let local = entry("http://localhost:11434");
         assert!(may_reach(
             &local,
-            &[local.clone()],
+            std::slice::from_ref(&local),
             "127.0.0.1".parse().unwrap()
         ));
-        assert!(may_reach(&local, &[local.clone()], "::1".parse().unwrap()));
+        assert!(may_reach(
+            &local,
+            std::slice::from_ref(&local),
+            "::1".parse().unwrap()
+        ));
         assert!(!may_reach(
             &local,
-            &[local.clone()],
+            std::slice::from_ref(&local),
             "10.0.0.1".parse().unwrap()
         ));
     }

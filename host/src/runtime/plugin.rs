@@ -92,7 +92,7 @@ impl Runtime {
         let (world, pre) = self.link(&ctx.name, path, &component)?;
         let net_allow = Arc::new(ctx.config.allowed_hosts.clone());
         let outbound = Arc::new(
-            Outbound::new(&ctx.name, &ctx.config, &ctx.tls_ca)
+            Outbound::new(&ctx.name, &ctx.config, &ctx.tls_ca, &ctx.hosts)
                 .with_context(|| format!("plugin `{}`", ctx.name))?,
         );
         let config_vars = Arc::new(
@@ -182,6 +182,7 @@ impl Runtime {
         config: &PluginConfig,
         path: &Path,
         tls_ca: &[std::path::PathBuf],
+        hosts: &std::collections::BTreeMap<String, std::net::IpAddr>,
     ) -> anyhow::Result<World> {
         let component = cache::load(
             &self.engine,
@@ -191,7 +192,7 @@ impl Runtime {
             self.max_component_size,
         )?;
         let (world, _) = self.link(name, path, &component)?;
-        Outbound::new(name, config, tls_ca).with_context(|| format!("plugin `{name}`"))?;
+        Outbound::new(name, config, tls_ca, hosts).with_context(|| format!("plugin `{name}`"))?;
         Ok(world)
     }
 
@@ -241,13 +242,15 @@ impl Runtime {
             wasi.allow_tcp(true);
             wasi.allow_ip_name_lookup(true);
             let plugin_name = plugin.ctx.name.clone();
+            let hosts = Arc::new(plugin.ctx.hosts.clone());
             wasi.socket_addr_check(move |addr, use_| {
                 let allow = allow.clone();
+                let hosts = hosts.clone();
                 let plugin_name = plugin_name.clone();
                 Box::pin(async move {
                     match use_ {
                         SocketAddrUse::TcpConnect => {
-                            let allowed = tcp_grant_allows(&allow, addr).await;
+                            let allowed = tcp_grant_allows(&allow, &hosts, addr).await;
                             if !allowed {
                                 tracing::warn!(plugin = %plugin_name, %addr, "outbound TCP connect refused: not an address of allowed_hosts");
                             }
@@ -354,7 +357,11 @@ fn unserved_imports(engine: &Engine, component: &Component) -> Vec<String> {
 /// now, at connect time (an endpoint behind a CDN changes address), and an address that is not
 /// public passes only when the entry names it literally or names `localhost` (for loopback),
 /// as for outbound HTTP.
-async fn tcp_grant_allows(allowed: &[String], addr: SocketAddr) -> bool {
+async fn tcp_grant_allows(
+    allowed: &[String],
+    hosts: &std::collections::BTreeMap<String, std::net::IpAddr>,
+    addr: SocketAddr,
+) -> bool {
     for hostport in allowed {
         let Some((host, port)) = hostport.rsplit_once(':') else {
             continue;
@@ -364,7 +371,8 @@ async fn tcp_grant_allows(allowed: &[String], addr: SocketAddr) -> bool {
         }
         let host = host.trim_start_matches('[').trim_end_matches(']');
         let literal = host.parse::<std::net::IpAddr>().ok();
-        let reaches = match literal {
+        let pinned = hosts.get(&host.to_ascii_lowercase()).copied();
+        let reaches = match literal.or(pinned) {
             Some(ip) => ip == addr.ip(),
             None => match tokio::net::lookup_host(hostport.as_str()).await {
                 Ok(mut found) => found.any(|a| a.ip() == addr.ip()),

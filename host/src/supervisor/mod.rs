@@ -137,6 +137,7 @@ impl Supervisor {
                 config_dir: config.base_dir.clone(),
                 values: config.resolve_values(name)?,
                 tls_ca: config.tls_ca_files(name),
+                hosts: config.host.hosts.clone(),
                 max_payload: config.host.max_payload,
                 shutdown: shutdown.clone(),
             });

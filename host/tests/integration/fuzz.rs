@@ -856,6 +856,7 @@ mod found {
             config_dir: ".".into(),
             values: Default::default(),
             tls_ca: Vec::new(),
+            hosts: Default::default(),
             shutdown: Default::default(),
         });
         let mut guest = GuestState::new(

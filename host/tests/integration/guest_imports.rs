@@ -44,6 +44,7 @@ fn fixture(plugin_toml: &str) -> Fixture {
         config_dir: ".".into(),
         values: Default::default(),
         tls_ca: Vec::new(),
+        hosts: Default::default(),
         shutdown: shutdown.clone(),
     });
     Fixture {

@@ -14,6 +14,7 @@
 //! - `faults`: fault injection at the store level, checked by the history checker;
 //! - `api`: the HTTP API of a real `homing run`, called over loopback;
 //! - `e2e`, `polyglot`: the `homing` binary with real components;
+//! - `outbound_http`: guests' HTTP(S) requests, allow-list, address rules, TLS, caps, secrets;
 //! - `outbound_guests`: outbound HTTP and variables from Rust, Python and JavaScript guests and
 //!   the assistant example, against local servers on the loopback address;
 //! - `new_and_build`: `homing new` and `homing build` in every language, outside the
@@ -46,5 +47,6 @@ mod nats_conformance;
 mod nats_hosts;
 mod new_and_build;
 mod outbound_guests;
+mod outbound_http;
 mod polyglot;
 mod process_faults;

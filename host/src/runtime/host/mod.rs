@@ -71,6 +71,8 @@ pub struct PluginContext {
     pub values: Resolved,
     /// The CA files its HTTPS requests trust besides the web roots.
     pub tls_ca: Vec<PathBuf>,
+    /// `[host] hosts`: names with fixed addresses.
+    pub hosts: std::collections::BTreeMap<String, std::net::IpAddr>,
     /// Set when the host is shutting down.
     pub shutdown: Arc<AtomicBool>,
 }
@@ -90,6 +92,7 @@ impl PluginContext {
             config_dir,
             values: Resolved::default(),
             tls_ca: Vec::new(),
+            hosts: Default::default(),
             shutdown: Default::default(),
         }
     }

@@ -9,6 +9,9 @@
 //!  "config_keys": ["a", "b"]}
 //! ```
 //!
+//! A header value may hold `{config.NAME}`, replaced by that variable before sending (so a
+//! secret reaches the server without passing through the payload or the result).
+//!
 //! It reads each of `config_keys`, then (when `url` is given) sends the request `repeat` times
 //! in sequence (default once) and returns the last response:
 //!
@@ -65,10 +68,10 @@ struct Report {
 struct HttpProbe;
 
 impl HttpProbe {
-    fn request(probe: &Probe, url: &str) -> Request {
+    fn request(probe: &Probe, url: &str) -> Result<Request, String> {
         let mut request = Request::new(Method::parse(&probe.method), url);
         for (name, value) in &probe.headers {
-            request = request.header(name.as_str(), value.as_str());
+            request = request.header(name.as_str(), with_config(value)?.as_str());
         }
         if let Some(body) = &probe.body {
             request = request.body(body.as_str());
@@ -79,8 +82,27 @@ impl HttpProbe {
         if let Some(limit) = probe.max_response_bytes {
             request = request.max_response_bytes(limit);
         }
-        request
+        Ok(request)
     }
+}
+
+/// `value` with each `{config.NAME}` replaced by that variable (empty when unset), so a test
+/// can send a secret the payload never holds.
+fn with_config(value: &str) -> Result<String, String> {
+    let mut out = String::new();
+    let mut rest = value;
+    while let Some(start) = rest.find("{config.") {
+        out.push_str(&rest[..start]);
+        let after = &rest[start + "{config.".len()..];
+        let Some(end) = after.find('}') else {
+            out.push_str(&rest[start..]);
+            return Ok(out);
+        };
+        out.push_str(&config::get(&after[..end])?.unwrap_or_default());
+        rest = &after[end + 1..];
+    }
+    out.push_str(rest);
+    Ok(out)
 }
 
 impl Handler for HttpProbe {
@@ -92,7 +114,7 @@ impl Handler for HttpProbe {
         }
         if let Some(url) = &probe.url {
             for _ in 0..probe.repeat.max(1) {
-                let response = HttpProbe::request(&probe, url).send()?;
+                let response = HttpProbe::request(&probe, url)?.send()?;
                 report.requests += 1;
                 report.status = Some(response.status);
                 report.headers = response
