@@ -10,16 +10,24 @@
 // StarlingMonkey has no file system, environment or socket API of its own, so the `read`,
 // `env` and `connect` tools call the WASI imports of the `tool-agent` world
 // (`examples/wit/tool-agent.wit`) directly. What they reach is still what `homing.toml` grants.
+// The `http <METHOD> <url> [body]` tool uses the standard `fetch()` (over `wasi:http`, to the
+// origins `allowed_outbound_hosts` names) and `config <key>` reads a plugin variable, as the
+// Python agent's do.
 
 import { getEnvironment } from 'wasi:cli/environment@0.2.12';
 import { getDirectories } from 'wasi:filesystem/preopens@0.2.12';
 import { instanceNetwork } from 'wasi:sockets/instance-network@0.2.12';
 import { createTcpSocket } from 'wasi:sockets/tcp-create-socket@0.2.12';
 
+import { ConfigError, get as configGet } from './config.js';
 import { HomingError, exportHandler, info, text } from './homing-guest.js';
 
 /** The most a `read` returns. */
 const READ_LIMIT = 4096n;
+
+/** Variables whose names contain one of these are secrets: `config` says only that they are
+ * set. */
+const SECRET_WORDS = ['key', 'secret', 'token', 'password'];
 
 /** A tool failed; the reply says so. */
 class ToolError extends Error {}
@@ -35,6 +43,8 @@ function respond(claim) {
   const tool = space < 0 ? message : message.slice(0, space);
   const arg = space < 0 ? '' : message.slice(space + 1).trim();
   const history = claim.readLogAll().map((entry) => JSON.parse(entry.text));
+
+  if (tool === 'http') return httpTurn(claim, arg, message);
 
   let reply;
   if (tool === 'flaky') {
@@ -54,10 +64,35 @@ function respond(claim) {
     }
   }
 
+  return record(claim, tool, message, reply);
+}
+
+/** Writes the turn to the thread log; returns the reply. */
+function record(claim, tool, message, reply) {
   claim.append(JSON.stringify({ role: 'user', content: message }));
   claim.append(JSON.stringify({ role: 'agent', content: reply }));
   info(`turn on ${claim.thread}: ${tool} -> ${reply.slice(0, 60)}`);
   return reply;
+}
+
+/** The `http <METHOD> <url> [body]` turn: `fetch` is asynchronous, so this one is too (the
+ * handler returns its promise; componentize-js runs the event loop until it settles). The
+ * request carries `x-agent: <this agent>` (and the body as text/plain); the reply is the
+ * status, the response's `x-reply` header and its body, as JSON. */
+async function httpTurn(claim, arg, message) {
+  const [method, url = '', ...rest] = arg.split(' ');
+  const body = rest.join(' ');
+  const headers = { 'x-agent': claim.agent };
+  if (body) headers['content-type'] = 'text/plain';
+  let reply;
+  try {
+    const response = await fetch(url, { method, headers, body: body || undefined });
+    const received = await response.text();
+    reply = JSON.stringify({ status: response.status, 'x-reply': response.headers.get('x-reply'), body: received });
+  } catch (e) {
+    reply = `tool http failed: ${e && e.message ? e.message : e}`;
+  }
+  return record(claim, 'http', message, reply);
 }
 
 function runTool(claim, tool, arg, message, history) {
@@ -79,6 +114,20 @@ function runTool(claim, tool, arg, message, history) {
     }
     case 'connect':
       return connect(arg);
+    case 'config': {
+      let value;
+      try {
+        value = configGet(arg);
+      } catch (e) {
+        if (!(e instanceof ConfigError)) throw e;
+        throw new ToolError(e.message);
+      }
+      if (value === undefined) throw new ToolError(`${arg} is not set`);
+      if (SECRET_WORDS.some((word) => arg.includes(word))) {
+        return `${arg} is set (${value.length} characters, not shown)`;
+      }
+      return value;
+    }
     case 'ask': {
       const space = arg.indexOf(' ');
       const agent = space < 0 ? arg : arg.slice(0, space);

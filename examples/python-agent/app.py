@@ -12,6 +12,8 @@ can pick the conversation up: the log is its only memory. The reply is the dispa
 | `read <path>` | a file's first 4 KiB (needs a `dirs` grant) |
 | `env <NAME>` | an environment variable (needs an `env` grant) |
 | `connect <ip>:<port>` | opens a TCP connection (needs an `allowed_hosts` grant) |
+| `http <METHOD> <url> [body]` | an HTTP request (needs `allowed_outbound_hosts`); replies `{"status", "x-reply", "body"}` as JSON |
+| `config <key>` | a plugin variable (`[plugins.NAME.variables]`); names with `key`, `secret`, `token` or `password` are not shown |
 | `ask <agent> <text>` | hands `<text>` to another agent on this thread (needs `enqueue_to`) |
 | `flaky <n>` | a tool that is unavailable for its first `n` attempts: the agent nacks |
 | anything else | a reply that counts the turns |
@@ -30,10 +32,13 @@ from componentize_py_types import Err
 from wit_world.imports import instance_network, network, tcp_create_socket
 
 import homing_guest
-from homing_guest import Claim
+from homing_guest import Claim, config, http
 
 # The most a `read` returns.
 READ_LIMIT = 4096
+
+# Variables whose names contain one of these are secrets: `config` says only that they are set.
+SECRET_WORDS = ("key", "secret", "token", "password")
 
 
 class ToolError(Exception):
@@ -88,6 +93,18 @@ def run_tool(claim: Claim, tool: str, arg: str, message: str, history: list) -> 
         return value
     if tool == "connect":
         return connect(arg)
+    if tool == "http":
+        return http_tool(claim, arg)
+    if tool == "config":
+        try:
+            value = config.get(arg)
+        except config.ConfigError as e:
+            raise ToolError(str(e)) from None
+        if value is None:
+            raise ToolError(f"{arg} is not set")
+        if any(word in arg for word in SECRET_WORDS):
+            return f"{arg} is set ({len(value)} characters, not shown)"
+        return value
     if tool == "ask":
         agent, _, text = arg.partition(" ")
         # A retry of this dispatch must not ask twice: the dedupe key is this dispatch.
@@ -102,6 +119,23 @@ def run_tool(claim: Claim, tool: str, arg: str, message: str, history: list) -> 
         return f"asked {agent}: {asked}"
     turns = 1 + sum(1 for e in history if e.get("role") == "user")
     return f'#{turns}: you said "{message}"'
+
+
+def http_tool(claim: Claim, arg: str) -> str:
+    """`<METHOD> <url> [body]`: sends the request with the header `x-agent: <this agent>` (and
+    the body as text/plain), and replies with the status, the response's `x-reply` header and
+    its body."""
+    method, _, rest = arg.partition(" ")
+    url, _, body = rest.strip().partition(" ")
+    headers = [("x-agent", claim.agent)]
+    if body:
+        headers.append(("content-type", "text/plain"))
+    try:
+        response = http.request(method, url, headers=headers, body=body or None, timeout=10)
+        text = response.text()
+    except http.HttpError as e:
+        raise ToolError(str(e)) from None
+    return json.dumps({"status": response.status, "x-reply": response.header("x-reply"), "body": text})
 
 
 def connect(target: str) -> str:

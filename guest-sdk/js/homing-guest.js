@@ -19,7 +19,8 @@
 // with backoff, a dead letter at the attempt limit). A thrown value never traps the guest: its
 // text becomes the nack's reason. Sequence numbers are `BigInt`s (WIT `u64`).
 //
-// Build with the componentize-js CLI: `cli.js app.js --wit <wit> -n <world> -d http fetch-event`.
+// Build with the componentize-js CLI: `cli.js app.js --wit <wit> -n <world> -d fetch-event`
+// (`fetch()` stays on: it goes out over `wasi:http`).
 // The component is a snapshot taken after the module's top level ran; the module imports only
 // the `homing:agent` interfaces every world has, so it works in any world that includes
 // `handler`. For the `agent` world, `claimNext` is in `homing-guest/agent` (`agent.js`), apart
@@ -213,7 +214,14 @@ function failure(e) {
   return String(e instanceof Error ? e.message : e) || 'error';
 }
 
-/** The object to export as `handle`, calling `handler(claim)` per dispatch. */
+/** The handler's result as the output bytes. */
+function output(out) {
+  return out === undefined || out === null ? new Uint8Array() : bytes(out);
+}
+
+/** The object to export as `handle`, calling `handler(claim)` per dispatch. The handler may be
+ * `async` (to `await fetch(...)`, say): componentize-js runs the event loop until the promise
+ * settles, within the same call. */
 export function exportHandler(handler) {
   return {
     handle(raw) {
@@ -224,7 +232,12 @@ export function exportHandler(handler) {
         // The generated binding lifts a thrown string into `err(string)`.
         throw failure(e);
       }
-      return out === undefined || out === null ? new Uint8Array() : bytes(out);
+      if (out && typeof out.then === 'function') {
+        return out.then(output, (e) => {
+          throw failure(e);
+        });
+      }
+      return output(out);
     },
   };
 }

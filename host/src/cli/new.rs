@@ -57,6 +57,47 @@ const HOMING_TOML: &str = include_str!("../../templates/common/homing.toml");
 const GITIGNORE: &str = include_str!("../../templates/common/gitignore");
 const WORLD_WIT: &str = include_str!("../../templates/common/world.wit");
 
+/// The WASI WIT the Python and JavaScript worlds need for `wasi:http` and `wasi:config`
+/// (every package `wasi:http` names), the files of `examples/wit/deps`.
+const WASI_DEPS: &[(&str, &str)] = &[
+    (
+        "wit/deps/wasi-cli.wit",
+        include_str!("../../../examples/wit/deps/wasi-cli.wit"),
+    ),
+    (
+        "wit/deps/wasi-clocks.wit",
+        include_str!("../../../examples/wit/deps/wasi-clocks.wit"),
+    ),
+    (
+        "wit/deps/wasi-filesystem.wit",
+        include_str!("../../../examples/wit/deps/wasi-filesystem.wit"),
+    ),
+    (
+        "wit/deps/wasi-http.wit",
+        include_str!("../../../examples/wit/deps/wasi-http.wit"),
+    ),
+    (
+        "wit/deps/wasi-io.wit",
+        include_str!("../../../examples/wit/deps/wasi-io.wit"),
+    ),
+    (
+        "wit/deps/wasi-random.wit",
+        include_str!("../../../examples/wit/deps/wasi-random.wit"),
+    ),
+    (
+        "wit/deps/wasi-sockets.wit",
+        include_str!("../../../examples/wit/deps/wasi-sockets.wit"),
+    ),
+    (
+        "wit/deps/wasi-config/store.wit",
+        include_str!("../../../examples/wit/deps/wasi-config/store.wit"),
+    ),
+    (
+        "wit/deps/wasi-config/world.wit",
+        include_str!("../../../examples/wit/deps/wasi-config/world.wit"),
+    ),
+];
+
 const RUST_CARGO: &str = include_str!("../../templates/rust/Cargo.toml");
 const RUST_HANDLER: &str = include_str!("../../templates/rust/handler.rs");
 const RUST_AGENT: &str = include_str!("../../templates/rust/agent.rs");
@@ -140,11 +181,11 @@ pub fn files(name: &str, lang: Lang, world: World) -> Vec<(&'static str, String)
     match lang {
         Lang::Rust => {
             let dependency = match world {
-                World::Handler => "\"0.1\"".to_owned(),
-                World::Agent => {
-                    r#"{ version = "0.1", default-features = false, features = ["agent"] }"#
-                        .to_owned()
+                World::Handler => {
+                    r#"{ version = "0.1", features = ["http", "config"] }"#.to_owned()
                 }
+                World::Agent => r#"{ version = "0.1", default-features = false, features = ["agent", "http", "config"] }"#
+                    .to_owned(),
             };
             files.push((
                 "Cargo.toml",
@@ -168,6 +209,11 @@ pub fn files(name: &str, lang: Lang, world: World) -> Vec<(&'static str, String)
             files.push(("README.md", fill(PYTHON_README)));
             files.push(("wit/world.wit", world_wit()));
             files.push(("wit/deps/homing-agent/homing.wit", CONTRACT.to_owned()));
+            files.extend(
+                WASI_DEPS
+                    .iter()
+                    .map(|(path, text)| (*path, (*text).to_owned())),
+            );
         }
         Lang::Js => {
             let source = match world {
@@ -179,6 +225,11 @@ pub fn files(name: &str, lang: Lang, world: World) -> Vec<(&'static str, String)
             files.push(("README.md", fill(JS_README)));
             files.push(("wit/world.wit", world_wit()));
             files.push(("wit/deps/homing-agent/homing.wit", CONTRACT.to_owned()));
+            files.extend(
+                WASI_DEPS
+                    .iter()
+                    .map(|(path, text)| (*path, (*text).to_owned())),
+            );
         }
     }
     files

@@ -16,6 +16,8 @@
 //! - `dashboard`: the web dashboard of a real `homing run`, in a headless Chromium ([`browser`]);
 //! - `e2e`, `polyglot`: the `homing` binary with real components;
 //! - `outbound_http`: guests' HTTP(S) requests, allow-list, address rules, TLS, caps, secrets;
+//! - `outbound_guests`: outbound HTTP and variables from Rust, Python and JavaScript guests and
+//!   the assistant example, against local servers on the loopback address;
 //! - `new_and_build`: `homing new` and `homing build` in every language, outside the
 //!   repository, from nothing to acked dispatches; the SDK packages;
 //! - `bounded_input`: endless or huge inputs refused fast, memory watched;
@@ -47,6 +49,7 @@ mod guest_imports;
 mod nats_conformance;
 mod nats_hosts;
 mod new_and_build;
+mod outbound_guests;
 mod outbound_http;
 mod polyglot;
 mod process_faults;

@@ -317,6 +317,35 @@ fn sdk_wit_copies_match_the_contract() {
     }
 }
 
+/// The Rust SDK's copy of `wasi:config` is the one the examples and `homing new` use, and both
+/// the examples' world and the template world import `wasi:http` and `wasi:config`.
+#[test]
+fn wasi_wit_copies_match() {
+    for name in ["store.wit", "world.wit"] {
+        let sdk =
+            std::fs::read_to_string(root().join("guest-sdk/wit/deps/config").join(name)).unwrap();
+        let examples =
+            std::fs::read_to_string(root().join("examples/wit/deps/wasi-config").join(name))
+                .unwrap();
+        assert!(
+            sdk == examples,
+            "guest-sdk/wit/deps/config/{name} differs from examples/wit/deps/wasi-config/{name}"
+        );
+    }
+    let world = std::fs::read_to_string(root().join("examples/wit/tool-agent.wit")).unwrap();
+    let template = std::fs::read_to_string(root().join("host/templates/common/world.wit")).unwrap();
+    for import in [
+        "import wasi:http/outgoing-handler@0.2.12;",
+        "import wasi:config/store@0.2.0-rc.1;",
+    ] {
+        assert!(world.contains(import), "tool-agent.wit lacks `{import}`");
+        assert!(
+            template.contains(import),
+            "the template world lacks `{import}`"
+        );
+    }
+}
+
 /// `npm pack` packs the JavaScript SDK with its module, the agent-world module, the WIT and
 /// the README.
 #[test]
@@ -336,6 +365,7 @@ fn js_sdk_packs() {
     for file in [
         "homing-guest.js",
         "agent.js",
+        "config.js",
         "wit/homing.wit",
         "README.md",
         "package.json",
@@ -355,6 +385,8 @@ fn python_sdk_builds_a_wheel() {
         "pyproject.toml",
         "README.md",
         "homing_guest/__init__.py",
+        "homing_guest/http.py",
+        "homing_guest/config.py",
         "homing_guest/py.typed",
         "homing_guest/wit/homing.wit",
     ] {
@@ -389,7 +421,12 @@ fn python_sdk_builds_a_wheel() {
             .arg(&wheel),
         "listing the wheel",
     );
-    for file in ["homing_guest/__init__.py", "homing_guest/wit/homing.wit"] {
+    for file in [
+        "homing_guest/__init__.py",
+        "homing_guest/http.py",
+        "homing_guest/config.py",
+        "homing_guest/wit/homing.wit",
+    ] {
         assert!(listing.contains(file), "the wheel lacks {file}:\n{listing}");
     }
 }

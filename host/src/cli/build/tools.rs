@@ -43,6 +43,14 @@ const SDK: &[(&str, &str)] = &[
         include_str!("../../../../guest-sdk/python/homing_guest/__init__.py"),
     ),
     (
+        "python/homing_guest/http.py",
+        include_str!("../../../../guest-sdk/python/homing_guest/http.py"),
+    ),
+    (
+        "python/homing_guest/config.py",
+        include_str!("../../../../guest-sdk/python/homing_guest/config.py"),
+    ),
+    (
         "python/homing_guest/wit/homing.wit",
         super::super::new::CONTRACT,
     ),
@@ -57,6 +65,10 @@ const SDK: &[(&str, &str)] = &[
     (
         "js/agent.js",
         include_str!("../../../../guest-sdk/js/agent.js"),
+    ),
+    (
+        "js/config.js",
+        include_str!("../../../../guest-sdk/js/config.js"),
     ),
     ("js/wit/homing.wit", super::super::new::CONTRACT),
 ];

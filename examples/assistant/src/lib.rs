@@ -1,0 +1,257 @@
+//! `assistant`: an agent that talks to an OpenAI-compatible chat-completions endpoint and
+//! runs a tool when the model asks for one.
+//!
+//! The payload is one user message (text). The conversation is the thread log: one JSON entry
+//! per chat message, `{"dispatch": "<id>", "message": {"role": ..., ...}}`. On each dispatch the
+//! agent reads the log, appends the user's message, and POSTs
+//! `{model, messages, tools}` to `{base_url}/chat/completions` with
+//! `authorization: Bearer <api_key>`. When the reply asks for a tool (`tool_calls`), the agent
+//! runs it here, appends the call and its result, and asks again; the model's final text is
+//! appended and returned as the dispatch's output.
+//!
+//! The one tool is `add` (two numbers; the sum), enough to show the round trip.
+//!
+//! Variables (`[plugins.assistant.variables]` in `homing.toml`, read over `wasi:config`):
+//! `base_url` (required), `model` (required) and `api_key` (a secret; without it no
+//! `authorization` header is sent, as a local Ollama wants). The key is never logged, stored
+//! or returned.
+//!
+//! Every step is in the log before the next starts, so a retry (after a timeout or a failed
+//! request) resumes where the last attempt stopped instead of asking the model again for an
+//! answer already recorded: the user's message is not appended twice, a tool call already
+//! answered is not run again, and a final answer already written is returned as it is.
+
+use std::time::Duration;
+
+use homing_guest::http::Request;
+use homing_guest::{Claim, Error, Handler, config};
+use serde_json::{Value, json};
+
+/// The most model calls per dispatch: a model that keeps asking for tools is stopped here.
+const MAX_ROUNDS: usize = 4;
+
+/// A model call's deadline.
+const MODEL_TIMEOUT: Duration = Duration::from_secs(60);
+
+/// The largest model reply read.
+const MAX_REPLY_BYTES: usize = 1 << 20;
+
+/// The system prompt, sent first on every call (not stored in the log).
+const SYSTEM: &str = "You are a concise assistant running as a Homing agent. \
+    When a question needs arithmetic, call the `add` tool rather than adding in your head.";
+
+/// The tools offered to the model, in the chat-completions `tools` format.
+fn tools() -> Value {
+    json!([{
+        "type": "function",
+        "function": {
+            "name": "add",
+            "description": "Adds two numbers and returns the sum.",
+            "parameters": {
+                "type": "object",
+                "properties": {
+                    "a": {"type": "number", "description": "the first number"},
+                    "b": {"type": "number", "description": "the second number"}
+                },
+                "required": ["a", "b"]
+            }
+        }
+    }])
+}
+
+/// Runs the tool `name` with its JSON-encoded `arguments`; the result is the tool message's
+/// content. A bad call is answered with an error text, for the model to see and correct.
+fn run_tool(name: &str, arguments: &str) -> String {
+    match name {
+        "add" => {
+            let args: Value = serde_json::from_str(arguments).unwrap_or(Value::Null);
+            match (args["a"].as_f64(), args["b"].as_f64()) {
+                (Some(a), Some(b)) => number(a + b),
+                _ => "error: add needs two numbers, `a` and `b`".to_owned(),
+            }
+        }
+        other => format!("error: there is no tool `{other}`"),
+    }
+}
+
+/// A number as text, without a fraction when it is whole.
+fn number(x: f64) -> String {
+    if x.fract() == 0.0 && x.abs() < 1e15 {
+        format!("{x:.0}")
+    } else {
+        x.to_string()
+    }
+}
+
+/// The model endpoint and credentials, from the plugin's variables.
+struct Model {
+    url: String,
+    name: String,
+    api_key: Option<String>,
+}
+
+impl Model {
+    fn from_config() -> Result<Model, String> {
+        let base = config::require("base_url")?;
+        Ok(Model {
+            url: format!("{}/chat/completions", base.trim_end_matches('/')),
+            name: config::require("model")?,
+            api_key: config::get("api_key")?.filter(|key| !key.is_empty()),
+        })
+    }
+
+    /// One chat-completions call; returns the reply's message (role, content, tool calls).
+    fn complete(&self, history: &[Value]) -> Result<Value, String> {
+        let mut messages = vec![json!({"role": "system", "content": SYSTEM})];
+        messages.extend(history.iter().cloned());
+        let body = json!({"model": self.name, "messages": messages, "tools": tools()});
+        let mut request = Request::post(&self.url)
+            .header("accept", "application/json")
+            .timeout(MODEL_TIMEOUT)
+            .max_response_bytes(MAX_REPLY_BYTES);
+        if let Some(key) = &self.api_key {
+            request = request.bearer_auth(key);
+        }
+        let response = request.json(&body)?.send()?;
+        if !response.is_success() {
+            // The status only: an error body may echo parts of the request.
+            return Err(format!(
+                "the model server answered HTTP {} to POST {}",
+                response.status, self.url
+            ));
+        }
+        let reply: Value = response.json()?;
+        let message = &reply["choices"][0]["message"];
+        if !message.is_object() {
+            return Err("the model's reply has no choices[0].message".to_owned());
+        }
+        // Keep what the next call needs; drop fields some servers add (refusal, annotations).
+        let mut kept = json!({"role": "assistant", "content": message["content"]});
+        if let Some(calls) = message["tool_calls"].as_array().filter(|c| !c.is_empty()) {
+            kept["tool_calls"] = Value::Array(calls.clone());
+        }
+        Ok(kept)
+    }
+}
+
+/// The thread log as chat messages, with the dispatch that wrote each.
+struct Conversation {
+    messages: Vec<Value>,
+    /// Which of `messages` this dispatch wrote (on a retry, some already are).
+    mine: Vec<bool>,
+}
+
+impl Conversation {
+    fn read(claim: &Claim) -> Result<(Conversation, u64), Error> {
+        let log = claim.read_log_all()?;
+        let latest = log.last().map_or(0, |entry| entry.seq);
+        let mut conversation = Conversation {
+            messages: Vec::new(),
+            mine: Vec::new(),
+        };
+        for entry in &log {
+            // Entries this agent did not write (not its JSON shape) are skipped.
+            let Ok(value) = entry.json::<Value>() else {
+                continue;
+            };
+            if value["message"]["role"].is_string() {
+                conversation
+                    .mine
+                    .push(value["dispatch"].as_str() == Some(claim.id()));
+                conversation.messages.push(value["message"].clone());
+            }
+        }
+        Ok((conversation, latest))
+    }
+
+    /// Appends `message` to the log (as written by this dispatch) and to the conversation.
+    fn push(&mut self, claim: &Claim, message: Value) -> Result<(), Error> {
+        claim.append_json(&json!({"dispatch": claim.id(), "message": message}))?;
+        self.messages.push(message);
+        self.mine.push(true);
+        Ok(())
+    }
+
+    /// This dispatch's last message, if it wrote any.
+    fn last_mine(&self) -> Option<&Value> {
+        match (self.messages.last(), self.mine.last()) {
+            (Some(message), Some(true)) => Some(message),
+            _ => None,
+        }
+    }
+
+    /// Whether a tool message after the last assistant message answers the call `id` (ids
+    /// are unique only within one reply: some servers reuse them across turns).
+    fn answered(&self, id: &str) -> bool {
+        self.messages
+            .iter()
+            .rev()
+            .take_while(|m| m["role"] != "assistant")
+            .any(|m| m["role"] == "tool" && m["tool_call_id"].as_str() == Some(id))
+    }
+}
+
+struct Assistant;
+
+impl Handler for Assistant {
+    fn handle(claim: &Claim) -> Result<Vec<u8>, String> {
+        let text = claim.payload_str()?.to_owned();
+        let model = Model::from_config()?;
+        let (mut conversation, latest) = Conversation::read(claim)?;
+
+        if !conversation.mine.contains(&true) {
+            let user =
+                json!({"dispatch": claim.id(), "message": {"role": "user", "content": text}});
+            match claim.append_expected(homing_guest::json::to_vec(&user)?, latest) {
+                Ok(_) => {}
+                Err(Error::Conflict(_)) => {
+                    return Err("the thread log changed while reading it; retrying".to_owned());
+                }
+                Err(error) => return Err(error.into()),
+            }
+            conversation.messages.push(user["message"].clone());
+            conversation.mine.push(true);
+        }
+
+        for _ in 0..MAX_ROUNDS {
+            let last = conversation.last_mine().cloned().unwrap_or(Value::Null);
+            if last["role"] == "assistant" {
+                let calls = last["tool_calls"].as_array().cloned().unwrap_or_default();
+                if calls.is_empty() {
+                    let answer = last["content"].as_str().unwrap_or_default().to_owned();
+                    return Ok(answer.into_bytes());
+                }
+                for call in &calls {
+                    let id = call["id"].as_str().unwrap_or_default();
+                    if conversation.answered(id) {
+                        continue;
+                    }
+                    let name = call["function"]["name"].as_str().unwrap_or_default();
+                    let arguments = call["function"]["arguments"].as_str().unwrap_or("{}");
+                    let result = run_tool(name, arguments);
+                    homing_guest::info!("tool {name}({arguments}) -> {result}");
+                    conversation.push(
+                        claim,
+                        json!({"role": "tool", "tool_call_id": id, "content": result}),
+                    )?;
+                }
+            }
+            let reply = model.complete(&conversation.messages)?;
+            conversation.push(claim, reply)?;
+        }
+        match conversation.last_mine() {
+            Some(last) if last["role"] == "assistant" && last["tool_calls"].is_null() => {
+                Ok(last["content"]
+                    .as_str()
+                    .unwrap_or_default()
+                    .as_bytes()
+                    .to_vec())
+            }
+            _ => Err(format!(
+                "the model still asked for tools after {MAX_ROUNDS} calls; giving up"
+            )),
+        }
+    }
+}
+
+homing_guest::export_handler!(Assistant);

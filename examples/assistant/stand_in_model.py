@@ -1,0 +1,126 @@
+#!/usr/bin/env python3
+"""A STAND-IN for a model server, for the assistant example's demo and tests. Not a model.
+
+It answers OpenAI-style `POST .../chat/completions` requests on the loopback address with canned
+replies that exercise one tool round trip:
+
+- a request whose messages hold no `role: tool` message after the last user message gets an
+  assistant reply asking for the tool `add` (the first two integers in the user's message,
+  else 2 and 3);
+- a request that carries the tool's result gets a final assistant text that quotes it.
+
+It requires `Authorization: Bearer <key>` (the key from `--api-key` or the environment
+variable `STAND_IN_API_KEY`) and answers 401 otherwise. It records nothing: no keys, no bodies;
+its stderr log names only the method, path and status of each request.
+
+Usage: stand_in_model.py [--api-key KEY] [--port N]
+It binds 127.0.0.1 (port 0 unless given) and prints its base URL (`http://127.0.0.1:PORT/v1`)
+as the first line on stdout. It runs until killed. Python standard library only.
+"""
+
+import argparse
+import http.server
+import json
+import os
+import re
+import sys
+
+
+def tool_call_reply(messages):
+    """The reply asking for `add`, with numbers taken from the last user message."""
+    user = next((m for m in reversed(messages) if m.get("role") == "user"), {})
+    numbers = [int(n) for n in re.findall(r"-?\d+", str(user.get("content") or ""))]
+    a, b = numbers[:2] if len(numbers) >= 2 else (2, 3)
+    return {
+        "role": "assistant",
+        "content": None,
+        "tool_calls": [
+            {
+                "id": f"call_stand_in_{len(messages)}",
+                "type": "function",
+                "function": {"name": "add", "arguments": json.dumps({"a": a, "b": b})},
+            }
+        ],
+    }, "tool_calls"
+
+
+def final_reply(tool_message):
+    text = f"The stand-in model says: the tool answered {tool_message.get('content')}."
+    return {"role": "assistant", "content": text}, "stop"
+
+
+def answer(request):
+    messages = request.get("messages")
+    if not isinstance(messages, list) or not messages:
+        return 400, {"error": {"message": "messages must be a non-empty list"}}
+    offered = [t.get("function", {}).get("name") for t in request.get("tools") or []]
+    last_user = max(
+        (i for i, m in enumerate(messages) if m.get("role") == "user"), default=-1
+    )
+    tool_results = [m for m in messages[last_user + 1 :] if m.get("role") == "tool"]
+    if tool_results:
+        message, finish = final_reply(tool_results[-1])
+    elif "add" in offered:
+        message, finish = tool_call_reply(messages)
+    else:
+        message, finish = {"role": "assistant", "content": "No tools were offered."}, "stop"
+    return 200, {
+        "id": "chatcmpl-stand-in",
+        "object": "chat.completion",
+        "model": request.get("model", "stand-in"),
+        "choices": [{"index": 0, "message": message, "finish_reason": finish}],
+    }
+
+
+def handler_for(api_key):
+    class StandIn(http.server.BaseHTTPRequestHandler):
+        protocol_version = "HTTP/1.1"
+
+        def reply(self, status, body):
+            data = json.dumps(body).encode()
+            self.send_response(status)
+            self.send_header("content-type", "application/json")
+            self.send_header("content-length", str(len(data)))
+            self.end_headers()
+            self.wfile.write(data)
+
+        def do_POST(self):
+            length = int(self.headers.get("content-length") or 0)
+            raw = self.rfile.read(length)
+            if self.headers.get("authorization") != f"Bearer {api_key}":
+                self.reply(401, {"error": {"message": "missing or wrong API key"}})
+                return
+            if not self.path.rstrip("/").endswith("/chat/completions"):
+                self.reply(404, {"error": {"message": "only /chat/completions is here"}})
+                return
+            try:
+                request = json.loads(raw)
+            except ValueError:
+                self.reply(400, {"error": {"message": "the body is not JSON"}})
+                return
+            self.reply(*answer(request))
+
+        def log_message(self, format, *args):
+            # Method, path and status only (the default would do the same; kept explicit).
+            sys.stderr.write(f"stand-in model: {self.command} {self.path} {args[1] if len(args) > 1 else ''}\n")
+
+    return StandIn
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--api-key", default=os.environ.get("STAND_IN_API_KEY"))
+    parser.add_argument("--port", type=int, default=0)
+    args = parser.parse_args()
+    if not args.api_key:
+        parser.error("give the expected key with --api-key or STAND_IN_API_KEY")
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", args.port), handler_for(args.api_key))
+    print(f"http://127.0.0.1:{server.server_address[1]}/v1", flush=True)
+    try:
+        server.serve_forever()
+    except KeyboardInterrupt:
+        pass
+
+
+if __name__ == "__main__":
+    main()
