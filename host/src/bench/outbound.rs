@@ -19,10 +19,10 @@ use http_body_util::{BodyExt, Empty};
 use super::{Figure, figure};
 use crate::config::Config;
 use crate::runtime::Runtime;
-use crate::runtime::host::{ClaimHandle, PluginContext};
+use crate::runtime::host::PluginContext;
 use crate::scratch::ScratchDir;
+use crate::store::SystemClock;
 use crate::store::embedded::EmbeddedStore;
-use crate::store::{NewDispatch, SystemClock};
 
 /// Measures `samples` requests each way.
 pub(super) async fn outbound(probe: &Path, samples: usize) -> anyhow::Result<Vec<Figure>> {
@@ -66,33 +66,16 @@ pub(super) async fn outbound(probe: &Path, samples: usize) -> anyhow::Result<Vec
         ("none", serde_json::json!({})),
         ("one", serde_json::json!({ "url": url })),
     ] {
-        store
-            .mailbox
-            .enqueue(NewDispatch::new("probe", thread, payload.to_string()))
-            .await?;
-        let claimed = store
-            .mailbox
-            .claim_started("probe", "bench", 600_000)
-            .await?
-            .context("the dispatch just enqueued could not be claimed")?;
-        let mut times = Vec::with_capacity(samples);
-        for _ in 0..samples {
-            let claim = ClaimHandle {
-                dispatch: claimed.clone(),
-                token: claimed.token().unwrap_or_default().to_owned(),
-                settled: None,
-                control: Default::default(),
-                enqueued: 0,
-                lease: None,
-            };
-            let start = Instant::now();
-            let run = runtime.run_handler(&plugin, claim, &mut None).await;
-            times.push(start.elapsed().as_secs_f64() * 1e6);
-            let end = run.end();
-            if !matches!(end, crate::runtime::CallEnd::Returned(_)) {
-                bail!("the probe's handle call did not succeed: {end:?}");
-            }
-        }
+        let times = super::scenarios::handle_calls(
+            &runtime,
+            &plugin,
+            &store,
+            thread,
+            &payload.to_string(),
+            samples,
+        )
+        .await
+        .context("the probe's handle call")?;
         through_guest.push(figure(
             format!("http-probe fresh instance + call, {thread} request"),
             "µs",

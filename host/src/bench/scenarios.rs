@@ -141,33 +141,16 @@ pub(super) async fn instance_start(
         samples,
     )];
     if guest.name == "echo" {
-        store
-            .mailbox
-            .enqueue(NewDispatch::new("echo", "start-and-call", "hello"))
-            .await?;
-        let claimed = store
-            .mailbox
-            .claim_started("echo", "bench", 600_000)
-            .await?
-            .context("the dispatch just enqueued could not be claimed")?;
-        let mut samples = Vec::with_capacity(instances);
-        for _ in 0..instances {
-            let claim = crate::runtime::host::ClaimHandle {
-                dispatch: claimed.clone(),
-                token: claimed.token().unwrap_or_default().to_owned(),
-                settled: None,
-                control: Default::default(),
-                enqueued: 0,
-                lease: None,
-            };
-            let start = Instant::now();
-            let run = runtime.run_handler(&plugin, claim, &mut None).await;
-            samples.push(start.elapsed().as_secs_f64() * 1e6);
-            let end = run.end();
-            if !matches!(end, crate::runtime::CallEnd::Returned(_)) {
-                bail!("the echo guest's handle call did not return: {end:?}");
-            }
-        }
+        let samples = handle_calls(
+            &runtime,
+            &plugin,
+            &store,
+            "start-and-call",
+            "hello",
+            instances,
+        )
+        .await
+        .context("the echo guest's handle call")?;
         figures.push(figure(
             format!("fresh instance start + handle call, echo, pooling {pooling}"),
             "µs",
@@ -175,6 +158,51 @@ pub(super) async fn instance_start(
         ));
     }
     Ok(figures)
+}
+
+/// Enqueues one dispatch with `payload` to `plugin` on `thread`, claims it, and times `n` calls
+/// of a fresh instance + `handle` on that claim (µs each).
+///
+/// # Errors
+///
+/// When the store fails or a call does not return.
+pub(super) async fn handle_calls(
+    runtime: &Runtime,
+    plugin: &crate::runtime::Plugin,
+    store: &crate::store::Store,
+    thread: &str,
+    payload: &str,
+    n: usize,
+) -> anyhow::Result<Vec<f64>> {
+    let agent = plugin.ctx.name.as_str();
+    store
+        .mailbox
+        .enqueue(NewDispatch::new(agent, thread, payload))
+        .await?;
+    let claimed = store
+        .mailbox
+        .claim_started(agent, "bench", 600_000)
+        .await?
+        .context("the dispatch just enqueued could not be claimed")?;
+    let mut samples = Vec::with_capacity(n);
+    for _ in 0..n {
+        let claim = crate::runtime::host::ClaimHandle {
+            dispatch: claimed.clone(),
+            token: claimed.token().unwrap_or_default().to_owned(),
+            settled: None,
+            control: Default::default(),
+            enqueued: 0,
+            lease: None,
+        };
+        let start = Instant::now();
+        let run = runtime.run_handler(plugin, claim, &mut None).await;
+        samples.push(start.elapsed().as_secs_f64() * 1e6);
+        let end = run.end();
+        if !matches!(end, crate::runtime::CallEnd::Returned(_)) {
+            bail!("the handle call did not return: {end:?}");
+        }
+    }
+    Ok(samples)
 }
 
 /// Enqueue `dispatches` over 50 threads, then run a host with `workers` echo workers until
