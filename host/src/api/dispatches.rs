@@ -4,7 +4,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use axum::Json;
-use axum::body::Body;
+use axum::body::{Body, BodyDataStream};
 use axum::extract::{Path, Query, State};
 use axum::http::{HeaderMap, StatusCode, header};
 use axum::response::{IntoResponse, Response};
@@ -37,6 +37,10 @@ impl From<OpError> for ApiError {
 
 /// Reads a request body up to `limit` bytes: 413 past it (at once when `Content-Length`
 /// says so, else as soon as the bytes read pass it).
+///
+/// Before a 413 the rest of a body of moderate size is read and dropped ([`drain`]): a
+/// server that answers and closes while the client is still sending makes most clients
+/// report a broken connection instead of the 413.
 pub(super) async fn read_body(
     headers: &HeaderMap,
     body: Body,
@@ -53,20 +57,44 @@ pub(super) async fn read_body(
         .get(header::CONTENT_LENGTH)
         .and_then(|v| v.to_str().ok())
         .and_then(|v| v.parse::<u64>().ok());
+    let mut stream = body.into_data_stream();
     if declared.is_some_and(|n| n > limit) {
+        if declared.is_some_and(|n| n <= DRAIN_LIMIT) {
+            drain(&mut stream, 0).await;
+        }
         return Err(too_large());
     }
     let mut out = Vec::new();
-    let mut stream = body.into_data_stream();
     while let Some(chunk) = stream.next().await {
         let chunk =
             chunk.map_err(|_| ApiError::invalid("body", "the request body could not be read"))?;
         if (out.len() + chunk.len()) as u64 > limit {
+            drain(&mut stream, (out.len() + chunk.len()) as u64).await;
             return Err(too_large());
         }
         out.extend_from_slice(&chunk);
     }
     Ok(out)
+}
+
+/// The most of a refused body that is read and dropped before the 413.
+const DRAIN_LIMIT: u64 = 1 << 20;
+/// The longest a refused body is read for.
+const DRAIN_TIME: Duration = Duration::from_secs(2);
+
+/// Reads and drops the rest of a refused body, `read` bytes of it already read, up to
+/// [`DRAIN_LIMIT`] in all and for at most [`DRAIN_TIME`]; past either the connection closes
+/// after the answer, as it would have anyway.
+async fn drain(stream: &mut BodyDataStream, mut read: u64) {
+    let _ = tokio::time::timeout(DRAIN_TIME, async {
+        while read <= DRAIN_LIMIT {
+            match stream.next().await {
+                Some(Ok(chunk)) => read += chunk.len() as u64,
+                _ => return,
+            }
+        }
+    })
+    .await;
 }
 
 /// A JSON object body, or 400.

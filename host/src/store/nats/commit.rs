@@ -3,6 +3,8 @@
 //! the expectations of its [`Write`]s, deciding again after a barrier when an expectation
 //! failed or the view's answer was a refusal that must be confirmed.
 
+use std::time::Duration;
+
 use async_nats::HeaderMap;
 use bytes::Bytes;
 
@@ -59,6 +61,22 @@ pub(super) enum Plan<T> {
 
 /// How many times an operation decides again after a failed expectation.
 const MAX_ATTEMPTS: usize = 64;
+/// The longest pause before deciding again after a conflict.
+const MAX_BACKOFF: Duration = Duration::from_millis(20);
+
+/// A random pause before attempt `attempt + 1` after a conflict: none after the first, then
+/// up to 100 µs doubling to [`MAX_BACKOFF`]. Writers that lost a race spread out instead of
+/// racing again in lockstep, so a single writer (an operator's interrupt against a thread a
+/// guest appends to) is not starved by a busy one.
+fn backoff(attempt: usize) -> Option<Duration> {
+    if attempt == 0 {
+        return None;
+    }
+    let ceiling = Duration::from_micros(100)
+        .saturating_mul(1u32 << attempt.min(16))
+        .min(MAX_BACKOFF);
+    Some(ceiling.mul_f64(fastrand::f64()))
+}
 /// Messages per atomic batch (the server allows 1,000).
 pub(super) const MAX_BATCH: usize = 999;
 
@@ -231,7 +249,7 @@ impl NatsStore {
         let scoped = !reads.iter().any(|r| matches!(r, Read::All));
         let mut from_server = !self.follows() || (read_first && scoped);
         let mut fresh = false;
-        for _ in 0..MAX_ATTEMPTS {
+        for attempt in 0..MAX_ATTEMPTS {
             let plan = if from_server {
                 let mut view = self.snapshot(reads).await?;
                 decide(&mut view, self.now(), true)?
@@ -255,7 +273,11 @@ impl NatsStore {
                         return answer;
                     }
                     Err(CommitError::Store(e)) => return Err(e),
-                    Err(CommitError::Conflict) => {}
+                    Err(CommitError::Conflict) => {
+                        if let Some(pause) = backoff(attempt) {
+                            tokio::time::sleep(pause).await;
+                        }
+                    }
                 },
             }
             if scoped {

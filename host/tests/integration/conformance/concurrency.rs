@@ -910,9 +910,7 @@ pub async fn no_older_epoch_append_start_or_ack_after_interrupt_returns<F: Facto
         deadline.check();
         tokio::task::yield_now().await;
     }
-    let report = hosts[2]
-        .mailbox
-        .interrupt("t", "user interrupted")
+    let report = retry(|| hosts[2].mailbox.interrupt("t", "user interrupted"))
         .await
         .unwrap();
     assert_eq!(report.active.map(|d| d.id), Some("d1".to_owned()));
