@@ -1,5 +1,6 @@
-//! `/livez`, `/readyz` and `/metrics`: unauthenticated, for probes and scrapers. They show no
-//! work, only whether the host serves, what keeps it from being ready, and counts.
+//! `/livez` and `/readyz` (unauthenticated, for probes: they show no work, only whether the
+//! host serves and what keeps it from being ready) and `/metrics` (counts, behind a token of
+//! any role unless `[api] public_metrics`).
 
 use std::sync::Arc;
 use std::time::Duration;

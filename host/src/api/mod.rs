@@ -12,7 +12,8 @@
 //! | `POST /v1/threads/{thread}/interrupt` | operator | interrupt the thread |
 //! | `GET /v1/agents` | reader | plugins: world, limits, grants, queue counts |
 //! | `GET /v1/openapi.json` | reader | the description of all of the above |
-//! | `GET /livez`, `/readyz`, `/metrics` | none | health and Prometheus metrics |
+//! | `GET /metrics` | reader | Prometheus metrics (no token with `[api] public_metrics`) |
+//! | `GET /livez`, `/readyz` | none | health, for probes |
 //!
 //! The table of [`routes`] is the one place a `/v1` route and its role are named: the router
 //! is built from it, and a test checks `openapi.json` against it. Every `/v1` request passes
@@ -175,9 +176,16 @@ fn router(state: Arc<ApiState>) -> Router {
     if state.config.api.dashboard {
         v1 = v1.merge(dashboard::router(state.clone()));
     }
+    let mut metrics = get(health::metrics);
+    if !state.config.api.public_metrics {
+        metrics = metrics.route_layer(axum::middleware::from_fn_with_state(
+            (state.clone(), Role::Reader),
+            auth::require,
+        ));
+    }
     v1.route("/livez", get(health::livez))
         .route("/readyz", get(health::readyz))
-        .route("/metrics", get(health::metrics))
+        .route("/metrics", metrics)
         .fallback(not_found)
         .layer(axum::middleware::from_fn_with_state(state.clone(), guard))
         .with_state(state)
@@ -296,7 +304,7 @@ impl ApiServer {
             .map_err(|e| anyhow::anyhow!("{}: [api] tokens: {e}", config.source))?;
         if tokens.is_empty() {
             warn!(
-                "[api] has no tokens: every /v1 request is refused (401); only /livez, /readyz and /metrics answer"
+                "[api] has no tokens: every /v1 request is refused (401); only /livez and /readyz answer (and /metrics with [api] public_metrics)"
             );
         }
         let max_payload = config.host.max_payload.min(store.max_value());
@@ -350,6 +358,32 @@ impl ApiServer {
             task.abort();
         }
     }
+}
+
+/// What `homing config check` says of `[api]`: each token read as `run` reads it (a missing
+/// or short secret fails here, naming the token and where it was looked for), described by
+/// name, role and source; never a secret.
+///
+/// # Errors
+///
+/// When a token's secret cannot be read or two tokens share a secret.
+pub fn check_tokens(config: &Config) -> anyhow::Result<Vec<String>> {
+    auth::Tokens::read(&config.api.tokens, &config.base_dir)
+        .map_err(|e| anyhow::anyhow!("{}: [api] tokens: {e}", config.source))?;
+    Ok(config
+        .api
+        .tokens
+        .iter()
+        .map(|t| {
+            let from = match &t.secret {
+                crate::config::api::SecretSource::Env(var) => format!("environment variable {var}"),
+                crate::config::api::SecretSource::File(path) => {
+                    format!("file {}", config.resolve(path).display())
+                }
+            };
+            format!("token {} ({}) from {from}", t.name, t.role)
+        })
+        .collect())
 }
 
 #[cfg(test)]

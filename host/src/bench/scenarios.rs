@@ -193,6 +193,7 @@ pub(super) async fn handle_calls(
             control: Default::default(),
             enqueued: 0,
             lease: None,
+            span: tracing::Span::none(),
         };
         let start = Instant::now();
         let run = runtime.run_handler(plugin, claim, &mut None).await;

@@ -55,6 +55,8 @@ pub struct ClaimHandle {
     pub enqueued: u32,
     /// Keeps the lease alive until dropped.
     pub lease: Option<LeaseGuard>,
+    /// The attempt's `homing.dispatch` span: open while the claim is held.
+    pub span: tracing::Span,
 }
 
 impl ClaimHandle {
@@ -109,6 +111,7 @@ pub fn hold(claimer: &Claimer<'_>, dispatch: Dispatch) -> ClaimHandle {
         claimer.lease,
         control.clone(),
     );
+    let span = crate::telemetry::trace::dispatch_span(claimer.agent, &dispatch);
     ClaimHandle {
         dispatch,
         token,
@@ -116,5 +119,6 @@ pub fn hold(claimer: &Claimer<'_>, dispatch: Dispatch) -> ClaimHandle {
         control,
         enqueued: 0,
         lease: Some(lease),
+        span,
     }
 }

@@ -11,6 +11,8 @@
 
 use std::time::Duration;
 
+use tracing::Instrument;
+
 use super::ClaimHandle;
 use crate::config::RetryPolicy;
 use crate::store::{Dispatch, RunResult, Store, StoreError};
@@ -26,6 +28,18 @@ pub enum Settlement {
     DeadLettered,
     /// superseded: its thread was interrupted while it ran.
     Superseded,
+}
+
+impl Settlement {
+    /// Its name, as logs and spans give it.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Settlement::Acked => "acked",
+            Settlement::Nacked => "nacked",
+            Settlement::DeadLettered => "dead-lettered",
+            Settlement::Superseded => "superseded",
+        }
+    }
 }
 
 /// The store time at which a failed attempt number `attempt` is retried: now plus the
@@ -49,6 +63,7 @@ impl ClaimHandle {
         let out = store
             .mailbox
             .complete(&self.dispatch.id, &self.token, RunResult::success(output))
+            .instrument(self.span.clone())
             .await;
         self.settled_by(Settlement::Acked, out)
     }
@@ -59,7 +74,11 @@ impl ClaimHandle {
     ///
     /// When the store refuses the write or fails.
     pub async fn ack(&mut self, store: &Store) -> Result<Dispatch, StoreError> {
-        let out = store.mailbox.ack(&self.dispatch.id, &self.token).await;
+        let out = store
+            .mailbox
+            .ack(&self.dispatch.id, &self.token)
+            .instrument(self.span.clone())
+            .await;
         self.settled_by(Settlement::Acked, out)
     }
 
@@ -80,6 +99,7 @@ impl ClaimHandle {
         let out = store
             .mailbox
             .nack(&self.dispatch.id, &self.token, at, error)
+            .instrument(self.span.clone())
             .await;
         self.settled_by(Settlement::Nacked, out)
     }
@@ -97,6 +117,7 @@ impl ClaimHandle {
         let out = store
             .mailbox
             .dead_letter(&self.dispatch.id, &self.token, error)
+            .instrument(self.span.clone())
             .await;
         self.settled_by(Settlement::DeadLettered, out)
     }
@@ -115,11 +136,13 @@ impl ClaimHandle {
         let out = store
             .mailbox
             .supersede_claimed(&self.dispatch.id, Some(&self.token), reason)
+            .instrument(self.span.clone())
             .await;
         self.settled_by(Settlement::Superseded, out)
     }
 
-    /// Records a successful settlement and stops renewing the lease.
+    /// Records a successful settlement (on the handle and its span) and stops renewing the
+    /// lease.
     fn settled_by<T>(
         &mut self,
         how: Settlement,
@@ -128,6 +151,8 @@ impl ClaimHandle {
         if out.is_ok() {
             self.settled = Some(how);
             self.stop_renewing();
+            let failed = matches!(how, Settlement::Nacked | Settlement::DeadLettered);
+            crate::telemetry::trace::record_outcome(&self.span, how.as_str(), failed);
         }
         out
     }

@@ -69,6 +69,12 @@ pub(super) async fn check(file: &Path, json: bool) -> anyhow::Result<()> {
             .collect();
         values.insert(name.clone(), described);
     }
+    let tokens = crate::api::check_tokens(&config)?;
+    let traces = config
+        .telemetry
+        .traces_url()
+        .map_err(anyhow::Error::msg)?
+        .map(|(url, origin)| format!("{url} (from {origin})"));
     let store = match &config.store {
         StoreConfig::Embedded(settings) => {
             format!("embedded ({})", config.embedded_path(settings).display())
@@ -109,7 +115,7 @@ pub(super) async fn check(file: &Path, json: bool) -> anyhow::Result<()> {
         println!(
             "{}",
             serde_json::to_string_pretty(
-                &json!({"file": file.display().to_string(), "store": store, "plugins": plugins, "variables": values, "pooling": runtime.pooling()})
+                &json!({"file": file.display().to_string(), "store": store, "plugins": plugins, "variables": values, "pooling": runtime.pooling(), "api_tokens": tokens, "traces": traces})
             )?
         );
     } else {
@@ -120,6 +126,12 @@ pub(super) async fn check(file: &Path, json: bool) -> anyhow::Result<()> {
             for line in values.get(&name).into_iter().flatten() {
                 println!("  {line}");
             }
+        }
+        for line in &tokens {
+            println!("api: {line}");
+        }
+        if let Some(traces) = &traces {
+            println!("traces: exported to {traces}");
         }
     }
     Ok(())

@@ -133,15 +133,6 @@ pub enum Command {
 /// Entry point of the binary.
 pub fn main() -> ExitCode {
     let cli = Cli::parse();
-    // A benchmark logs only problems: a line per dispatch would be part of what it measures.
-    init_tracing(
-        if matches!(cli.command, Command::Bench { .. }) {
-            "warn"
-        } else {
-            "info,wasmtime=warn,cranelift=warn"
-        },
-        log_format(&cli),
-    );
     let runtime = match tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()
@@ -152,7 +143,25 @@ pub fn main() -> ExitCode {
             return ExitCode::FAILURE;
         }
     };
-    match runtime.block_on(execute(cli)) {
+    // A host's config says how it logs and where its traces go (a config that does not load
+    // is reported by the command itself).
+    let host_config = matches!(cli.command, Command::Run { .. })
+        .then(|| Config::load(&cli.config).ok())
+        .flatten();
+    // A benchmark logs only problems: a line per dispatch would be part of what it measures.
+    let default = if matches!(cli.command, Command::Bench { .. }) {
+        "warn"
+    } else {
+        "info,wasmtime=warn,cranelift=warn"
+    };
+    if let Err(e) = init_tracing(default, host_config.as_ref(), runtime.handle()) {
+        eprintln!("error: traces: {e:#}");
+        return ExitCode::FAILURE;
+    }
+    let out = runtime.block_on(execute(cli));
+    // What the exporter still holds goes out before the process ends.
+    crate::telemetry::trace::shutdown();
+    match out {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
             eprintln!("error: {e:#}");
@@ -161,38 +170,53 @@ pub fn main() -> ExitCode {
     }
 }
 
-/// `HOMING_LOG_FORMAT` (`text` or `json`), else `[host] log_format` of a `homing run`'s
-/// config (a config that does not load is reported by the command itself, in text).
-fn log_format(cli: &Cli) -> LogFormat {
+/// `HOMING_LOG_FORMAT` (`text` or `json`), else `[host] log_format` of a host's config.
+fn log_format(host_config: Option<&Config>) -> LogFormat {
     match std::env::var("HOMING_LOG_FORMAT").ok().as_deref() {
-        Some("json") => return LogFormat::Json,
-        Some("text") => return LogFormat::Text,
-        _ => {}
+        Some("json") => LogFormat::Json,
+        Some("text") => LogFormat::Text,
+        _ => host_config.map_or(LogFormat::Text, |c| c.host.log_format),
     }
-    if matches!(cli.command, Command::Run { .. }) {
-        return Config::load(&cli.config).map_or(LogFormat::Text, |c| c.host.log_format);
-    }
-    LogFormat::Text
 }
 
-fn init_tracing(default: &str, format: LogFormat) {
-    use tracing_subscriber::EnvFilter;
+/// Logs to standard error, filtered by `HOMING_LOG` (or `RUST_LOG`, else `default`), and, when
+/// a host's config names a collector, exports its spans (which the log output never shows).
+fn init_tracing(
+    default: &str,
+    host_config: Option<&Config>,
+    runtime: &tokio::runtime::Handle,
+) -> anyhow::Result<()> {
+    use tracing_subscriber::filter::{FilterExt, filter_fn};
+    use tracing_subscriber::layer::SubscriberExt;
+    use tracing_subscriber::util::SubscriberInitExt;
+    use tracing_subscriber::{EnvFilter, Layer, Registry};
     let filter = EnvFilter::try_from_env("HOMING_LOG")
         .or_else(|_| EnvFilter::try_from_default_env())
         .unwrap_or_else(|_| EnvFilter::new(default));
-    let builder = tracing_subscriber::fmt()
-        .with_env_filter(filter)
-        .with_writer(std::io::stderr);
-    let _ = match format {
-        LogFormat::Json => builder
-            .json()
-            .flatten_event(true)
-            .with_current_span(false)
-            .try_init(),
-        LogFormat::Text => builder
-            .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
-            .try_init(),
-    };
+    // Events only: a line names its plugin, dispatch and attempt itself.
+    let events = filter.and(filter_fn(|meta| meta.is_event()));
+    let fmt = tracing_subscriber::fmt::layer().with_writer(std::io::stderr);
+    let mut layers: Vec<Box<dyn Layer<Registry> + Send + Sync>> =
+        vec![match log_format(host_config) {
+            LogFormat::Json => fmt
+                .json()
+                .flatten_event(true)
+                .with_current_span(false)
+                .with_span_list(false)
+                .with_filter(events)
+                .boxed(),
+            LogFormat::Text => fmt
+                .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
+                .with_filter(events)
+                .boxed(),
+        }];
+    if let Some(config) = host_config
+        && let Some(traces) = crate::telemetry::trace::layer(config, runtime.clone())?
+    {
+        layers.push(traces);
+    }
+    let _ = tracing_subscriber::registry().with(layers).try_init();
+    Ok(())
 }
 
 /// How a process holds the store.
@@ -324,17 +348,21 @@ async fn run(config: Config, store: Store, until_idle: bool) -> anyhow::Result<(
     {
         tracing::warn!("{warning}");
     }
-    let (store, api) = if config.api.listen.is_some() {
-        let metrics = crate::telemetry::install()?;
-        let backend = match config.store {
-            StoreConfig::Embedded(_) => "embedded",
-            StoreConfig::Nats(_) => "nats",
-        };
-        let store = crate::telemetry::instrument(store, backend);
-        let api = ApiServer::start(Arc::new(config.clone()), store.clone(), Some(metrics)).await?;
-        (store, Some(api))
+    let backend = match config.store {
+        StoreConfig::Embedded(_) => "embedded",
+        StoreConfig::Nats(_) => "nats",
+    };
+    // Store operations are timed (metrics) and traced (spans) when someone can see them.
+    let store = if config.api.listen.is_some() || crate::telemetry::trace::enabled() {
+        crate::telemetry::instrument(store, backend)
     } else {
-        (store, None)
+        store
+    };
+    let api = if config.api.listen.is_some() {
+        let metrics = crate::telemetry::install()?;
+        Some(ApiServer::start(Arc::new(config.clone()), store.clone(), Some(metrics)).await?)
+    } else {
+        None
     };
     // Loading compiles components (seconds for a large one): off the async workers, so the API
     // answers meanwhile.

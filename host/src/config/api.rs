@@ -42,6 +42,9 @@ pub struct ApiConfig {
     /// Whether the operators' dashboard is served at `/` (its pages need a login with one of
     /// `tokens`).
     pub dashboard: bool,
+    /// Whether `/metrics` answers without a token (for a scraper that cannot send one); by
+    /// default it needs a token of any role, as Prometheus sends with `authorization`.
+    pub public_metrics: bool,
 }
 
 impl Default for ApiConfig {
@@ -55,6 +58,7 @@ impl Default for ApiConfig {
             max_stream: Duration::from_secs(3600),
             max_concurrent: 1024,
             dashboard: true,
+            public_metrics: false,
         }
     }
 }

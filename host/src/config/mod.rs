@@ -18,6 +18,7 @@ use serde::Deserialize;
 pub mod api;
 pub mod outbound;
 mod store;
+pub mod telemetry;
 mod units;
 pub mod vars;
 
@@ -26,6 +27,7 @@ pub use outbound::{HttpLimits, OutboundHost};
 pub use store::{
     Backend, DEFAULT_NATS_URL, EmbeddedSettings, NatsSettings, StoreConfig, Urls, check_nats,
 };
+pub use telemetry::TelemetryConfig;
 use units::{duration, size};
 pub use units::{parse_duration, parse_size};
 
@@ -55,6 +57,9 @@ pub struct Config {
     /// `[api]`: the HTTP API (off unless `listen` is set).
     #[serde(default)]
     pub api: ApiConfig,
+    /// `[telemetry]`: trace export (off unless an OTLP endpoint is set).
+    #[serde(default)]
+    pub telemetry: TelemetryConfig,
     /// The directory relative paths resolve against (the config file's).
     #[serde(skip)]
     pub base_dir: PathBuf,
@@ -356,6 +361,7 @@ impl Config {
 
     fn check(&self) -> Result<(), String> {
         self.api.check()?;
+        self.telemetry.check()?;
         if let StoreConfig::Nats(nats) = &self.store {
             check_nats(
                 &nats.urls(),

@@ -11,6 +11,7 @@
 
 use std::time::{Duration, Instant};
 
+use tracing::Instrument;
 use wasmtime::Store as WasmStore;
 use wasmtime::component::Resource;
 
@@ -148,6 +149,7 @@ impl Runtime {
         }
         store.data_mut().abort = None;
         store.data_mut().begin(&claim);
+        let span = guest_call_span(&claim, instance.is_none());
         let resource = match store.data_mut().table().push(claim) {
             Ok(resource) => resource,
             Err(e) => {
@@ -174,7 +176,7 @@ impl Runtime {
                 .await;
             out.map(|out| (out, instance))
         };
-        let (end, instance) = match tokio::time::timeout(limit, call).await {
+        let (end, instance) = match tokio::time::timeout(limit, call.instrument(span)).await {
             Ok(Ok((Ok(output), instance))) => (CallEnd::Returned(output), Some(instance)),
             Ok(Ok((Err(message), instance))) => (CallEnd::Failed(message), Some(instance)),
             Ok(Err(trap)) => (trapped(&store, trap), None),
@@ -226,6 +228,8 @@ impl Runtime {
             Err(e) => return CallEnd::not_started(format!("{e:#}")),
         };
         store.data_mut().begin(&first);
+        // The run is traced under its first claim; the claims it takes itself have their own.
+        let span = guest_call_span(&first, true);
         store.data_mut().first_claim = Some(first);
         store.data_mut().claims_left = budget.saturating_sub(1);
         let limit = (plugin.ctx.config.timeout + CALL_TIMEOUT_SLACK).saturating_mul(budget.max(1));
@@ -235,7 +239,7 @@ impl Runtime {
             crate::telemetry::instance_start(&plugin.ctx.name, started.elapsed());
             instance.call_run(&mut store).await
         };
-        match tokio::time::timeout(limit, call).await {
+        match tokio::time::timeout(limit, call.instrument(span)).await {
             Ok(Ok(Ok(()))) => CallEnd::Returned(Vec::new()),
             Ok(Ok(Err(message))) => CallEnd::Failed(message),
             Ok(Err(trap)) => trapped(&store, trap),
@@ -245,6 +249,16 @@ impl Runtime {
             },
         }
     }
+}
+
+/// The span of one guest call, a child of `claim`'s attempt.
+fn guest_call_span(claim: &ClaimHandle, fresh: bool) -> tracing::Span {
+    tracing::info_span!(
+        target: crate::telemetry::trace::TARGET,
+        parent: &claim.span,
+        "homing.guest_call",
+        homing.instance = if fresh { "fresh" } else { "reused" },
+    )
 }
 
 /// Describes a trap, preferring what the epoch callback or the limiter recorded.

@@ -120,9 +120,20 @@ impl Outbound {
             log,
             control: None,
             deadline: None,
+            traceparent: None,
             permits: Arc::new(Semaphore::new(self.limits.max_concurrent as usize)),
         }
     }
+}
+
+/// A TLS client setup trusting the web roots and the certificates in `ca_files` (the host's
+/// own HTTPS clients, such as the trace exporter, use it too).
+///
+/// # Errors
+///
+/// When a CA file cannot be read or holds no usable certificate.
+pub fn client_tls(ca_files: &[PathBuf]) -> anyhow::Result<Arc<rustls::ClientConfig>> {
+    Ok(Arc::new(tls_config(read_ca_files(ca_files)?)?))
 }
 
 fn read_ca_files(
@@ -178,6 +189,9 @@ pub struct HttpHooks {
     pub control: Option<Arc<ClaimControl>>,
     /// The current dispatch's deadline: no request outlives it.
     pub deadline: Option<Instant>,
+    /// The `traceparent` the current dispatch was enqueued with: sent on when traces are not
+    /// exported (when they are, each request carries its own span's).
+    pub traceparent: Option<String>,
     permits: Arc<Semaphore>,
 }
 
@@ -195,7 +209,7 @@ type IoFuture = Box<dyn Future<Output = Result<(), HttpError>> + Send>;
 impl WasiHttpHooks for HttpHooks {
     fn send_request(
         &mut self,
-        request: http::Request<WasiBody>,
+        mut request: http::Request<WasiBody>,
         options: Option<RequestOptions>,
         _fut: Box<dyn Future<Output = Result<(), HttpError>> + Send>,
     ) -> Box<dyn Future<Output = SendResult> + Send> {
@@ -204,6 +218,25 @@ impl WasiHttpHooks for HttpHooks {
             .lock()
             .map(|log| (log.tag.dispatch.clone(), log.tag.attempt))
             .unwrap_or_default();
+        // A child of the guest call (the current span while the guest asks for the request).
+        let span = tracing::info_span!(
+            target: crate::telemetry::trace::TARGET,
+            "homing.http",
+            otel.kind = "client",
+            http.request.method = %request.method(),
+            url.path = %request.uri().path(),
+            server.address = request.uri().host().unwrap_or_default(),
+            http.response.status_code = tracing::field::Empty,
+            otel.status_code = tracing::field::Empty,
+        );
+        // The trace goes on to the server, unless the guest set its own.
+        if !request.headers().contains_key(TRACEPARENT)
+            && let Some(parent) =
+                crate::telemetry::trace::traceparent(&span).or_else(|| self.traceparent.clone())
+            && let Ok(value) = http::HeaderValue::from_str(&parent)
+        {
+            request.headers_mut().insert(TRACEPARENT, value);
+        }
         let job = Job {
             outbound: self.outbound.clone(),
             dispatch,
@@ -215,8 +248,12 @@ impl WasiHttpHooks for HttpHooks {
             origin: String::new(),
             path: request.uri().path().to_owned(),
             started: Instant::now(),
+            span: span.clone(),
         };
-        Box::new(job.send(request, options))
+        Box::new(tracing::Instrument::instrument(
+            job.send(request, options),
+            span,
+        ))
     }
 }
 
@@ -232,7 +269,11 @@ struct Job {
     origin: String,
     path: String,
     started: Instant,
+    span: tracing::Span,
 }
+
+/// The W3C trace context header.
+const TRACEPARENT: &str = "traceparent";
 
 /// Why the host ended a request early.
 #[derive(Debug)]
@@ -244,6 +285,17 @@ enum Ended {
 impl Job {
     /// Logs a refusal or failure and returns `err`.
     fn refuse(&self, why: &str, err: HttpError) -> HttpError {
+        let label = match &err {
+            HttpError::HttpRequestDenied | HttpError::DestinationIpProhibited => "denied",
+            _ => "error",
+        };
+        self.span.record("otel.status_code", "ERROR");
+        crate::telemetry::outbound_request(
+            &self.outbound.plugin,
+            &self.origin,
+            label.to_owned(),
+            self.started.elapsed(),
+        );
         warn!(
             plugin = %self.outbound.plugin,
             dispatch = %self.dispatch,
@@ -599,6 +651,20 @@ impl Job {
 
     fn finish(&self, status: u16, bytes: u64, outcome: Option<&str>) {
         let ms = self.started.elapsed().as_millis() as u64;
+        self.span.record("http.response.status_code", status);
+        if status >= 500 || outcome.is_some() {
+            self.span.record("otel.status_code", "ERROR");
+        }
+        crate::telemetry::outbound_request(
+            &self.outbound.plugin,
+            &self.origin,
+            if outcome.is_some() {
+                "error".to_owned()
+            } else {
+                status.to_string()
+            },
+            self.started.elapsed(),
+        );
         match outcome {
             None => info!(
                 plugin = %self.outbound.plugin,

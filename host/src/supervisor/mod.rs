@@ -35,9 +35,9 @@ use std::time::Duration;
 use anyhow::Context;
 use tokio::sync::Notify;
 use tokio::task::JoinSet;
-use tracing::{debug, info, warn};
+use tracing::{Instrument, debug, info, warn};
 
-use crate::claim::{self, ClaimControl, ClaimHandle, Settlement, StopReason};
+use crate::claim::{self, ClaimControl, ClaimHandle, StopReason};
 use crate::config::Config;
 use crate::runtime::host::{Abort, PluginContext};
 use crate::runtime::{CallEnd, HandlerRun, Plugin, Runtime, WarmInstance, World};
@@ -370,7 +370,10 @@ async fn worker(
                 let claim = claim::hold(&claimer, dispatch);
                 in_flight.add(&claim);
                 let id = claim.dispatch.id.clone();
-                let (outcome, settling) = run_one(&runtime, &plugin, claim, &mut warm).await;
+                let span = claim.span.clone();
+                let (outcome, settling) = run_one(&runtime, &plugin, claim, &mut warm)
+                    .instrument(span)
+                    .await;
                 in_flight.remove(&id);
                 if let Ok(mut report) = report.lock() {
                     *report.outcomes.entry(outcome).or_default() += 1;
@@ -422,6 +425,11 @@ async fn run_one(
             let outcome = match run {
                 HandlerRun::Finished { claim, end } => settle(plugin, *claim, end).await,
                 HandlerRun::ClaimLost { .. } => {
+                    crate::telemetry::trace::record_outcome(
+                        &tracing::Span::current(),
+                        "lost",
+                        true,
+                    );
                     warn!(plugin = %name, dispatch = %id, "the claim could not be taken back from the instance; its lease will run out and the sweeper reclaims it");
                     "lost"
                 }
@@ -465,12 +473,7 @@ async fn settle(plugin: &Plugin, mut claim: ClaimHandle, end: CallEnd) -> &'stat
     // Stop renewing: from here on the host settles promptly or not at all.
     claim.stop_renewing();
     if let Some(settled) = claim.settled {
-        return match settled {
-            Settlement::Acked => "acked",
-            Settlement::Nacked => "nacked",
-            Settlement::DeadLettered => "dead-lettered",
-            Settlement::Superseded => "superseded",
-        };
+        return settled.as_str();
     }
     let (store, retry) = (&plugin.ctx.store, &plugin.ctx.config.retry);
     if let CallEnd::Trapped { abort, .. } = &end {
@@ -498,14 +501,19 @@ async fn settle(plugin: &Plugin, mut claim: ClaimHandle, end: CallEnd) -> &'stat
             .await
             .map(|d| failed_outcome(&d)),
     };
-    match result {
+    let outcome = match result {
         Ok(outcome) => outcome,
         Err(StoreError::StaleEpoch { .. }) => "superseded",
         Err(e) => {
             warn!(plugin = %plugin.ctx.name, dispatch = %claim.dispatch.id, "could not settle: {e}");
             "unsettled"
         }
+    };
+    // A settlement recorded itself on the span; what is left is why nothing was settled.
+    if claim.settled.is_none() {
+        crate::telemetry::trace::record_outcome(&claim.span, outcome, outcome != "superseded");
     }
+    outcome
 }
 
 /// The `kind` label of a trapped or cut-short call.

@@ -1,5 +1,6 @@
 //! What a running host shows of itself: Prometheus metrics (the `metrics` crate, rendered by
-//! its Prometheus exporter into the API's `/metrics`) and the store's queue as gauges.
+//! its Prometheus exporter into the API's `/metrics`), the store's queue as gauges, and
+//! OpenTelemetry traces exported over OTLP.
 //!
 //! Every metric is named here, once, with its help text: `homing_..._total` for counters,
 //! `_seconds` for durations (histograms) and ages (gauges). Recording goes through the small
@@ -8,10 +9,15 @@
 //!
 //! - `store`: a [`Store`] whose every operation is timed by backend and operation;
 //! - `queue`: the queue depth and the oldest queued dispatch's age, read from the store (by
-//!   the sweeper).
+//!   the sweeper);
+//! - `trace`: the tracing layer that exports spans (`homing.dispatch` per attempt, its guest
+//!   call, store operations and outbound requests) and the `traceparent` carried through;
+//! - `otlp`: the exporter's HTTP client, run on the host's tokio runtime.
 
+mod otlp;
 mod queue;
 mod store;
+pub mod trace;
 
 use std::sync::OnceLock;
 use std::time::Duration;
@@ -52,6 +58,12 @@ pub const INSTANCE_START: &str = "homing_instance_start_seconds";
 pub const HOST_OVERHEAD: &str = "homing_host_overhead_seconds";
 /// Restarts of the NATS watcher's consumer.
 pub const NATS_WATCHER_RESTARTS: &str = "homing_nats_watcher_restarts_total";
+/// Guests' outbound HTTP requests: `agent`, `origin`, `status` (the code, `denied` for a
+/// request the grants refused, `error` for one that failed or was cut short).
+pub const OUTBOUND_REQUESTS: &str = "homing_outbound_requests_total";
+/// Guests' outbound HTTP requests, from asked to the end of the response body: `agent`,
+/// `origin`.
+pub const OUTBOUND_DURATION: &str = "homing_outbound_request_seconds";
 /// API requests answered: `route`, `method`, `status`.
 pub const API_REQUESTS: &str = "homing_api_requests_total";
 /// API requests refused by authentication or role: `reason` (missing, invalid, role).
@@ -140,6 +152,15 @@ fn describe() {
         "Restarts of the NATS watcher's consumer."
     );
     describe_counter!(
+        OUTBOUND_REQUESTS,
+        "Guests' outbound HTTP requests, by agent, origin and status."
+    );
+    describe_histogram!(
+        OUTBOUND_DURATION,
+        Unit::Seconds,
+        "Guests' outbound HTTP requests, asked to the end of the response."
+    );
+    describe_counter!(
         API_REQUESTS,
         "API requests answered, by route, method and status."
     );
@@ -188,6 +209,14 @@ pub fn lease_lost(agent: &str) {
 /// Expired leases reclaimed by a sweep.
 pub fn reclaimed(count: usize) {
     counter!(RECLAIMS).increment(count as u64);
+}
+
+/// A guest's outbound request ended with `status` after `took`.
+pub fn outbound_request(agent: &str, origin: &str, status: String, took: Duration) {
+    counter!(OUTBOUND_REQUESTS, "agent" => agent.to_owned(), "origin" => origin.to_owned(), "status" => status)
+        .increment(1);
+    histogram!(OUTBOUND_DURATION, "agent" => agent.to_owned(), "origin" => origin.to_owned())
+        .record(took.as_secs_f64());
 }
 
 /// The NATS watcher restarted its consumer.

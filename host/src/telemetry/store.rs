@@ -1,6 +1,7 @@
 //! A store whose every operation is timed into `homing_store_operation_seconds` by backend and
 //! operation, and whose failures are counted by error kind. It wraps the store's two halves and
-//! forwards each call unchanged (including the backends' own `claim_started`).
+//! forwards each call unchanged (including the backends' own `claim_started`). Under an
+//! attempt's span, each operation is a `homing.store` span too.
 
 use std::future::Future;
 use std::sync::Arc;
@@ -9,6 +10,7 @@ use std::time::Instant;
 use async_trait::async_trait;
 use metrics::{counter, histogram};
 use tokio::sync::Notify;
+use tracing::Instrument;
 
 use super::{STORE_ERRORS, STORE_OPERATION};
 use crate::store::{
@@ -53,7 +55,20 @@ async fn timed<T>(
     call: impl Future<Output = StoreResult<T>>,
 ) -> StoreResult<T> {
     let started = Instant::now();
-    let out = call.await;
+    // A child span only under an attempt's span: the sweeper's and the API's reads would
+    // otherwise each start a trace of their own.
+    let parent = tracing::Span::current();
+    let out = if parent.is_none() || !super::trace::enabled() {
+        call.await
+    } else {
+        let span = tracing::info_span!(
+            target: super::trace::TARGET,
+            "homing.store",
+            homing.backend = backend,
+            homing.operation = operation,
+        );
+        call.instrument(span).await
+    };
     histogram!(STORE_OPERATION, "backend" => backend, "operation" => operation)
         .record(started.elapsed().as_secs_f64());
     if let Err(e) = &out {

@@ -203,7 +203,13 @@ impl Api {
 
     /// The metrics page, as `name{labels}` → value.
     async fn metrics(&self) -> BTreeMap<String, f64> {
-        let response = self.client.get(self.url("/metrics")).send().await.unwrap();
+        let response = self
+            .client
+            .get(self.url("/metrics"))
+            .bearer_auth(READER)
+            .send()
+            .await
+            .unwrap();
         assert_eq!(response.status(), 200);
         parse_metrics(&response.text().await.unwrap())
     }
@@ -277,6 +283,28 @@ async fn every_route_and_status(backend: Backend) {
         .await;
     let d = api.wait_terminal(&bin).await;
     assert_eq!(d["result"]["output"]["base64"], "/wBB", "{d}");
+
+    // A `traceparent` header is kept in the dispatch (the host continues that trace); a
+    // malformed one is dropped rather than stored.
+    let parent = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01";
+    let mut traced = Vec::new();
+    for (header, kept) in [(parent, Some(parent)), ("00-not-a-trace", None)] {
+        let response = api
+            .client
+            .post(api.url("/v1/dispatches"))
+            .bearer_auth(PRODUCER)
+            .header("traceparent", header)
+            .json(&json!({ "agent": "echo", "thread": "t1", "payload": "traced" }))
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(response.status().as_u16(), 201);
+        let reply: Value = response.json().await.unwrap();
+        let id = reply["id"].as_str().unwrap().to_owned();
+        let d = api.wait_terminal(&id).await;
+        assert_eq!(d["metadata"]["traceparent"].as_str(), kept, "{d}");
+        traced.push(id);
+    }
 
     // 409: an id taken by different content names the holder; a held dedupe key names its holder.
     let (status, body) = api
@@ -437,6 +465,7 @@ async fn every_route_and_status(backend: Backend) {
         }
     }
     let mut expected = vec![id.clone(), bin.clone(), held.clone()];
+    expected.extend(traced);
     expected.sort();
     seen.sort();
     assert_eq!(seen, expected);
@@ -579,7 +608,7 @@ async fn every_route_and_status(backend: Backend) {
     assert_eq!(status, 200);
     assert!(spec["paths"]["/v1/dispatches/{id}"].is_object());
 
-    // Unknown routes are 404 in JSON; health answers without a token.
+    // Unknown routes are 404 in JSON; health answers without a token (metrics need one).
     assert_eq!(api.get("/v1/nothing").await.0, 404);
     assert_eq!(api.call(Method::GET, "/livez", None, None).await.0, 200);
     assert_eq!(api.call(Method::GET, "/readyz", None, None).await.0, 200);
@@ -589,6 +618,8 @@ async fn every_route_and_status(backend: Backend) {
     for (method, path, token, expected) in [
         (Method::GET, "/v1/agents".to_owned(), None, 401),
         (Method::GET, "/v1/agents".to_owned(), Some(wrong), 401),
+        (Method::GET, "/metrics".to_owned(), None, 401),
+        (Method::GET, "/metrics".to_owned(), Some(wrong), 401),
         (Method::POST, "/v1/dispatches".to_owned(), Some(READER), 403),
         (
             Method::POST,

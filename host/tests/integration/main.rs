@@ -53,3 +53,4 @@ mod outbound_guests;
 mod outbound_http;
 mod polyglot;
 mod process_faults;
+mod traces;

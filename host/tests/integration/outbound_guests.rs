@@ -11,7 +11,6 @@
 //!   stores or logs.
 
 use std::io::{BufRead, BufReader};
-use std::net::SocketAddr;
 use std::process::{Child, Command, Stdio};
 use std::sync::{Arc, Mutex};
 
@@ -21,7 +20,7 @@ use axum::http::{HeaderMap, Method, StatusCode, Uri};
 use axum::response::IntoResponse;
 use serde_json::{Value, json};
 
-use crate::common::{Env, guest, polyglot_guest, root, shared_cache_dir, toml_path};
+use crate::common::{Env, Served, guest, polyglot_guest, root, shared_cache_dir, toml_path};
 
 /// A request the echo server saw.
 #[derive(Debug, Clone)]
@@ -35,10 +34,9 @@ struct Seen {
 /// A local HTTP server on 127.0.0.1 that answers every request with what it received, as JSON
 /// (`{"method", "path", "headers": {name: value}, "body"}`), the header `x-reply: got-<the
 /// request's x-probe or x-agent header>`, and status 200 (or `N` for a path `/status/N`).
-struct EchoServer {
-    addr: SocketAddr,
+pub(crate) struct EchoServer {
+    served: Served,
     seen: Arc<Mutex<Vec<Seen>>>,
-    _runtime: tokio::runtime::Runtime,
 }
 
 async fn echo(
@@ -95,30 +93,19 @@ async fn echo(
 }
 
 impl EchoServer {
-    fn start() -> EchoServer {
-        let runtime = tokio::runtime::Builder::new_multi_thread()
-            .worker_threads(1)
-            .enable_all()
-            .build()
-            .unwrap();
+    pub(crate) fn start() -> EchoServer {
         let seen = Arc::new(Mutex::new(Vec::new()));
-        let listener = runtime
-            .block_on(tokio::net::TcpListener::bind("127.0.0.1:0"))
-            .unwrap();
-        let addr = listener.local_addr().unwrap();
         let app = axum::Router::new()
             .fallback(echo)
             .with_state(Arc::clone(&seen));
-        runtime.spawn(async move { axum::serve(listener, app).await });
         EchoServer {
-            addr,
+            served: Served::start(app),
             seen,
-            _runtime: runtime,
         }
     }
 
-    fn url(&self, path: &str) -> String {
-        format!("http://{}{path}", self.addr)
+    pub(crate) fn url(&self, path: &str) -> String {
+        format!("http://{}{path}", self.served.addr)
     }
 
     fn seen(&self) -> Vec<Seen> {
@@ -135,7 +122,7 @@ fn header<'a>(seen: &'a Seen, name: &str) -> Option<&'a str> {
 }
 
 /// `homing run --until-idle` with extra environment variables (the variables' `env` sources).
-fn run_until_idle_with(env: &Env, vars: &[(&str, &str)]) -> String {
+pub(crate) fn run_until_idle_with(env: &Env, vars: &[(&str, &str)]) -> String {
     let mut cmd = env.command(&["run", "--until-idle"]);
     for (name, value) in vars {
         cmd.env(name, value);
@@ -151,7 +138,7 @@ fn run_until_idle_with(env: &Env, vars: &[(&str, &str)]) -> String {
 }
 
 /// The output of an acked dispatch, as text.
-fn output(env: &Env, id: &str) -> String {
+pub(crate) fn output(env: &Env, id: &str) -> String {
     let d = env.show(id);
     assert_eq!(d["status"], "acked", "{d}");
     d["result"]["output"].as_str().unwrap().to_owned()
@@ -161,7 +148,7 @@ fn output(env: &Env, id: &str) -> String {
 // Rust: the http-probe test guest
 
 /// A host with `http-probe` as plugin `probe`; `plugin_keys` go into its table.
-fn probe_config(plugin_keys: &str, variables: &str) -> String {
+pub(crate) fn probe_config(plugin_keys: &str, variables: &str) -> String {
     format!(
         r#"
 [host]

@@ -214,6 +214,7 @@ impl GuestState {
         self.control = Some(claim.control.clone());
         self.http.deadline = self.deadline;
         self.http.control = self.control.clone();
+        self.http.traceparent = claim.dispatch.metadata.get("traceparent").cloned();
         if let Ok(mut log) = self.log.lock() {
             log.begin(LogTag {
                 dispatch: claim.dispatch.id.clone(),

@@ -313,3 +313,29 @@ impl Rng {
         self.next() % n.max(1)
     }
 }
+
+/// An axum app served on a loopback port by a runtime of its own (a stand-in server for the
+/// host to call: a model, an echo, a trace collector). Stops when dropped.
+pub struct Served {
+    pub addr: std::net::SocketAddr,
+    _runtime: tokio::runtime::Runtime,
+}
+
+impl Served {
+    pub fn start(app: axum::Router) -> Served {
+        let runtime = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(1)
+            .enable_all()
+            .build()
+            .unwrap();
+        let listener = runtime
+            .block_on(tokio::net::TcpListener::bind("127.0.0.1:0"))
+            .unwrap();
+        let addr = listener.local_addr().unwrap();
+        runtime.spawn(async move { axum::serve(listener, app).await });
+        Served {
+            addr,
+            _runtime: runtime,
+        }
+    }
+}

@@ -1,0 +1,248 @@
+//! Traces (issue 14): a real `homing run` exporting spans over OTLP/HTTP to a stand-in
+//! collector on the loopback address, which decodes the protobuf batches it is sent.
+//!
+//! - a dispatch enqueued with a `traceparent` is traced as a `homing.dispatch` span whose
+//!   parent is that `traceparent`, with the guest call, the store operations and the guest's
+//!   outbound request beneath it; the server the guest called receives the trace context of
+//!   the request's own span;
+//! - a dispatch enqueued without one starts a trace of its own;
+//! - with no collector configured, a guest's request still carries the dispatch's
+//!   `traceparent` unchanged;
+//! - a collector URL that is not one is refused by `homing config check`, naming the key.
+
+use std::collections::BTreeMap;
+use std::sync::{Arc, Mutex};
+
+use axum::body::Bytes;
+use axum::extract::State;
+use opentelemetry_proto::tonic::collector::trace::v1::ExportTraceServiceRequest;
+use opentelemetry_proto::tonic::common::v1::any_value::Value as Any;
+use prost::Message;
+use serde_json::{Value, json};
+
+use crate::common::{Env, Served};
+use crate::outbound_guests::{EchoServer, output, probe_config, run_until_idle_with};
+
+/// A span as the collector received it.
+#[derive(Debug, Clone)]
+struct Got {
+    name: String,
+    trace: String,
+    id: String,
+    parent: String,
+    attributes: BTreeMap<String, String>,
+}
+
+/// A stand-in OTLP/HTTP collector: `POST /v1/traces` with a protobuf body.
+struct Collector {
+    served: Served,
+    spans: Arc<Mutex<Vec<Got>>>,
+}
+
+fn hex(bytes: &[u8]) -> String {
+    bytes.iter().map(|b| format!("{b:02x}")).collect()
+}
+
+async fn receive(State(spans): State<Arc<Mutex<Vec<Got>>>>, body: Bytes) -> &'static str {
+    let request = ExportTraceServiceRequest::decode(body).expect("an OTLP protobuf batch");
+    let mut spans = spans.lock().unwrap();
+    for resource in request.resource_spans {
+        for scope in resource.scope_spans {
+            for span in scope.spans {
+                let attributes = span
+                    .attributes
+                    .iter()
+                    .map(|kv| {
+                        let value = match kv.value.as_ref().and_then(|v| v.value.as_ref()) {
+                            Some(Any::StringValue(s)) => s.clone(),
+                            Some(Any::IntValue(i)) => i.to_string(),
+                            Some(Any::BoolValue(b)) => b.to_string(),
+                            Some(Any::DoubleValue(d)) => d.to_string(),
+                            other => format!("{other:?}"),
+                        };
+                        (kv.key.clone(), value)
+                    })
+                    .collect();
+                spans.push(Got {
+                    name: span.name,
+                    trace: hex(&span.trace_id),
+                    id: hex(&span.span_id),
+                    parent: hex(&span.parent_span_id),
+                    attributes,
+                });
+            }
+        }
+    }
+    ""
+}
+
+impl Collector {
+    fn start() -> Collector {
+        let spans = Arc::new(Mutex::new(Vec::new()));
+        let app = axum::Router::new()
+            .route("/v1/traces", axum::routing::post(receive))
+            .with_state(Arc::clone(&spans));
+        Collector {
+            served: Served::start(app),
+            spans,
+        }
+    }
+
+    fn spans(&self) -> Vec<Got> {
+        self.spans.lock().unwrap().clone()
+    }
+}
+
+const TRACE: &str = "4bf92f3577b34da6a3ce929d0e0e4736";
+const PARENT: &str = "00f067aa0ba902b7";
+
+fn traceparent() -> String {
+    format!("00-{TRACE}-{PARENT}-01")
+}
+
+/// The `traceparent` header the echo server saw, from a probe's output.
+fn traceparent_seen(out: &str) -> Option<String> {
+    let got: Value = serde_json::from_str(out).unwrap();
+    let echoed: Value = serde_json::from_str(got["body"].as_str().unwrap()).unwrap();
+    echoed["headers"]["traceparent"].as_str().map(str::to_owned)
+}
+
+#[test]
+fn spans_reach_the_collector_under_the_enqueued_traceparent() {
+    let collector = Collector::start();
+    let server = EchoServer::start();
+    let config = format!(
+        "{}\n[telemetry]\notlp_endpoint = \"http://{}\"\nservice_name = \"homing-test\"\n",
+        probe_config(r#"allowed_outbound_hosts = ["http://127.0.0.1:*"]"#, ""),
+        collector.served.addr
+    );
+    let env = Env::new(&config);
+    let checked = env.ok(&["config", "check"]);
+    assert!(
+        checked.contains(&format!(
+            "traces: exported to http://{}/v1/traces (from [telemetry] otlp_endpoint)",
+            collector.served.addr
+        )),
+        "{checked}"
+    );
+    let request = json!({"method": "GET", "url": server.url("/traced")}).to_string();
+    let meta = format!("traceparent={}", traceparent());
+    let traced = env.enqueue("probe", "t1", &request, &["--meta", &meta]);
+    let untraced = env.enqueue("probe", "t2", &request, &[]);
+    // The host exports what it holds before it exits.
+    run_until_idle_with(&env, &[]);
+    let spans = collector.spans();
+    let dispatch = |id: &str| {
+        spans
+            .iter()
+            .find(|s| {
+                s.name == "homing.dispatch"
+                    && s.attributes.get("homing.dispatch_id").map(String::as_str) == Some(id)
+            })
+            .unwrap_or_else(|| panic!("no homing.dispatch span for {id}: {spans:#?}"))
+            .clone()
+    };
+    let children = |parent: &Got, name: &str| -> Vec<Got> {
+        spans
+            .iter()
+            .filter(|s| s.name == name && s.parent == parent.id && s.trace == parent.trace)
+            .cloned()
+            .collect()
+    };
+
+    // The attempt continues the trace it was enqueued with.
+    let root = dispatch(&traced);
+    assert_eq!((root.trace.as_str(), root.parent.as_str()), (TRACE, PARENT));
+    for (key, value) in [
+        ("homing.agent", "probe"),
+        ("homing.thread", "t1"),
+        ("homing.attempt", "0"),
+        ("homing.outcome", "acked"),
+    ] {
+        assert_eq!(
+            root.attributes.get(key).map(String::as_str),
+            Some(value),
+            "{key}: {root:#?}"
+        );
+    }
+    let call = children(&root, "homing.guest_call");
+    assert_eq!(call.len(), 1, "one guest call: {spans:#?}");
+    let http = children(&call[0], "homing.http");
+    assert_eq!(http.len(), 1, "the outbound request: {spans:#?}");
+    assert_eq!(
+        http[0]
+            .attributes
+            .get("http.response.status_code")
+            .map(String::as_str),
+        Some("200")
+    );
+    let settled: Vec<String> = children(&root, "homing.store")
+        .iter()
+        .filter_map(|s| s.attributes.get("homing.operation").cloned())
+        .collect();
+    assert!(
+        settled.iter().any(|op| op == "complete"),
+        "settling is a store span of the attempt: {settled:?}"
+    );
+    // The server saw the request's own span as the parent, in the same trace.
+    assert_eq!(
+        traceparent_seen(&output(&env, &traced)),
+        Some(format!("00-{TRACE}-{}-01", http[0].id))
+    );
+
+    // Without a traceparent, a trace of its own.
+    let own = dispatch(&untraced);
+    assert!(own.parent.is_empty(), "a root span: {own:#?}");
+    assert_ne!(own.trace, TRACE);
+    let seen = traceparent_seen(&output(&env, &untraced)).unwrap();
+    assert!(seen.starts_with(&format!("00-{}-", own.trace)), "{seen}");
+}
+
+#[test]
+fn without_a_collector_the_enqueued_traceparent_is_passed_on() {
+    let server = EchoServer::start();
+    let env = Env::new(&probe_config(
+        r#"allowed_outbound_hosts = ["http://127.0.0.1:*"]"#,
+        "",
+    ));
+    let request = json!({"method": "GET", "url": server.url("/plain")}).to_string();
+    let meta = format!("traceparent={}", traceparent());
+    let traced = env.enqueue("probe", "t1", &request, &["--meta", &meta]);
+    let untraced = env.enqueue("probe", "t2", &request, &[]);
+    // The standard variables would turn export on; this host has none.
+    let log = run_until_idle_with(&env, &[]);
+    assert_eq!(
+        traceparent_seen(&output(&env, &traced)),
+        Some(traceparent()),
+        "{log}"
+    );
+    assert_eq!(traceparent_seen(&output(&env, &untraced)), None);
+}
+
+#[test]
+fn a_collector_url_that_is_not_one_is_refused_by_name() {
+    let env = Env::new(&format!(
+        "{}\n[telemetry]\notlp_endpoint = \"collector:4318\"\n",
+        probe_config("", "")
+    ));
+    let err = env.fails(&["config", "check"]);
+    assert!(
+        err.contains("[telemetry] otlp_endpoint") && err.contains("collector:4318"),
+        "{err}"
+    );
+    let env = Env::new(&format!(
+        "{}\n[telemetry]\nsample_ratio = 2.0\n",
+        probe_config("", "")
+    ));
+    let out = env
+        .command(&["run", "--until-idle"])
+        .stdin(std::process::Stdio::null())
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    assert!(
+        String::from_utf8_lossy(&out.stderr).contains("[telemetry] sample_ratio"),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
