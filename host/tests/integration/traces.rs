@@ -8,6 +8,8 @@
 //! - a dispatch enqueued without one starts a trace of its own;
 //! - with no collector configured, a guest's request still carries the dispatch's
 //!   `traceparent` unchanged;
+//! - work a guest enqueues continues the trace: its span is a child of the attempt that
+//!   enqueued it (or, with no collector, it carries the same `traceparent` on);
 //! - a collector URL that is not one is refused by `homing config check`, naming the key.
 
 use std::collections::BTreeMap;
@@ -20,7 +22,7 @@ use opentelemetry_proto::tonic::common::v1::any_value::Value as Any;
 use prost::Message;
 use serde_json::{Value, json};
 
-use crate::common::{Env, Served};
+use crate::common::{Env, Served, guest, toml_path};
 use crate::outbound_guests::{EchoServer, output, probe_config, run_until_idle_with};
 
 /// A span as the collector received it.
@@ -245,4 +247,82 @@ fn a_collector_url_that_is_not_one_is_refused_by_name() {
         "{}",
         String::from_utf8_lossy(&out.stderr)
     );
+}
+
+/// `delegate` fanning out to `echo`, which replies to `delegate`: three generations of work.
+fn fan_out_config() -> String {
+    format!(
+        "[host]\nsweep_interval = \"200ms\"\n[plugins.delegate]\npath = {}\nenqueue_to = [\"echo\"]\n[plugins.echo]\npath = {}\nenqueue_to = [\"delegate\"]\n",
+        toml_path(&guest("delegate")),
+        toml_path(&guest("echo")),
+    )
+}
+
+#[test]
+fn follow_up_work_continues_the_trace_that_caused_it() {
+    let collector = Collector::start();
+    let env = Env::new(&format!(
+        "{}[telemetry]\notlp_endpoint = \"http://{}\"\n",
+        fan_out_config(),
+        collector.served.addr
+    ));
+    let meta = format!("traceparent={}", traceparent());
+    let root = env.enqueue("delegate", "fan", "alpha beta", &["--meta", &meta]);
+    run_until_idle_with(&env, &[]);
+    let list = env.list();
+    assert_eq!(
+        list.len(),
+        5,
+        "a fan-out, two parts, two replies: {list:#?}"
+    );
+    let spans = collector.spans();
+    let span_of = |id: &str| {
+        spans
+            .iter()
+            .find(|s| {
+                s.name == "homing.dispatch"
+                    && s.attributes.get("homing.dispatch_id").map(String::as_str) == Some(id)
+            })
+            .unwrap_or_else(|| panic!("no homing.dispatch span for {id}: {spans:#?}"))
+            .clone()
+    };
+    // Each dispatch's span is a child of the attempt that enqueued it, all in one trace, and
+    // its stored traceparent names that attempt's span.
+    for d in &list {
+        let id = d["id"].as_str().unwrap();
+        let span = span_of(id);
+        assert_eq!(span.trace, TRACE, "{d}");
+        if id == root {
+            assert_eq!(span.parent, PARENT);
+            continue;
+        }
+        let parent = d["metadata"]["parent"].as_str().unwrap();
+        let by = span_of(parent);
+        assert_eq!(span.parent, by.id, "{d}");
+        assert_eq!(
+            d["metadata"]["traceparent"].as_str(),
+            Some(format!("00-{TRACE}-{}-01", by.id).as_str()),
+            "{d}"
+        );
+    }
+}
+
+#[test]
+fn without_a_collector_follow_up_work_carries_the_traceparent_on() {
+    let env = Env::new(&fan_out_config());
+    let meta = format!("traceparent={}", traceparent());
+    env.enqueue("delegate", "fan", "alpha beta", &["--meta", &meta]);
+    env.enqueue("delegate", "plain", "gamma", &[]);
+    run_until_idle_with(&env, &[]);
+    let list = env.list();
+    assert_eq!(list.len(), 8, "{list:#?}");
+    for d in &list {
+        let plain = d["thread"].as_str().unwrap().starts_with("plain");
+        let expected = if plain { None } else { Some(traceparent()) };
+        assert_eq!(
+            d["metadata"]["traceparent"].as_str(),
+            expected.as_deref(),
+            "{d}"
+        );
+    }
 }

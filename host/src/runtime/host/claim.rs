@@ -284,7 +284,11 @@ impl mailbox::HostClaim for GuestState {
             return Ok(Err(refusal));
         }
         let parent = claim.dispatch.clone();
-        let new = match self.enqueue_request(request, Some(&parent)) {
+        // A follow-up is a child of this attempt's span (or, with traces off, carries on the
+        // `traceparent` this dispatch was enqueued with).
+        let trace = crate::telemetry::trace::traceparent(&claim.span)
+            .or_else(|| parent.metadata.get("traceparent").cloned());
+        let new = match self.enqueue_request(request, Some(&parent), trace) {
             Ok(new) => new,
             Err(e) => return Ok(Err(e)),
         };

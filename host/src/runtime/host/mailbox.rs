@@ -17,11 +17,13 @@ use crate::store::{DEFAULT_PRIORITY, Dispatch, NewDispatch};
 impl GuestState {
     /// The dispatch `request` asks for, or why the guest may not have it. `parent` is the
     /// claim it is enqueued through, whose thread is the default; outside a claim the request
-    /// must name its thread.
+    /// must name its thread. `trace` is the `traceparent` the new dispatch continues (unless
+    /// the guest gave one itself), so follow-up work stays in the trace that caused it.
     pub(super) fn enqueue_request(
         &self,
         request: EnqueueRequest,
         parent: Option<&Dispatch>,
+        trace: Option<String>,
     ) -> Result<NewDispatch, GuestError> {
         let plugin = &self.plugin;
         let Some((_, target_max)) = plugin
@@ -74,6 +76,9 @@ impl GuestState {
         if let Some(parent) = parent {
             new.metadata.insert("parent".into(), parent.id.clone());
         }
+        if let Some(trace) = trace {
+            new.metadata.entry("traceparent".into()).or_insert(trace);
+        }
         new.dedupe_key = request.dedupe_key;
         Ok(new)
     }
@@ -84,7 +89,10 @@ impl mailbox::Host for GuestState {
         &mut self,
         request: EnqueueRequest,
     ) -> wasmtime::Result<Result<String, GuestError>> {
-        let new = match self.enqueue_request(request, None) {
+        // Outside a claim: the trace of the guest call in progress, if any.
+        let trace = crate::telemetry::trace::traceparent(&tracing::Span::current())
+            .or_else(|| self.http.traceparent.clone());
+        let new = match self.enqueue_request(request, None, trace) {
             Ok(new) => new,
             Err(e) => return Ok(Err(e)),
         };
