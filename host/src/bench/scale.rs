@@ -242,6 +242,23 @@ pub(super) async fn scale(
         figures.push(figure(label("CLI enqueue p50"), "ms", enqueue));
         figures.push(figure(label("CLI dispatch show p50"), "ms", show));
 
+        // What the sweeper reads for the queue gauges (live work), against counting every
+        // retained record as it did before; the latter a few times only, as it reads them all.
+        let mut live = Vec::new();
+        for _ in 0..samples {
+            let started = Instant::now();
+            store.mailbox.live_counts().await?;
+            live.push(started.elapsed().as_secs_f64() * 1e3);
+        }
+        let mut all = Vec::new();
+        for _ in 0..samples.min(3) {
+            let started = Instant::now();
+            store.mailbox.counts().await?;
+            all.push(started.elapsed().as_secs_f64() * 1e3);
+        }
+        figures.push(figure(label("queue gauge read (live counts) p50"), "ms", live));
+        figures.push(figure(label("count of every status p50"), "ms", all));
+
         // The host: first claim and memory then. The compile cache is shared across sizes,
         // and the first size's host run fills it before anything is timed.
         if size == sizes[0] {

@@ -221,6 +221,11 @@ pub trait Mailbox: Send + Sync + Debug + 'static {
     /// How many dispatches each agent has in each status (zero rows omitted).
     async fn counts(&self) -> StoreResult<Vec<StatusCount>>;
 
+    /// [`Mailbox::counts`] of the live statuses only (queued and claimed), at a cost bounded
+    /// by live work rather than by what the store retains: what the sweeper reads for the
+    /// queue gauges on every sweep.
+    async fn live_counts(&self) -> StoreResult<Vec<StatusCount>>;
+
     /// Terminal dispatches, oldest completion first.
     async fn list_terminal(&self, limit: usize, offset: usize) -> StoreResult<Vec<Dispatch>>;
 

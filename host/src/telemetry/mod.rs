@@ -122,7 +122,10 @@ fn describe() {
         Unit::Seconds,
         "From claimable (enqueue, delay or backoff over) to claim."
     );
-    describe_gauge!(QUEUE_DEPTH, "Dispatches in the store by agent and status.");
+    describe_gauge!(
+        QUEUE_DEPTH,
+        "Live dispatches (queued, claimed) in the store by agent and status."
+    );
     describe_gauge!(
         QUEUE_OLDEST_AGE,
         Unit::Seconds,

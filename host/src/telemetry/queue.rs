@@ -7,15 +7,21 @@ use metrics::gauge;
 use super::{QUEUE_DEPTH, QUEUE_OLDEST_AGE};
 use crate::store::{ListCursor, ListFilter, Status, Store, StoreResult};
 
-/// Sets the queue gauges of `agents` (every status of each, zeros included) from the store.
+/// The statuses the depth gauge reports: live work. Settled work is counted as it settles
+/// (`homing_dispatches_finished_total`); counting what the store retains on every sweep would
+/// read every retained record each time on NATS.
+const LIVE: [Status; 2] = [Status::Queued, Status::Claimed];
+
+/// Sets the queue gauges of `agents` (each live status, zeros included) from the store, at a
+/// cost bounded by live work.
 ///
 /// # Errors
 ///
 /// When the store cannot be read; the gauges keep their last values.
 pub async fn refresh_queue(store: &Store, agents: &[String]) -> StoreResult<()> {
-    let counts = store.mailbox.counts().await?;
+    let counts = store.mailbox.live_counts().await?;
     for agent in agents {
-        for status in Status::ALL {
+        for status in LIVE {
             let count = counts
                 .iter()
                 .find(|c| &c.agent == agent && c.status == status)

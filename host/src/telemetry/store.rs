@@ -239,6 +239,10 @@ impl Mailbox for TimedMailbox {
     async fn counts(&self) -> StoreResult<Vec<StatusCount>> {
         timed(self.backend, "counts", self.inner.counts()).await
     }
+
+    async fn live_counts(&self) -> StoreResult<Vec<StatusCount>> {
+        timed(self.backend, "live_counts", self.inner.live_counts()).await
+    }
     async fn list_terminal(&self, limit: usize, offset: usize) -> StoreResult<Vec<Dispatch>> {
         timed(
             self.backend,

@@ -961,34 +961,35 @@ async fn concurrent_enqueues(backend: Backend) {
         ) >= total
     );
     assert_eq!(sample(&m, "homing_guest_traps_total", &[]), 0.0);
-    // The queue gauges follow the store (refreshed by the sweeper).
+    // The queue gauges follow the store's live work (refreshed by the sweeper): with all of
+    // the above acked and three more delayed for an hour, three are queued and none claimed.
+    // Settled work has no gauge (the finished counter above counts it).
+    for i in 0..3 {
+        api.enqueue(json!({ "agent": "sandbox", "thread": format!("later-{i}"), "payload": "x", "delay": "1h" }))
+            .await;
+    }
     let deadline = Instant::now() + Duration::from_secs(30);
     loop {
         let m = api.metrics().await;
-        let acked = sample(
-            &m,
-            "homing_queue_depth",
-            &[("agent", "sandbox"), ("status", "acked")],
-        );
-        let queued = sample(
-            &m,
-            "homing_queue_depth",
-            &[("agent", "sandbox"), ("status", "queued")],
-        );
-        if acked == total && queued == 0.0 {
-            assert_eq!(
-                sample(
-                    &m,
-                    "homing_queue_oldest_age_seconds",
-                    &[("agent", "sandbox")]
-                ),
-                0.0
+        let depth = |status: &str| {
+            sample(
+                &m,
+                "homing_queue_depth",
+                &[("agent", "sandbox"), ("status", status)],
+            )
+        };
+        let (queued, claimed) = (depth("queued"), depth("claimed"));
+        if queued == 3.0 && claimed == 0.0 {
+            assert!(
+                !m.keys()
+                    .any(|k| k.starts_with("homing_queue_depth{") && k.contains("acked")),
+                "settled statuses have no gauge: {m:?}"
             );
             break;
         }
         assert!(
             Instant::now() < deadline,
-            "queue gauges: acked {acked}, queued {queued}"
+            "queue gauges: queued {queued}, claimed {claimed}"
         );
         tokio::time::sleep(Duration::from_millis(100)).await;
     }

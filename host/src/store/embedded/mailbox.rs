@@ -6,7 +6,7 @@
 use std::sync::Arc;
 
 use async_trait::async_trait;
-use rusqlite::{OptionalExtension, params};
+use rusqlite::{Connection, OptionalExtension, params};
 use tokio::sync::Notify;
 
 use super::lanes::{
@@ -553,28 +553,13 @@ let reason = reason.as_str();
     }
 
     async fn counts(&self) -> StoreResult<Vec<StatusCount>> {
-        self.read(move |tx| {
+        self.read(|tx| count_rows(tx, "")).await
+    }
 
-            let mut stmt = tx
-                .prepare_cached("SELECT agent, status, count(*) FROM dispatches GROUP BY agent, status ORDER BY agent, status")
-                .map_err(db)?;
-            let mut rows = stmt.query([]).map_err(db)?;
-            let mut out = Vec::new();
-            while let Some(row) = rows.next().map_err(db)? {
-                let agent: String = row.get(0).map_err(db)?;
-                let status: String = row.get(1).map_err(db)?;
-                let status = status.parse().map_err(|reason| StoreError::Corrupt {
-                    key: format!("dispatches of agent {agent}"),
-                    reason,
-                })?;
-                out.push(StatusCount {
-                    agent,
-                    status,
-                    count: row.get(2).map_err(db)?,
-                });
-            }
-            Ok(out)
-        }).await
+    async fn live_counts(&self) -> StoreResult<Vec<StatusCount>> {
+        // Through the `dispatches_live` partial index: as many rows as there is live work.
+        self.read(|tx| count_rows(tx, "WHERE status IN ('queued', 'claimed')"))
+            .await
     }
 
     async fn list_terminal(&self, limit: usize, offset: usize) -> StoreResult<Vec<Dispatch>> {
@@ -640,4 +625,31 @@ let reason = reason.as_str();
     fn max_value(&self) -> u64 {
         MAX_VALUE
     }
+}
+
+/// Dispatches by agent and status among the rows `filter` (a `WHERE` clause, or nothing)
+/// selects.
+fn count_rows(tx: &Connection, filter: &str) -> StoreResult<Vec<StatusCount>> {
+    let mut stmt = tx
+        .prepare_cached(&format!(
+            "SELECT agent, status, count(*) FROM dispatches {filter} \
+             GROUP BY agent, status ORDER BY agent, status"
+        ))
+        .map_err(db)?;
+    let mut rows = stmt.query([]).map_err(db)?;
+    let mut out = Vec::new();
+    while let Some(row) = rows.next().map_err(db)? {
+        let agent: String = row.get(0).map_err(db)?;
+        let status: String = row.get(1).map_err(db)?;
+        let status = status.parse().map_err(|reason| StoreError::Corrupt {
+            key: format!("dispatches of agent {agent}"),
+            reason,
+        })?;
+        out.push(StatusCount {
+            agent,
+            status,
+            count: row.get(2).map_err(db)?,
+        });
+    }
+    Ok(out)
 }

@@ -547,6 +547,10 @@ impl Mailbox for NatsStore {
         self.count_dispatches().await
     }
 
+    async fn live_counts(&self) -> StoreResult<Vec<StatusCount>> {
+        self.count_live_dispatches().await
+    }
+
     async fn list_terminal(&self, limit: usize, offset: usize) -> StoreResult<Vec<Dispatch>> {
         self.list_terminal_dispatches(limit, offset).await
     }

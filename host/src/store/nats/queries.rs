@@ -106,24 +106,9 @@ impl NatsStore {
     /// work and recently settled records.
     async fn each_dispatch(&self, mut each: impl FnMut(Held, u64, &Dispatch)) -> StoreResult<()> {
         let prefix = self.prefix().to_owned();
-        let mut in_tree: HashSet<String> = HashSet::new();
-        let trees = format!("{prefix}.th.*.d.*");
-        self.scan(Some(&trees), |batch| {
-            for got in &batch.messages {
-                let Some(key @ Key::Dispatch(..)) = Key::parse(&prefix, &got.subject) else {
-                    continue;
-                };
-                if let Key::Dispatch(_, id) = &key {
-                    in_tree.insert(id.clone());
-                }
-                // Tombstones and damaged records are not listed (a read by id reports the
-                // latter).
-                if let Ok(Record::Dispatch(_, _, Some(stored))) = key.decode(&got.payload) {
-                    each(Held::Tree, got.seq, &stored.d);
-                }
-            }
-        })
-        .await?;
+        let in_tree = self
+            .each_tree_dispatch(|seq, d| each(Held::Tree, seq, d))
+            .await?;
         let archives = Key::archives(&prefix);
         self.scan(Some(&archives), |batch| {
             for got in &batch.messages {
@@ -141,6 +126,35 @@ impl NatsStore {
             }
         })
         .await
+    }
+
+    /// Every dispatch record in the threads' trees (live work and the records settled within
+    /// `archive_after`) with its sequence, read from the server page by page; returns the ids
+    /// it saw, tombstones included.
+    async fn each_tree_dispatch(
+        &self,
+        mut each: impl FnMut(u64, &Dispatch),
+    ) -> StoreResult<HashSet<String>> {
+        let prefix = self.prefix().to_owned();
+        let mut in_tree: HashSet<String> = HashSet::new();
+        let trees = format!("{prefix}.th.*.d.*");
+        self.scan(Some(&trees), |batch| {
+            for got in &batch.messages {
+                let Some(key @ Key::Dispatch(..)) = Key::parse(&prefix, &got.subject) else {
+                    continue;
+                };
+                if let Key::Dispatch(_, id) = &key {
+                    in_tree.insert(id.clone());
+                }
+                // Tombstones and damaged records are not listed (a read by id reports the
+                // latter).
+                if let Ok(Record::Dispatch(_, _, Some(stored))) = key.decode(&got.payload) {
+                    each(got.seq, &stored.d);
+                }
+            }
+        })
+        .await?;
+        Ok(in_tree)
     }
 
     pub(super) async fn load_dispatch(&self, id: &str) -> StoreResult<Option<Dispatch>> {
@@ -171,14 +185,25 @@ impl NatsStore {
         let mut counts: BTreeMap<(String, Status), u64> = BTreeMap::new();
         self.each_dispatch(|_, _, d| *counts.entry((d.agent.clone(), d.status)).or_default() += 1)
             .await?;
-        Ok(counts
-            .into_iter()
-            .map(|((agent, status), count)| StatusCount {
-                agent,
-                status,
-                count,
-            })
-            .collect())
+        Ok(status_counts(counts))
+    }
+
+    /// The live statuses' counts: from a host's view (which holds live work), or from the
+    /// threads' trees (never the archive, which holds settled records only).
+    pub(super) async fn count_live_dispatches(&self) -> StoreResult<Vec<StatusCount>> {
+        let mut counts: BTreeMap<(String, Status), u64> = BTreeMap::new();
+        let mut count = |d: &Dispatch| {
+            if !d.status.is_terminal() {
+                *counts.entry((d.agent.clone(), d.status)).or_default() += 1;
+            }
+        };
+        if self.follows() {
+            self.barrier().await?;
+            self.view()?.all().for_each(|s| count(&s.d));
+        } else {
+            self.each_tree_dispatch(|_, d| count(d)).await?;
+        }
+        Ok(status_counts(counts))
     }
 
     pub(super) async fn list_terminal_dispatches(
@@ -284,4 +309,16 @@ impl NatsStore {
     pub(super) async fn any_live_work(&self) -> StoreResult<bool> {
         self.read_view(&[Read::All], View::has_live).await
     }
+}
+
+/// Count rows from a map ordered by agent, then status.
+fn status_counts(counts: BTreeMap<(String, Status), u64>) -> Vec<StatusCount> {
+    counts
+        .into_iter()
+        .map(|((agent, status), count)| StatusCount {
+            agent,
+            status,
+            count,
+        })
+        .collect()
 }

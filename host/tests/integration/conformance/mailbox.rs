@@ -610,6 +610,7 @@ pub async fn counts_track_statuses_per_agent_without_zero_rows<F: Factory>(facto
     let env = Env::new(factory).await;
     let s = env.open().await;
     assert!(s.mailbox.counts().await.unwrap().is_empty());
+    assert!(s.mailbox.live_counts().await.unwrap().is_empty());
     for i in 0..4 {
         put_on(&s, &format!("t{i}"), &format!("d{i}")).await;
     }
@@ -629,6 +630,13 @@ pub async fn counts_track_statuses_per_agent_without_zero_rows<F: Factory>(facto
     .into_iter()
     .collect();
     assert_eq!(got, want);
+    // The live statuses only.
+    let live = counts_map(s.mailbox.live_counts().await.unwrap());
+    let want_live: BTreeMap<(String, Status), u64> = want
+        .into_iter()
+        .filter(|((_, status), _)| !status.is_terminal())
+        .collect();
+    assert_eq!(live, want_live);
 }
 
 /// List filters by thread, agent and statuses and pages with limit and a cursor: a page
