@@ -256,7 +256,11 @@ pub(super) async fn scale(
             store.mailbox.counts().await?;
             all.push(started.elapsed().as_secs_f64() * 1e3);
         }
-        figures.push(figure(label("queue gauge read (live counts) p50"), "ms", live));
+        figures.push(figure(
+            label("queue gauge read (live counts) p50"),
+            "ms",
+            live,
+        ));
         figures.push(figure(label("count of every status p50"), "ms", all));
 
         // The host: first claim and memory then. The compile cache is shared across sizes,
