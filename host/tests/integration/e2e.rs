@@ -640,9 +640,16 @@ fn bench_scale_times_commands_and_host_start_at_each_retained_size() {
                     .unwrap_or_else(|| panic!("no {name} in {names:?}"));
                 assert!(f["median"].as_f64().unwrap() > 0.0, "{f}");
             }
+            for what in [
+                "queue gauge read (live counts) p50",
+                "count of every status p50",
+            ] {
+                let name = format!("scale {backend}, {size} retained: {what}");
+                assert!(names.contains(&name.as_str()), "no {name} in {names:?}");
+            }
         }
     }
-    assert_eq!(figures.len(), 16, "{names:?}");
+    assert_eq!(figures.len(), 24, "{names:?}");
 }
 
 #[test]
