@@ -290,14 +290,19 @@ async fn check(store: &Store, e: Expected<'_>) -> Summary {
         }
         let logged = failed_runs.get(id).map_or(0, Vec::len) as u32;
         let known = e.failed.get(id).copied().unwrap_or(0);
-        assert_eq!(
+        let r = &runs[id];
+        // A host killed right as it acked can have its ack already on the wire: the test's
+        // read after the kill still sees the claim, and the ack lands after it. Then the
+        // holder finished the only run there was (nothing ran twice, nothing was lost) and
+        // the attempt is one fewer than the claims the test saw held at a death.
+        let ack_in_flight = known > 0 && d.attempt + 1 == known + logged && r.starts == 1;
+        assert!(
+            d.attempt == known + logged || ack_in_flight,
+            "{id}: attempts ({}) must be the failed claims: {known} known to the test (killed \
+             or released holding it) and {logged} logged by hosts {:?}",
             d.attempt,
-            known + logged,
-            "{id}: attempts must be the failed claims: {known} known to the test (killed or \
-             released holding it) and {logged} logged by hosts {:?}",
             failed_runs.get(id)
         );
-        let r = &runs[id];
         assert_eq!(r.thread, d.thread, "{id} journaled on another thread");
         assert!(r.last_complete, "{id}: its acked run is its last: {r:?}");
         assert!(
