@@ -56,9 +56,8 @@ async fn timed<T>(
 ) -> StoreResult<T> {
     let started = Instant::now();
     // A child span only under an attempt's span: the sweeper's and the API's reads would
-    // otherwise each start a trace of their own.
-    let parent = tracing::Span::current();
-    let out = if parent.is_none() || !super::trace::enabled() {
+    // otherwise each start a trace of their own. With traces off, not even the lookup.
+    let out = if !super::trace::enabled() || tracing::Span::current().is_none() {
         call.await
     } else {
         let span = tracing::info_span!(

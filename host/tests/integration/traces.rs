@@ -95,6 +95,18 @@ impl Collector {
     }
 }
 
+/// The `homing.dispatch` span of dispatch `id`.
+fn dispatch_span(spans: &[Got], id: &str) -> Got {
+    spans
+        .iter()
+        .find(|s| {
+            s.name == "homing.dispatch"
+                && s.attributes.get("homing.dispatch_id").map(String::as_str) == Some(id)
+        })
+        .unwrap_or_else(|| panic!("no homing.dispatch span for {id}: {spans:#?}"))
+        .clone()
+}
+
 const TRACE: &str = "4bf92f3577b34da6a3ce929d0e0e4736";
 const PARENT: &str = "00f067aa0ba902b7";
 
@@ -134,16 +146,7 @@ fn spans_reach_the_collector_under_the_enqueued_traceparent() {
     // The host exports what it holds before it exits.
     run_until_idle_with(&env, &[]);
     let spans = collector.spans();
-    let dispatch = |id: &str| {
-        spans
-            .iter()
-            .find(|s| {
-                s.name == "homing.dispatch"
-                    && s.attributes.get("homing.dispatch_id").map(String::as_str) == Some(id)
-            })
-            .unwrap_or_else(|| panic!("no homing.dispatch span for {id}: {spans:#?}"))
-            .clone()
-    };
+    let dispatch = |id: &str| dispatch_span(&spans, id);
     let children = |parent: &Got, name: &str| -> Vec<Got> {
         spans
             .iter()
@@ -236,17 +239,8 @@ fn a_collector_url_that_is_not_one_is_refused_by_name() {
         "{}\n[telemetry]\nsample_ratio = 2.0\n",
         probe_config("", "")
     ));
-    let out = env
-        .command(&["run", "--until-idle"])
-        .stdin(std::process::Stdio::null())
-        .output()
-        .unwrap();
-    assert!(!out.status.success());
-    assert!(
-        String::from_utf8_lossy(&out.stderr).contains("[telemetry] sample_ratio"),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    let err = env.fails(&["run", "--until-idle"]);
+    assert!(err.contains("[telemetry] sample_ratio"), "{err}");
 }
 
 /// `delegate` fanning out to `echo`, which replies to `delegate`: three generations of work.
@@ -276,16 +270,7 @@ fn follow_up_work_continues_the_trace_that_caused_it() {
         "a fan-out, two parts, two replies: {list:#?}"
     );
     let spans = collector.spans();
-    let span_of = |id: &str| {
-        spans
-            .iter()
-            .find(|s| {
-                s.name == "homing.dispatch"
-                    && s.attributes.get("homing.dispatch_id").map(String::as_str) == Some(id)
-            })
-            .unwrap_or_else(|| panic!("no homing.dispatch span for {id}: {spans:#?}"))
-            .clone()
-    };
+    let span_of = |id: &str| dispatch_span(&spans, id);
     // Each dispatch's span is a child of the attempt that enqueued it, all in one trace, and
     // its stored traceparent names that attempt's span.
     for d in &list {
