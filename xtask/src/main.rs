@@ -12,20 +12,31 @@
 //!
 //! - `cargo xtask guests`: builds every example agent into `examples/wasm/`; `cargo xtask
 //!   polyglot [DIR]` only the Python and JavaScript ones (the tests call it with their own DIR).
+//! - `cargo xtask house`: checks that the host's layers use only the layers below them.
+//! - `cargo xtask features`: checks that the host's normal build and its test build resolve
+//!   every shared crate with the same features (else the test build compiles wasmtime again).
 //!
 //! Both work on a fresh machine with only the Rust toolchain, Python with pip and Node with npm.
 //! Everything is built in release mode: one wasmtime build serves tests, the demo and the
 //! benchmarks. No dependencies, so `cargo xtask` itself builds in seconds.
 
+mod checks;
+
 use std::env;
 use std::path::{Path, PathBuf};
 use std::process::{Command, ExitCode, Stdio};
+
+use checks::{house, same_features};
 
 fn main() -> ExitCode {
     let args: Vec<String> = env::args().skip(1).collect();
     let result = match args.first().map(String::as_str) {
         Some("demo") => demo(),
         Some("test") => test(&args[1..]),
+        Some("house") => house().map(|()| println!("house: the layers run one way")),
+        Some("features") => {
+            same_features().map(|()| println!("features: one feature set for build and test"))
+        }
         Some("guests") => build_guests().map(|dir| println!("guests built in {}", dir.display())),
         Some("polyglot") => {
             let out = args
@@ -37,7 +48,7 @@ fn main() -> ExitCode {
         }
         _ => {
             eprintln!(
-                "usage: cargo xtask <demo | test [cargo test args] | guests | polyglot [out dir]>"
+                "usage: cargo xtask <demo | test [cargo test args] | house | features | guests | polyglot [out dir]>"
             );
             return ExitCode::from(2);
         }
@@ -493,7 +504,10 @@ fn test(extra: &[String]) -> Result<()> {
     ensure_wasm_target()?;
     let nats_server = ensure_nats_server()?;
     let (chromium, chromedriver) = ensure_chromium()?;
+    house()?;
+    same_features()?;
     build_guests()?;
+    build_tests(extra)?;
     let mut cmd = cargo();
     cmd.current_dir(root())
         .env("NATS_SERVER", &nats_server)
@@ -532,6 +546,55 @@ fn test(extra: &[String]) -> Result<()> {
     } else {
         Err(format!("cargo test failed with {status}"))
     }
+}
+
+/// Builds the tests (`cargo test --no-run`), echoing cargo's progress. With
+/// `HOMING_EXPECT_WARM_WASMTIME=1` (CI sets it after `cargo xtask demo` built the host), fails
+/// when the test build compiles wasmtime or cranelift again: their features must be the same
+/// in both builds (see hack/Cargo.toml).
+fn build_tests(extra: &[String]) -> Result<()> {
+    use std::io::BufRead;
+    let expect_warm = env::var("HOMING_EXPECT_WARM_WASMTIME").is_ok_and(|v| v == "1");
+    let mut cmd = cargo();
+    cmd.current_dir(root())
+        .args(["test", "--release", "--workspace", "--no-run"])
+        .args(extra.iter().take_while(|a| *a != "--"))
+        .stderr(Stdio::piped());
+    eprintln!("xtask: running {cmd:?}");
+    let started = std::time::Instant::now();
+    let mut child = cmd
+        .spawn()
+        .map_err(|e| format!("cannot start cargo test --no-run: {e}"))?;
+    let mut recompiled = Vec::new();
+    if let Some(stderr) = child.stderr.take() {
+        for line in std::io::BufReader::new(stderr)
+            .lines()
+            .map_while(std::io::Result::ok)
+        {
+            eprintln!("{line}");
+            if checks::compiles_wasmtime(&line) {
+                recompiled.push(line.trim().to_owned());
+            }
+        }
+    }
+    let status = child
+        .wait()
+        .map_err(|e| format!("cargo test --no-run: {e}"))?;
+    if !status.success() {
+        return Err(format!("building the tests failed with {status}"));
+    }
+    eprintln!(
+        "xtask: the test build took {:.0} s",
+        started.elapsed().as_secs_f64()
+    );
+    if expect_warm && !recompiled.is_empty() {
+        return Err(format!(
+            "the test build compiled wasmtime or cranelift again after the demo build ({}): the \
+             two builds resolve features differently (cargo xtask features)",
+            recompiled.join("; ")
+        ));
+    }
+    Ok(())
 }
 
 /// The first of `names` on `PATH`.

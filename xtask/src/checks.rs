@@ -1,0 +1,293 @@
+//! Checks that keep the house in order: the host's layers run one way (`cargo xtask house`),
+//! and its normal and test builds share one feature set (`cargo xtask features`). Both run
+//! before the tests in `cargo xtask test`, so CI keeps them true.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::path::{Path, PathBuf};
+
+use crate::{Result, cargo, root};
+
+/// The host's modules (directories or files under `host/src`), lowest first. A module may name
+/// (`crate::x`, in code or in a doc link) only modules of a lower rank: the store knows nothing
+/// of claims, the runtime nothing of the supervisor, the API nothing of the CLI.
+const LAYERS: &[(&str, u8)] = &[
+    // Leaves: bounded reads, TLS setup, scratch directories.
+    ("input", 0),
+    ("tls", 0),
+    ("scratch", 0),
+    ("natsd", 1),
+    ("config", 1),
+    ("store", 2),
+    ("telemetry", 3),
+    ("claim", 4),
+    ("runtime", 5),
+    ("supervisor", 6),
+    ("api", 7),
+    ("bench", 8),
+    ("cli", 9),
+];
+
+fn rank(module: &str) -> Option<u8> {
+    LAYERS
+        .iter()
+        .find(|(name, _)| *name == module)
+        .map(|(_, rank)| *rank)
+}
+
+/// Every `.rs` file under `dir` (or `dir` itself when it is a file).
+fn rust_files(path: &Path, out: &mut Vec<PathBuf>) {
+    if path.is_file() {
+        if path.extension().is_some_and(|e| e == "rs") {
+            out.push(path.to_path_buf());
+        }
+        return;
+    }
+    let Ok(entries) = std::fs::read_dir(path) else {
+        return;
+    };
+    let mut entries: Vec<PathBuf> = entries.filter_map(|e| e.ok()).map(|e| e.path()).collect();
+    entries.sort();
+    for entry in entries {
+        rust_files(&entry, out);
+    }
+}
+
+/// The modules a line names as `crate::NAME`, including inside `use crate::{a, b}` groups.
+fn named_modules(line: &str) -> Vec<String> {
+    let mut out = Vec::new();
+    let mut rest = line;
+    while let Some(at) = rest.find("crate::") {
+        let before = rest[..at].chars().next_back();
+        rest = &rest[at + "crate::".len()..];
+        // `$crate::` and `my_crate::` are not this crate.
+        if before.is_some_and(|c| c.is_alphanumeric() || c == '_' || c == '$') {
+            continue;
+        }
+        if let Some(group) = rest.strip_prefix('{') {
+            let inner = group.split('}').next().unwrap_or("");
+            for item in inner.split(',') {
+                let name: String = item
+                    .trim()
+                    .chars()
+                    .take_while(|c| c.is_alphanumeric() || *c == '_')
+                    .collect();
+                if !name.is_empty() {
+                    out.push(name);
+                }
+            }
+        } else {
+            let name: String = rest
+                .chars()
+                .take_while(|c| c.is_alphanumeric() || *c == '_')
+                .collect();
+            if !name.is_empty() {
+                out.push(name);
+            }
+        }
+    }
+    out
+}
+
+/// The uses of a higher layer in `src` (the host's `src`): `(file:line, from, to)`.
+fn upward_uses(src: &Path) -> Result<Vec<String>> {
+    let mut found = Vec::new();
+    let entries = std::fs::read_dir(src).map_err(|e| format!("{}: {e}", src.display()))?;
+    let mut unknown = Vec::new();
+    for entry in entries.filter_map(|e| e.ok()) {
+        let path = entry.path();
+        let module = path
+            .file_stem()
+            .and_then(|s| s.to_str())
+            .unwrap_or_default()
+            .to_owned();
+        if module == "lib" || module == "main" || path.extension().is_some_and(|e| e != "rs") {
+            continue;
+        }
+        let Some(own) = rank(&module) else {
+            unknown.push(module);
+            continue;
+        };
+        let mut files = Vec::new();
+        rust_files(&path, &mut files);
+        for file in files {
+            let text =
+                std::fs::read_to_string(&file).map_err(|e| format!("{}: {e}", file.display()))?;
+            for (n, line) in text.lines().enumerate() {
+                for named in named_modules(line) {
+                    if named == module {
+                        continue;
+                    }
+                    match rank(&named) {
+                        Some(theirs) if theirs < own => {}
+                        Some(_) => found.push(format!(
+                            "{}:{}: `{module}` names `crate::{named}`, a layer at or above it",
+                            file.strip_prefix(root()).unwrap_or(&file).display(),
+                            n + 1
+                        )),
+                        // Items of the crate root (`crate::Error`-like re-exports) are fine.
+                        None => {}
+                    }
+                }
+            }
+        }
+    }
+    if !unknown.is_empty() {
+        unknown.sort();
+        return Err(format!(
+            "host/src has modules the layer table in xtask/src/checks.rs does not place: {}; add \
+             them to LAYERS",
+            unknown.join(", ")
+        ));
+    }
+    found.sort();
+    Ok(found)
+}
+
+/// `cargo xtask house`: fails on any use of a higher layer.
+pub fn house() -> Result<()> {
+    let up = upward_uses(&root().join("host").join("src"))?;
+    if up.is_empty() {
+        return Ok(());
+    }
+    let order: Vec<&str> = LAYERS.iter().map(|(name, _)| *name).collect();
+    Err(format!(
+        "the layers must run one way ({}), but:\n  {}",
+        order.join(" < "),
+        up.join("\n  ")
+    ))
+}
+
+/// `package version -> features` as `cargo tree` resolves them for the host, with or without its
+/// dev-dependencies (the test build's extra edges).
+fn resolved_features(with_dev: bool) -> Result<BTreeMap<String, BTreeSet<String>>> {
+    let mut cmd = cargo();
+    cmd.current_dir(root()).args([
+        "tree", "--quiet", "-p", "homing", "--prefix", "none", "-f", "{p} {f}",
+    ]);
+    if !with_dev {
+        cmd.args(["-e", "no-dev"]);
+    }
+    let out = cmd
+        .output()
+        .map_err(|e| format!("cannot run cargo tree: {e}"))?;
+    if !out.status.success() {
+        return Err(format!(
+            "cargo tree failed: {}",
+            String::from_utf8_lossy(&out.stderr)
+        ));
+    }
+    let mut map: BTreeMap<String, BTreeSet<String>> = BTreeMap::new();
+    for line in String::from_utf8_lossy(&out.stdout).lines() {
+        let line = line.trim_end_matches(" (*)");
+        let mut parts = line.splitn(3, ' ');
+        let (Some(name), Some(version)) = (parts.next(), parts.next()) else {
+            continue;
+        };
+        // `(proc-macro)` and a path source follow the version; features come last, comma-separated.
+        let features = parts
+            .next()
+            .unwrap_or("")
+            .rsplit(' ')
+            .next()
+            .unwrap_or("")
+            .split(',')
+            .filter(|f| !f.is_empty() && !f.starts_with('('))
+            .map(str::to_owned);
+        map.entry(format!("{name} {version}"))
+            .or_default()
+            .extend(features);
+    }
+    Ok(map)
+}
+
+/// `cargo xtask features`: fails when a crate both builds use has more features in the test
+/// build, naming the crate and the features for `hack/Cargo.toml`.
+pub fn same_features() -> Result<()> {
+    let normal = resolved_features(false)?;
+    let test = resolved_features(true)?;
+    let mut differ = Vec::new();
+    for (package, features) in &normal {
+        if let Some(in_test) = test.get(package)
+            && in_test != features
+        {
+            let extra: Vec<&str> = in_test.difference(features).map(String::as_str).collect();
+            let missing: Vec<&str> = features.difference(in_test).map(String::as_str).collect();
+            differ.push(format!(
+                "{package}: the test build adds [{}]{}",
+                extra.join(", "),
+                if missing.is_empty() {
+                    String::new()
+                } else {
+                    format!(" and lacks [{}]", missing.join(", "))
+                }
+            ));
+        }
+    }
+    if differ.is_empty() {
+        return Ok(());
+    }
+    Err(format!(
+        "the test build resolves shared crates with other features than `cargo build`, so it \
+         would compile them (and what depends on them, wasmtime included) again; list these \
+         features in hack/Cargo.toml ([build-dependencies] for proc-macro helpers like syn):\n  {}",
+        differ.join("\n  ")
+    ))
+}
+
+/// Whether a line of cargo's output says it compiles wasmtime or cranelift.
+pub fn compiles_wasmtime(line: &str) -> bool {
+    let line = line.trim_start();
+    line.strip_prefix("Compiling ")
+        .is_some_and(|rest| rest.starts_with("wasmtime") || rest.starts_with("cranelift"))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn finds_the_modules_a_line_names() {
+        assert_eq!(named_modules("use crate::store::Store;"), ["store"]);
+        assert_eq!(
+            named_modules("use crate::{config::Config, runtime};"),
+            ["config", "runtime"]
+        );
+        assert_eq!(
+            named_modules("/// see [`x`](crate::claim::Handle) and crate::api"),
+            ["claim", "api"]
+        );
+        assert!(named_modules("$crate::foo; my_crate::bar").is_empty());
+    }
+
+    #[test]
+    fn the_host_source_passes_and_an_upward_use_fails() {
+        let dir = std::env::temp_dir().join(format!("xtask-house-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(dir.join("store")).unwrap_or_default();
+        std::fs::write(dir.join("store/mod.rs"), "use crate::config::Config;\n")
+            .unwrap_or_default();
+        std::fs::write(dir.join("config.rs"), "").unwrap_or_default();
+        assert_eq!(upward_uses(&dir), Ok(vec![]));
+        std::fs::write(
+            dir.join("store/mod.rs"),
+            "use crate::config::Config;\nuse crate::telemetry;\n",
+        )
+        .unwrap_or_default();
+        let found = upward_uses(&dir).unwrap_or_default();
+        assert_eq!(found.len(), 1, "{found:?}");
+        assert!(found[0].contains("mod.rs:2"), "{found:?}");
+        std::fs::write(dir.join("gadget.rs"), "").unwrap_or_default();
+        assert!(upward_uses(&dir).is_err(), "an unplaced module fails");
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+
+    #[test]
+    fn spots_a_wasmtime_compile_line() {
+        assert!(compiles_wasmtime("   Compiling wasmtime v48.0.8"));
+        assert!(compiles_wasmtime("   Compiling cranelift-codegen v0.125.8"));
+        assert!(!compiles_wasmtime(
+            "   Compiling homing v0.1.0 (/work/host)"
+        ));
+        assert!(!compiles_wasmtime("    Finished `release` profile"));
+    }
+}
