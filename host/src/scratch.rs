@@ -1,4 +1,4 @@
-//! Temporary directories for `homing bench` and the nats-server launcher ([`crate::natsd`]):
+//! Temporary directories for `homing bench` and the nats-server launcher (`natsd`):
 //! a fresh directory with a unique name under the system's temporary directory, removed with
 //! everything in it when dropped.
 

@@ -2,7 +2,8 @@
 //! whatever its language, and prints that path.
 //!
 //! - **Rust** (`Cargo.toml`): `rustup target add wasm32-wasip2` when the target is missing, then
-//!   `cargo build --release --target wasm32-wasip2`; the `cdylib` cargo reports is copied.
+//!   `cargo build --release --target wasm32-wasip2` with `homing-guest` patched to the crate
+//!   this binary carries (unpacked into the tool cache); the `cdylib` cargo reports is copied.
 //! - **Python** (`pyproject.toml` or `app.py`): componentize-py builds the module `app` against
 //!   `DIR/wit`, with the `homing_guest` package this binary carries.
 //! - **JavaScript** (`package.json` or `app.js`): esbuild bundles the entry module (`main`,
@@ -181,7 +182,20 @@ fn build_rust(project: &Project, out: &Path) -> anyhow::Result<()> {
         "building a Rust agent needs cargo (install Rust with rustup)",
     )?;
     tools::ensure_wasm_target(&project.dir)?;
-    eprintln!("homing: cargo build --release --target wasm32-wasip2");
+    // `homing-guest` is on no registry: the crate this binary carries stands in for it, through
+    // a `[patch.crates-io]` entry given on the command line (the agent's files stay as written).
+    let sdk = tools::Tools::open()?
+        .sdk()?
+        .join("rust")
+        .join("homing-guest");
+    let patch = format!(
+        "patch.crates-io.homing-guest.path={}",
+        toml::Value::String(sdk.display().to_string())
+    );
+    eprintln!(
+        "homing: cargo build --release --target wasm32-wasip2 (homing-guest from {})",
+        sdk.display()
+    );
     // Cargo shows its own progress on stderr; stdout carries the artifacts as JSON.
     let mut child = Command::new(&cargo)
         .current_dir(&project.dir)
@@ -191,7 +205,9 @@ fn build_rust(project: &Project, out: &Path) -> anyhow::Result<()> {
             "--target",
             "wasm32-wasip2",
             "--message-format=json-render-diagnostics",
+            "--config",
         ])
+        .arg(&patch)
         .stdin(Stdio::null())
         .stdout(Stdio::piped())
         .spawn()

@@ -381,7 +381,11 @@ async fn run(config: Config, store: Store, until_idle: bool) -> anyhow::Result<(
         api.stop(API_STOP_GRACE).await;
     }
     let report = report?;
-    let mut outcomes: Vec<_> = report.outcomes.into_iter().collect();
+    let mut outcomes: Vec<_> = report
+        .outcomes
+        .into_iter()
+        .map(|(outcome, n)| (outcome.as_str(), n))
+        .collect();
     outcomes.sort();
     let summary: Vec<String> = outcomes.iter().map(|(k, v)| format!("{k}={v}")).collect();
     tracing::info!(

@@ -5,9 +5,8 @@
 //! host); the port a number or `*`, and the scheme's default (443, 80) when absent. A path,
 //! query or user part is refused: the grant is an origin.
 //!
-//! Allowing a host is not allowing what it resolves to: see
-//! [`runtime::outbound`](crate::runtime::outbound) for the address rules applied on every
-//! request.
+//! Allowing a host is not allowing what it resolves to: the runtime's outbound module applies
+//! the address rules on every request.
 
 use std::fmt;
 use std::net::IpAddr;

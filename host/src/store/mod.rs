@@ -251,6 +251,12 @@ pub trait Mailbox: Send + Sync + Debug + 'static {
     /// (bytes; one record holds both). `enqueue`, `record_result` and `complete` refuse larger
     /// ones with `Invalid` naming the field and this limit.
     fn max_value(&self) -> u64;
+
+    /// How many times this instance had to restart its feed of the server's changes (NATS: the
+    /// watcher's consumer); `None` for a backend that has no such feed. Telemetry reports it.
+    fn feed_restarts(&self) -> Option<u64> {
+        None
+    }
 }
 
 /// The per-thread sequence store (the contract, docs/contract.md, section 4).

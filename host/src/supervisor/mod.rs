@@ -26,6 +26,7 @@
 //! held after that is nacked (its lease would otherwise block its thread until it runs out).
 
 pub mod histogram;
+mod outcome;
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -43,6 +44,7 @@ use crate::runtime::host::{Abort, PluginContext};
 use crate::runtime::{CallEnd, HandlerRun, Plugin, Runtime, WarmInstance, World};
 use crate::store::{Dispatch, Status, Store, StoreError, millis};
 use crate::telemetry;
+pub use outcome::Outcome;
 pub use histogram::Histogram;
 
 /// The longest a worker waits between claim attempts when no signal arrives.
@@ -56,7 +58,7 @@ pub const RECLAIM_BATCH: usize = 1_000;
 #[derive(Debug, Default, Clone)]
 pub struct RunReport {
     /// Dispatches this host settled, by outcome.
-    pub outcomes: HashMap<&'static str, u64>,
+    pub outcomes: HashMap<Outcome, u64>,
     /// The host's own time per `handler` dispatch, in µs: from the claim returned by the store
     /// to the dispatch's bookkeeping done, less the settling store call. Instance creation,
     /// the guest's call and the host's bookkeeping; for a guest that calls the store itself
@@ -413,7 +415,7 @@ async fn run_one(
     plugin: &Plugin,
     claim: ClaimHandle,
     warm: &mut Option<WarmInstance>,
-) -> (&'static str, Option<Duration>) {
+) -> (Outcome, Option<Duration>) {
     let started = std::time::Instant::now();
     let (id, attempt) = (claim.dispatch.id.clone(), claim.dispatch.attempt);
     let name = plugin.ctx.name.clone();
@@ -427,11 +429,11 @@ async fn run_one(
                 HandlerRun::ClaimLost { .. } => {
                     crate::telemetry::trace::record_outcome(
                         &tracing::Span::current(),
-                        "lost",
-                        true,
+                        Outcome::Lost.as_str(),
+                        Outcome::Lost.failed(),
                     );
                     warn!(plugin = %name, dispatch = %id, "the claim could not be taken back from the instance; its lease will run out and the sweeper reclaims it");
-                    "lost"
+                    Outcome::Lost
                 }
             };
             settling = Some(settle_started.elapsed());
@@ -440,10 +442,10 @@ async fn run_one(
         World::Agent => {
             let budget = plugin.ctx.config.reuse_instance;
             match runtime.run_agent(plugin, claim, budget).await {
-                CallEnd::Returned(_) => "run-returned",
+                CallEnd::Returned(_) => Outcome::RunReturned,
                 CallEnd::Failed(message) => {
                     warn!(plugin = %name, "agent run returned an error: {message}");
-                    "run-failed"
+                    Outcome::RunFailed
                 }
                 CallEnd::Trapped { reason, abort } => {
                     telemetry::guest_trap(&name, trap_kind(abort.as_ref()));
@@ -451,17 +453,17 @@ async fn run_one(
                     // run out their lease and are reclaimed; the one being worked on is nacked
                     // by the drop handler when the guest dropped it cleanly.
                     warn!(plugin = %name, "agent run trapped: {reason}");
-                    "run-trapped"
+                    Outcome::RunTrapped
                 }
             }
         }
     };
-    telemetry::dispatch_finished(&name, outcome, started.elapsed());
+    telemetry::dispatch_finished(&name, outcome.as_str(), started.elapsed());
     info!(
         plugin = %name,
         dispatch = %id,
         attempt,
-        outcome,
+        %outcome,
         elapsed_us = started.elapsed().as_micros() as u64,
         "dispatch finished"
     );
@@ -469,18 +471,18 @@ async fn run_one(
 }
 
 /// Settles what the guest left unsettled, by how its call ended (see the module's table).
-async fn settle(plugin: &Plugin, mut claim: ClaimHandle, end: CallEnd) -> &'static str {
+async fn settle(plugin: &Plugin, mut claim: ClaimHandle, end: CallEnd) -> Outcome {
     // Stop renewing: from here on the host settles promptly or not at all.
     claim.stop_renewing();
     if let Some(settled) = claim.settled {
-        return settled.as_str();
+        return settled.into();
     }
     let (store, retry) = (&plugin.ctx.store, &plugin.ctx.config.retry);
     if let CallEnd::Trapped { abort, .. } = &end {
         telemetry::guest_trap(&plugin.ctx.name, trap_kind(abort.as_ref()));
     }
     let result = match end {
-        CallEnd::Returned(output) => claim.complete(store, output).await.map(|_| "completed"),
+        CallEnd::Returned(output) => claim.complete(store, output).await.map(|_| Outcome::Completed),
         CallEnd::Failed(message) => claim
             .nack(store, retry, &message, None)
             .await
@@ -491,11 +493,11 @@ async fn settle(plugin: &Plugin, mut claim: ClaimHandle, end: CallEnd) -> &'stat
         } => claim
             .supersede(store, "thread interrupted while running")
             .await
-            .map(|_| "superseded"),
+            .map(|_| Outcome::Superseded),
         CallEnd::Trapped {
             abort: Some(Abort::Cancelled(_)),
             ..
-        } => Ok("lease-lost"),
+        } => Ok(Outcome::LeaseLost),
         CallEnd::Trapped { reason, .. } => claim
             .nack(store, retry, &reason, None)
             .await
@@ -503,15 +505,15 @@ async fn settle(plugin: &Plugin, mut claim: ClaimHandle, end: CallEnd) -> &'stat
     };
     let outcome = match result {
         Ok(outcome) => outcome,
-        Err(StoreError::StaleEpoch { .. }) => "superseded",
+        Err(StoreError::StaleEpoch { .. }) => Outcome::Superseded,
         Err(e) => {
             warn!(plugin = %plugin.ctx.name, dispatch = %claim.dispatch.id, "could not settle: {e}");
-            "unsettled"
+            Outcome::Unsettled
         }
     };
     // A settlement recorded itself on the span; what is left is why nothing was settled.
     if claim.settled.is_none() {
-        crate::telemetry::trace::record_outcome(&claim.span, outcome, outcome != "superseded");
+        crate::telemetry::trace::record_outcome(&claim.span, outcome.as_str(), outcome.failed());
     }
     outcome
 }
@@ -528,10 +530,10 @@ fn trap_kind(abort: Option<&Abort>) -> &'static str {
     }
 }
 
-fn failed_outcome(d: &Dispatch) -> &'static str {
+fn failed_outcome(d: &Dispatch) -> Outcome {
     if d.status == Status::DeadLetter {
-        "dead-lettered"
+        Outcome::DeadLettered
     } else {
-        "retrying"
+        Outcome::Retrying
     }
 }

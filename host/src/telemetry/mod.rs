@@ -222,7 +222,10 @@ pub fn outbound_request(agent: &str, origin: &str, status: String, took: Duratio
         .record(took.as_secs_f64());
 }
 
-/// The NATS watcher restarted its consumer.
-pub fn nats_watcher_restarted() {
-    counter!(NATS_WATCHER_RESTARTS).increment(1);
+/// Reports the store's own count of its watcher's restarts (the store counts them; telemetry
+/// only reads the count, so the store needs nothing from telemetry).
+pub fn store_feed_restarts(store: &crate::store::Store) {
+    if let Some(restarts) = store.mailbox.feed_restarts() {
+        counter!(NATS_WATCHER_RESTARTS).absolute(restarts);
+    }
 }

@@ -19,6 +19,7 @@ const LIVE: [Status; 2] = [Status::Queued, Status::Claimed];
 ///
 /// When the store cannot be read; the gauges keep their last values.
 pub async fn refresh_queue(store: &Store, agents: &[String]) -> StoreResult<()> {
+    super::store_feed_restarts(store);
     let counts = store.mailbox.live_counts().await?;
     for agent in agents {
         for status in LIVE {

@@ -273,6 +273,9 @@ impl Mailbox for TimedMailbox {
     fn max_value(&self) -> u64 {
         self.inner.max_value()
     }
+    fn feed_restarts(&self) -> Option<u64> {
+        self.inner.feed_restarts()
+    }
     fn expires_settled(&self) -> bool {
         self.inner.expires_settled()
     }

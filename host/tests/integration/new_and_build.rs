@@ -1,8 +1,8 @@
 //! `homing new` and `homing build`, as a guest author outside the repository uses them: in a
 //! temporary directory, `homing new`, `homing build`, `homing enqueue`, `homing run
 //! --until-idle`, and each dispatch acked with the template's reply, for Rust, Python and
-//! JavaScript in both worlds. The Rust templates build against the packaged `homing-guest`
-//! (the unpacked `cargo package` output, through `[patch.crates-io]`), not the workspace.
+//! JavaScript in both worlds. The Rust templates build with the `homing-guest` crate the binary
+//! carries (no checkout, no registry entry), with an empty `HOME` and tool cache.
 //!
 //! The Python and JavaScript tools are installed by `homing build` itself into one
 //! `HOMING_TOOLS` under the cargo target directory, shared by every test and every run, so
@@ -11,7 +11,6 @@
 
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output, Stdio};
-use std::sync::OnceLock;
 
 use serde_json::Value;
 
@@ -61,48 +60,6 @@ fn run(mut cmd: impl std::borrow::BorrowMut<Command>, what: &str) -> String {
     ok(cmd.borrow_mut().output().unwrap(), what)
 }
 
-/// `cargo package` of `guest-sdk` (once per test process), unpacked: the crate as a registry
-/// would serve it.
-fn packaged_sdk() -> &'static Path {
-    static DIR: OnceLock<PathBuf> = OnceLock::new();
-    DIR.get_or_init(|| {
-        let target = target_dir().join("sdk-package");
-        run(
-            Command::new(std::env::var("CARGO").unwrap_or_else(|_| "cargo".into()))
-                .current_dir(root())
-                .env("CARGO_TARGET_DIR", &target)
-                .env_remove("RUSTFLAGS")
-                .args([
-                    "package",
-                    "--manifest-path",
-                    "guest-sdk/Cargo.toml",
-                    "--no-verify",
-                    "--allow-dirty",
-                    "--quiet",
-                ]),
-            "cargo package (guest-sdk)",
-        );
-        let unpacked = target.join("unpacked");
-        let _ = std::fs::remove_dir_all(&unpacked);
-        std::fs::create_dir_all(&unpacked).unwrap();
-        let crate_file = target.join("package").join("homing-guest-0.1.0.crate");
-        run(
-            Command::new("tar")
-                .arg("xzf")
-                .arg(&crate_file)
-                .arg("-C")
-                .arg(&unpacked),
-            "unpacking the packaged crate",
-        );
-        let dir = unpacked.join("homing-guest-0.1.0");
-        assert!(
-            dir.join("wit").join("homing.wit").is_file(),
-            "the packaged crate lacks its WIT"
-        );
-        dir
-    })
-}
-
 /// `homing new hello` in a fresh temporary directory, then `homing build`; returns the
 /// directory (kept alive by the caller) and the agent's folder.
 fn new_and_build(lang: &str, world: &str) -> (tempfile::TempDir, PathBuf) {
@@ -123,23 +80,51 @@ fn new_and_build(lang: &str, world: &str) -> (tempfile::TempDir, PathBuf) {
     for file in ["homing.toml", "README.md", ".gitignore"] {
         assert!(agent.join(file).is_file(), "{lang}: no {file}");
     }
+    let mut build = homing(tmp.path(), &["build", "hello"]);
     if lang == "rust" {
         assert!(agent.join("wit/homing.wit").is_file());
-        // The crate is not on a registry: point `homing-guest = "0.1"` at the packaged copy.
-        let manifest = agent.join("Cargo.toml");
-        let mut text = std::fs::read_to_string(&manifest).unwrap();
-        assert!(text.contains("homing-guest = "), "{text}");
-        text.push_str(&format!(
-            "\n[patch.crates-io]\nhoming-guest = {{ path = {:?} }}\n",
-            packaged_sdk().display().to_string()
-        ));
-        std::fs::write(&manifest, text).unwrap();
-    } else {
-        assert!(agent.join("wit/world.wit").is_file());
-        assert!(agent.join("wit/deps/homing-agent/homing.wit").is_file());
+        // `homing-guest` is on no registry and the agent names no path to it: the build must
+        // use the crate the binary carries, with an empty HOME and an empty tool cache (cargo
+        // and rustup keep their own homes, so the toolchain and crates.io's crates are found).
+        let manifest = std::fs::read_to_string(agent.join("Cargo.toml")).unwrap();
+        assert!(manifest.contains("homing-guest = "), "{manifest}");
+        assert!(!manifest.contains("path"), "{manifest}");
+        let home = tmp.path().join("home");
+        let tools = tmp.path().join("tools");
+        std::fs::create_dir(&home).unwrap();
+        let real_home = PathBuf::from(std::env::var_os("HOME").unwrap());
+        let cargo_home = std::env::var_os("CARGO_HOME")
+            .map_or_else(|| real_home.join(".cargo"), PathBuf::from);
+        let rustup_home = std::env::var_os("RUSTUP_HOME")
+            .map_or_else(|| real_home.join(".rustup"), PathBuf::from);
+        build
+            .env("HOME", &home)
+            .env("HOMING_TOOLS", &tools)
+            .env_remove("XDG_CACHE_HOME")
+            .env("CARGO_HOME", cargo_home)
+            .env("RUSTUP_HOME", rustup_home);
+        let out = build.output().unwrap();
+        let path = ok(out, &format!("homing build ({lang}, {world})"));
+        let unpacked = std::fs::read_dir(&tools)
+            .unwrap()
+            .filter_map(Result::ok)
+            .any(|e| e.path().join("rust/homing-guest/src/lib.rs").is_file());
+        assert!(unpacked, "the crate is unpacked into the empty tool cache");
+        return checked_build(tmp, agent, &path);
     }
-    let out = homing(tmp.path(), &["build", "hello"]).output().unwrap();
+    assert!(agent.join("wit/world.wit").is_file());
+    assert!(agent.join("wit/deps/homing-agent/homing.wit").is_file());
+    let out = build.output().unwrap();
     let path = ok(out, &format!("homing build ({lang}, {world})"));
+    checked_build(tmp, agent, &path)
+}
+
+/// Checks that `homing build` printed `path`, the agent's component, and that it exists.
+fn checked_build(
+    tmp: tempfile::TempDir,
+    agent: PathBuf,
+    path: &str,
+) -> (tempfile::TempDir, PathBuf) {
     let expected = std::fs::canonicalize(&agent)
         .unwrap()
         .join("build")

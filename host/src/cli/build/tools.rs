@@ -6,8 +6,9 @@
 //! - `js-<hash>/`: `npm ci` of the pinned `package.json` and `package-lock.json` this binary
 //!   embeds (`host/templates/tools/`): componentize-js, its preview2-shim, and esbuild. The
 //!   hash is of those two files, so a changed pin installs afresh beside the old one.
-//! - `sdk-<hash>/`: the Python and JavaScript `homing-guest` packages of this binary, which
-//!   the build hands to the agent (so the agent's folder needs nothing installed).
+//! - `sdk-<hash>/`: the Python, JavaScript and Rust `homing-guest` packages of this binary,
+//!   which the build hands to the agent (so the agent's folder needs nothing installed, and a
+//!   Rust agent needs no registry entry for the crate).
 //!
 //! Each is complete once its `.homing-ready` file exists, written last. Installs take an
 //! exclusive lock on `.install.lock`, so concurrent builds install once and never see a half
@@ -36,7 +37,7 @@ const MIN_NODE: u32 = 18;
 const JS_PACKAGE: &str = include_str!("../../../templates/tools/package.json");
 const JS_LOCK: &str = include_str!("../../../templates/tools/package-lock.json");
 
-/// The SDK files this binary hands to Python and JavaScript builds, as (path, content).
+/// The SDK files this binary hands to builds, as (path, content).
 const SDK: &[(&str, &str)] = &[
     (
         "python/homing_guest/__init__.py",
@@ -71,6 +72,74 @@ const SDK: &[(&str, &str)] = &[
         include_str!("../../../../guest-sdk/js/config.js"),
     ),
     ("js/wit/homing.wit", super::super::new::CONTRACT),
+    // The Rust crate, as `cargo package` makes it (its `include` list: Cargo.toml, README.md,
+    // src/, wit/). `homing build` points `homing-guest` at this copy, so a Rust agent builds
+    // with no checkout of Homing and no registry entry for the crate. A test checks this list
+    // against the crate's files.
+    (
+        "rust/homing-guest/Cargo.toml",
+        include_str!("../../../../guest-sdk/Cargo.toml"),
+    ),
+    (
+        "rust/homing-guest/README.md",
+        include_str!("../../../../guest-sdk/README.md"),
+    ),
+    (
+        "rust/homing-guest/src/agent.rs",
+        include_str!("../../../../guest-sdk/src/agent.rs"),
+    ),
+    (
+        "rust/homing-guest/src/bindings.rs",
+        include_str!("../../../../guest-sdk/src/bindings.rs"),
+    ),
+    (
+        "rust/homing-guest/src/claim.rs",
+        include_str!("../../../../guest-sdk/src/claim.rs"),
+    ),
+    (
+        "rust/homing-guest/src/config.rs",
+        include_str!("../../../../guest-sdk/src/config.rs"),
+    ),
+    (
+        "rust/homing-guest/src/enqueue.rs",
+        include_str!("../../../../guest-sdk/src/enqueue.rs"),
+    ),
+    (
+        "rust/homing-guest/src/error.rs",
+        include_str!("../../../../guest-sdk/src/error.rs"),
+    ),
+    (
+        "rust/homing-guest/src/handler.rs",
+        include_str!("../../../../guest-sdk/src/handler.rs"),
+    ),
+    (
+        "rust/homing-guest/src/http.rs",
+        include_str!("../../../../guest-sdk/src/http.rs"),
+    ),
+    (
+        "rust/homing-guest/src/json.rs",
+        include_str!("../../../../guest-sdk/src/json.rs"),
+    ),
+    (
+        "rust/homing-guest/src/lib.rs",
+        include_str!("../../../../guest-sdk/src/lib.rs"),
+    ),
+    (
+        "rust/homing-guest/src/logging.rs",
+        include_str!("../../../../guest-sdk/src/logging.rs"),
+    ),
+    (
+        "rust/homing-guest/wit/homing.wit",
+        include_str!("../../../../guest-sdk/wit/homing.wit"),
+    ),
+    (
+        "rust/homing-guest/wit/deps/config/store.wit",
+        include_str!("../../../../guest-sdk/wit/deps/config/store.wit"),
+    ),
+    (
+        "rust/homing-guest/wit/deps/config/world.wit",
+        include_str!("../../../../guest-sdk/wit/deps/config/world.wit"),
+    ),
 ];
 
 /// The marker written last into a complete install.
@@ -257,7 +326,8 @@ impl Tools {
         Ok(tools)
     }
 
-    /// The folder holding this binary's Python (`python/`) and JavaScript (`js/`) SDK.
+    /// The folder holding this binary's Python (`python/`), JavaScript (`js/`) and Rust
+    /// (`rust/homing-guest/`) SDK.
     ///
     /// # Errors
     ///
@@ -474,4 +544,47 @@ pub fn step(what: &str, cmd: &mut Command) -> anyhow::Result<()> {
         eprintln!("homing: {what}: done in {secs:.1} s");
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+    use std::collections::BTreeSet;
+    use std::path::Path;
+
+    use super::SDK;
+
+    fn files_under(root: &Path, dir: &Path, out: &mut BTreeSet<String>) {
+        for entry in std::fs::read_dir(dir).unwrap() {
+            let path = entry.unwrap().path();
+            if path.is_dir() {
+                files_under(root, &path, out);
+            } else {
+                let rel = path.strip_prefix(root).unwrap();
+                out.insert(rel.to_string_lossy().replace('\\', "/"));
+            }
+        }
+    }
+
+    /// The Rust crate the binary carries is the whole crate as `cargo package` includes it
+    /// (Cargo.toml, README.md, src/, wit/), byte for byte.
+    #[test]
+    fn the_carried_rust_crate_is_the_whole_crate() {
+        let crate_dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("../guest-sdk");
+        let mut on_disk = BTreeSet::from(["Cargo.toml".to_owned(), "README.md".to_owned()]);
+        files_under(&crate_dir, &crate_dir.join("src"), &mut on_disk);
+        files_under(&crate_dir, &crate_dir.join("wit"), &mut on_disk);
+        let carried: BTreeSet<String> = SDK
+            .iter()
+            .filter_map(|(path, _)| path.strip_prefix("rust/homing-guest/"))
+            .map(str::to_owned)
+            .collect();
+        assert_eq!(carried, on_disk);
+        for (path, text) in SDK {
+            if let Some(rel) = path.strip_prefix("rust/homing-guest/") {
+                let disk = std::fs::read_to_string(crate_dir.join(rel)).unwrap();
+                assert_eq!(&disk, text, "{rel} differs from guest-sdk/{rel}");
+            }
+        }
+    }
 }

@@ -582,4 +582,8 @@ impl Mailbox for NatsStore {
     fn max_value(&self) -> u64 {
         self.room().value
     }
+
+    fn feed_restarts(&self) -> Option<u64> {
+        Some(self.watcher_restarts())
+    }
 }

@@ -249,7 +249,6 @@ pub(super) async fn watch(weak: Weak<Inner>) {
             continue;
         }
         restarts += 1;
-        crate::telemetry::nats_watcher_restarted();
         match weak.upgrade() {
             Some(inner) => inner.watcher_restarts.store(restarts, Ordering::Relaxed),
             None => return,
