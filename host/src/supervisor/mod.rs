@@ -44,8 +44,8 @@ use crate::runtime::host::{Abort, PluginContext};
 use crate::runtime::{CallEnd, HandlerRun, Plugin, Runtime, WarmInstance, World};
 use crate::store::{Dispatch, Status, Store, StoreError, millis};
 use crate::telemetry;
-pub use outcome::Outcome;
 pub use histogram::Histogram;
+pub use outcome::Outcome;
 
 /// The longest a worker waits between claim attempts when no signal arrives.
 pub const IDLE_POLL: Duration = Duration::from_millis(250);
@@ -482,7 +482,10 @@ async fn settle(plugin: &Plugin, mut claim: ClaimHandle, end: CallEnd) -> Outcom
         telemetry::guest_trap(&plugin.ctx.name, trap_kind(abort.as_ref()));
     }
     let result = match end {
-        CallEnd::Returned(output) => claim.complete(store, output).await.map(|_| Outcome::Completed),
+        CallEnd::Returned(output) => claim
+            .complete(store, output)
+            .await
+            .map(|_| Outcome::Completed),
         CallEnd::Failed(message) => claim
             .nack(store, retry, &message, None)
             .await

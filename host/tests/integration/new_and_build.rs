@@ -93,8 +93,8 @@ fn new_and_build(lang: &str, world: &str) -> (tempfile::TempDir, PathBuf) {
         let tools = tmp.path().join("tools");
         std::fs::create_dir(&home).unwrap();
         let real_home = PathBuf::from(std::env::var_os("HOME").unwrap());
-        let cargo_home = std::env::var_os("CARGO_HOME")
-            .map_or_else(|| real_home.join(".cargo"), PathBuf::from);
+        let cargo_home =
+            std::env::var_os("CARGO_HOME").map_or_else(|| real_home.join(".cargo"), PathBuf::from);
         let rustup_home = std::env::var_os("RUSTUP_HOME")
             .map_or_else(|| real_home.join(".rustup"), PathBuf::from);
         build
