@@ -2,7 +2,10 @@
 //! presented token is hashed and compared against every digest in constant time (the digests
 //! have one length, so neither the comparison nor the loop, which never stops early, tells how
 //! much of a guess was right). Refusals are logged with the route and the reason, and with the
-//! token's name when it was a known token of too small a role; never with the token.
+//! token's name when it was a known token of too small a role; never with the token. Invalid
+//! tokens are counted per client address (`limits::Failures`, shared with the dashboard's
+//! logins): past the limit a wrong token is answered 429 with `Retry-After`, and logged once
+//! per run of failures; a valid token always passes.
 
 use std::path::Path;
 use std::sync::Arc;
@@ -15,6 +18,7 @@ use sha2::{Digest, Sha256};
 use subtle::ConstantTimeEq;
 use tracing::warn;
 
+use super::limits::{ClientAddr, Failed};
 use super::{ApiError, ApiState};
 use crate::config::api::{Role, TokenConfig};
 use crate::telemetry::API_REFUSALS;
@@ -134,12 +138,35 @@ pub(super) async fn require(
         );
     };
     let Some(token) = state.tokens.find(&presented) else {
-        return refuse(
-            "invalid",
-            &request,
-            ApiError::unauthenticated("the bearer token is not valid"),
-            None,
-        );
+        let client = request
+            .extensions()
+            .get::<ClientAddr>()
+            .copied()
+            .unwrap_or(ClientAddr::UNKNOWN);
+        return match state.failures.fail(client) {
+            Failed::Counted => refuse(
+                "invalid",
+                &request,
+                ApiError::unauthenticated("the bearer token is not valid"),
+                None,
+            ),
+            Failed::Limited { retry_after, first } => {
+                metrics::counter!(API_REFUSALS, "reason" => "throttled").increment(1);
+                if first {
+                    warn!(
+                        %client,
+                        method = %request.method(),
+                        path = %request.uri().path(),
+                        "API requests refused: too many invalid tokens from this address; wrong ones are answered 429 until they stop"
+                    );
+                }
+                ApiError::too_many(
+                    format!("too many invalid tokens from this address; retry in {retry_after} s"),
+                    retry_after,
+                )
+                .into_response()
+            }
+        };
     };
     if token.role < role {
         let error = ApiError::forbidden(format!(
@@ -148,6 +175,11 @@ pub(super) async fn require(
         ));
         return refuse("role", &request, error, Some(&token.name));
     }
+    // The slot of `max_concurrent`, taken only now: a client without a token takes none.
+    let _slot = match state.slot() {
+        Ok(slot) => slot,
+        Err(busy) => return busy.into_response(),
+    };
     request.extensions_mut().insert(Caller {
         name: token.name.clone(),
     });

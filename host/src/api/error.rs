@@ -86,6 +86,22 @@ impl ApiError {
         e
     }
 
+    /// 429 with a retry hint in seconds: this caller (a client address, a token) is over a
+    /// limit of its own.
+    pub fn too_many(error: impl Into<String>, retry_after: u64) -> ApiError {
+        let mut e = ApiError::new(StatusCode::TOO_MANY_REQUESTS, error);
+        e.retry_after = Some(retry_after.max(1));
+        e
+    }
+
+    /// 408: the request's body did not arrive within `[api] body_timeout`.
+    pub fn body_timeout(limit: Duration) -> ApiError {
+        ApiError::new(
+            StatusCode::REQUEST_TIMEOUT,
+            format!("the request body did not arrive within [api] body_timeout ({limit:?})"),
+        )
+    }
+
     /// 503: the request took longer than its limit.
     pub fn timeout(limit: Duration) -> ApiError {
         ApiError::busy(format!("the request took longer than {limit:?}"))

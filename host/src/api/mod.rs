@@ -17,11 +17,16 @@
 //!
 //! The table of [`routes`] is the one place a `/v1` route and its role are named: the router
 //! is built from it, and a test checks `openapi.json` against it. Every `/v1` request passes
-//! [`auth`] (a bearer token of the route's role, compared in constant time), a cap on requests
-//! in flight, and a time limit; bodies are read up to `[api] max_body`. Errors are JSON
-//! `{"error": ..., "field": ...}` naming what was wrong, never a store's internals.
+//! [`auth`] (a bearer token of the route's role, compared in constant time; invalid ones
+//! limited per client address), then takes a slot of `[api] max_concurrent` (after the token,
+//! so that clients without one cannot take them all), under a time limit; bodies are read up
+//! to `[api] max_body` and must arrive within `[api] body_timeout`. Connections are counted
+//! per client address at accept, and event streams while they are open (see `limits`).
+//! `/livez` and `/readyz` take no slot. Errors are JSON `{"error": ..., "field": ...}` naming
+//! what was wrong, never a store's internals.
 //!
 //! - `auth`: tokens and the middleware;
+//! - `limits`: connections and failed tokens per client address, streams, the body timer;
 //! - `error`: [`ApiError`] and how store errors map to statuses;
 //! - `dispatches`, `threads`, `agents`, `health`: the handlers;
 //! - `ops`: operations the CLI shares (retry, enqueue defaults);
@@ -35,11 +40,13 @@ mod dashboard;
 mod dispatches;
 mod error;
 mod health;
+mod limits;
 pub mod ops;
 mod threads;
 mod view;
 
 use std::net::SocketAddr;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, RwLock};
 use std::time::Duration;
 
@@ -51,8 +58,8 @@ use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
 use axum::routing::{MethodRouter, get, post};
 use metrics_exporter_prometheus::PrometheusHandle;
-use tokio::sync::{Semaphore, watch};
-use tracing::{info, warn};
+use tokio::sync::{Semaphore, SemaphorePermit, watch};
+use tracing::{debug, info, warn};
 
 use crate::config::Config;
 use crate::config::api::Role;
@@ -76,7 +83,22 @@ pub(crate) struct ApiState {
     /// The plugins, once loaded (`/readyz` is 503 until then).
     agents: RwLock<Option<Vec<AgentInfo>>>,
     shutdown: watch::Receiver<bool>,
+    /// `[api] max_concurrent`: a slot is taken once a request is authenticated.
     in_flight: Semaphore,
+    /// Invalid tokens per client address, of `/v1` and of the dashboard's logins.
+    failures: limits::Failures,
+    /// The event streams open.
+    streams: Arc<limits::Streams>,
+}
+
+impl ApiState {
+    /// A slot of `[api] max_concurrent` for an authenticated request, held while it runs;
+    /// 503 when none is free.
+    fn slot(&self) -> Result<SemaphorePermit<'_>, ApiError> {
+        self.in_flight
+            .try_acquire()
+            .map_err(|_| ApiError::busy("too many requests in flight; retry later"))
+    }
 }
 
 /// One `/v1` route: its method, path, the least role that may call it, and its handler.
@@ -177,7 +199,12 @@ fn router(state: Arc<ApiState>) -> Router {
         v1 = v1.merge(dashboard::router(state.clone()));
     }
     let mut metrics = get(health::metrics);
-    if !state.config.api.public_metrics {
+    if state.config.api.public_metrics {
+        metrics = metrics.route_layer(axum::middleware::from_fn_with_state(
+            state.clone(),
+            in_flight,
+        ));
+    } else {
         metrics = metrics.route_layer(axum::middleware::from_fn_with_state(
             (state.clone(), Role::Reader),
             auth::require,
@@ -195,12 +222,24 @@ async fn not_found() -> ApiError {
     ApiError::not_found("no such route")
 }
 
-/// Every request: at most `max_concurrent` in flight (503 beyond), a time limit (long polls
-/// get their `wait` on top; streams end themselves at `max_stream`), and a count by route.
+/// A slot of `max_concurrent` for a route that needs no token (`/metrics` with `[api]
+/// public_metrics`).
+async fn in_flight(State(state): State<Arc<ApiState>>, request: Request, next: Next) -> Response {
+    match state.slot() {
+        Ok(_slot) => next.run(request).await,
+        Err(busy) => busy.into_response(),
+    }
+}
+
+/// Every request: a time limit (long polls get their `wait` on top; streams end themselves at
+/// `max_stream`), `body_timeout` for its body (408 when it runs out), and a count by route.
+/// The slot of `max_concurrent` is taken later, once the request is authenticated.
 async fn guard(State(state): State<Arc<ApiState>>, request: Request, next: Next) -> Response {
-    let Ok(_permit) = state.in_flight.try_acquire() else {
-        return ApiError::busy("too many requests in flight; retry later").into_response();
-    };
+    let body_timeout = state.config.api.body_timeout;
+    let expired = Arc::new(AtomicBool::new(false));
+    let request = request.map(|body| {
+        axum::body::Body::new(limits::TimedBody::new(body, body_timeout, expired.clone()))
+    });
     let route = request
         .extensions()
         .get::<MatchedPath>()
@@ -221,6 +260,18 @@ async fn guard(State(state): State<Arc<ApiState>>, request: Request, next: Next)
             Err(_) => ApiError::timeout(limit).into_response(),
         },
     };
+    let response = if expired.load(Ordering::Relaxed) {
+        // Whatever the handler made of a body that stopped short, the cause was the time; the
+        // rest of the body is never read, so the connection closes.
+        let mut response = ApiError::body_timeout(body_timeout).into_response();
+        response.headers_mut().insert(
+            axum::http::header::CONNECTION,
+            axum::http::HeaderValue::from_static("close"),
+        );
+        response
+    } else {
+        response
+    };
     metrics::counter!(
         crate::telemetry::API_REQUESTS,
         "route" => route,
@@ -235,25 +286,29 @@ async fn guard(State(state): State<Arc<ApiState>>, request: Request, next: Next)
 /// connection is kept): a connection that sends nothing cannot hold a slot for long.
 const HEADER_READ_TIMEOUT: Duration = Duration::from_secs(10);
 
-/// Accepts connections until `stop`, serving each over HTTP/1.1 with a header read timeout;
-/// then waits for the connections in flight (long polls and streams end on `stop` too).
+/// Accepts connections until `stop`, at most `max_connections_per_client` at once from one
+/// client address (one more is answered 503 and closed), serving each over HTTP/1.1 with a
+/// header read timeout and its client address in every request's extensions; then waits for
+/// the connections in flight (long polls and streams end on `stop` too).
 async fn serve(
     listener: tokio::net::TcpListener,
     app: Router,
     mut stop: watch::Receiver<bool>,
-    request_timeout: Duration,
+    api: &crate::config::api::ApiConfig,
 ) {
     use hyper_util::rt::{TokioIo, TokioTimer};
     let graceful = hyper_util::server::graceful::GracefulShutdown::new();
     let service = hyper_util::service::TowerToHyperService::new(app);
-    let header_timeout = HEADER_READ_TIMEOUT.min(request_timeout);
+    let header_timeout = HEADER_READ_TIMEOUT.min(api.request_timeout);
+    let connections = limits::Connections::new(api.max_connections_per_client);
+    let refusal = limits::too_many_connections();
     loop {
         let accepted = tokio::select! {
             accepted = listener.accept() => accepted,
             _ = stop.wait_for(|stop| *stop) => break,
         };
-        let stream = match accepted {
-            Ok((stream, _)) => stream,
+        let (stream, peer) = match accepted {
+            Ok(accepted) => accepted,
             Err(e) => {
                 // Out of file descriptors, or a connection reset before it was accepted:
                 // pause rather than spin.
@@ -262,14 +317,28 @@ async fn serve(
                 continue;
             }
         };
+        let client = limits::ClientAddr::of(peer.ip());
+        let Some(admitted) = connections.admit(client) else {
+            debug!(%client, "API: connection refused: [api] max_connections_per_client");
+            // A fresh socket's send buffer takes this at once; if not, it is closed bare.
+            let _ = stream.try_write(&refusal);
+            continue;
+        };
         let _ = stream.set_nodelay(true);
+        let service = service.clone();
+        let service =
+            hyper::service::service_fn(move |mut request: http::Request<hyper::body::Incoming>| {
+                request.extensions_mut().insert(client);
+                hyper::service::Service::call(&service, request)
+            });
         let connection = hyper::server::conn::http1::Builder::new()
             .timer(TokioTimer::new())
             .header_read_timeout(header_timeout)
-            .serve_connection(TokioIo::new(stream), service.clone());
+            .serve_connection(TokioIo::new(stream), service);
         let connection = graceful.watch(connection);
         tokio::spawn(async move {
             let _ = connection.await;
+            drop(admitted);
         });
     }
     drop(listener);
@@ -323,10 +392,13 @@ impl ApiServer {
             agents: RwLock::new(None),
             shutdown: shutdown.clone(),
             in_flight: Semaphore::new(api.max_concurrent),
+            failures: limits::Failures::default(),
+            streams: limits::Streams::new(api.max_streams, api.max_streams_per_token),
             config: config.clone(),
         });
         let app = router(state.clone());
-        let task = tokio::spawn(serve(listener, app, shutdown, api.request_timeout));
+        let serving = config.clone();
+        let task = tokio::spawn(async move { serve(listener, app, shutdown, &serving.api).await });
         info!(%addr, "HTTP API listening");
         Ok(ApiServer {
             state,
@@ -427,6 +499,30 @@ mod tests {
             served.insert(("GET".into(), path.into(), None));
         }
         assert_eq!(described(), served);
+    }
+
+    #[test]
+    fn openapi_says_metrics_needs_a_token_and_what_an_interrupt_takes() {
+        let spec: serde_json::Value = serde_json::from_str(OPENAPI).unwrap();
+        let metrics = &spec["paths"]["/metrics"]["get"];
+        assert_eq!(metrics["security"][0], serde_json::json!({ "bearer": [] }));
+        assert!(metrics["responses"]["401"].is_object());
+        assert!(
+            metrics["description"]
+                .as_str()
+                .unwrap()
+                .contains("public_metrics")
+        );
+        let body = &spec["paths"]["/v1/threads/{thread}/interrupt"]["post"]["requestBody"];
+        let schema = &body["content"]["application/json"]["schema"];
+        assert_eq!(schema["properties"]["reason"]["type"], "string");
+        assert_eq!(schema["additionalProperties"], false);
+        assert_eq!(body["required"], false);
+        // Every /v1 route may answer 429 (invalid tokens from one address).
+        for route in routes() {
+            let op = &spec["paths"][route.path][route.method.as_str().to_lowercase()];
+            assert!(op["responses"]["429"].is_object(), "{}", route.path);
+        }
     }
 
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -15,7 +15,9 @@ use futures_util::stream;
 use serde_json::{Value, json};
 use tokio::sync::watch;
 
+use super::auth::Caller;
 use super::dispatches::{Fields, limit, object, param, params, read_body};
+use super::limits::StreamPermit;
 use super::{ApiError, ApiState, view};
 use crate::store::{LogEntry, Store};
 
@@ -63,6 +65,10 @@ struct Follow {
     until: tokio::time::Instant,
     shutdown: watch::Receiver<bool>,
     done: bool,
+    /// Counts this stream against `[api] max_streams` and `max_streams_per_token` until the
+    /// stream ends: it is dropped with the stream, when the time is up, the host stops or the
+    /// client goes.
+    _permit: StreamPermit,
 }
 
 impl Follow {
@@ -119,14 +125,19 @@ impl Follow {
 /// `GET /v1/threads/{thread}/log/stream?after=N` (or `Last-Event-ID: N`): every entry after N
 /// as an `entry` event whose id is its sequence, then new ones as they are appended. The server
 /// ends the stream after `[api] max_stream`; reconnecting with `Last-Event-ID` misses nothing.
+/// At most `[api] max_streams` are open at once (503 beyond), `max_streams_per_token` with one
+/// token (429 beyond).
 pub(super) async fn stream(
     State(state): State<Arc<ApiState>>,
     Path(thread): Path<String>,
     headers: HeaderMap,
+    caller: Option<axum::Extension<Caller>>,
     query: Result<Query<Vec<(String, String)>>, axum::extract::rejection::QueryRejection>,
 ) -> Result<Response, ApiError> {
     let pairs = params(query, &["after"])?;
     let after = after(&pairs, &headers)?;
+    let token = caller.map_or_else(String::new, |axum::Extension(c)| c.name);
+    let permit = state.streams.open(&token)?;
     // Refuse at once when the store cannot be read, rather than with an open empty stream.
     state.store.log.latest(&thread).await?;
     let follow = Follow {
@@ -137,6 +148,7 @@ pub(super) async fn stream(
         until: tokio::time::Instant::now() + state.config.api.max_stream,
         shutdown: state.shutdown.clone(),
         done: false,
+        _permit: permit,
     };
     let events = stream::unfold(follow, Follow::next);
     Ok(Sse::new(events)

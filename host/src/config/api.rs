@@ -37,8 +37,22 @@ pub struct ApiConfig {
     /// client reconnects with `Last-Event-ID` and misses nothing).
     #[serde(deserialize_with = "duration")]
     pub max_stream: Duration,
-    /// Requests served at once; more are refused with 503 at once.
+    /// Authenticated requests served at once (a `/v1` request with a valid token, a dashboard
+    /// request with a session, `/metrics`); more are refused with 503 at once. `/livez`,
+    /// `/readyz` and refusals of unauthenticated requests take no slot.
     pub max_concurrent: usize,
+    /// How long a request's body may take to arrive in full, from its head: a client that
+    /// sends a body slowly is answered 408 and its connection closed after this.
+    #[serde(deserialize_with = "duration")]
+    pub body_timeout: Duration,
+    /// Connections open at once from one client address (an IPv6 client by its /64); more
+    /// are answered 503 and closed at accept. Behind a proxy every client has the proxy's
+    /// address: raise it there.
+    pub max_connections_per_client: usize,
+    /// Server-sent-event streams open at once, in all; more are refused with 503.
+    pub max_streams: usize,
+    /// Server-sent-event streams open at once with one token; more are refused with 429.
+    pub max_streams_per_token: usize,
     /// Whether the operators' dashboard is served at `/` (its pages need a login with one of
     /// `tokens`).
     pub dashboard: bool,
@@ -57,6 +71,10 @@ impl Default for ApiConfig {
             max_wait: Duration::from_secs(60),
             max_stream: Duration::from_secs(3600),
             max_concurrent: 1024,
+            body_timeout: Duration::from_secs(5),
+            max_connections_per_client: 256,
+            max_streams: 256,
+            max_streams_per_token: 64,
             dashboard: true,
             public_metrics: false,
         }
@@ -226,6 +244,21 @@ impl ApiConfig {
         if self.max_concurrent == 0 {
             return Err("[api] max_concurrent: must be at least 1".into());
         }
+        if self.body_timeout.is_zero() {
+            return Err("[api] body_timeout: must be more than 0".into());
+        }
+        for (key, value) in [
+            (
+                "max_connections_per_client",
+                self.max_connections_per_client,
+            ),
+            ("max_streams", self.max_streams),
+            ("max_streams_per_token", self.max_streams_per_token),
+        ] {
+            if value == 0 {
+                return Err(format!("[api] {key}: must be at least 1"));
+            }
+        }
         if self.max_body == Some(0) {
             return Err("[api] max_body: must be more than 0".into());
         }
@@ -284,6 +317,12 @@ mod tests {
         );
         assert_eq!(config.api.body_limit(1), 2 << 20);
         assert_eq!(config.api.request_timeout, Duration::from_secs(5));
+        assert_eq!(config.api.body_timeout, Duration::from_secs(5));
+        assert_eq!(config.api.max_connections_per_client, 256);
+        assert_eq!(
+            (config.api.max_streams, config.api.max_streams_per_token),
+            (256, 64)
+        );
         assert!(Role::Reader < Role::Producer && Role::Producer < Role::Operator);
     }
 
@@ -306,6 +345,29 @@ mod tests {
         )
         .unwrap_err();
         assert!(err.contains("used twice"), "{err}");
+    }
+
+    #[test]
+    fn the_resource_limits_are_read_and_zero_is_refused() {
+        let config = parse(
+            "[api]\nlisten = \"127.0.0.1:7080\"\nbody_timeout = \"2s\"\nmax_connections_per_client = 8\nmax_streams = 3\nmax_streams_per_token = 2\n",
+        )
+        .unwrap();
+        assert_eq!(config.api.body_timeout, Duration::from_secs(2));
+        assert_eq!(config.api.max_connections_per_client, 8);
+        assert_eq!(
+            (config.api.max_streams, config.api.max_streams_per_token),
+            (3, 2)
+        );
+        for (key, zero) in [
+            ("body_timeout", "\"0s\""),
+            ("max_connections_per_client", "0"),
+            ("max_streams", "0"),
+            ("max_streams_per_token", "0"),
+        ] {
+            let err = parse(&format!("[api]\n{key} = {zero}\n")).unwrap_err();
+            assert!(err.contains(&format!("[api] {key}: must be")), "{err}");
+        }
     }
 
     #[test]

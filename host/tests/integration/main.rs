@@ -13,6 +13,8 @@
 //! - `guest_imports`: the host side of the WIT imports, called directly;
 //! - `faults`: fault injection at the store level, checked by the history checker;
 //! - `api`: the HTTP API of a real `homing run`, called over loopback;
+//! - `api_limits`: its resource limits, attacked over loopback (slow bodies, many connections,
+//!   streams, token guessing);
 //! - `dashboard`: the web dashboard of a real `homing run`, in a headless Chromium ([`browser`]);
 //! - `e2e`, `polyglot`: the `homing` binary with real components;
 //! - `outbound_http`: guests' HTTP(S) requests, allow-list, address rules, TLS, caps, secrets;
@@ -38,6 +40,7 @@ mod hosts;
 mod natsd;
 
 mod api;
+mod api_limits;
 mod bounded_input;
 mod dashboard;
 mod e2e;

@@ -18,10 +18,14 @@
 //! from the same origin, by a session of the `operator` role; a `reader` sees no action
 //! buttons and its posts are refused. Every response carries a Content-Security-Policy that
 //! allows no inline script, `frame-ancestors 'none'` and `X-Frame-Options: DENY`; pages are
-//! `no-store`. The API's layers apply too: requests in flight capped, a time limit; form
-//! bodies are capped at [`FORM_LIMIT`].
+//! `no-store`. The API's layers apply too: a time limit, `[api] body_timeout` for bodies; a
+//! request with a session takes a slot of `[api] max_concurrent` (one without takes none: it
+//! only gets the login page, a redirect or a refusal). A post's session, origin and role are
+//! checked from its head, before its form is read; form bodies are capped at [`FORM_LIMIT`],
+//! the login form at [`LOGIN_LIMIT`]. Failed logins are limited per client address, with the
+//! API's invalid tokens (`limits::Failures`); a right token always logs in.
 //!
-//! - `session`: sessions, login rate limit, CSRF;
+//! - `session`: sessions, CSRF;
 //! - `stats`: throughput and hosts, sampled from the store;
 //! - `pages`: the handlers; `view`: layout and formatting.
 
@@ -34,7 +38,7 @@ use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex};
 
 use axum::Router;
-use axum::extract::{DefaultBodyLimit, Path, Request};
+use axum::extract::{DefaultBodyLimit, Path, Request, State};
 use axum::http::{HeaderValue, StatusCode, header};
 use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
@@ -44,6 +48,9 @@ use super::ApiState;
 
 /// The largest form body accepted.
 pub(super) const FORM_LIMIT: usize = 64 << 10;
+/// The largest login form accepted (a token and the page to go back to): anyone may post it,
+/// so it is read only this far, and refused at once when it declares more.
+pub(super) const LOGIN_LIMIT: usize = 8 << 10;
 
 /// The dashboard's Content-Security-Policy: only our own script and style, no inline script,
 /// no framing, forms post only to us.
@@ -82,7 +89,12 @@ pub(super) fn router(api: Arc<ApiState>) -> Router<Arc<ApiState>> {
     ));
     Router::new()
         .route("/", get(pages::overview))
-        .route("/login", get(pages::login_page).post(pages::login))
+        .route(
+            "/login",
+            get(pages::login_page)
+                .post(pages::login)
+                .layer(DefaultBodyLimit::max(LOGIN_LIMIT)),
+        )
         .route("/logout", post(pages::logout))
         .route("/dispatches", get(pages::dispatches))
         .route("/dispatches/{id}", get(pages::dispatch))
@@ -95,8 +107,31 @@ pub(super) fn router(api: Arc<ApiState>) -> Router<Arc<ApiState>> {
         .route("/agents", get(pages::agents))
         .route("/assets/{name}", get(asset))
         .layer(DefaultBodyLimit::max(FORM_LIMIT))
+        .layer(axum::middleware::from_fn_with_state(
+            dashboard.clone(),
+            in_flight,
+        ))
         .layer(axum::middleware::from_fn(security_headers))
         .with_state(dashboard)
+}
+
+/// A request with a session takes a slot of `[api] max_concurrent` while it runs (503 when
+/// none is free); one without takes none.
+async fn in_flight(State(d): State<Arc<Dashboard>>, request: Request, next: Next) -> Response {
+    if d.sessions.get(request.headers()).is_none() {
+        return next.run(request).await;
+    }
+    let Ok(_slot) = d.api.slot() else {
+        return (
+            [(header::RETRY_AFTER, "1")],
+            pages::PageError::Status(
+                StatusCode::SERVICE_UNAVAILABLE,
+                "Too many requests are in flight; try again in a moment.".into(),
+            ),
+        )
+            .into_response();
+    };
+    next.run(request).await
 }
 
 /// The files the pages load.

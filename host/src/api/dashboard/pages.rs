@@ -7,19 +7,21 @@ use std::sync::Arc;
 
 use axum::Form;
 use axum::extract::rejection::{FormRejection, QueryRejection};
-use axum::extract::{Path, Query, State};
+use axum::extract::{FromRequestParts, Path, Query, State};
+use axum::http::request::Parts;
 use axum::http::{HeaderMap, StatusCode, Uri, header};
 use axum::response::{IntoResponse, Redirect, Response};
 use maud::{Markup, html};
 use serde::Deserialize;
 use tracing::{info, warn};
 
-use super::Dashboard;
 use super::session::{self, LoginRefused, Session};
 use super::stats::{self, MINUTES};
 use super::view::{
     self, Nav, age, bytes, chart, csrf, dispatch_href, encode, status, thread_href, when,
 };
+use super::{Dashboard, LOGIN_LIMIT};
+use crate::api::limits::{ClientAddr, Failed};
 use crate::api::ops::{self, OpError};
 use crate::store::{Dispatch, ListCursor, ListFilter, Status, StoreError};
 
@@ -115,9 +117,10 @@ impl Dashboard {
         })
     }
 
-    /// The session of an action: a session, posting from this origin, with its CSRF token,
-    /// of the operator role. Each refusal is logged with the token's name, never a secret.
-    fn authorize(&self, headers: &HeaderMap, csrf: &str, what: &str) -> Result<Session, PageError> {
+    /// The session of an action, from the request's head (before its form is read): a
+    /// session, posting from this origin, of the operator role. Each refusal is logged with
+    /// the token's name, never a secret.
+    fn acting(&self, headers: &HeaderMap, what: &str) -> Result<Session, PageError> {
         let Some(session) = self.sessions.get(headers) else {
             warn!(action = what, "dashboard action refused: no session");
             return Err(PageError::Status(
@@ -129,12 +132,6 @@ impl Dashboard {
             warn!(action = what, token = %session.name, "dashboard action refused: cross-origin");
             return Err(forbidden("The form was not posted from this dashboard."));
         }
-        if !session.csrf_ok(csrf) {
-            warn!(action = what, token = %session.name, "dashboard action refused: CSRF token missing or wrong");
-            return Err(forbidden(
-                "The form's CSRF token is missing or wrong; reload the page and try again.",
-            ));
-        }
         if !session.operator() {
             warn!(action = what, token = %session.name, role = %session.role, "dashboard action refused: role");
             return Err(forbidden(&format!(
@@ -145,8 +142,97 @@ impl Dashboard {
         Ok(session)
     }
 
+    /// The form's CSRF token is the session's.
+    fn csrf_ok(session: &Session, csrf: &str, what: &str) -> Result<(), PageError> {
+        if session.csrf_ok(csrf) {
+            return Ok(());
+        }
+        warn!(action = what, token = %session.name, "dashboard action refused: CSRF token missing or wrong");
+        Err(forbidden(
+            "The form's CSRF token is missing or wrong; reload the page and try again.",
+        ))
+    }
+
     fn now(&self) -> u64 {
         self.api.store.now()
+    }
+}
+
+/// The session of an action post, checked from the request's head by [`Dashboard::acting`]:
+/// a handler takes it before its form, so that a post without a session, from another origin
+/// or by a reader is refused before its body is read.
+pub(super) struct Acting(Session);
+
+impl FromRequestParts<Arc<Dashboard>> for Acting {
+    type Rejection = PageError;
+
+    async fn from_request_parts(
+        parts: &mut Parts,
+        d: &Arc<Dashboard>,
+    ) -> Result<Acting, PageError> {
+        d.acting(&parts.headers, parts.uri.path()).map(Acting)
+    }
+}
+
+/// The session of a logout post: a session, posting from this origin, checked from the head.
+pub(super) struct LoggingOut(Session);
+
+impl FromRequestParts<Arc<Dashboard>> for LoggingOut {
+    type Rejection = PageError;
+
+    async fn from_request_parts(
+        parts: &mut Parts,
+        d: &Arc<Dashboard>,
+    ) -> Result<LoggingOut, PageError> {
+        match d.sessions.get(&parts.headers) {
+            Some(session) if same_origin(&parts.headers) => Ok(LoggingOut(session)),
+            _ => Err(forbidden("The form's CSRF token is missing or wrong.")),
+        }
+    }
+}
+
+/// A login post's head: from this origin, declaring no more than [`LOGIN_LIMIT`] bytes of
+/// form. Anyone may post a login, so these are checked before its body is read (which then
+/// gets `[api] body_timeout` and [`LOGIN_LIMIT`]). Carries the client's address, whose failed
+/// logins are counted.
+pub(super) struct LoginHead(ClientAddr);
+
+impl FromRequestParts<Arc<Dashboard>> for LoginHead {
+    type Rejection = Response;
+
+    async fn from_request_parts(
+        parts: &mut Parts,
+        _: &Arc<Dashboard>,
+    ) -> Result<LoginHead, Response> {
+        if !same_origin(&parts.headers) {
+            return Err((
+                StatusCode::FORBIDDEN,
+                html_response(login_form(
+                    "/",
+                    Some("The form was not posted from this dashboard."),
+                )),
+            )
+                .into_response());
+        }
+        let declared = parts
+            .headers
+            .get(header::CONTENT_LENGTH)
+            .and_then(|v| v.to_str().ok())
+            .and_then(|v| v.parse::<u64>().ok());
+        if declared.is_some_and(|n| n > LOGIN_LIMIT as u64) {
+            return Err((
+                StatusCode::PAYLOAD_TOO_LARGE,
+                [(header::CONNECTION, "close")],
+                html_response(login_form("/", Some("The form is too large."))),
+            )
+                .into_response());
+        }
+        let client = parts
+            .extensions
+            .get::<ClientAddr>()
+            .copied()
+            .unwrap_or(ClientAddr::UNKNOWN);
+        Ok(LoginHead(client))
     }
 }
 
@@ -398,10 +484,11 @@ pub(super) struct LoginForm {
     next: Option<String>,
 }
 
-/// `POST /login`.
+/// `POST /login`. A right token always logs in; a wrong one is 401, or 429 once its client
+/// address has failed too often (with the API's invalid tokens; `limits::Failures`).
 pub(super) async fn login(
     State(d): State_,
-    headers: HeaderMap,
+    LoginHead(client): LoginHead,
     form: Result<Form<LoginForm>, FormRejection>,
 ) -> Response {
     let Ok(Form(form)) = form else {
@@ -412,32 +499,33 @@ pub(super) async fn login(
             .into_response();
     };
     let next = local(form.next.as_deref());
-    if !same_origin(&headers) {
-        return (
-            StatusCode::FORBIDDEN,
-            html_response(login_form(
+    let Some((name, role)) = d.api.tokens.identify(form.token.trim().as_bytes()) else {
+        if let Failed::Limited { retry_after, first } = d.api.failures.fail(client) {
+            if first {
+                warn!(%client, "dashboard logins refused: too many invalid tokens from this address; wrong ones are answered 429 until they stop");
+            }
+            let page = login_form(
                 next,
-                Some("The form was not posted from this dashboard."),
-            )),
+                Some("Too many failed logins from this address; wait a minute."),
+            );
+            return (
+                StatusCode::TOO_MANY_REQUESTS,
+                [(header::RETRY_AFTER, retry_after.to_string())],
+                html_response(page),
+            )
+                .into_response();
+        }
+        let message = "That token is not valid.";
+        warn!(%client, "dashboard login refused: {message}");
+        return (
+            StatusCode::UNAUTHORIZED,
+            html_response(login_form(next, Some(message))),
         )
             .into_response();
-    }
-    if d.sessions.rate_limited() {
-        warn!("dashboard login refused: too many failed logins in the last minute");
-        return (
-            StatusCode::TOO_MANY_REQUESTS,
-            html_response(login_form(
-                next,
-                Some("Too many failed logins; wait a minute."),
-            )),
-        )
-            .into_response();
-    }
-    let found = d.api.tokens.identify(form.token.trim().as_bytes());
-    let name = found.as_ref().map(|(name, _)| name.clone());
-    match d.sessions.login(found) {
+    };
+    match d.sessions.login(name.clone(), role) {
         Ok(id) => {
-            info!(token = name.as_deref().unwrap_or("-"), "dashboard login");
+            info!(token = %name, "dashboard login");
             (
                 StatusCode::SEE_OTHER,
                 [
@@ -449,7 +537,6 @@ pub(super) async fn login(
         }
         Err(refused) => {
             let (code, message) = match refused {
-                LoginRefused::Invalid => (StatusCode::UNAUTHORIZED, "That token is not valid."),
                 LoginRefused::Full | LoginRefused::NoRandom => (
                     StatusCode::SERVICE_UNAVAILABLE,
                     "No session can be opened just now; try again later.",
@@ -475,14 +562,10 @@ fn action_form(form: Result<Form<ActionForm>, FormRejection>) -> ActionForm {
 pub(super) async fn logout(
     State(d): State_,
     headers: HeaderMap,
+    LoggingOut(current): LoggingOut,
     form: Result<Form<ActionForm>, FormRejection>,
 ) -> Response {
-    let form = action_form(form);
-    let valid = d
-        .sessions
-        .get(&headers)
-        .is_some_and(|s| s.csrf_ok(&form.csrf) && same_origin(&headers));
-    if !valid {
+    if !current.csrf_ok(&action_form(form).csrf) {
         return forbidden("The form's CSRF token is missing or wrong.").into_response();
     }
     d.sessions.logout(&headers);
@@ -793,11 +876,11 @@ fn see_other(location: String) -> Response {
 /// `POST /dispatches/{id}/cancel`.
 pub(super) async fn cancel(
     State(d): State_,
-    headers: HeaderMap,
     Path(id): Path<String>,
+    Acting(session): Acting,
     form: Result<Form<ActionForm>, FormRejection>,
 ) -> Result<Response, PageError> {
-    let session = d.authorize(&headers, &action_form(form).csrf, "cancel")?;
+    Dashboard::csrf_ok(&session, &action_form(form).csrf, "cancel")?;
     let r = ops::cancel(&d.api.store, &id).await?;
     info!(dispatch = %r.id, token = %session.name, "cancelled from the dashboard");
     Ok(see_other(format!(
@@ -809,11 +892,11 @@ pub(super) async fn cancel(
 /// `POST /dispatches/{id}/retry`.
 pub(super) async fn retry(
     State(d): State_,
-    headers: HeaderMap,
     Path(id): Path<String>,
+    Acting(session): Acting,
     form: Result<Form<ActionForm>, FormRejection>,
 ) -> Result<Response, PageError> {
-    let session = d.authorize(&headers, &action_form(form).csrf, "retry")?;
+    Dashboard::csrf_ok(&session, &action_form(form).csrf, "retry")?;
     let r = ops::retry(&d.api.config, &d.api.store, &id).await?;
     info!(dispatch = %id, new = %r.id, token = %session.name, "retried from the dashboard");
     Ok(see_other(format!(
@@ -825,11 +908,11 @@ pub(super) async fn retry(
 /// `POST /threads/{thread}/interrupt`.
 pub(super) async fn interrupt(
     State(d): State_,
-    headers: HeaderMap,
     Path(thread): Path<String>,
+    Acting(session): Acting,
     form: Result<Form<ActionForm>, FormRejection>,
 ) -> Result<Response, PageError> {
-    let session = d.authorize(&headers, &action_form(form).csrf, "interrupt")?;
+    Dashboard::csrf_ok(&session, &action_form(form).csrf, "interrupt")?;
     let reason = format!("interrupted from the dashboard by {}", session.name);
     let done = d.api.store.mailbox.interrupt(&thread, &reason).await?;
     info!(%thread, epoch = done.epoch, superseded = done.superseded.len(), token = %session.name, "thread interrupted from the dashboard");
@@ -993,7 +1076,7 @@ pub(super) async fn dead_letters(
 /// `POST /dead-letters/retry` with `csrf` and one `id` per selected dead letter.
 pub(super) async fn retry_selected(
     State(d): State_,
-    headers: HeaderMap,
+    Acting(session): Acting,
     form: Result<Form<Vec<(String, String)>>, FormRejection>,
 ) -> Result<Response, PageError> {
     let pairs = form.map(|Form(p)| p).unwrap_or_default();
@@ -1001,7 +1084,7 @@ pub(super) async fn retry_selected(
         .iter()
         .find(|(k, _)| k == "csrf")
         .map_or("", |(_, v)| v.as_str());
-    let session = d.authorize(&headers, csrf, "retry selected")?;
+    Dashboard::csrf_ok(&session, csrf, "retry selected")?;
     let ids: Vec<&str> = pairs
         .iter()
         .filter(|(k, _)| k == "id")

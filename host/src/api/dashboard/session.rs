@@ -3,9 +3,10 @@
 //! carries only a random session id (32 bytes from the OS); the table is keyed by the id's
 //! SHA-256, so neither the token nor a usable id sits in the table. Each session has a random
 //! CSRF token every form posts back, compared in constant time. Sessions end after
-//! [`SESSION_TTL`], on logout, or when the process stops.
+//! [`SESSION_TTL`], on logout, or when the process stops. Failed logins are counted per client
+//! address with the API's invalid tokens (`limits::Failures`), not here.
 
-use std::collections::{HashMap, VecDeque};
+use std::collections::HashMap;
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
@@ -22,10 +23,6 @@ pub(super) const COOKIE: &str = "homing_session";
 pub(super) const SESSION_TTL: Duration = Duration::from_secs(8 * 3600);
 /// The most sessions held at once; a login past it is refused until some expire.
 const MAX_SESSIONS: usize = 10_000;
-/// Failed logins accepted per [`FAILURE_WINDOW`], from all clients together; more are refused
-/// with 429 before the token is even looked at.
-const MAX_FAILURES: usize = 30;
-const FAILURE_WINDOW: Duration = Duration::from_secs(60);
 
 /// A logged-in operator, as the pages see it.
 #[derive(Debug, Clone)]
@@ -51,11 +48,9 @@ impl Session {
     }
 }
 
-/// Why a login was refused.
+/// Why a session could not be opened for a right token.
 #[derive(Debug, PartialEq, Eq)]
 pub(super) enum LoginRefused {
-    /// Not a configured token.
-    Invalid,
     /// The session table is full.
     Full,
     /// The OS gave no random bytes.
@@ -66,7 +61,6 @@ pub(super) enum LoginRefused {
 #[derive(Debug, Default)]
 pub(super) struct Sessions {
     table: Mutex<HashMap<[u8; 32], Session>>,
-    failures: Mutex<VecDeque<Instant>>,
 }
 
 /// 32 random bytes as 64 hex digits.
@@ -81,16 +75,10 @@ fn key(id: &str) -> [u8; 32] {
 }
 
 impl Sessions {
-    /// Opens a session for a token found as `(name, role)`, or records a failure. Returns the
+    /// Opens a session for the token `name` of `role`, found by `auth::Tokens`. Returns the
     /// session id for the cookie.
-    pub fn login(&self, found: Option<(String, Role)>) -> Result<String, LoginRefused> {
+    pub fn login(&self, name: String, role: Role) -> Result<String, LoginRefused> {
         let now = Instant::now();
-        let Some((name, role)) = found else {
-            if let Ok(mut failures) = self.failures.lock() {
-                failures.push_back(now);
-            }
-            return Err(LoginRefused::Invalid);
-        };
         let id = random_hex().ok_or(LoginRefused::NoRandom)?;
         let csrf = random_hex().ok_or(LoginRefused::NoRandom)?;
         let Ok(mut table) = self.table.lock() else {
@@ -112,21 +100,6 @@ impl Sessions {
             },
         );
         Ok(id)
-    }
-
-    /// Whether logins are refused for now because of recent failures.
-    pub fn rate_limited(&self) -> bool {
-        let now = Instant::now();
-        let Ok(mut failures) = self.failures.lock() else {
-            return true;
-        };
-        while failures
-            .front()
-            .is_some_and(|t| now.duration_since(*t) > FAILURE_WINDOW)
-        {
-            failures.pop_front();
-        }
-        failures.len() >= MAX_FAILURES
     }
 
     /// The live session the request's cookie names, if any.
@@ -188,9 +161,7 @@ mod tests {
     #[test]
     fn a_session_is_found_by_its_cookie_only_and_ends_on_logout() {
         let sessions = Sessions::default();
-        let id = sessions
-            .login(Some(("ops".into(), Role::Operator)))
-            .unwrap();
+        let id = sessions.login("ops".into(), Role::Operator).unwrap();
         assert_eq!(id.len(), 64);
         let h = headers(&format!("other=1; {COOKIE}={id}"));
         let s = sessions.get(&h).unwrap();
@@ -207,15 +178,5 @@ mod tests {
         sessions.logout(&h);
         assert!(sessions.get(&h).is_none());
         assert!(set_cookie(&id).contains("HttpOnly; SameSite=Strict"));
-    }
-
-    #[test]
-    fn failed_logins_are_limited() {
-        let sessions = Sessions::default();
-        for _ in 0..MAX_FAILURES {
-            assert!(!sessions.rate_limited());
-            assert_eq!(sessions.login(None), Err(LoginRefused::Invalid));
-        }
-        assert!(sessions.rate_limited());
     }
 }
