@@ -20,19 +20,69 @@ fn server() -> &'static NatsServer {
     SERVER.get_or_init(NatsServer::start)
 }
 
-impl conformance::Factory for NatsFactory {
-    type Data = String;
+/// One test's stream (named by its prefix), deleted when the test ends.
+///
+/// The suite shares one server across several hundred tests. Kept, their streams added up on
+/// it (each a file store with its own upkeep), and late in a run, on a machine busy with a
+/// parallel build, the server stalled long enough for a burst of requests to pass the store's
+/// 5 s request timeout (17 tests failed at once in one of five runs, all past the 330th
+/// stream). Deleting each test's stream keeps the server at the few streams in use.
+struct TestStream(String);
 
-    async fn create(&self) -> String {
+impl Drop for TestStream {
+    fn drop(&mut self) {
+        if let Some(reaper) = reaper() {
+            let _ = reaper.send(self.0.clone());
+        }
+    }
+}
+
+/// A thread that deletes the streams sent to it, with a client of its own (a test's runtime
+/// may already be shutting down when its data is dropped).
+fn reaper() -> Option<&'static tokio::sync::mpsc::UnboundedSender<String>> {
+    static REAPER: OnceLock<Option<tokio::sync::mpsc::UnboundedSender<String>>> = OnceLock::new();
+    REAPER
+        .get_or_init(|| {
+            let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel::<String>();
+            let url = server().url();
+            std::thread::Builder::new()
+                .name("stream-reaper".into())
+                .spawn(move || {
+                    let Ok(runtime) = tokio::runtime::Builder::new_current_thread()
+                        .enable_all()
+                        .build()
+                    else {
+                        return;
+                    };
+                    runtime.block_on(async move {
+                        let Ok(client) = async_nats::connect(url).await else {
+                            return;
+                        };
+                        let js = async_nats::jetstream::new(client);
+                        while let Some(name) = rx.recv().await {
+                            let _ = js.delete_stream(&name).await;
+                        }
+                    });
+                })
+                .ok()?;
+            Some(tx)
+        })
+        .as_ref()
+}
+
+impl conformance::Factory for NatsFactory {
+    type Data = TestStream;
+
+    async fn create(&self) -> TestStream {
         static NEXT: AtomicU64 = AtomicU64::new(0);
         server();
-        format!("conf{}", NEXT.fetch_add(1, Ordering::Relaxed))
+        TestStream(format!("conf{}", NEXT.fetch_add(1, Ordering::Relaxed)))
     }
 
-    async fn open(&self, prefix: &String, clock: SharedClock) -> StoreResult<Store> {
+    async fn open(&self, stream: &TestStream, clock: SharedClock) -> StoreResult<Store> {
         let config = NatsConfig {
             urls: vec![server().url()],
-            prefix: prefix.clone(),
+            prefix: stream.0.clone(),
             ..NatsConfig::default()
         };
         NatsStore::open(&config, clock).await
@@ -50,16 +100,16 @@ mod clients {
     struct ClientFactory;
 
     impl conformance::Factory for ClientFactory {
-        type Data = String;
+        type Data = TestStream;
 
-        async fn create(&self) -> String {
+        async fn create(&self) -> TestStream {
             NatsFactory.create().await
         }
 
-        async fn open(&self, prefix: &String, clock: SharedClock) -> StoreResult<Store> {
+        async fn open(&self, stream: &TestStream, clock: SharedClock) -> StoreResult<Store> {
             let config = NatsConfig {
                 urls: vec![server().url()],
-                prefix: prefix.clone(),
+                prefix: stream.0.clone(),
                 ..NatsConfig::default()
             };
             NatsStore::open_client(&config, clock).await

@@ -223,12 +223,19 @@ impl Browser {
         self.type_into("#token", token).await;
         self.click("form[action='/login'] button[type=submit]")
             .await;
-        self.wait_path("/").await;
-        assert!(
-            self.count("form[action='/logout']").await == 1,
-            "not logged in: {}",
-            self.path().await
-        );
+        // Every path starts with `/`, so the login page itself would pass a `wait_path("/")`:
+        // wait for what only a session's page has, the logout form.
+        let deadline = Instant::now() + WAIT;
+        while self.count("form[action='/logout']").await != 1 {
+            assert!(
+                Instant::now() < deadline,
+                "not logged in: still at {}:\n{}",
+                self.path().await,
+                self.excerpt().await
+            );
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        assert_eq!(self.path().await, "/", "a login lands on the overview");
     }
 
     /// Saves a screenshot of the page as `<target>/dashboard-screenshots/NAME.png`, and as
