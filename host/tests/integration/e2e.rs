@@ -231,10 +231,20 @@ fn sandbox_grants_files_env_and_network_when_configured() {
     );
     let var = env.enqueue("sandbox", "t3", "env:GREETING", &[]);
     let net = env.enqueue("sandbox", "t4", &format!("connect:127.0.0.1:{port}"), &[]);
+    // The grant names one port of the address: another port, listening too, stays closed.
+    let other = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let other_port = other.local_addr().unwrap().port();
+    let other_net = env.enqueue(
+        "sandbox",
+        "t5",
+        &format!("connect:127.0.0.1:{other_port}"),
+        &["--max-attempts", "1"],
+    );
     env.run_until_idle();
     assert_eq!(env.show(&file)["result"]["output"], "hello from the host");
     assert_eq!(env.show(&var)["result"]["output"], "granted");
     assert_eq!(env.show(&net)["result"]["output"], "connected");
+    assert_eq!(env.show(&other_net)["status"], "dead_letter");
     // The directory was granted read-only: writing is denied.
     assert_eq!(env.show(&write)["status"], "dead_letter");
     assert!(!data.path().join("new.txt").exists());

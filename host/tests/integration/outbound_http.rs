@@ -3,7 +3,7 @@
 //!
 //! What is proven: allowed requests round trip with headers and bodies; everything else is
 //! refused before a byte leaves (an origin not on the list, a listed name that resolves to a
-//! loopback or link-local address); TLS verifies against `tls_ca`; a slow server is cut at the
+//! loopback or link-local address, a named address on a port its entry does not name); TLS verifies against `tls_ca`; a slow server is cut at the
 //! dispatch's deadline and the dispatch retried; an interrupt ends a request in flight; an
 //! oversized response is refused naming the cap; a secret variable reaches the server but no
 //! log line, stored record or CLI output; a missing required secret is a config error.
@@ -315,6 +315,66 @@ fn a_listed_name_resolving_to_a_non_public_address_is_refused_unless_the_address
         json!({ "url": format!("http://localhost:{port}/echo") }),
     );
     assert_eq!(d["status"], "acked", "{d}");
+}
+
+#[test]
+fn a_named_address_opens_only_the_scheme_and_port_its_entry_names() {
+    // Issue 32: `http://*:*` beside `http://127.0.0.1:PORT` let a guest reach 127.0.0.1 on
+    // any port and send its API key there. The entry that names the address must also cover
+    // the request's scheme and port.
+    let secret = "sk-homing-test-other-port-7c1d2e3f4a5b";
+    let (named, named_addr) = start_server(None);
+    let (other, other_addr) = start_server(None);
+    let (named_port, other_port) = (named_addr.port(), other_addr.port());
+    let env = Env::new(&config(
+        "",
+        &format!(
+            "allowed_outbound_hosts = [\"http://*:*\", \"http://127.0.0.1:{named_port}\", \"http://localhost:{named_port}\"]\n[plugins.probe.variables]\napi_key = {{ file = \"key.txt\", secret = true }}\n"
+        ),
+    ));
+    std::fs::write(env.path().join("key.txt"), secret).unwrap();
+    let send = |host: &str, port: u16| {
+        env.enqueue(
+            "probe",
+            "t",
+            &json!({ "url": format!("http://{host}:{port}/echo"),
+                     "headers": [["authorization", "Bearer {config.api_key}"]] })
+            .to_string(),
+            &[],
+        )
+    };
+    let refused = [send("127.0.0.1", other_port), send("localhost", other_port)];
+    let allowed = [send("127.0.0.1", named_port), send("localhost", named_port)];
+    let log = env.run_until_idle();
+    for id in refused {
+        let d = env.show(&id);
+        assert_eq!(d["status"], "dead_letter", "{d}");
+        let error = d["last_error"].as_str().unwrap();
+        assert!(error.contains("destination-IP-prohibited"), "{error}");
+        let line = log
+            .lines()
+            .find(|l| l.contains("outbound request refused") && l.contains(&id))
+            .unwrap_or_else(|| panic!("no refusal line for {id} in:\n{log}"));
+        assert!(line.contains("this scheme and port"), "{line}");
+    }
+    assert!(
+        other.seen().is_empty(),
+        "a request reached the port no entry names: {:?}",
+        other.seen()
+    );
+    for id in allowed {
+        let d = env.show(&id);
+        assert_eq!(d["status"], "acked", "{d}");
+        assert_eq!(output(&d)["status"], 201);
+    }
+    let seen = named.seen();
+    assert_eq!(seen.len(), 2, "{seen:?}");
+    assert!(seen.iter().all(|s| {
+        s.headers
+            .iter()
+            .any(|(k, v)| k == "authorization" && v == &format!("Bearer {secret}"))
+    }));
+    assert!(!log.contains(secret), "the secret is in the log:\n{log}");
 }
 
 /// A test CA and a server certificate for `localhost` and 127.0.0.1 signed by it.
