@@ -21,7 +21,7 @@ use wasmtime::{Engine, Store as WasmStore, UpdateDeadline};
 use wasmtime_wasi::sockets::SocketAddrUse;
 use wasmtime_wasi::{FsPerms, WasiCtxBuilder};
 
-use super::host::{Abort, GuestState, LogState, PluginContext};
+use super::host::{Abort, GuestState, LogState, PluginContext, Secrets};
 use super::outbound::Outbound;
 use super::{Runtime, WasmContext, bindings, cache, output};
 use crate::claim::StopReason;
@@ -55,6 +55,8 @@ pub struct Plugin {
     pub(super) pre: PluginPre,
     outbound: Arc<Outbound>,
     config_vars: Arc<wasmtime_wasi_config::WasiConfigVariables>,
+    /// Its secret values, scrubbed from every line its instances log.
+    secrets: Arc<Secrets>,
 }
 
 impl std::fmt::Debug for Plugin {
@@ -99,6 +101,7 @@ impl Runtime {
                 .map(|(k, v)| (k.as_str(), v.expose()))
                 .collect(),
         );
+        let secrets = Arc::new(Secrets::new(ctx.values.secrets()));
         info!(plugin = %ctx.name, world = world.name(), "plugin loaded");
         Ok(Plugin {
             ctx,
@@ -106,6 +109,7 @@ impl Runtime {
             pre,
             outbound,
             config_vars,
+            secrets,
         })
     }
 
@@ -199,7 +203,10 @@ impl Runtime {
     /// When a granted directory cannot be opened or fuel cannot be set.
     pub fn new_store(&self, plugin: &Plugin) -> anyhow::Result<WasmStore<GuestState>> {
         let config = &plugin.ctx.config;
-        let log = Arc::new(Mutex::new(LogState::default()));
+        let log = Arc::new(Mutex::new(LogState {
+            secrets: plugin.secrets.clone(),
+            ..LogState::default()
+        }));
         let mut wasi = WasiCtxBuilder::new();
         wasi.stdout(output::GuestOutput::new(
             plugin.ctx.name.clone(),

@@ -576,6 +576,14 @@ fn a_secret_reaches_the_server_but_no_log_record_or_output() {
         .to_string(),
         &[],
     );
+    // A token in the path (as some APIs take it): the log line shows the path redacted.
+    let in_path = env.enqueue(
+        "probe",
+        "t2",
+        &json!({ "url": format!("http://127.0.0.1:{}/bot{{config.api_key}}/send", addr.port()) })
+            .to_string(),
+        &[],
+    );
     let mut outputs = vec![
         env.ok(&["config", "check"]),
         env.ok(&["config", "check", "--json"]),
@@ -584,14 +592,25 @@ fn a_secret_reaches_the_server_but_no_log_record_or_output() {
     let d = env.show(&id);
     assert_eq!(d["status"], "acked", "{d}");
     assert_eq!(output(&d)["config"]["model"], "small");
+    assert_eq!(env.show(&in_path)["status"], "acked");
 
-    // It reached the server, in the header the guest built.
-    let auth = server.seen()[0]
-        .headers
+    // It reached the server, in the header and the path the guest built.
+    let seen = server.seen();
+    let auth = seen
         .iter()
-        .find(|(k, _)| k == "authorization")
+        .find(|s| s.path == "/echo")
+        .and_then(|s| s.headers.iter().find(|(k, _)| k == "authorization"))
         .map(|(_, v)| v.clone());
     assert_eq!(auth.as_deref(), Some(format!("Bearer {secret}").as_str()));
+    assert!(
+        seen.iter().any(|s| s.path == format!("/bot{secret}/send")),
+        "{seen:?}"
+    );
+    let line = log
+        .lines()
+        .find(|l| l.contains("outbound request") && l.contains(&in_path))
+        .unwrap_or_else(|| panic!("no request line for {in_path}:\n{log}"));
+    assert!(line.contains("/bot[redacted]/send"), "{line}");
 
     // And nowhere else: the host log, every CLI output, the store's bytes.
     outputs.push(log);

@@ -153,18 +153,27 @@ impl WasiHttpHooks for HttpHooks {
         options: Option<RequestOptions>,
         _fut: Box<dyn Future<Output = Result<(), HttpError>> + Send>,
     ) -> Box<dyn Future<Output = SendResult> + Send> {
-        let (dispatch, attempt) = self
+        let (dispatch, attempt, secrets) = self
             .log
             .lock()
-            .map(|log| (log.tag.dispatch.clone(), log.tag.attempt))
+            .map(|log| {
+                (
+                    log.tag.dispatch.clone(),
+                    log.tag.attempt,
+                    log.secrets.clone(),
+                )
+            })
             .unwrap_or_default();
+        // A path may carry a secret (a bot token, say): the log line and the span show it
+        // scrubbed, as every guest line is.
+        let path = secrets.scrub(request.uri().path()).into_owned();
         // A child of the guest call (the current span while the guest asks for the request).
         let span = tracing::info_span!(
             target: crate::telemetry::trace::TARGET,
             "homing.http",
             otel.kind = "client",
             http.request.method = %request.method(),
-            url.path = %request.uri().path(),
+            url.path = %path,
             server.address = request.uri().host().unwrap_or_default(),
             http.response.status_code = tracing::field::Empty,
             otel.status_code = tracing::field::Empty,
@@ -186,7 +195,7 @@ impl WasiHttpHooks for HttpHooks {
             permit: self.permits.clone().try_acquire_owned().ok(),
             method: request.method().to_string(),
             origin: String::new(),
-            path: request.uri().path().to_owned(),
+            path,
             started: Instant::now(),
             span: span.clone(),
         };
