@@ -25,7 +25,8 @@ pub mod vars;
 pub use api::ApiConfig;
 pub use outbound::{HttpLimits, OutboundHost};
 pub use store::{
-    Backend, DEFAULT_NATS_URL, EmbeddedSettings, NatsSettings, StoreConfig, Urls, check_nats,
+    Backend, DEFAULT_NATS_URL, EmbeddedSettings, NatsSettings, StoreConfig, UrlCredentials, Urls,
+    check_nats, shown_nats_url, shown_nats_urls, split_nats_url,
 };
 pub use telemetry::TelemetryConfig;
 use units::{duration, size};
