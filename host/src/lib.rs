@@ -22,6 +22,8 @@
 //! - [`store`] — the mailbox and sequence-store contract (docs/contract.md), the decisions made
 //!   once (`store::rules`), and the two backends, `embedded` (SQLite) and `nats` (JetStream);
 //! - [`config`] — `homing.toml`;
+//! - [`tls`] — client TLS setup (web roots and `tls_ca` files), for guests' HTTPS and the
+//!   trace exporter;
 //! - [`input`] — bounded reads of files and pipes.
 //!
 //! Beside them, [`natsd`] starts a local `nats-server` for `homing bench` and the test suites.
@@ -38,3 +40,4 @@ mod scratch;
 pub mod store;
 pub mod supervisor;
 pub mod telemetry;
+pub mod tls;

@@ -79,6 +79,8 @@ struct Routes {
 pub struct NatsServer {
     bin: OsString,
     port: u16,
+    /// The user and password clients must give, when the server wants them.
+    user: Option<(String, String)>,
     routes: Option<Routes>,
     name: String,
     /// JetStream's store directory (kept across [`NatsServer::restart`]).
@@ -95,11 +97,26 @@ impl NatsServer {
     ///
     /// When `nats-server` cannot be run or does not become ready within 30 s.
     pub async fn start() -> anyhow::Result<NatsServer> {
+        NatsServer::start_solo(None).await
+    }
+
+    /// Starts one JetStream server, as [`NatsServer::start`], that takes only clients giving
+    /// `user` and `password`; its [`NatsServer::url`] carries them.
+    ///
+    /// # Errors
+    ///
+    /// As [`NatsServer::start`].
+    pub async fn start_with_user(user: &str, password: &str) -> anyhow::Result<NatsServer> {
+        NatsServer::start_solo(Some((user.to_owned(), password.to_owned()))).await
+    }
+
+    async fn start_solo(user: Option<(String, String)>) -> anyhow::Result<NatsServer> {
         let bin = binary()?;
         let scratch = Arc::new(ScratchDir::new("nats").context("a directory for nats-server")?);
         let mut server = NatsServer {
             bin,
             port: free_port()?,
+            user,
             routes: None,
             name: "solo".into(),
             dir: scratch.path().join("solo"),
@@ -128,6 +145,7 @@ impl NatsServer {
             servers.push(NatsServer {
                 bin: bin.clone(),
                 port: free_port()?,
+                user: None,
                 routes: Some(Routes {
                     port: *port,
                     all: cluster_ports.clone(),
@@ -165,6 +183,9 @@ impl NatsServer {
             .stdin(Stdio::null())
             .stdout(Stdio::null())
             .stderr(log);
+        if let Some((user, password)) = &self.user {
+            command.args(["--user", user, "--pass", password]);
+        }
         if let Some(routes) = &self.routes {
             let others: Vec<String> = routes
                 .all
@@ -225,9 +246,12 @@ impl NatsServer {
 
     /// One readiness check: connect, then ask JetStream for the account.
     async fn probe(&self) -> anyhow::Result<()> {
-        let connect = async_nats::ConnectOptions::new()
-            .connection_timeout(Duration::from_secs(1))
-            .connect(self.url());
+        let mut options =
+            async_nats::ConnectOptions::new().connection_timeout(Duration::from_secs(1));
+        if let Some((user, password)) = &self.user {
+            options = options.user_and_password(user.clone(), password.clone());
+        }
+        let connect = options.connect(self.address());
         let client = tokio::time::timeout(Duration::from_secs(2), connect)
             .await
             .context("connect timed out")??;
@@ -238,8 +262,17 @@ impl NatsServer {
         Ok(())
     }
 
-    /// The client URL.
+    /// The client URL, with the user and password when the server wants them (show it only
+    /// through [`crate::config::shown_nats_url`]).
     pub fn url(&self) -> String {
+        match &self.user {
+            Some((user, password)) => format!("nats://{user}:{password}@127.0.0.1:{}", self.port),
+            None => self.address(),
+        }
+    }
+
+    /// The client URL without a user part.
+    fn address(&self) -> String {
         format!("nats://127.0.0.1:{}", self.port)
     }
 

@@ -66,7 +66,12 @@ impl Place {
                 };
                 let store = NatsStore::connect_client(&config, Arc::new(SystemClock))
                     .await
-                    .with_context(|| format!("opening a NATS store at {url}"))?;
+                    .with_context(|| {
+                        format!(
+                            "opening a NATS store at {}",
+                            crate::config::shown_nats_url(url)
+                        )
+                    })?;
                 Ok(Place::Nats { config, store })
             }
         }

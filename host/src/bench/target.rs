@@ -98,7 +98,12 @@ impl Target {
                 };
                 let store = NatsStore::connect(&config, Arc::new(SystemClock))
                     .await
-                    .with_context(|| format!("opening a NATS store at {url}"))?;
+                    .with_context(|| {
+                        format!(
+                            "opening a NATS store at {}",
+                            crate::config::shown_nats_url(url)
+                        )
+                    })?;
                 let statistics = store.client_statistics();
                 Ok(Scratch {
                     store: store.into_store(),

@@ -81,9 +81,12 @@ pub(super) async fn check(file: &Path, json: bool) -> anyhow::Result<()> {
         }
         StoreConfig::Nats(settings) => {
             let nats = NatsConfig::from_settings(settings, |p| config.resolve(p));
-            let report = NatsStore::check(&nats)
-                .await
-                .with_context(|| format!("checking the NATS store at {}", nats.urls.join(", ")))?;
+            let report = NatsStore::check(&nats).await.with_context(|| {
+                format!(
+                    "checking the NATS store at {}",
+                    crate::config::shown_nats_urls(&nats.urls)
+                )
+            })?;
             let mut line = format!(
                 "nats (server {}, stream `{}` {}, {} messages, {} replica(s), max_payload {} \
                  bytes: payloads and outputs up to {} bytes, log entries up to {} bytes)",

@@ -250,7 +250,7 @@ pub async fn open_store(config: &Config, role: Role) -> anyhow::Result<Store> {
                 format!(
                     "opening the NATS store `{}` at {}",
                     nats.prefix,
-                    nats.urls.join(", ")
+                    crate::config::shown_nats_urls(&nats.urls)
                 )
             })
         }

@@ -25,7 +25,8 @@ pub mod vars;
 pub use api::ApiConfig;
 pub use outbound::{HttpLimits, OutboundHost};
 pub use store::{
-    Backend, DEFAULT_NATS_URL, EmbeddedSettings, NatsSettings, StoreConfig, Urls, check_nats,
+    Backend, DEFAULT_NATS_URL, EmbeddedSettings, NatsSettings, StoreConfig, UrlCredentials, Urls,
+    check_nats, shown_nats_url, shown_nats_urls, split_nats_url,
 };
 pub use telemetry::TelemetryConfig;
 use units::{duration, size};
@@ -190,7 +191,8 @@ pub struct PluginConfig {
     /// Host directories the guest may open.
     #[serde(default)]
     pub dirs: Vec<DirGrant>,
-    /// Outbound TCP the guest may open, as `host:port` (none by default).
+    /// Outbound TCP the guest may open, as `host:port` (none by default); checked when the
+    /// config is, and read with [`outbound::tcp_grants`].
     #[serde(default)]
     pub allowed_hosts: Vec<String>,
     /// Origins the guest may send HTTP requests to through `wasi:http` (none by default).
@@ -423,17 +425,8 @@ impl Config {
                     ));
                 }
             }
-            for hostport in &plugin.allowed_hosts {
-                let ok = hostport
-                    .rsplit_once(':')
-                    .is_some_and(|(host, port)| !host.is_empty() && port.parse::<u16>().is_ok());
-                if !ok {
-                    return Err(format!(
-                        "{}: `{hostport}` is not host:port",
-                        key("allowed_hosts")
-                    ));
-                }
-            }
+            outbound::tcp_grants(&plugin.allowed_hosts)
+                .map_err(|e| format!("{}: {e}", key("allowed_hosts")))?;
             for (var, spec) in &plugin.variables {
                 vars::check_variable_name(var).map_err(|e| format!("{}: {e}", key("variables")))?;
                 spec.check()

@@ -1,12 +1,17 @@
-//! Outbound HTTP grants: `allowed_outbound_hosts`, `tls_ca` and `[plugins.x.http]` limits.
+//! Outbound grants, parsed: `allowed_outbound_hosts` (HTTP), `allowed_hosts` (raw TCP),
+//! `tls_ca` and `[plugins.x.http]` limits. The config parses them, here and only here; the
+//! runtime's outbound policy decides on them.
 //!
-//! An entry is `scheme://host[:port]`: the scheme `http` or `https`; the host a name, `*.name`
-//! (any subdomain of `name`, not `name` itself), an IP address (IPv6 in brackets), or `*` (any
-//! host); the port a number or `*`, and the scheme's default (443, 80) when absent. A path,
-//! query or user part is refused: the grant is an origin.
+//! An `allowed_outbound_hosts` entry is `scheme://host[:port]`: the scheme `http` or `https`;
+//! the host a name, `*.name` (any subdomain of `name`, not `name` itself), an IP address (IPv6
+//! in brackets), or `*` (any host); the port a number or `*`, and the scheme's default (443,
+//! 80) when absent. A path, query or user part is refused: the grant is an origin.
 //!
-//! Allowing a host is not allowing what it resolves to: the runtime's outbound module applies
-//! the address rules on every request.
+//! An `allowed_hosts` entry is `host:port`: a name or an IP address (IPv6 in brackets) and a
+//! port number, both required.
+//!
+//! Allowing a host is not allowing what it resolves to: the policy applies the address rules
+//! on every request and connect.
 
 use std::fmt;
 use std::net::IpAddr;
@@ -57,6 +62,19 @@ pub enum HostPattern {
     Ip(IpAddr),
 }
 
+impl fmt::Display for HostPattern {
+    /// As written in a grant: an IPv6 address in brackets.
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            HostPattern::Any => f.write_str("*"),
+            HostPattern::Name(name) => f.write_str(name),
+            HostPattern::Subdomains(name) => write!(f, "*.{name}"),
+            HostPattern::Ip(IpAddr::V4(ip)) => write!(f, "{ip}"),
+            HostPattern::Ip(IpAddr::V6(ip)) => write!(f, "[{ip}]"),
+        }
+    }
+}
+
 /// One `allowed_outbound_hosts` entry.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct OutboundHost {
@@ -70,14 +88,7 @@ pub struct OutboundHost {
 
 impl fmt::Display for OutboundHost {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "{}://", self.scheme.as_str())?;
-        match &self.host {
-            HostPattern::Any => f.write_str("*")?,
-            HostPattern::Name(name) => f.write_str(name)?,
-            HostPattern::Subdomains(name) => write!(f, "*.{name}")?,
-            HostPattern::Ip(IpAddr::V4(ip)) => write!(f, "{ip}")?,
-            HostPattern::Ip(IpAddr::V6(ip)) => write!(f, "[{ip}]")?,
-        }
+        write!(f, "{}://{}", self.scheme.as_str(), self.host)?;
         match self.port {
             Some(port) => write!(f, ":{port}"),
             None => f.write_str(":*"),
@@ -104,39 +115,40 @@ impl std::str::FromStr for OutboundHost {
                 "has a path, query or user part; an entry is an origin, scheme://host[:port]",
             ));
         }
-        let (host, port) = if let Some(v6) = rest.strip_prefix('[') {
-            let (ip, after) = v6
-                .split_once(']')
-                .ok_or_else(|| bad("has an unclosed `[`"))?;
-            let port = match after {
-                "" => "",
-                p => p
-                    .strip_prefix(':')
-                    .ok_or_else(|| bad("has text after the address"))?,
-            };
-            let ip: IpAddr = ip
-                .parse()
-                .map_err(|_| bad(&format!("has `{ip}`, not an IPv6 address")))?;
-            (HostPattern::Ip(ip), port)
-        } else {
-            let (host, port) = match rest.rsplit_once(':') {
-                Some((host, port)) => (host, port),
-                None => (rest, ""),
-            };
-            (parse_host(host).map_err(|why| bad(&why))?, port)
-        };
+        let (host, port) = split_host_port(rest).map_err(|why| bad(&why))?;
         let port = match port {
             "" => Some(scheme.default_port()),
             "*" => None,
-            p => Some(
-                p.parse::<u16>()
-                    .ok()
-                    .filter(|p| *p != 0)
-                    .ok_or_else(|| bad(&format!("has port `{p}`; use 1-65535 or *")))?,
-            ),
+            p => Some(parse_port(p).map_err(|why| bad(&format!("{why} or *")))?),
         };
         Ok(OutboundHost { scheme, host, port })
     }
+}
+
+/// Splits `host[:port]` (an IPv6 address in brackets) into the host, parsed, and the port text
+/// (empty when absent). The one reading of a grant's host and port, for HTTP and TCP grants.
+fn split_host_port(text: &str) -> Result<(HostPattern, &str), String> {
+    if let Some(v6) = text.strip_prefix('[') {
+        let (ip, after) = v6.split_once(']').ok_or("has an unclosed `[`")?;
+        let port = match after {
+            "" => "",
+            p => p.strip_prefix(':').ok_or("has text after the address")?,
+        };
+        let ip: IpAddr = ip
+            .parse()
+            .map_err(|_| format!("has `{ip}`, not an IPv6 address"))?;
+        return Ok((HostPattern::Ip(ip), port));
+    }
+    let (host, port) = text.rsplit_once(':').unwrap_or((text, ""));
+    Ok((parse_host(host)?, port))
+}
+
+/// A port number, 1 to 65535.
+fn parse_port(port: &str) -> Result<u16, String> {
+    port.parse::<u16>()
+        .ok()
+        .filter(|p| *p != 0)
+        .ok_or_else(|| format!("has port `{port}`; use 1-65535"))
 }
 
 fn parse_host(host: &str) -> Result<HostPattern, String> {
@@ -186,6 +198,49 @@ impl OutboundHost {
             HostPattern::Ip(ip) => host.parse::<IpAddr>().is_ok_and(|h| h == *ip),
         }
     }
+}
+
+/// One `allowed_hosts` entry: a raw TCP connect the guest may open, `host:port` (an IPv6
+/// address in brackets). The host is a name or an address, never a pattern; the port is
+/// required.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct TcpGrant {
+    /// A name ([`HostPattern::Name`]) or an address ([`HostPattern::Ip`]).
+    pub host: HostPattern,
+    /// The port.
+    pub port: u16,
+}
+
+impl std::str::FromStr for TcpGrant {
+    type Err = String;
+
+    fn from_str(text: &str) -> Result<Self, String> {
+        let bad = |why: &str| format!("`{text}` {why}");
+        let (host, port) = split_host_port(text).map_err(|why| bad(&why))?;
+        if matches!(host, HostPattern::Any | HostPattern::Subdomains(_)) {
+            return Err(bad("names a pattern; a TCP grant is one host:port"));
+        }
+        if port.is_empty() {
+            return Err(bad("has no port; a TCP grant is host:port"));
+        }
+        let port = parse_port(port).map_err(|why| bad(&why))?;
+        Ok(TcpGrant { host, port })
+    }
+}
+
+impl fmt::Display for TcpGrant {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}:{}", self.host, self.port)
+    }
+}
+
+/// Parses a plugin's `allowed_hosts`.
+///
+/// # Errors
+///
+/// The first entry that is not `host:port`, named, with why.
+pub fn tcp_grants(entries: &[String]) -> Result<Vec<TcpGrant>, String> {
+    entries.iter().map(|e| e.parse()).collect()
 }
 
 impl<'de> Deserialize<'de> for OutboundHost {
@@ -294,6 +349,37 @@ mod tests {
         ] {
             assert!(bad.parse::<OutboundHost>().is_err(), "{bad}");
         }
+    }
+
+    #[test]
+    fn tcp_grants_are_one_host_and_port() {
+        let g: TcpGrant = "DB.Example.com.:5432".parse().unwrap();
+        assert_eq!(g.host, HostPattern::Name("db.example.com".into()));
+        assert_eq!(g.port, 5432);
+        assert_eq!(g.to_string(), "db.example.com:5432");
+        let g: TcpGrant = "[::1]:7000".parse().unwrap();
+        assert_eq!(g.host, HostPattern::Ip("::1".parse().unwrap()));
+        assert_eq!(g.to_string(), "[::1]:7000");
+        assert_eq!(
+            "127.0.0.1:1".parse::<TcpGrant>().unwrap().host,
+            HostPattern::Ip("127.0.0.1".parse().unwrap())
+        );
+        for (bad, why) in [
+            ("db.example.com", "has no port"),
+            ("db.example.com:", "has no port"),
+            ("db.example.com:0", "use 1-65535"),
+            ("db.example.com:http", "use 1-65535"),
+            ("*:5432", "names a pattern"),
+            ("*.example.com:5432", "names a pattern"),
+            (":5432", "has host"),
+            ("[::1:5432", "unclosed"),
+            ("user@db:5432", "has host"),
+        ] {
+            let err = bad.parse::<TcpGrant>().unwrap_err();
+            assert!(err.contains(why) && err.contains(bad), "{bad}: {err}");
+        }
+        let err = tcp_grants(&["a:1".into(), "b".into()]).unwrap_err();
+        assert!(err.starts_with("`b`"), "{err}");
     }
 
     #[test]

@@ -4,6 +4,7 @@
 //! accepts only its own keys: `url` under an embedded store, or `fsync` under a NATS one, is an
 //! error naming the file, the line and the key, never silently ignored.
 
+use std::fmt;
 use std::path::PathBuf;
 use std::time::Duration;
 
@@ -115,6 +116,16 @@ pub fn check_nats(
     if urls.is_empty() {
         return Err("url: at least one server URL is needed".into());
     }
+    let mut users = urls.iter().filter_map(|u| split_nats_url(u).1);
+    if let Some(first) = users.next()
+        && users.any(|other| other != first)
+    {
+        return Err(
+            "url: the server URLs carry different user parts; every server takes the same \
+             credentials"
+                .into(),
+        );
+    }
     if prefix.is_empty()
         || !prefix
             .chars()
@@ -133,14 +144,107 @@ pub fn check_nats(
     Ok(())
 }
 
-/// One URL or several.
-#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
+/// The credentials a NATS URL carries in its user part. `Debug` shows which kind, never a
+/// value.
+#[derive(Clone, PartialEq, Eq)]
+pub enum UrlCredentials {
+    /// `nats://user:password@host`.
+    UserPassword(String, String),
+    /// `nats://token@host`.
+    Token(String),
+}
+
+impl fmt::Debug for UrlCredentials {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            UrlCredentials::UserPassword(..) => f.write_str("UserPassword(<redacted>)"),
+            UrlCredentials::Token(_) => f.write_str("Token(<redacted>)"),
+        }
+    }
+}
+
+/// Splits a NATS server URL into the URL without its user part, which may be shown, and the
+/// credentials that part carried (`user:password@` or `token@`, percent-decoded), which never
+/// are. The user part is everything before the last `@` after the scheme, so a password
+/// holding `/`, `?` or `#` is never mistaken for the host.
+pub fn split_nats_url(url: &str) -> (String, Option<UrlCredentials>) {
+    let (scheme, rest) = match url.find("://") {
+        Some(i) => url.split_at(i + 3),
+        None => ("", url),
+    };
+    let Some((user, host)) = rest.rsplit_once('@') else {
+        return (url.to_owned(), None);
+    };
+    let credentials = match user.split_once(':') {
+        _ if user.is_empty() => None,
+        Some((name, password)) => Some(UrlCredentials::UserPassword(
+            percent_decode(name),
+            percent_decode(password),
+        )),
+        None => Some(UrlCredentials::Token(percent_decode(user))),
+    };
+    (format!("{scheme}{host}"), credentials)
+}
+
+/// `url` as the host shows it, in output, errors and logs: without its user part (a user and
+/// password, or a token). Every NATS URL the host prints goes through here.
+pub fn shown_nats_url(url: &str) -> String {
+    split_nats_url(url).0
+}
+
+/// `urls` as the host shows them ([`shown_nats_url`]), joined with `, `.
+pub fn shown_nats_urls(urls: &[String]) -> String {
+    urls.iter()
+        .map(|u| shown_nats_url(u))
+        .collect::<Vec<_>>()
+        .join(", ")
+}
+
+/// `%XX` escapes decoded (bytes that are not UTF-8 become U+FFFD); anything else as it is.
+fn percent_decode(text: &str) -> String {
+    let bytes = text.as_bytes();
+    let mut out = Vec::with_capacity(bytes.len());
+    let mut i = 0;
+    while i < bytes.len() {
+        let hex = bytes
+            .get(i + 1..i + 3)
+            .filter(|h| h.iter().all(u8::is_ascii_hexdigit))
+            .and_then(|h| std::str::from_utf8(h).ok())
+            .and_then(|h| u8::from_str_radix(h, 16).ok());
+        match (bytes[i], hex) {
+            (b'%', Some(byte)) => {
+                out.push(byte);
+                i += 3;
+            }
+            (byte, _) => {
+                out.push(byte);
+                i += 1;
+            }
+        }
+    }
+    String::from_utf8_lossy(&out).into_owned()
+}
+
+/// One URL or several. `Debug` shows them without their user parts.
+#[derive(Clone, PartialEq, Eq, Deserialize)]
 #[serde(untagged)]
 pub enum Urls {
     /// `url = "nats://a:4222"`.
     One(String),
     /// `url = ["nats://a:4222", "nats://b:4222"]`.
     Many(Vec<String>),
+}
+
+impl fmt::Debug for Urls {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Urls::One(url) => f.debug_tuple("One").field(&shown_nats_url(url)).finish(),
+            Urls::Many(urls) => f
+                .debug_tuple("Many")
+                .field(&urls.iter().map(|u| shown_nats_url(u)).collect::<Vec<_>>())
+                .finish(),
+        }
+    }
 }
 
 /// The store backends.
@@ -218,5 +322,70 @@ impl<'de> Deserialize<'de> for StoreConfig {
                 .map(StoreConfig::Nats)
                 .map_err(|e| D::Error::custom(format!("[store] {}", e.message()))),
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+    use super::*;
+
+    #[test]
+    fn a_nats_url_is_shown_without_its_user_part() {
+        let cases = [
+            ("nats://127.0.0.1:4222", "nats://127.0.0.1:4222", None),
+            (
+                "nats://user:pa%40ss@host:4222",
+                "nats://host:4222",
+                Some(UrlCredentials::UserPassword("user".into(), "pa@ss".into())),
+            ),
+            (
+                "tls://tok3n@host",
+                "tls://host",
+                Some(UrlCredentials::Token("tok3n".into())),
+            ),
+            // A password with a slash or a hash is still the user part.
+            (
+                "nats://u:p/ss#x@host:1",
+                "nats://host:1",
+                Some(UrlCredentials::UserPassword("u".into(), "p/ss#x".into())),
+            ),
+            (
+                "u:p@host:4222",
+                "host:4222",
+                Some(UrlCredentials::UserPassword("u".into(), "p".into())),
+            ),
+            ("nats://@host", "nats://host", None),
+        ];
+        for (url, shown, credentials) in cases {
+            assert_eq!(
+                split_nats_url(url),
+                (shown.to_owned(), credentials),
+                "{url}"
+            );
+            assert_eq!(shown_nats_url(url), shown);
+        }
+        assert_eq!(
+            shown_nats_urls(&["nats://a:b@h1:1".into(), "nats://h2:2".into()]),
+            "nats://h1:1, nats://h2:2"
+        );
+        let debug = format!(
+            "{:?} {:?}",
+            Urls::One("nats://a:secret-pw@h".into()),
+            split_nats_url("nats://a:secret-pw@h").1
+        );
+        assert!(!debug.contains("secret-pw"), "{debug}");
+        assert_eq!(percent_decode("%zz%4"), "%zz%4");
+    }
+
+    #[test]
+    fn servers_of_one_store_take_one_set_of_credentials() {
+        let check = |urls: &[&str]| {
+            let urls: Vec<String> = urls.iter().map(|u| (*u).to_owned()).collect();
+            check_nats(&urls, "p", 1, [Duration::from_secs(1); 2])
+        };
+        assert!(check(&["nats://a:b@h1", "nats://h2", "nats://a:b@h3"]).is_ok());
+        let err = check(&["nats://a:b@h1", "nats://a:c@h2"]).unwrap_err();
+        assert!(err.contains("different user parts"), "{err}");
     }
 }

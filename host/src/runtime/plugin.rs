@@ -11,7 +11,6 @@
 //! when its claim must stop (an interrupt or a lost lease: every write would be refused) or
 //! its deadline passed, and records why in [`GuestState::abort`]; otherwise it yields to tokio.
 
-use std::net::SocketAddr;
 use std::path::Path;
 use std::sync::{Arc, Mutex};
 
@@ -22,7 +21,7 @@ use wasmtime::{Engine, Store as WasmStore, UpdateDeadline};
 use wasmtime_wasi::sockets::SocketAddrUse;
 use wasmtime_wasi::{FsPerms, WasiCtxBuilder};
 
-use super::host::{Abort, GuestState, LogState, PluginContext};
+use super::host::{Abort, GuestState, LogState, PluginContext, Secrets};
 use super::outbound::Outbound;
 use super::{Runtime, WasmContext, bindings, cache, output};
 use crate::claim::StopReason;
@@ -54,9 +53,10 @@ pub struct Plugin {
     /// Its world.
     pub world: World,
     pub(super) pre: PluginPre,
-    net_allow: Arc<Vec<String>>,
     outbound: Arc<Outbound>,
     config_vars: Arc<wasmtime_wasi_config::WasiConfigVariables>,
+    /// Its secret values, scrubbed from every line its instances log.
+    secrets: Arc<Secrets>,
 }
 
 impl std::fmt::Debug for Plugin {
@@ -90,7 +90,6 @@ impl Runtime {
             self.max_component_size,
         )?;
         let (world, pre) = self.link(&ctx.name, path, &component)?;
-        let net_allow = Arc::new(ctx.config.allowed_hosts.clone());
         let outbound = Arc::new(
             Outbound::new(&ctx.name, &ctx.config, &ctx.tls_ca, &ctx.hosts)
                 .with_context(|| format!("plugin `{}`", ctx.name))?,
@@ -102,14 +101,15 @@ impl Runtime {
                 .map(|(k, v)| (k.as_str(), v.expose()))
                 .collect(),
         );
+        let secrets = Arc::new(Secrets::new(ctx.values.secrets()));
         info!(plugin = %ctx.name, world = world.name(), "plugin loaded");
         Ok(Plugin {
             ctx,
             world,
             pre,
-            net_allow,
             outbound,
             config_vars,
+            secrets,
         })
     }
 
@@ -203,7 +203,10 @@ impl Runtime {
     /// When a granted directory cannot be opened or fuel cannot be set.
     pub fn new_store(&self, plugin: &Plugin) -> anyhow::Result<WasmStore<GuestState>> {
         let config = &plugin.ctx.config;
-        let log = Arc::new(Mutex::new(LogState::default()));
+        let log = Arc::new(Mutex::new(LogState {
+            secrets: plugin.secrets.clone(),
+            ..LogState::default()
+        }));
         let mut wasi = WasiCtxBuilder::new();
         wasi.stdout(output::GuestOutput::new(
             plugin.ctx.name.clone(),
@@ -234,23 +237,22 @@ impl Runtime {
                     )
                 })?;
         }
-        if !plugin.net_allow.is_empty() {
-            // Outbound TCP to the allow-list only. A connect first binds implicitly to the
-            // wildcard address with port 0; that bind is allowed, any explicit bind or listen
-            // is not (a guest serves no one).
-            let allow = plugin.net_allow.clone();
+        let policy = plugin.outbound.policy().clone();
+        if policy.grants_tcp() {
+            // Outbound TCP to the allow-list only, decided by the plugin's network policy (as
+            // outbound HTTP is). A connect first binds implicitly to the wildcard address with
+            // port 0; that bind is allowed, any explicit bind or listen is not (a guest serves
+            // no one).
             wasi.allow_tcp(true);
             wasi.allow_ip_name_lookup(true);
             let plugin_name = plugin.ctx.name.clone();
-            let hosts = Arc::new(plugin.ctx.hosts.clone());
             wasi.socket_addr_check(move |addr, use_| {
-                let allow = allow.clone();
-                let hosts = hosts.clone();
+                let policy = policy.clone();
                 let plugin_name = plugin_name.clone();
                 Box::pin(async move {
                     match use_ {
                         SocketAddrUse::TcpConnect => {
-                            let allowed = tcp_grant_allows(&allow, &hosts, addr).await;
+                            let allowed = policy.allows_tcp(addr).await;
                             if !allowed {
                                 tracing::warn!(plugin = %plugin_name, %addr, "outbound TCP connect refused: not an address of allowed_hosts");
                             }
@@ -351,40 +353,4 @@ fn unserved_imports(engine: &Engine, component: &Component) -> Vec<String> {
         })
         .map(|(name, _)| format!("`{name}`"))
         .collect()
-}
-
-/// Whether an `allowed_hosts` entry grants a TCP connect to `addr`. The names are resolved
-/// now, at connect time (an endpoint behind a CDN changes address), and an address that is not
-/// public passes only when the entry names it literally or names `localhost` (for loopback),
-/// as for outbound HTTP.
-async fn tcp_grant_allows(
-    allowed: &[String],
-    hosts: &std::collections::BTreeMap<String, std::net::IpAddr>,
-    addr: SocketAddr,
-) -> bool {
-    for hostport in allowed {
-        let Some((host, port)) = hostport.rsplit_once(':') else {
-            continue;
-        };
-        if port.parse::<u16>().ok() != Some(addr.port()) {
-            continue;
-        }
-        let host = host.trim_start_matches('[').trim_end_matches(']');
-        let literal = host.parse::<std::net::IpAddr>().ok();
-        let pinned = hosts.get(&host.to_ascii_lowercase()).copied();
-        let reaches = match literal.or(pinned) {
-            Some(ip) => ip == addr.ip(),
-            None => match tokio::net::lookup_host(hostport.as_str()).await {
-                Ok(mut found) => found.any(|a| a.ip() == addr.ip()),
-                Err(_) => false,
-            },
-        };
-        let safe = literal.is_some()
-            || super::outbound::is_public(addr.ip())
-            || (host.eq_ignore_ascii_case("localhost") && addr.ip().is_loopback());
-        if reaches && safe {
-            return true;
-        }
-    }
-    false
 }

@@ -72,7 +72,7 @@ where
         .iter()
         .map(|p| config.resolve(p))
         .collect();
-    let tls = crate::runtime::outbound::client_tls(&ca).context("[host] tls_ca")?;
+    let tls = crate::tls::client_config(&ca).context("[host] tls_ca")?;
     let client = super::otlp::Client::new(tls, runtime, EXPORT_TIMEOUT);
     let exporter = opentelemetry_otlp::SpanExporter::builder()
         .with_http()

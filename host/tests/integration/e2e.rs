@@ -231,10 +231,20 @@ fn sandbox_grants_files_env_and_network_when_configured() {
     );
     let var = env.enqueue("sandbox", "t3", "env:GREETING", &[]);
     let net = env.enqueue("sandbox", "t4", &format!("connect:127.0.0.1:{port}"), &[]);
+    // The grant names one port of the address: another port, listening too, stays closed.
+    let other = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let other_port = other.local_addr().unwrap().port();
+    let other_net = env.enqueue(
+        "sandbox",
+        "t5",
+        &format!("connect:127.0.0.1:{other_port}"),
+        &["--max-attempts", "1"],
+    );
     env.run_until_idle();
     assert_eq!(env.show(&file)["result"]["output"], "hello from the host");
     assert_eq!(env.show(&var)["result"]["output"], "granted");
     assert_eq!(env.show(&net)["result"]["output"], "connected");
+    assert_eq!(env.show(&other_net)["status"], "dead_letter");
     // The directory was granted read-only: writing is denied.
     assert_eq!(env.show(&write)["status"], "dead_letter");
     assert!(!data.path().join("new.txt").exists());
@@ -925,6 +935,71 @@ fn nats_host_cap_above_the_servers_is_clamped_with_a_warning() {
         None,
         holds,
     );
+}
+
+#[test]
+fn a_secret_a_guest_prints_or_logs_reaches_the_host_log_redacted() {
+    // The README promises a secret never reaches the host's log: a guest that prints its API
+    // key (stdout, stderr, log.write) gets `[redacted]` there instead. From the environment
+    // and from wasi:config, one of them a PEM-like multi-line value printed line by line.
+    let token = "sk-homing-test-printed-9f8e7d6c5b4a";
+    let key_lines = [
+        "MIIEvQIBADANBgkqhkiG9w0BAQEFAASC",
+        "BKcwggSjAgEAAoIBAQC7VJTUt9Us8cKj",
+    ];
+    let env = Env::new(&sandbox_config(
+        "5s",
+        "5s",
+        1,
+        "[plugins.sandbox.env]\nAPI_TOKEN = { env = \"HOMING_TEST_PRINTED_TOKEN\", secret = true }\nPLAIN = \"not-a-secret-value\"\n[plugins.sandbox.variables]\npem = { file = \"key.pem\", secret = true }\n",
+    ));
+    std::fs::write(
+        env.path().join("key.pem"),
+        format!(
+            "-----BEGIN KEY-----\n{}\n{}\n-----END KEY-----\n",
+            key_lines[0], key_lines[1]
+        ),
+    )
+    .unwrap();
+    let env_id = env.enqueue("sandbox", "print-env", "print-env:API_TOKEN", &[]);
+    let config_id = env.enqueue("sandbox", "print-config", "print-config:pem", &[]);
+    let plain_id = env.enqueue("sandbox", "print-plain", "print-env:PLAIN", &[]);
+    let out = env
+        .command(&["run", "--until-idle"])
+        .env("HOMING_TEST_PRINTED_TOKEN", token)
+        .stdin(std::process::Stdio::null())
+        .output()
+        .unwrap();
+    let log = String::from_utf8_lossy(&out.stderr).into_owned();
+    assert!(out.status.success(), "{log}");
+    for id in [&env_id, &config_id, &plain_id] {
+        assert_eq!(env.show(id)["status"], "acked", "{log}");
+    }
+    for secret in [token, key_lines[0], key_lines[1]] {
+        assert!(!log.contains(secret), "a secret reached the log:\n{log}");
+    }
+    for stream in ["out", "err", "log"] {
+        let line = log
+            .lines()
+            .find(|l| l.contains(&env_id) && l.contains(&format!("{stream}: API_TOKEN is")))
+            .unwrap_or_else(|| panic!("no {stream} line of {env_id}:\n{log}"));
+        assert!(line.contains("API_TOKEN is [redacted]."), "{line}");
+    }
+    // log.write sends the key in one line: redacted whole.
+    assert!(
+        log.lines()
+            .any(|l| l.contains(&config_id) && l.contains("log: pem is [redacted].")),
+        "{log}"
+    );
+    // stdout and stderr cut it into its four lines: each redacted on its own.
+    let redacted = log
+        .lines()
+        .filter(|l| l.contains(&config_id))
+        .map(|l| l.matches("[redacted]").count())
+        .sum::<usize>();
+    assert_eq!(redacted, 2 * 4 + 1, "{log}");
+    // A plain value is no secret: it is logged as written.
+    assert!(log.contains("out: PLAIN is not-a-secret-value."), "{log}");
 }
 
 #[test]

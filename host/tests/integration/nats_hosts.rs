@@ -282,6 +282,64 @@ fn config_check_connects_and_reports_the_stream() {
     assert!(err.contains("replicas 1 (configured 3)"), "{err}");
 }
 
+#[test]
+fn a_nats_url_with_credentials_authenticates_and_never_shows_them() {
+    // Issue 32: `config check` and connection errors printed `nats://user:password@host`.
+    let password = "nats-pw-5d4c3b2a19";
+    let server = NatsServer::start_with_user("natsuser", password);
+    assert!(server.url().contains(password));
+    let shown = |text: &str| {
+        assert!(!text.contains(password), "the password is shown:\n{text}");
+        assert!(
+            !text.contains("natsuser"),
+            "the user part is shown:\n{text}"
+        );
+    };
+
+    // The URL's user part authenticates (the client gets it as credentials, not in the URL).
+    let env = Env::new(&config(&[server.url()], "authed", 1, "30s", 1));
+    let out = env.ok(&["config", "check"]);
+    assert!(out.contains("store: nats (server 127.0.0.1:"), "{out}");
+    shown(&out);
+    shown(&env.ok(&["config", "check", "--json"]));
+    let id = env.enqueue("sandbox", "t", "hello", &[]);
+    shown(&env.run_until_idle());
+    assert_eq!(env.show(&id)["status"], "acked");
+
+    // A wrong password: refused by the server, and the error shows no user part.
+    let wrong = server.url().replace(password, "wrong-pw-0a9b8c7d");
+    let env = Env::new(&config(&[wrong], "authed", 1, "30s", 1));
+    let err = env.fails(&["config", "check"]);
+    assert!(
+        err.contains(&format!("nats://127.0.0.1:{}", server.port())),
+        "{err}"
+    );
+    assert!(!err.contains("wrong-pw-0a9b8c7d"), "{err}");
+    shown(&err);
+
+    // A closed port: `config check`, a host and a client all fail naming the URL without
+    // its user part, a token's too.
+    let closed = natsd::free_port();
+    for url in [
+        format!("nats://natsuser:{password}@127.0.0.1:{closed}"),
+        format!("nats://{password}@127.0.0.1:{closed}"),
+    ] {
+        let env = Env::new(&config(&[url], "closed", 1, "30s", 1));
+        for args in [
+            &["config", "check"][..],
+            &["run", "--until-idle"],
+            &["dispatch", "list"],
+        ] {
+            let err = env.fails(args);
+            assert!(
+                err.contains(&format!("nats://127.0.0.1:{closed}")),
+                "{args:?}: {err}"
+            );
+            shown(&err);
+        }
+    }
+}
+
 /// How many consumers the server holds on `stream`.
 fn consumer_count(url: &str, stream: &str) -> usize {
     let rt = tokio::runtime::Runtime::new().unwrap();

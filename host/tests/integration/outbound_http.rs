@@ -3,7 +3,7 @@
 //!
 //! What is proven: allowed requests round trip with headers and bodies; everything else is
 //! refused before a byte leaves (an origin not on the list, a listed name that resolves to a
-//! loopback or link-local address); TLS verifies against `tls_ca`; a slow server is cut at the
+//! loopback or link-local address, a named address on a port its entry does not name); TLS verifies against `tls_ca`; a slow server is cut at the
 //! dispatch's deadline and the dispatch retried; an interrupt ends a request in flight; an
 //! oversized response is refused naming the cap; a secret variable reaches the server but no
 //! log line, stored record or CLI output; a missing required secret is a config error.
@@ -317,6 +317,66 @@ fn a_listed_name_resolving_to_a_non_public_address_is_refused_unless_the_address
     assert_eq!(d["status"], "acked", "{d}");
 }
 
+#[test]
+fn a_named_address_opens_only_the_scheme_and_port_its_entry_names() {
+    // Issue 32: `http://*:*` beside `http://127.0.0.1:PORT` let a guest reach 127.0.0.1 on
+    // any port and send its API key there. The entry that names the address must also cover
+    // the request's scheme and port.
+    let secret = "sk-homing-test-other-port-7c1d2e3f4a5b";
+    let (named, named_addr) = start_server(None);
+    let (other, other_addr) = start_server(None);
+    let (named_port, other_port) = (named_addr.port(), other_addr.port());
+    let env = Env::new(&config(
+        "",
+        &format!(
+            "allowed_outbound_hosts = [\"http://*:*\", \"http://127.0.0.1:{named_port}\", \"http://localhost:{named_port}\"]\n[plugins.probe.variables]\napi_key = {{ file = \"key.txt\", secret = true }}\n"
+        ),
+    ));
+    std::fs::write(env.path().join("key.txt"), secret).unwrap();
+    let send = |host: &str, port: u16| {
+        env.enqueue(
+            "probe",
+            "t",
+            &json!({ "url": format!("http://{host}:{port}/echo"),
+                     "headers": [["authorization", "Bearer {config.api_key}"]] })
+            .to_string(),
+            &[],
+        )
+    };
+    let refused = [send("127.0.0.1", other_port), send("localhost", other_port)];
+    let allowed = [send("127.0.0.1", named_port), send("localhost", named_port)];
+    let log = env.run_until_idle();
+    for id in refused {
+        let d = env.show(&id);
+        assert_eq!(d["status"], "dead_letter", "{d}");
+        let error = d["last_error"].as_str().unwrap();
+        assert!(error.contains("destination-IP-prohibited"), "{error}");
+        let line = log
+            .lines()
+            .find(|l| l.contains("outbound request refused") && l.contains(&id))
+            .unwrap_or_else(|| panic!("no refusal line for {id} in:\n{log}"));
+        assert!(line.contains("this scheme and port"), "{line}");
+    }
+    assert!(
+        other.seen().is_empty(),
+        "a request reached the port no entry names: {:?}",
+        other.seen()
+    );
+    for id in allowed {
+        let d = env.show(&id);
+        assert_eq!(d["status"], "acked", "{d}");
+        assert_eq!(output(&d)["status"], 201);
+    }
+    let seen = named.seen();
+    assert_eq!(seen.len(), 2, "{seen:?}");
+    assert!(seen.iter().all(|s| {
+        s.headers
+            .iter()
+            .any(|(k, v)| k == "authorization" && v == &format!("Bearer {secret}"))
+    }));
+    assert!(!log.contains(secret), "the secret is in the log:\n{log}");
+}
+
 /// A test CA and a server certificate for `localhost` and 127.0.0.1 signed by it.
 fn test_pki() -> (String, Arc<rustls::ServerConfig>) {
     let ca_key = rcgen::KeyPair::generate().unwrap();
@@ -516,6 +576,14 @@ fn a_secret_reaches_the_server_but_no_log_record_or_output() {
         .to_string(),
         &[],
     );
+    // A token in the path (as some APIs take it): the log line shows the path redacted.
+    let in_path = env.enqueue(
+        "probe",
+        "t2",
+        &json!({ "url": format!("http://127.0.0.1:{}/bot{{config.api_key}}/send", addr.port()) })
+            .to_string(),
+        &[],
+    );
     let mut outputs = vec![
         env.ok(&["config", "check"]),
         env.ok(&["config", "check", "--json"]),
@@ -524,14 +592,25 @@ fn a_secret_reaches_the_server_but_no_log_record_or_output() {
     let d = env.show(&id);
     assert_eq!(d["status"], "acked", "{d}");
     assert_eq!(output(&d)["config"]["model"], "small");
+    assert_eq!(env.show(&in_path)["status"], "acked");
 
-    // It reached the server, in the header the guest built.
-    let auth = server.seen()[0]
-        .headers
+    // It reached the server, in the header and the path the guest built.
+    let seen = server.seen();
+    let auth = seen
         .iter()
-        .find(|(k, _)| k == "authorization")
+        .find(|s| s.path == "/echo")
+        .and_then(|s| s.headers.iter().find(|(k, _)| k == "authorization"))
         .map(|(_, v)| v.clone());
     assert_eq!(auth.as_deref(), Some(format!("Bearer {secret}").as_str()));
+    assert!(
+        seen.iter().any(|s| s.path == format!("/bot{secret}/send")),
+        "{seen:?}"
+    );
+    let line = log
+        .lines()
+        .find(|l| l.contains("outbound request") && l.contains(&in_path))
+        .unwrap_or_else(|| panic!("no request line for {in_path}:\n{log}"));
+    assert!(line.contains("/bot[redacted]/send"), "{line}");
 
     // And nowhere else: the host log, every CLI output, the store's bytes.
     outputs.push(log);

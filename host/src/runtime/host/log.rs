@@ -5,12 +5,13 @@
 //! ([`MAX_LOG_LINES`] lines of at most [`MAX_LOG_LINE`] bytes): past it they are counted and
 //! dropped, so a log flood cannot drown the host's log.
 //!
-//! Guest text reaches the host's log with its control characters escaped
-//! ([`escape_log_text`]): a guest cannot end a line early, start a forged host line, or send
-//! terminal escape sequences to an operator's terminal.
+//! Guest text reaches the host's log with the plugin's secret values replaced by `[redacted]`
+//! ([`Secrets`]), then with its control characters escaped ([`escape_log_text`]): a guest that
+//! prints its API key does not put it in the host's log, and cannot end a line early, start a
+//! forged host line, or send terminal escape sequences to an operator's terminal.
 
 use std::borrow::Cow;
-use std::sync::Mutex;
+use std::sync::{Arc, Mutex};
 
 use tracing::{debug, error, info, trace, warn};
 
@@ -37,12 +38,117 @@ pub struct LogState {
     pub lines: u32,
     /// Lines dropped past the cap.
     pub dropped: u32,
+    /// The plugin's secret values, scrubbed from every line.
+    pub secrets: Arc<Secrets>,
+}
+
+/// What replaces a secret value in a logged line.
+pub const REDACTED: &str = "[redacted]";
+
+/// The shortest line of a multi-line secret scrubbed on its own (a guest's output reaches the
+/// log line by line, so a secret PEM key is scrubbed line by line too); shorter lines, such as
+/// a lone brace, would redact text that is no secret.
+const MIN_SECRET_LINE: usize = 8;
+
+/// A plugin's secret values (the `secret = true` entries of its `variables` and `env`), to
+/// scrub from the text a guest logs. `Debug` shows how many, never one.
+#[derive(Default)]
+pub struct Secrets {
+    /// Longest first, so a secret holding another is replaced whole.
+    values: Vec<zeroize::Zeroizing<String>>,
+}
+
+impl std::fmt::Debug for Secrets {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "Secrets({} redacted)", self.values.len())
+    }
+}
+
+impl Secrets {
+    /// The secrets to scrub: each value, and each line of at least [`MIN_SECRET_LINE`] bytes of
+    /// a multi-line one. Empty values are skipped.
+    pub fn new<'a>(values: impl IntoIterator<Item = &'a str>) -> Self {
+        let mut out: Vec<zeroize::Zeroizing<String>> = Vec::new();
+        let mut add = |text: &str| {
+            if !text.is_empty() && !out.iter().any(|v| v.as_str() == text) {
+                out.push(zeroize::Zeroizing::new(text.to_owned()));
+            }
+        };
+        for value in values {
+            add(value);
+            if value.contains('\n') {
+                for line in value.lines().map(|l| l.trim_end_matches('\r')) {
+                    if line.len() >= MIN_SECRET_LINE {
+                        add(line);
+                    }
+                }
+            }
+        }
+        out.sort_by_key(|v| std::cmp::Reverse(v.len()));
+        Secrets { values: out }
+    }
+
+    /// `text` with every secret value replaced by [`REDACTED`].
+    pub fn scrub<'t>(&self, text: &'t str) -> Cow<'t, str> {
+        let mut out = Cow::Borrowed(text);
+        for secret in &self.values {
+            if out.contains(secret.as_str()) {
+                out = Cow::Owned(out.replace(secret.as_str(), REDACTED));
+            }
+        }
+        out
+    }
+
+    /// How many bytes at the end of `text` might begin a secret (the longest end of `text`
+    /// that is a proper beginning of one): a stream cut there holds them back, so the secret
+    /// is whole, and scrubbed, in the next piece.
+    pub fn unfinished(&self, text: &[u8]) -> usize {
+        self.values
+            .iter()
+            .map(|secret| open_prefix(secret.as_bytes(), text))
+            .max()
+            .unwrap_or(0)
+    }
+}
+
+/// The length of the longest proper beginning of `secret` that `text` ends with, in time
+/// linear in both (Knuth-Morris-Pratt: a long secret and a guest's flood of look-alike bytes
+/// cost no quadratic time).
+fn open_prefix(secret: &[u8], text: &[u8]) -> usize {
+    if secret.len() < 2 {
+        return 0;
+    }
+    // fail[i]: the longest proper beginning of secret[..=i] that it also ends with.
+    let mut fail = vec![0usize; secret.len()];
+    let mut k = 0;
+    for i in 1..secret.len() {
+        while k > 0 && secret[i] != secret[k] {
+            k = fail[k - 1];
+        }
+        if secret[i] == secret[k] {
+            k += 1;
+        }
+        fail[i] = k;
+    }
+    // Only the last len - 1 bytes can hold a proper beginning.
+    let start = text.len().saturating_sub(secret.len() - 1);
+    let mut k = 0;
+    for &b in &text[start..] {
+        while k > 0 && (k == secret.len() || b != secret[k]) {
+            k = fail[k - 1];
+        }
+        if b == secret[k] {
+            k += 1;
+        }
+    }
+    if k == secret.len() { fail[k - 1] } else { k }
 }
 
 impl LogState {
     /// Starts the budget of a new dispatch: the budget is per dispatch, also when an instance
     /// serves several.
     pub fn begin(&mut self, tag: LogTag) {
+        // The secrets stay: they are the plugin's.
         self.tag = tag;
         self.lines = 0;
         self.dropped = 0;
@@ -81,6 +187,8 @@ impl GuestState {
             return;
         }
         state.lines += 1;
+        // Scrubbed whole, then cut: a cut never splits a secret the line holds.
+        let message = state.secrets.scrub(message);
         let mut end = message.len().min(MAX_LOG_LINE);
         while !message.is_char_boundary(end) {
             end -= 1;
@@ -101,5 +209,67 @@ impl log::Host for GuestState {
     async fn write(&mut self, level: Level, message: String) -> wasmtime::Result<()> {
         GuestState::emit(&self.log, &self.plugin.name, level, &message);
         Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+    use super::*;
+
+    #[test]
+    fn secrets_are_scrubbed_whole_and_line_by_line() {
+        let secrets = Secrets::new([
+            "sk-abc",
+            "sk-abcdef",
+            "",
+            "-----BEGIN-----\nline-one-0123\nab",
+        ]);
+        assert_eq!(
+            secrets.scrub("key sk-abcdef and sk-abc, twice sk-abc"),
+            "key [redacted] and [redacted], twice [redacted]"
+        );
+        assert!(matches!(secrets.scrub("nothing here"), Cow::Borrowed(_)));
+        // A multi-line secret: whole, or line by line (lines under 8 bytes are left alone).
+        assert_eq!(
+            secrets.scrub("pem: -----BEGIN-----\nline-one-0123\nab."),
+            "pem: [redacted]."
+        );
+        assert_eq!(secrets.scrub("line-one-0123"), "[redacted]");
+        assert_eq!(secrets.scrub("ab"), "ab");
+        assert!(!format!("{secrets:?}").contains("sk-"));
+    }
+
+    #[test]
+    fn an_unfinished_secret_at_the_end_is_found() {
+        let secrets = Secrets::new(["sk-live-123", "aab"]);
+        assert_eq!(secrets.unfinished(b"text sk-li"), 5);
+        assert_eq!(secrets.unfinished(b"text sk-live-123"), 0);
+        assert_eq!(secrets.unfinished(b"aaaa"), 2);
+        assert_eq!(secrets.unfinished(b"xyz"), 0);
+        assert_eq!(secrets.unfinished(b""), 0);
+        // Against the obvious quadratic search, on look-alike bytes.
+        let brute = |secret: &[u8], text: &[u8]| {
+            (1..secret.len())
+                .rev()
+                .find(|&n| text.ends_with(&secret[..n]))
+                .unwrap_or(0)
+        };
+        for secret in [&b"abab"[..], b"aaab", b"abcabd", b"a", b"aabaaab"] {
+            for text in [
+                &b"abab"[..],
+                b"xxabaa",
+                b"aaaaaa",
+                b"abcab",
+                b"aabaa",
+                b"aabaaabaa",
+            ] {
+                assert_eq!(
+                    open_prefix(secret, text),
+                    brute(secret, text),
+                    "{secret:?} {text:?}"
+                );
+            }
+        }
     }
 }

@@ -8,7 +8,8 @@
 //! - `claim`: the `claim` resource of `mailbox` (reads, fenced writes, settlement);
 //! - `mailbox`: `mailbox.enqueue` and the checks every follow-up request passes;
 //! - `queue`: the `agent` world's `claim-next`;
-//! - `log`: the `log` interface and every guest log line, escaped and budgeted;
+//! - `log`: the `log` interface and every guest log line, scrubbed of secrets, escaped and
+//!   budgeted;
 //! - `policy`: the caps of one dispatch, the one cap on guest bytes, and store errors as the
 //!   guest sees them.
 //!
@@ -42,7 +43,7 @@ use crate::config::PluginConfig;
 use crate::config::vars::Resolved;
 use crate::store::Store;
 pub use claim::dispatch_info;
-pub use log::{LogState, LogTag, escape_log_text};
+pub use log::{LogState, LogTag, REDACTED, Secrets, escape_log_text};
 pub use policy::{
     MAX_CLAIM_WAIT, MAX_ENQUEUE_DELAY, MAX_ENQUEUES_PER_CLAIM, MAX_LOG_LINE, MAX_LOG_LINES,
     MAX_READ, check_returned_output, guest_error, max_payload_warning,

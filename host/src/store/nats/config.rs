@@ -4,12 +4,14 @@ use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use super::keys;
-use crate::config::{NatsSettings, check_nats};
+use crate::config::{NatsSettings, check_nats, shown_nats_urls};
 
-/// How a host reaches its NATS cluster (`[store]` with `backend = "nats"`).
-#[derive(Debug, Clone, PartialEq, Eq)]
+/// How a host reaches its NATS cluster (`[store]` with `backend = "nats"`). `Debug` shows the
+/// URLs without their user parts.
+#[derive(Clone, PartialEq, Eq)]
 pub struct NatsConfig {
-    /// Server URLs; the client picks one and fails over to the others.
+    /// Server URLs; the client picks one and fails over to the others. One may carry
+    /// credentials in its user part: show them only through [`shown_nats_urls`].
     pub urls: Vec<String>,
     /// A `.creds` file (JWT and NKey seed), when the server wants one.
     pub credentials: Option<PathBuf>,
@@ -27,6 +29,21 @@ pub struct NatsConfig {
     /// How long a settled record stays in its thread's tree before a host's sweep moves it to
     /// the archive (see `archive`), out of what a starting host reads.
     pub archive_after: Duration,
+}
+
+impl std::fmt::Debug for NatsConfig {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("NatsConfig")
+            .field("urls", &shown_nats_urls(&self.urls))
+            .field("credentials", &self.credentials)
+            .field("prefix", &self.prefix)
+            .field("replicas", &self.replicas)
+            .field("connect_timeout", &self.connect_timeout)
+            .field("request_timeout", &self.request_timeout)
+            .field("settled_ttl", &self.settled_ttl)
+            .field("archive_after", &self.archive_after)
+            .finish()
+    }
 }
 
 /// [`NatsConfig::archive_after`] unless set otherwise.

@@ -16,6 +16,7 @@ use serde::Deserialize;
 use super::NatsStore;
 use super::commit::CommitError;
 use super::config::{MIN_SERVER_PAYLOAD, NatsConfig, Room};
+use crate::config::{UrlCredentials, split_nats_url};
 use crate::store::{StoreError, StoreResult};
 
 /// The `Unavailable` error of a failed request: what was asked, and what went wrong.
@@ -252,15 +253,27 @@ pub(super) async fn connect_client(config: &NatsConfig) -> StoreResult<async_nat
             StoreError::Invalid(format!("credentials file {}: {e}", creds.display()))
         })?;
     }
-    let connect = options.connect(config.urls.clone());
+    // The client gets the URLs without their user parts, and those as credentials: so it
+    // authenticates with them, and never shows them (in its errors or its own log lines).
+    let mut servers = Vec::with_capacity(config.urls.len());
+    for url in &config.urls {
+        let (server, credentials) = split_nats_url(url);
+        servers.push(server);
+        options = match credentials {
+            Some(UrlCredentials::UserPassword(user, password)) => {
+                options.user_and_password(user, password)
+            }
+            Some(UrlCredentials::Token(token)) => options.token(token),
+            None => options,
+        };
+    }
+    let shown = servers.join(", ");
+    let connect = options.connect(servers);
     match tokio::time::timeout(config.connect_timeout + Duration::from_secs(1), connect).await {
         Ok(Ok(client)) => Ok(client),
-        Ok(Err(e)) => Err(unavailable(
-            &format!("cannot connect to {}", config.urls.join(", ")),
-            e,
-        )),
+        Ok(Err(e)) => Err(unavailable(&format!("cannot connect to {shown}"), e)),
         Err(_) => Err(unavailable(
-            &format!("cannot connect to {}", config.urls.join(", ")),
+            &format!("cannot connect to {shown}"),
             "timed out",
         )),
     }

@@ -63,6 +63,14 @@ impl NatsServer {
         NatsServer(server)
     }
 
+    /// A single JetStream server that wants `user` and `password`; its URL carries them.
+    pub fn start_with_user(user: &str, password: &str) -> NatsServer {
+        let server = blocking(homing::natsd::NatsServer::start_with_user(user, password))
+            .unwrap_or_else(|e| panic!("the NATS tests need a nats-server: {e:#}"));
+        watchdog(&server);
+        NatsServer(server)
+    }
+
     /// A three-node JetStream cluster on loopback (all started; returns once it has a leader).
     pub fn cluster3() -> Vec<NatsServer> {
         let nodes = blocking(homing::natsd::NatsServer::cluster(3))
@@ -79,6 +87,11 @@ impl NatsServer {
     /// The client URL.
     pub fn url(&self) -> String {
         self.0.url()
+    }
+
+    /// The client port.
+    pub fn port(&self) -> u16 {
+        self.0.port()
     }
 
     /// Kills the server with SIGKILL (its data stays for a restart).

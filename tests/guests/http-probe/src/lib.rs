@@ -9,8 +9,8 @@
 //!  "config_keys": ["a", "b"]}
 //! ```
 //!
-//! A header value may hold `{config.NAME}`, replaced by that variable before sending (so a
-//! secret reaches the server without passing through the payload or the result).
+//! The URL and a header value may hold `{config.NAME}`, replaced by that variable before
+//! sending (so a secret reaches the server without passing through the payload or the result).
 //!
 //! It reads each of `config_keys`, then (when `url` is given) sends the request `repeat` times
 //! in sequence (default once) and returns the last response:
@@ -114,7 +114,7 @@ impl Handler for HttpProbe {
         }
         if let Some(url) = &probe.url {
             for _ in 0..probe.repeat.max(1) {
-                let response = HttpProbe::request(&probe, url)?.send()?;
+                let response = HttpProbe::request(&probe, &with_config(url)?)?.send()?;
                 report.requests += 1;
                 report.status = Some(response.status);
                 report.headers = response

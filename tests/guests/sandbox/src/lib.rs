@@ -17,6 +17,8 @@
 //! | `enqueue-storm:<agent>` | enqueues follow-ups until the host refuses |
 //! | `wait-stop` | sleeps in short host calls until the host asks it to stop, then reports |
 //! | `print:<text>` | writes the text to stdout and to stderr |
+//! | `print-env:<name>` | writes an environment variable's value to stdout, to stderr and with `log.write` (a guest that prints its secret) |
+//! | `print-config:<name>` | the same with a `wasi:config` variable's value |
 //! | `hang-once` | on its first attempt blocks for an hour; later attempts return `recovered` |
 //! | `journal:<ms>` | appends `start <id>` to the thread log, works `ms` milliseconds, appends `end <id>` |
 //! | `count` | returns how many dispatches this instance has handled (instance reuse) |
@@ -175,6 +177,17 @@ impl Handler for Sandbox {
             "print" => {
                 println!("out: {arg}");
                 eprintln!("err: {arg}");
+                Ok(b"printed".to_vec())
+            }
+            "print-env" | "print-config" => {
+                let value = if action == "print-env" {
+                    std::env::var(arg).map_err(|e| format!("env {arg}: {e}"))?
+                } else {
+                    homing_guest::config::require(arg)?
+                };
+                println!("out: {arg} is {value}.");
+                eprintln!("err: {arg} is {value}.");
+                homing_guest::logging::info(&format!("log: {arg} is {value}."));
                 Ok(b"printed".to_vec())
             }
             _ => Ok(payload.into_bytes()),

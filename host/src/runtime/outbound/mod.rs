@@ -1,0 +1,342 @@
+//! Outbound HTTP for guests: `wasi:http/outgoing-handler`, sent by the host.
+//!
+//! Every request a guest makes passes, in order (each step a function of [`send`]):
+//! 1. the plugin's cap on requests in flight per instance (`http.max_concurrent`);
+//! 2. the allow-list: its origin must match an `allowed_outbound_hosts` entry, or it is refused
+//!    with `HTTP-request-denied`;
+//! 3. the request body cap (`http.max_request_body`), on the declared length and on the bytes;
+//! 4. address safety ([`policy`], the same rule as raw TCP): the host resolves the name itself,
+//!    at request time, and connects only to the addresses it resolved. An address that is not
+//!    globally routable (loopback, private, link-local such as the cloud metadata service at
+//!    169.254.169.254, shared, reserved) is refused with `destination-IP-prohibited` unless an
+//!    entry with the request's scheme, covering its port, names that address literally (or
+//!    names `localhost`, for a loopback address). A name that resolves to such an address (by
+//!    mistake or by DNS rebinding) therefore reaches nothing inside the network;
+//! 5. TLS by the host for `https` ([`crate::tls`]: the built-in web roots plus `tls_ca` files);
+//! 6. timeouts: connect, first byte and between bytes, each the guest's own when shorter than
+//!    the plugin's, and all clamped to the dispatch's remaining time; an interrupt or a lost
+//!    lease ends the request at once;
+//! 7. the response body cap (`http.max_response_body`, in [`bodies`]).
+//!
+//! One log line per request, tagged with plugin, dispatch and attempt: method, origin, path
+//! without the query, status, bytes and milliseconds, or why it was refused. Never headers or
+//! bodies (they carry credentials).
+
+use std::future::Future;
+use std::net::IpAddr;
+use std::path::PathBuf;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use tokio::sync::{OwnedSemaphorePermit, Semaphore};
+use tracing::{info, warn};
+use wasmtime_wasi_http::{Error as HttpError, RequestOptions, WasiBody, WasiHttpHooks};
+
+use super::host::LogState;
+use crate::claim::ClaimControl;
+use crate::config::outbound::Scheme;
+use crate::config::{HttpLimits, PluginConfig};
+
+mod bodies;
+pub mod policy;
+mod send;
+
+pub use policy::Policy;
+
+/// What every instance of one plugin shares: its policy, limits and TLS setup.
+pub struct Outbound {
+    plugin: String,
+    policy: Arc<Policy>,
+    limits: HttpLimits,
+    tls: Option<Arc<rustls::ClientConfig>>,
+}
+
+impl std::fmt::Debug for Outbound {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Outbound")
+            .field("plugin", &self.plugin)
+            .field("policy", &self.policy)
+            .finish_non_exhaustive()
+    }
+}
+
+impl Outbound {
+    /// The outbound setup of plugin `name`; `ca_files` are the extra roots to trust, `hosts`
+    /// the names pinned to addresses (`[host] hosts`).
+    ///
+    /// # Errors
+    ///
+    /// When a CA file cannot be read or holds no certificate, or a grant does not parse.
+    pub fn new(
+        name: &str,
+        config: &PluginConfig,
+        ca_files: &[PathBuf],
+        hosts: &std::collections::BTreeMap<String, IpAddr>,
+    ) -> anyhow::Result<Self> {
+        let policy = Policy::new(config, hosts).map_err(anyhow::Error::msg)?;
+        let needs_tls = policy
+            .http_grants()
+            .iter()
+            .any(|h| h.scheme == Scheme::Https);
+        // The CA files are read even when no entry is https, so a bad path fails at start.
+        let extra = crate::tls::read_ca_files(ca_files)?;
+        let tls = if needs_tls {
+            Some(Arc::new(crate::tls::config_with(extra)?))
+        } else {
+            None
+        };
+        Ok(Outbound {
+            plugin: name.to_owned(),
+            policy: Arc::new(policy),
+            limits: config.http.clone(),
+            tls,
+        })
+    }
+
+    /// A plugin that may send nothing (instances built outside a plugin: probes, tests).
+    pub fn deny_all(name: &str) -> Self {
+        Outbound {
+            plugin: name.to_owned(),
+            policy: Arc::new(Policy::default()),
+            limits: HttpLimits::default(),
+            tls: None,
+        }
+    }
+
+    /// The plugin's network policy (raw TCP decides on it too).
+    pub fn policy(&self) -> &Arc<Policy> {
+        &self.policy
+    }
+
+    /// An instance's hooks: its own cap on requests in flight.
+    pub fn hooks(self: &Arc<Self>, log: Arc<Mutex<LogState>>) -> HttpHooks {
+        HttpHooks {
+            outbound: self.clone(),
+            log,
+            control: None,
+            deadline: None,
+            traceparent: None,
+            permits: Arc::new(Semaphore::new(self.limits.max_concurrent as usize)),
+        }
+    }
+}
+
+/// The `wasi:http` hooks of one instance.
+pub struct HttpHooks {
+    outbound: Arc<Outbound>,
+    log: Arc<Mutex<LogState>>,
+    /// The current claim's control: an interrupt or a lost lease ends requests in flight.
+    pub control: Option<Arc<ClaimControl>>,
+    /// The current dispatch's deadline: no request outlives it.
+    pub deadline: Option<Instant>,
+    /// The `traceparent` the current dispatch was enqueued with: sent on when traces are not
+    /// exported (when they are, each request carries its own span's).
+    pub traceparent: Option<String>,
+    permits: Arc<Semaphore>,
+}
+
+impl std::fmt::Debug for HttpHooks {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("HttpHooks")
+            .field("plugin", &self.outbound.plugin)
+            .finish_non_exhaustive()
+    }
+}
+
+type SendResult = Result<(http::Response<WasiBody>, IoFuture), HttpError>;
+type IoFuture = Box<dyn Future<Output = Result<(), HttpError>> + Send>;
+
+impl WasiHttpHooks for HttpHooks {
+    fn send_request(
+        &mut self,
+        mut request: http::Request<WasiBody>,
+        options: Option<RequestOptions>,
+        _fut: Box<dyn Future<Output = Result<(), HttpError>> + Send>,
+    ) -> Box<dyn Future<Output = SendResult> + Send> {
+        let (dispatch, attempt, secrets) = self
+            .log
+            .lock()
+            .map(|log| {
+                (
+                    log.tag.dispatch.clone(),
+                    log.tag.attempt,
+                    log.secrets.clone(),
+                )
+            })
+            .unwrap_or_default();
+        // A path may carry a secret (a bot token, say): the log line and the span show it
+        // scrubbed, as every guest line is.
+        let path = secrets.scrub(request.uri().path()).into_owned();
+        // A child of the guest call (the current span while the guest asks for the request).
+        let span = tracing::info_span!(
+            target: crate::telemetry::trace::TARGET,
+            "homing.http",
+            otel.kind = "client",
+            http.request.method = %request.method(),
+            url.path = %path,
+            server.address = request.uri().host().unwrap_or_default(),
+            http.response.status_code = tracing::field::Empty,
+            otel.status_code = tracing::field::Empty,
+        );
+        // The trace goes on to the server, unless the guest set its own.
+        if !request.headers().contains_key(TRACEPARENT)
+            && let Some(parent) =
+                crate::telemetry::trace::traceparent(&span).or_else(|| self.traceparent.clone())
+            && let Ok(value) = http::HeaderValue::from_str(&parent)
+        {
+            request.headers_mut().insert(TRACEPARENT, value);
+        }
+        let job = Job {
+            outbound: self.outbound.clone(),
+            dispatch,
+            attempt,
+            control: self.control.clone(),
+            deadline: self.deadline,
+            permit: self.permits.clone().try_acquire_owned().ok(),
+            method: request.method().to_string(),
+            origin: String::new(),
+            path,
+            started: Instant::now(),
+            span: span.clone(),
+        };
+        Box::new(tracing::Instrument::instrument(
+            job.send(request, options),
+            span,
+        ))
+    }
+}
+
+/// One request on its way.
+struct Job {
+    outbound: Arc<Outbound>,
+    dispatch: String,
+    attempt: u32,
+    control: Option<Arc<ClaimControl>>,
+    deadline: Option<Instant>,
+    permit: Option<OwnedSemaphorePermit>,
+    method: String,
+    origin: String,
+    path: String,
+    started: Instant,
+    span: tracing::Span,
+}
+
+/// The W3C trace context header.
+const TRACEPARENT: &str = "traceparent";
+
+/// Why the host ended a request early.
+#[derive(Debug)]
+enum Ended {
+    Deadline,
+    Cancelled,
+}
+
+impl Job {
+    /// Logs a refusal or failure and returns `err`.
+    fn refuse(&self, why: &str, err: HttpError) -> HttpError {
+        let label = match &err {
+            HttpError::HttpRequestDenied | HttpError::DestinationIpProhibited => "denied",
+            _ => "error",
+        };
+        self.span.record("otel.status_code", "ERROR");
+        crate::telemetry::outbound_request(
+            &self.outbound.plugin,
+            &self.origin,
+            label.to_owned(),
+            self.started.elapsed(),
+        );
+        warn!(
+            plugin = %self.outbound.plugin,
+            dispatch = %self.dispatch,
+            attempt = self.attempt,
+            method = %self.method,
+            origin = %self.origin,
+            path = %self.path,
+            ms = self.started.elapsed().as_millis() as u64,
+            "outbound request refused: {why}"
+        );
+        err
+    }
+
+    /// The time left before the dispatch's deadline, capped at `limit`, and shortened to the
+    /// guest's own `asked` when that is shorter.
+    fn budget(&self, limit: Duration, asked: Option<Duration>) -> Duration {
+        let mut budget = limit.min(asked.unwrap_or(limit));
+        if let Some(deadline) = self.deadline {
+            budget = budget.min(deadline.saturating_duration_since(Instant::now()));
+        }
+        budget
+    }
+
+    /// Runs `fut` within `budget`, ended early by an interrupt or a lost lease.
+    async fn bounded<T>(&self, budget: Duration, fut: impl Future<Output = T>) -> Result<T, Ended> {
+        let control = self.control.clone();
+        let cancelled = async move {
+            match control {
+                Some(control) => control.cancelled().await,
+                None => std::future::pending().await,
+            }
+        };
+        tokio::select! {
+            out = fut => Ok(out),
+            () = tokio::time::sleep(budget) => Err(Ended::Deadline),
+            () = cancelled => Err(Ended::Cancelled),
+        }
+    }
+
+    fn ended(&self, ended: Ended, during: &str, timeout: HttpError) -> HttpError {
+        match ended {
+            Ended::Deadline => self.refuse(&format!("timed out {during}"), timeout),
+            Ended::Cancelled => self.refuse(
+                &format!("cancelled {during}: the claim must stop"),
+                HttpError::InternalError(Some("cancelled by the host".into())),
+            ),
+        }
+    }
+
+    /// Logs the line of a request that got its response, and its metric: `outcome` is why it
+    /// ended early, if it did.
+    fn finish(&self, status: u16, bytes: u64, outcome: Option<&str>) {
+        let ms = self.started.elapsed().as_millis() as u64;
+        self.span.record("http.response.status_code", status);
+        if status >= 500 || outcome.is_some() {
+            self.span.record("otel.status_code", "ERROR");
+        }
+        crate::telemetry::outbound_request(
+            &self.outbound.plugin,
+            &self.origin,
+            if outcome.is_some() {
+                "error".to_owned()
+            } else {
+                status.to_string()
+            },
+            self.started.elapsed(),
+        );
+        match outcome {
+            None => info!(
+                plugin = %self.outbound.plugin,
+                dispatch = %self.dispatch,
+                attempt = self.attempt,
+                method = %self.method,
+                origin = %self.origin,
+                path = %self.path,
+                status,
+                bytes,
+                ms,
+                "outbound request"
+            ),
+            Some(why) => warn!(
+                plugin = %self.outbound.plugin,
+                dispatch = %self.dispatch,
+                attempt = self.attempt,
+                method = %self.method,
+                origin = %self.origin,
+                path = %self.path,
+                status,
+                bytes,
+                ms,
+                "outbound request ended: {why}"
+            ),
+        }
+    }
+}
