@@ -19,6 +19,9 @@ pub struct AgentInfo {
     pub name: String,
     /// Its world (`handler`, `agent`).
     pub world: &'static str,
+    /// The SHA-256 (hex) of the component bytes it runs: read and hashed once, when it was
+    /// loaded (the file may have changed since).
+    pub sha256: String,
 }
 
 impl AgentInfo {
@@ -27,6 +30,7 @@ impl AgentInfo {
         AgentInfo {
             name: plugin.ctx.name.clone(),
             world: plugin.world.name(),
+            sha256: plugin.sha256.clone(),
         }
     }
 }
@@ -37,10 +41,10 @@ pub(super) async fn list(State(state): State<Arc<ApiState>>) -> Result<Json<Valu
     let loaded = state.agents.read().map(|a| a.clone()).unwrap_or_default();
     let mut out = Vec::new();
     for (name, p) in &state.config.plugins {
-        let world = loaded
+        let info = loaded
             .as_ref()
-            .and_then(|agents| agents.iter().find(|a| &a.name == name))
-            .map(|a| a.world);
+            .and_then(|agents| agents.iter().find(|a| &a.name == name));
+        let world = info.map(|a| a.world);
         let mut queue = Map::new();
         for status in Status::ALL {
             let n = counts
@@ -53,6 +57,7 @@ pub(super) async fn list(State(state): State<Arc<ApiState>>) -> Result<Json<Valu
             "name": name,
             "world": world,
             "loaded": world.is_some(),
+            "component_sha256": info.map(|a| a.sha256.as_str()),
             "limits": {
                 "concurrency": p.concurrency,
                 "memory": p.memory,

@@ -23,6 +23,23 @@ use crate::store::{ListCursor, ListFilter, NewDispatch, Status, millis};
 /// The most rows one page of the list holds.
 pub(crate) const MAX_PAGE: usize = 1000;
 
+/// The most bytes of rows (or log entries) one page carries: a page that would pass it ends
+/// early, with its `next_cursor` (its last entry's `seq`), and always holds at least one.
+pub(crate) const MAX_PAGE_BYTES: usize = 2 << 20;
+
+/// Rows read by the first store call of a page of the list; later calls read as many as the
+/// rows read so far say fit in what is left of [`MAX_PAGE_BYTES`]. So a page of small rows
+/// is two store calls at most (on NATS, across threads, each is a read of every record),
+/// and a page of big rows never holds many more than fit the cap.
+const LIST_BATCH: usize = 100;
+
+/// Checks a dispatch id, agent or thread name taken from a route's path or query, as enqueue
+/// checks it (one rule for every route): 400 naming `field` when it is blank, longer than
+/// enqueue allows or not printable.
+pub(super) fn name(field: &str, value: &str) -> Result<(), ApiError> {
+    crate::store::model::check_name(field, value).map_err(|e| ApiError::invalid(field, e))
+}
+
 impl From<OpError> for ApiError {
     fn from(e: OpError) -> ApiError {
         match e {
@@ -244,6 +261,7 @@ pub(super) async fn enqueue(
         }
     }
     fields.finish()?;
+    name("agent", &agent)?;
     if !state.config.plugins.contains_key(&agent) {
         return Err(ApiError::not_found(format!("no agent `{agent}`")).with("field", "agent"));
     }
@@ -287,10 +305,9 @@ pub(super) async fn enqueue(
         token = caller.as_ref().map_or("-", |c| c.name.as_str()),
         "enqueued through the API"
     );
-    let location = format!("/v1/dispatches/{}", d.id);
     Ok((
         StatusCode::CREATED,
-        [(header::LOCATION, location)],
+        [(header::LOCATION, view::dispatch_path(&d.id))],
         Json(json!({ "id": d.id, "status": d.status.as_str() })),
     )
         .into_response())
@@ -334,11 +351,13 @@ pub(super) fn limit(pairs: &[(String, String)]) -> Result<usize, ApiError> {
     }
 }
 
-/// `GET /v1/dispatches?agent=&thread=&status=&limit=&cursor=`.
+/// `GET /v1/dispatches?agent=&thread=&status=&limit=&cursor=`: rows without payloads or
+/// outputs (their sizes instead), read from the store in batches sized to the page's byte
+/// cap ([`LIST_BATCH`]), the page ending early rather than pass [`MAX_PAGE_BYTES`].
 pub(super) async fn list(
     State(state): State<Arc<ApiState>>,
     query: Result<Query<Vec<(String, String)>>, axum::extract::rejection::QueryRejection>,
-) -> Result<Json<Value>, ApiError> {
+) -> Result<Response, ApiError> {
     let pairs = params(query, &["agent", "thread", "status", "limit", "cursor"])?;
     let limit = limit(&pairs)?;
     let mut statuses = Vec::new();
@@ -357,21 +376,58 @@ pub(super) async fn list(
                 .map_err(|e| ApiError::invalid("cursor", format!("cursor: {e}")))?,
         ),
     };
-    let filter = ListFilter {
+    for field in ["agent", "thread"] {
+        if let Some(value) = param(&pairs, field) {
+            name(field, value)?;
+        }
+    }
+    let mut filter = ListFilter {
         thread: param(&pairs, "thread").map(str::to_owned),
         agent: param(&pairs, "agent").map(str::to_owned),
         statuses,
         limit,
         after,
     };
-    let rows = state.store.mailbox.list(&filter).await?;
-    let next = (rows.len() == limit)
-        .then(|| rows.last().map(|d| ListCursor::of(d).to_string()))
+    let mut body = b"{\"dispatches\":[".to_vec();
+    let mut count = 0;
+    let mut last = None;
+    let mut cut = false;
+    while count < limit && !cut {
+        filter.limit = if count == 0 {
+            LIST_BATCH
+        } else {
+            // As many more as fit at the average size so far, and one to find the end.
+            let average = (body.len() / count).max(1);
+            MAX_PAGE_BYTES.saturating_sub(body.len()) / average + 1
+        }
+        .min(limit - count);
+        let rows = state.store.mailbox.list_rows(&filter).await?;
+        let read_all = rows.len() < filter.limit;
+        for row in &rows {
+            let text = view::row(row).to_string();
+            if count > 0 && body.len() + text.len() + 64 > MAX_PAGE_BYTES {
+                cut = true;
+                break;
+            }
+            if count > 0 {
+                body.push(b',');
+            }
+            body.extend_from_slice(text.as_bytes());
+            count += 1;
+            last = Some(row.cursor());
+        }
+        if read_all {
+            break;
+        }
+        filter.after = last.clone();
+    }
+    let next = (cut || count == limit)
+        .then(|| last.map(|c| c.to_string()))
         .flatten();
-    Ok(Json(json!({
-        "dispatches": rows.iter().map(view::dispatch).collect::<Vec<_>>(),
-        "next_cursor": next,
-    })))
+    body.extend_from_slice(b"],\"next_cursor\":");
+    body.extend_from_slice(json!(next).to_string().as_bytes());
+    body.push(b'}');
+    Ok(([(header::CONTENT_TYPE, "application/json")], body).into_response())
 }
 
 /// The first poll interval of a long poll; it doubles up to [`POLL_MAX`]. The store's work
@@ -385,6 +441,7 @@ pub(super) async fn show(
     Path(id): Path<String>,
     query: Result<Query<Vec<(String, String)>>, axum::extract::rejection::QueryRejection>,
 ) -> Result<Json<Value>, ApiError> {
+    name("id", &id)?;
     let pairs = params(query, &["wait"])?;
     let max_wait = state.config.api.max_wait;
     let wait = match param(&pairs, "wait") {
@@ -430,6 +487,7 @@ pub(super) async fn cancel(
     State(state): State<Arc<ApiState>>,
     Path(id): Path<String>,
 ) -> Result<Json<Value>, ApiError> {
+    name("id", &id)?;
     let d = ops::cancel(&state.store, &id).await?;
     Ok(Json(view::dispatch(&d)))
 }
@@ -439,10 +497,11 @@ pub(super) async fn retry(
     State(state): State<Arc<ApiState>>,
     Path(id): Path<String>,
 ) -> Result<Response, ApiError> {
+    name("id", &id)?;
     let d = ops::retry(&state.config, &state.store, &id).await?;
     Ok((
         StatusCode::CREATED,
-        [(header::LOCATION, format!("/v1/dispatches/{}", d.id))],
+        [(header::LOCATION, view::dispatch_path(&d.id))],
         Json(json!({ "id": d.id, "retry_of": id })),
     )
         .into_response())

@@ -244,7 +244,7 @@ async fn guard(State(state): State<Arc<ApiState>>, request: Request, next: Next)
         .extensions()
         .get::<MatchedPath>()
         .map_or_else(|| "unmatched".to_owned(), |p| p.as_str().to_owned());
-    let method = request.method().clone();
+    let method = method_label(request.method());
     let api = &state.config.api;
     let limit = if route.ends_with("/stream") {
         None
@@ -275,11 +275,31 @@ async fn guard(State(state): State<Arc<ApiState>>, request: Request, next: Next)
     metrics::counter!(
         crate::telemetry::API_REQUESTS,
         "route" => route,
-        "method" => method.as_str().to_owned(),
+        "method" => method,
         "status" => response.status().as_u16().to_string()
     )
     .increment(1);
     response
+}
+
+/// The `method` label of a request: a standard method by name, anything else `other`. A
+/// client may send any token as a method; as a label each one would be a series of its own.
+fn method_label(method: &Method) -> &'static str {
+    const STANDARD: [(Method, &str); 9] = [
+        (Method::GET, "GET"),
+        (Method::HEAD, "HEAD"),
+        (Method::POST, "POST"),
+        (Method::PUT, "PUT"),
+        (Method::DELETE, "DELETE"),
+        (Method::PATCH, "PATCH"),
+        (Method::OPTIONS, "OPTIONS"),
+        (Method::TRACE, "TRACE"),
+        (Method::CONNECT, "CONNECT"),
+    ];
+    STANDARD
+        .iter()
+        .find(|(m, _)| m == method)
+        .map_or("other", |(_, label)| *label)
 }
 
 /// How long a client may take to send a request's headers (also how long an idle keep-alive
@@ -481,6 +501,16 @@ mod tests {
             }
         }
         out
+    }
+
+    #[test]
+    fn a_method_is_a_label_only_when_it_is_a_standard_one() {
+        assert_eq!(method_label(&Method::GET), "GET");
+        assert_eq!(method_label(&Method::PATCH), "PATCH");
+        for made_up in ["XMETHOD1", "get", "PROPFIND"] {
+            let method = Method::from_bytes(made_up.as_bytes()).unwrap();
+            assert_eq!(method_label(&method), "other", "{made_up}");
+        }
     }
 
     #[test]

@@ -16,7 +16,7 @@ use serde_json::{Value, json};
 use tokio::sync::watch;
 
 use super::auth::Caller;
-use super::dispatches::{Fields, limit, object, param, params, read_body};
+use super::dispatches::{Fields, MAX_PAGE_BYTES, limit, name, object, param, params, read_body};
 use super::limits::StreamPermit;
 use super::{ApiError, ApiState, view};
 use crate::store::{LogEntry, Store};
@@ -33,29 +33,54 @@ fn after(pairs: &[(String, String)], headers: &HeaderMap) -> Result<u64, ApiErro
     }
 }
 
-/// `GET /v1/threads/{thread}/log?after=&limit=`.
+/// `GET /v1/threads/{thread}/log?after=&limit=`: entries read from the store [`LOG_BATCH`] at
+/// a time, the page ending early rather than pass [`MAX_PAGE_BYTES`] (the next page starts
+/// after its last entry's `seq`).
 pub(super) async fn log(
     State(state): State<Arc<ApiState>>,
     Path(thread): Path<String>,
     headers: HeaderMap,
     query: Result<Query<Vec<(String, String)>>, axum::extract::rejection::QueryRejection>,
 ) -> Result<Json<Value>, ApiError> {
+    name("thread", &thread)?;
     let pairs = params(query, &["after", "limit"])?;
-    let (after, limit) = (after(&pairs, &headers)?, limit(&pairs)?);
-    let entries = state.store.log.read(&thread, after, limit).await?;
+    let (mut after, limit) = (after(&pairs, &headers)?, limit(&pairs)?);
+    let mut entries = Vec::new();
+    let mut bytes = 0;
+    'pages: while entries.len() < limit {
+        let want = (limit - entries.len()).min(LOG_BATCH);
+        let batch = state.store.log.read(&thread, after, want).await?;
+        let read_all = batch.len() < want;
+        for e in &batch {
+            let entry = view::entry(e);
+            let size = entry.to_string().len();
+            if !entries.is_empty() && bytes + size > MAX_PAGE_BYTES {
+                break 'pages;
+            }
+            bytes += size + 1;
+            after = e.seq;
+            entries.push(entry);
+        }
+        if read_all {
+            break;
+        }
+    }
     let latest = state.store.log.latest(&thread).await?;
     Ok(Json(json!({
         "thread": thread,
-        "entries": entries.iter().map(view::entry).collect::<Vec<_>>(),
+        "entries": entries,
         "latest": latest,
     })))
 }
+
+/// Log entries read from the store per call by a page or a stream: the entries held at once.
+const LOG_BATCH: usize = 16;
 
 /// How often a stream with nothing new reads the log again, at most.
 const STREAM_POLL_MAX: Duration = Duration::from_millis(250);
 const STREAM_POLL_FIRST: Duration = Duration::from_millis(10);
 /// Entries read per store call.
-const STREAM_BATCH: usize = 100;
+const STREAM_BATCH: usize = LOG_BATCH;
 
 struct Follow {
     store: Store,
@@ -134,6 +159,7 @@ pub(super) async fn stream(
     caller: Option<axum::Extension<Caller>>,
     query: Result<Query<Vec<(String, String)>>, axum::extract::rejection::QueryRejection>,
 ) -> Result<Response, ApiError> {
+    name("thread", &thread)?;
     let pairs = params(query, &["after"])?;
     let after = after(&pairs, &headers)?;
     let token = caller.map_or_else(String::new, |axum::Extension(c)| c.name);
@@ -163,6 +189,7 @@ pub(super) async fn interrupt(
     headers: HeaderMap,
     body: Body,
 ) -> Result<Json<Value>, ApiError> {
+    name("thread", &thread)?;
     let bytes = read_body(&headers, body, state.body_limit).await?;
     let mut fields = Fields::new(object(&bytes)?);
     let reason = fields

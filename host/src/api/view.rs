@@ -1,12 +1,35 @@
-//! The JSON shape of a dispatch and a log entry in the API. Bytes are a UTF-8 string when
-//! they are text, else `{"base64": ...}` (as in the CLI's JSON). A dispatch's claim token is
-//! never shown: only who holds it and until when.
+//! The JSON shape of a dispatch, a list row and a log entry in the API. Bytes are a UTF-8
+//! string when they are text, else `{"base64": ...}` (as in the CLI's JSON). A dispatch's
+//! claim token is never shown: only who holds it and until when. A list row carries no
+//! payload or output, only their sizes.
+
+use std::fmt::Write as _;
 
 use base64::Engine;
 use base64::engine::general_purpose::STANDARD;
 use serde_json::{Value, json};
 
-use crate::store::{Dispatch, LogEntry};
+use crate::store::{Dispatch, DispatchRow, LogEntry};
+
+/// Percent-encodes `text` for a path segment or a query value: everything but ASCII letters,
+/// digits and `-_.~`. What goes into a `Location` header or a link this way is one segment
+/// whatever it holds.
+pub(crate) fn encode(text: &str) -> String {
+    let mut out = String::with_capacity(text.len());
+    for b in text.bytes() {
+        if b.is_ascii_alphanumeric() || matches!(b, b'-' | b'_' | b'.' | b'~') {
+            out.push(b as char);
+        } else {
+            let _ = write!(out, "%{b:02X}");
+        }
+    }
+    out
+}
+
+/// The path of a dispatch in the API (its `Location`).
+pub(crate) fn dispatch_path(id: &str) -> String {
+    format!("/v1/dispatches/{}", encode(id))
+}
 
 /// Bytes as JSON: text, or `{"base64": ...}`.
 pub(crate) fn bytes(data: &[u8]) -> Value {
@@ -37,6 +60,39 @@ pub(crate) fn dispatch(d: &Dispatch) -> Value {
         "result": d.result.as_ref().map(|r| json!({
             "status": r.status.as_str(),
             "output": bytes(&r.output),
+            "error": r.error,
+        })),
+        "last_error": d.last_error,
+        "available_at": d.available_at,
+        "created_at": d.created_at,
+        "updated_at": d.updated_at,
+        "started_at": d.started_at,
+        "completed_at": d.completed_at,
+    })
+}
+
+/// A dispatch as a list shows it: the fields of [`dispatch`] but `payload` and the result's
+/// `output`, which are `payload_size` and `output_size` (bytes).
+pub(crate) fn row(d: &DispatchRow) -> Value {
+    json!({
+        "id": d.id,
+        "agent": d.agent,
+        "thread": d.thread,
+        "run_id": d.run_id,
+        "status": d.status.as_str(),
+        "terminal": d.status.is_terminal(),
+        "priority": d.priority,
+        "attempts": d.attempt,
+        "max_attempts": d.max_attempts,
+        "epoch": d.epoch,
+        "payload_size": d.payload_size,
+        "metadata": d.metadata,
+        "dedupe_key": d.dedupe_key,
+        "claimed_by": d.claimed_by,
+        "lease_until": d.lease_until,
+        "result": d.result.as_ref().map(|r| json!({
+            "status": r.status.as_str(),
+            "output_size": r.output_size,
             "error": r.error,
         })),
         "last_error": d.last_error,

@@ -11,6 +11,7 @@ use super::exit::{Exit, coded};
 use crate::api::ops::{self, OpError};
 use crate::config::{Config, parse_duration};
 use crate::input::read_capped;
+use crate::store::model::check_name;
 use crate::store::{Dispatch, ListCursor, ListFilter, NewDispatch, Status, Store, millis};
 
 /// `homing enqueue`.
@@ -146,6 +147,11 @@ pub enum ThreadCommand {
 /// opened: a payload over `[host] max_payload` is refused after reading one byte past it,
 /// however much a file or pipe holds.
 pub(super) fn prepare(config: &Config, args: &EnqueueArgs) -> anyhow::Result<NewDispatch> {
+    name("--agent", &args.agent)?;
+    name("--thread", &args.thread)?;
+    if let Some(id) = &args.id {
+        name("--id", id)?;
+    }
     if !config.plugins.contains_key(&args.agent) {
         return Err(coded(
             Exit::NotFound,
@@ -191,7 +197,20 @@ pub(super) fn prepare(config: &Config, args: &EnqueueArgs) -> anyhow::Result<New
         };
         new.metadata.insert(key.to_owned(), value.to_owned());
     }
+    // The same rules the store applies, named by flag: `--dedupe-key`, `--meta` (a key).
+    new.validate().map_err(|e| {
+        let e = e
+            .replace("dedupe_key", "--dedupe-key")
+            .replace("metadata", "--meta");
+        coded(Exit::Invalid, e)
+    })?;
     Ok(new)
+}
+
+/// Checks an id or a thread name given as `flag`, as the store and the API check it: exit 2
+/// naming the flag when it is blank, too long or not printable.
+fn name(flag: &str, value: &str) -> anyhow::Result<()> {
+    check_name(flag, value).map_err(|e| coded(Exit::Invalid, e))
 }
 
 /// Submits what [`prepare`] made and prints its id (or the record, with `--json`); with
@@ -208,7 +227,7 @@ pub(super) async fn enqueue(
         if args.json {
             println!("{}", serde_json::to_string_pretty(&dispatch)?);
         } else {
-            println!("{}", dispatch.id);
+            println!("{}", text(&dispatch.id));
         }
         return Ok(());
     }
@@ -224,15 +243,16 @@ pub(super) async fn enqueue(
             Exit::TimedOut,
             format!(
                 "dispatch {} is still {} after {timeout:?} (--timeout)",
-                d.id, d.status
+                text(&d.id),
+                d.status
             ),
         )),
         status => Err(coded(
             Exit::DispatchFailed,
             format!(
                 "dispatch {} ended {status}: {}",
-                d.id,
-                d.last_error.as_deref().unwrap_or("no error recorded")
+                text(&d.id),
+                text(d.last_error.as_deref().unwrap_or("no error recorded"))
             ),
         )),
     }
@@ -272,6 +292,11 @@ pub(super) async fn dispatch(
             after,
             json,
         } => {
+            for (flag, value) in [("--agent", &agent), ("--thread", &thread)] {
+                if let Some(value) = value {
+                    name(flag, value)?;
+                }
+            }
             let filter = ListFilter {
                 thread,
                 agent,
@@ -288,7 +313,10 @@ pub(super) async fn dispatch(
                     && rows.len() == limit
                     && let Some(last) = rows.last()
                 {
-                    println!("next page: --after {}", ListCursor::of(last));
+                    println!(
+                        "next page: --after {}",
+                        text(&ListCursor::of(last).to_string())
+                    );
                 }
             }
         }
@@ -299,11 +327,17 @@ pub(super) async fn dispatch(
             } else {
                 println!("{:<20}  {:<11}  {:>10}", "AGENT", "STATUS", "COUNT");
                 for row in counts {
-                    println!("{:<20}  {:<11}  {:>10}", row.agent, row.status, row.count);
+                    println!(
+                        "{:<20}  {:<11}  {:>10}",
+                        text(&row.agent),
+                        row.status,
+                        row.count
+                    );
                 }
             }
         }
         DispatchCommand::Show { id, json } => {
+            name("id", &id)?;
             let Some(d) = store.mailbox.load(&id).await? else {
                 return Err(OpError::NotFound(id).into());
             };
@@ -314,12 +348,14 @@ pub(super) async fn dispatch(
             }
         }
         DispatchCommand::Cancel { id } => {
+            name("id", &id)?;
             let d = ops::cancel(store, &id).await?;
-            println!("{} cancelled", d.id);
+            println!("{} cancelled", text(&d.id));
         }
         DispatchCommand::Retry { id } => {
+            name("id", &id)?;
             let retried = ops::retry(config, store, &id).await?;
-            println!("{}", retried.id);
+            println!("{}", text(&retried.id));
         }
     }
     Ok(())
@@ -332,11 +368,16 @@ pub(super) async fn thread(store: &Store, command: ThreadCommand) -> anyhow::Res
             reason,
             json,
         } => {
+            name("thread", &thread)?;
             let interrupt = store.mailbox.interrupt(&thread, &reason).await?;
             if json {
                 println!("{}", serde_json::to_string_pretty(&interrupt)?);
             } else {
-                println!("thread {thread} is now at epoch {}", interrupt.epoch);
+                println!(
+                    "thread {} is now at epoch {}",
+                    text(&thread),
+                    interrupt.epoch
+                );
                 println!(
                     "superseded {} queued dispatch(es)",
                     interrupt.superseded.len()
@@ -344,7 +385,7 @@ pub(super) async fn thread(store: &Store, command: ThreadCommand) -> anyhow::Res
                 if let Some(active) = &interrupt.active {
                     println!(
                         "running dispatch {} is being stopped (its host checks every 250ms)",
-                        active.id
+                        text(&active.id)
                     );
                 }
             }
@@ -356,6 +397,7 @@ pub(super) async fn thread(store: &Store, command: ThreadCommand) -> anyhow::Res
             follow,
             json,
         } => {
+            name("thread", &thread)?;
             if follow {
                 return follow_log(store, &thread, after, json).await;
             }
@@ -436,6 +478,11 @@ fn printable(bytes: &[u8]) -> String {
     }
 }
 
+/// A stored string for a terminal: [`printable`]'s escaping of control characters.
+fn text(s: &str) -> std::borrow::Cow<'_, str> {
+    crate::runtime::host::escape_log_text(s)
+}
+
 fn print_table(rows: &[Dispatch]) {
     println!(
         "{:<36}  {:<12}  {:<20}  {:<11}  {:>3}  {:>7}  RESULT",
@@ -444,38 +491,46 @@ fn print_table(rows: &[Dispatch]) {
     for d in rows {
         let result = match (&d.result, &d.last_error) {
             (Some(r), _) if r.error.is_none() => printable(&r.output),
-            (Some(r), _) => r.error.clone().unwrap_or_default(),
-            (None, Some(e)) => e.clone(),
+            (Some(r), _) => text(r.error.as_deref().unwrap_or_default()).into_owned(),
+            (None, Some(e)) => text(e).into_owned(),
             (None, None) => String::new(),
         };
-        let mut result: String = result.chars().take(60).collect();
-        if result.contains('\n') {
-            result = result.replace('\n', " ");
-        }
+        let result: String = result.chars().take(60).collect();
         println!(
             "{:<36}  {:<12}  {:<20}  {:<11}  {:>3}  {:>3}/{:<3}  {}",
-            d.id, d.agent, d.thread, d.status, d.priority, d.attempt, d.max_attempts, result
+            text(&d.id),
+            text(&d.agent),
+            text(&d.thread),
+            d.status,
+            d.priority,
+            d.attempt,
+            d.max_attempts,
+            result
         );
     }
 }
 
 fn print_dispatch(d: &Dispatch) {
-    println!("id:           {}", d.id);
-    println!("agent:        {}", d.agent);
-    println!("thread:       {}", d.thread);
-    println!("run id:       {}", d.run_id);
+    println!("id:           {}", text(&d.id));
+    println!("agent:        {}", text(&d.agent));
+    println!("thread:       {}", text(&d.thread));
+    println!("run id:       {}", text(&d.run_id));
     println!("status:       {}", d.status);
     println!("priority:     {}", d.priority);
     println!("attempt:      {}/{}", d.attempt, d.max_attempts);
     println!("epoch:        {}", d.epoch);
     println!("payload:      {}", printable(&d.payload));
     for (k, v) in &d.metadata {
-        println!("meta:         {k}={v}");
+        println!("meta:         {}={}", text(k), text(v));
+    }
+    if let Some(key) = &d.dedupe_key {
+        println!("dedupe key:   {}", text(key));
     }
     if let Some(claim) = &d.claim {
         println!(
             "claimed by:   {} (lease until {})",
-            claim.claimed_by, claim.lease_until
+            text(&claim.claimed_by),
+            claim.lease_until
         );
     }
     if let Some(result) = &d.result {
@@ -485,11 +540,11 @@ fn print_dispatch(d: &Dispatch) {
             printable(&result.output)
         );
         if let Some(error) = &result.error {
-            println!("result error: {error}");
+            println!("result error: {}", text(error));
         }
     }
     if let Some(error) = &d.last_error {
-        println!("last error:   {error}");
+        println!("last error:   {}", text(error));
     }
     println!("created at:   {}", d.created_at);
     if let Some(at) = d.completed_at {

@@ -22,14 +22,20 @@ use wasmtime::component::Component;
 
 /// Where the artifact of `bytes` for `engine` lives under `dir`.
 pub fn artifact_path(engine: &Engine, bytes: &[u8], dir: &Path) -> PathBuf {
-    let digest = Sha256::digest(bytes);
+    artifact_of(engine, &Sha256::digest(bytes).into(), dir)
+}
+
+/// Where the artifact of the component whose SHA-256 is `digest` lives under `dir`.
+fn artifact_of(engine: &Engine, digest: &[u8; 32], dir: &Path) -> PathBuf {
     let content: String = digest.iter().take(16).map(|b| format!("{b:02x}")).collect();
     let mut hasher = DefaultHasher::new();
     engine.precompile_compatibility_hash().hash(&mut hasher);
     dir.join(format!("{content}-{:016x}.cwasm", hasher.finish()))
 }
 
-/// Loads the component at `path`, from the cache when a matching artifact exists.
+/// Loads the component at `path`, from the cache when a matching artifact exists; returns it
+/// with the SHA-256 (hex) of the bytes it was compiled from, read once: what runs, whatever
+/// the file holds later.
 ///
 /// # Errors
 ///
@@ -41,14 +47,16 @@ pub fn load(
     dir: &Path,
     plugin: &str,
     max_size: u64,
-) -> anyhow::Result<Component> {
+) -> anyhow::Result<(Component, String)> {
     let bytes = read_component(path, max_size).with_context(|| format!("plugin `{plugin}`"))?;
-    let artifact = artifact_path(engine, &bytes, dir);
+    let digest: [u8; 32] = Sha256::digest(&bytes).into();
+    let sha256: String = digest.iter().map(|b| format!("{b:02x}")).collect();
+    let artifact = artifact_of(engine, &digest, dir);
     if artifact.exists() {
         match deserialize(engine, &artifact) {
             Ok(component) => {
                 info!(plugin, artifact = %artifact.display(), "compiled component loaded from cache");
-                return Ok(component);
+                return Ok((component, sha256));
             }
             Err(e) => {
                 warn!(plugin, artifact = %artifact.display(), "cached artifact unusable, recompiling: {e:#}")
@@ -80,7 +88,7 @@ pub fn load(
     // ago, in this process; it is exactly the trusted input `deserialize` requires.
     #[allow(unsafe_code)]
     let component = unsafe { Component::deserialize(engine, &compiled) }?;
-    Ok(component)
+    Ok((component, sha256))
 }
 
 /// The bytes of the component file at `path`, refused by name when it is a special file and

@@ -57,6 +57,8 @@ pub struct Plugin {
     config_vars: Arc<wasmtime_wasi_config::WasiConfigVariables>,
     /// Its secret values, scrubbed from every line its instances log.
     secrets: Arc<Secrets>,
+    /// The SHA-256 (hex) of the component bytes this plugin was compiled from.
+    pub sha256: String,
 }
 
 impl std::fmt::Debug for Plugin {
@@ -82,7 +84,7 @@ impl Runtime {
     /// When the file is missing or not a component, exports neither world, or imports something
     /// the host does not provide.
     pub fn load_plugin(&self, ctx: Arc<PluginContext>, path: &Path) -> anyhow::Result<Plugin> {
-        let component = cache::load(
+        let (component, sha256) = cache::load(
             &self.engine,
             path,
             &self.cache_dir,
@@ -110,6 +112,7 @@ impl Runtime {
             outbound,
             config_vars,
             secrets,
+            sha256,
         })
     }
 
@@ -184,7 +187,7 @@ impl Runtime {
         tls_ca: &[std::path::PathBuf],
         hosts: &std::collections::BTreeMap<String, std::net::IpAddr>,
     ) -> anyhow::Result<World> {
-        let component = cache::load(
+        let (component, _) = cache::load(
             &self.engine,
             path,
             &self.cache_dir,

@@ -87,8 +87,9 @@ use tokio::sync::Notify;
 pub use clock::{Clock, ManualClock, SharedClock, SystemClock, millis};
 pub use error::{StoreError, StoreResult};
 pub use model::{
-    Claim, DEFAULT_MAX_ATTEMPTS, DEFAULT_PRIORITY, Dispatch, Fence, Interrupt, ListCursor,
-    ListFilter, LogEntry, NewDispatch, RunResult, RunStatus, Status, StatusCount, Watermarks,
+    Claim, DEFAULT_MAX_ATTEMPTS, DEFAULT_PRIORITY, Dispatch, DispatchRow, Fence, Interrupt,
+    ListCursor, ListFilter, LogEntry, NewDispatch, RowResult, RunResult, RunStatus, Status,
+    StatusCount, Watermarks,
 };
 pub use rules::MAX_ERROR_TEXT;
 
@@ -217,6 +218,12 @@ pub trait Mailbox: Send + Sync + Debug + 'static {
 
     /// Dispatches matching `filter`, ordered by priority, then `created_at`, then id.
     async fn list(&self, filter: &ListFilter) -> StoreResult<Vec<Dispatch>>;
+
+    /// [`Mailbox::list`] as rows: the same dispatches in the same order, without their
+    /// payloads and outputs (given by size). What every list a reader asks for (the API's,
+    /// the dashboard's) reads: a backend reads no payload or output for it where it can, and
+    /// holds no more than a page of rows.
+    async fn list_rows(&self, filter: &ListFilter) -> StoreResult<Vec<DispatchRow>>;
 
     /// How many dispatches each agent has in each status (zero rows omitted).
     async fn counts(&self) -> StoreResult<Vec<StatusCount>>;

@@ -276,6 +276,110 @@ impl Dispatch {
     }
 }
 
+/// A dispatch as a list shows it: every field of the record but its payload and its run's
+/// output, which it gives by size, and its claim token, which no list shows. What
+/// [`Mailbox::list_rows`](crate::store::Mailbox::list_rows) returns: a backend reads no payload
+/// or output for it where it can, so a page of rows costs the same whatever the dispatches
+/// carry.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct DispatchRow {
+    /// Unique id.
+    pub id: String,
+    /// The plugin this dispatch is routed to.
+    pub agent: String,
+    /// The serialization key.
+    pub thread: String,
+    /// The agent run this dispatch activates.
+    pub run_id: String,
+    /// The payload's size in bytes.
+    pub payload_size: u64,
+    /// The metadata (at most [`MAX_METADATA`] bytes).
+    pub metadata: BTreeMap<String, String>,
+    /// 0 is most urgent.
+    pub priority: u8,
+    /// Not claimable by the queue before this time.
+    pub available_at: u64,
+    /// At most one non-terminal dispatch per (thread, key).
+    pub dedupe_key: Option<String>,
+    /// Failed attempts after which it dead-letters.
+    pub max_attempts: u32,
+    /// Failed attempts so far.
+    pub attempt: u32,
+    /// The thread's epoch when it was enqueued.
+    pub epoch: u64,
+    /// Lifecycle state.
+    pub status: Status,
+    /// Who holds the claim, while claimed.
+    pub claimed_by: Option<String>,
+    /// The claim's lease deadline, while claimed.
+    pub lease_until: Option<u64>,
+    /// When the current holder recorded the start of its run.
+    pub started_at: Option<u64>,
+    /// What the run produced, once recorded: its status, output size and error.
+    pub result: Option<RowResult>,
+    /// The last failure or terminal reason.
+    pub last_error: Option<String>,
+    /// When the dispatch was enqueued.
+    pub created_at: u64,
+    /// When the dispatch last changed.
+    pub updated_at: u64,
+    /// When the dispatch reached a terminal state.
+    pub completed_at: Option<u64>,
+}
+
+/// A recorded run as a list shows it: the output by its size.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct RowResult {
+    /// Whether the run succeeded.
+    pub status: RunStatus,
+    /// The output's size in bytes.
+    pub output_size: u64,
+    /// The error text of a failed run.
+    pub error: Option<String>,
+}
+
+impl DispatchRow {
+    /// The row of a whole record (a backend that read the record anyway).
+    pub fn of(d: &Dispatch) -> DispatchRow {
+        DispatchRow {
+            id: d.id.clone(),
+            agent: d.agent.clone(),
+            thread: d.thread.clone(),
+            run_id: d.run_id.clone(),
+            payload_size: d.payload.len() as u64,
+            metadata: d.metadata.clone(),
+            priority: d.priority,
+            available_at: d.available_at,
+            dedupe_key: d.dedupe_key.clone(),
+            max_attempts: d.max_attempts,
+            attempt: d.attempt,
+            epoch: d.epoch,
+            status: d.status,
+            claimed_by: d.claim.as_ref().map(|c| c.claimed_by.clone()),
+            lease_until: d.claim.as_ref().map(|c| c.lease_until),
+            started_at: d.started_at,
+            result: d.result.as_ref().map(|r| RowResult {
+                status: r.status,
+                output_size: r.output.len() as u64,
+                error: r.error.clone(),
+            }),
+            last_error: d.last_error.clone(),
+            created_at: d.created_at,
+            updated_at: d.updated_at,
+            completed_at: d.completed_at,
+        }
+    }
+
+    /// The list cursor of this row.
+    pub fn cursor(&self) -> ListCursor {
+        ListCursor {
+            priority: self.priority,
+            created_at: self.created_at,
+            id: self.id.clone(),
+        }
+    }
+}
+
 /// What a producer submits: a dispatch before the store stamps it.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct NewDispatch {
@@ -374,30 +478,28 @@ impl NewDispatch {
     /// A description naming the offending field.
     pub fn validate(&self) -> Result<(), String> {
         if let Some(id) = &self.id {
-            if id.trim().is_empty() {
-                return Err("id is blank".into());
-            }
-            if id.len() > MAX_NAME_LEN {
-                return Err(format!("id is longer than {MAX_NAME_LEN} bytes"));
-            }
+            check_name("id", id)?;
         }
-        for (field, value) in [("agent", &self.agent), ("thread", &self.thread)] {
-            if value.trim().is_empty() {
-                return Err(format!("{field} is blank"));
-            }
-            if value.len() > MAX_NAME_LEN {
-                return Err(format!("{field} is longer than {MAX_NAME_LEN} bytes"));
-            }
+        check_name("agent", &self.agent)?;
+        check_name("thread", &self.thread)?;
+        if let Some(run) = &self.run_id {
+            check_name("run_id", run)?;
         }
-        if let Some(run) = &self.run_id
-            && run.trim().is_empty()
-        {
-            return Err("run_id is blank".into());
+        if let Some(key) = &self.dedupe_key {
+            if key.is_empty() {
+                return Err("dedupe_key is empty".into());
+            }
+            check_text("dedupe_key", key)?;
         }
-        if let Some(key) = &self.dedupe_key
-            && key.is_empty()
-        {
-            return Err("dedupe_key is empty".into());
+        let mut metadata = 0usize;
+        for (key, value) in &self.metadata {
+            check_name("metadata", key)?;
+            metadata = metadata.saturating_add(key.len() + value.len());
+        }
+        if metadata > MAX_METADATA {
+            return Err(format!(
+                "metadata: its keys and values take {metadata} bytes; at most {MAX_METADATA} are kept"
+            ));
         }
         if self.max_attempts == 0 {
             return Err("max_attempts must be at least 1".into());
@@ -412,8 +514,68 @@ impl NewDispatch {
     }
 }
 
-/// Ids, agent and thread names are bounded so keys stay small on every backend.
+/// Ids, agent and thread names, run ids, dedupe keys and metadata keys are bounded so keys
+/// stay small on every backend.
 pub const MAX_NAME_LEN: usize = 256;
+
+/// The most bytes a dispatch's metadata takes, its keys and values together: metadata is "a
+/// small string map", shown in every list of dispatches.
+pub const MAX_METADATA: usize = 64 * 1024;
+
+/// Checks a name a producer chose (an id, agent, thread, run id or metadata key), as every
+/// entry point does before it is stored or looked up: not blank, at most [`MAX_NAME_LEN`]
+/// bytes, and printable ([`check_text`]).
+///
+/// # Errors
+///
+/// A sentence that starts with `field` and says what is wrong (never the value itself, which
+/// may not be printable).
+pub fn check_name(field: &str, value: &str) -> Result<(), String> {
+    if value.trim().is_empty() {
+        return Err(format!("{field} is blank"));
+    }
+    check_text(field, value)
+}
+
+/// Checks that `value` is at most [`MAX_NAME_LEN`] bytes and printable: no control character
+/// (C0, DEL, C1: a newline would forge a log line, an ESC drive a terminal), no line or
+/// paragraph separator, and no invisible formatting character (bidirectional overrides,
+/// zero-width characters, the byte order mark) that would make it show as another name.
+///
+/// # Errors
+///
+/// As [`check_name`].
+pub fn check_text(field: &str, value: &str) -> Result<(), String> {
+    if value.len() > MAX_NAME_LEN {
+        return Err(format!("{field} is longer than {MAX_NAME_LEN} bytes"));
+    }
+    if let Some((at, c)) = value.char_indices().find(|(_, c)| !printable(*c)) {
+        return Err(format!(
+            "{field} holds the non-printable character U+{:04X} at byte {at}; names must be printable",
+            u32::from(c)
+        ));
+    }
+    Ok(())
+}
+
+/// Whether `c` may appear in a name: not a control character (general category Cc), a line
+/// or paragraph separator (Zl, Zp), or one of the invisible format characters (Cf) that
+/// change how text around them shows.
+fn printable(c: char) -> bool {
+    !(c.is_control()
+        || matches!(
+            c,
+            '\u{00AD}'
+                | '\u{061C}'
+                | '\u{180E}'
+                | '\u{200B}'..='\u{200F}'
+                | '\u{2028}'..='\u{202E}'
+                | '\u{2060}'..='\u{206F}'
+                | '\u{FEFF}'
+                | '\u{FFF9}'..='\u{FFFB}'
+                | '\u{E0000}'..='\u{E007F}'
+        ))
+}
 
 /// What `interrupt(thread)` did.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -596,7 +758,50 @@ mod bytes_as_text {
 
 #[cfg(test)]
 mod tests {
+    #![allow(clippy::unwrap_used)]
     use super::*;
+
+    #[test]
+    fn names_must_be_printable_and_bounded() {
+        for good in [
+            "t",
+            "user 42",
+            "a/b",
+            "caf\u{e9}",
+            "\u{4f60}\u{597d}",
+            "emoji \u{1f600}",
+        ] {
+            assert_eq!(check_name("thread", good), Ok(()), "{good:?}");
+        }
+        for bad in [
+            "",
+            "  ",
+            "a\nb",
+            "a\rb",
+            "a\tb",
+            "\u{1b}[2J",
+            "\u{0}",
+            "\u{7f}",
+            "\u{85}",
+            "\u{9b}31m",
+            "\u{2028}",
+            "\u{202e}txt",
+            "\u{200b}",
+            "\u{2066}x",
+            "\u{feff}x",
+            "\u{e0041}",
+        ] {
+            let e = check_name("thread", bad).unwrap_err();
+            assert!(e.starts_with("thread "), "{bad:?}: {e}");
+            assert!(!e.chars().any(|c| c.is_control()), "{e}");
+        }
+        assert!(check_name("id", &"x".repeat(MAX_NAME_LEN)).is_ok());
+        assert!(check_name("id", &"x".repeat(MAX_NAME_LEN + 1)).is_err());
+        let new = NewDispatch::new("a", "t", "").with_metadata("k", "v".repeat(MAX_METADATA));
+        assert!(new.validate().unwrap_err().starts_with("metadata:"));
+        let new = NewDispatch::new("a", "t", "").with_dedupe_key("k\u{1b}");
+        assert!(new.validate().unwrap_err().starts_with("dedupe_key "));
+    }
 
     #[test]
     fn binary_bytes_are_base64_in_json_and_hex_is_still_read() {

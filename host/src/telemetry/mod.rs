@@ -58,11 +58,12 @@ pub const INSTANCE_START: &str = "homing_instance_start_seconds";
 pub const HOST_OVERHEAD: &str = "homing_host_overhead_seconds";
 /// Restarts of the NATS watcher's consumer.
 pub const NATS_WATCHER_RESTARTS: &str = "homing_nats_watcher_restarts_total";
-/// Guests' outbound HTTP requests: `agent`, `origin`, `status` (the code, `denied` for a
-/// request the grants refused, `error` for one that failed or was cut short).
+/// Guests' outbound HTTP requests: `agent`, `origin` (the `allowed_outbound_hosts` entry the
+/// request matched, `none` when it matched none), `status` (the code's class, `2xx` to `5xx`,
+/// `denied` for a request the grants refused, `error` for one that failed or was cut short).
 pub const OUTBOUND_REQUESTS: &str = "homing_outbound_requests_total";
 /// Guests' outbound HTTP requests, from asked to the end of the response body: `agent`,
-/// `origin`.
+/// `origin` (as above).
 pub const OUTBOUND_DURATION: &str = "homing_outbound_request_seconds";
 /// API requests answered: `route`, `method`, `status`.
 pub const API_REQUESTS: &str = "homing_api_requests_total";
@@ -214,12 +215,32 @@ pub fn reclaimed(count: usize) {
     counter!(RECLAIMS).increment(count as u64);
 }
 
-/// A guest's outbound request ended with `status` after `took`.
+/// A guest's outbound request ended with `status` (a status code, `denied` or `error`) after
+/// `took`. `origin` is the grant it matched (an `allowed_outbound_hosts` entry, or `none`): a
+/// guest chooses the hosts it asks for, so the origin it asked for is no label; nor is the
+/// code a server answered with, only its class.
 pub fn outbound_request(agent: &str, origin: &str, status: String, took: Duration) {
+    let status = status_class(&status);
     counter!(OUTBOUND_REQUESTS, "agent" => agent.to_owned(), "origin" => origin.to_owned(), "status" => status)
         .increment(1);
     histogram!(OUTBOUND_DURATION, "agent" => agent.to_owned(), "origin" => origin.to_owned())
         .record(took.as_secs_f64());
+}
+
+/// The `status` label of an outbound request: `denied`, `error`, or the class of a code.
+fn status_class(status: &str) -> &'static str {
+    match status {
+        "denied" => "denied",
+        "error" => "error",
+        code => match code.parse::<u16>().map(|c| c / 100) {
+            Ok(1) => "1xx",
+            Ok(2) => "2xx",
+            Ok(3) => "3xx",
+            Ok(4) => "4xx",
+            Ok(5) => "5xx",
+            _ => "other",
+        },
+    }
 }
 
 /// Reports the store's own count of its watcher's restarts (the store counts them; telemetry
@@ -227,5 +248,26 @@ pub fn outbound_request(agent: &str, origin: &str, status: String, took: Duratio
 pub fn store_feed_restarts(store: &crate::store::Store) {
     if let Some(restarts) = store.mailbox.feed_restarts() {
         counter!(NATS_WATCHER_RESTARTS).absolute(restarts);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn an_outbound_status_is_a_class() {
+        for (status, class) in [
+            ("200", "2xx"),
+            ("204", "2xx"),
+            ("301", "3xx"),
+            ("404", "4xx"),
+            ("599", "5xx"),
+            ("999", "other"),
+            ("denied", "denied"),
+            ("error", "error"),
+        ] {
+            assert_eq!(status_class(status), class, "{status}");
+        }
     }
 }

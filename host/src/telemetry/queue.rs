@@ -53,7 +53,7 @@ async fn oldest_queued(store: &Store, agent: &str) -> StoreResult<Option<u64>> {
             limit: 1,
             after,
         };
-        let Some(first) = store.mailbox.list(&filter).await?.into_iter().next() else {
+        let Some(first) = store.mailbox.list_rows(&filter).await?.into_iter().next() else {
             return Ok(oldest);
         };
         oldest = Some(oldest.map_or(first.created_at, |o| o.min(first.created_at)));

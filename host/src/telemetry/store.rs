@@ -14,7 +14,7 @@ use tracing::Instrument;
 
 use super::{STORE_ERRORS, STORE_OPERATION};
 use crate::store::{
-    Dispatch, Fence, Interrupt, ListFilter, LogEntry, Mailbox, NewDispatch, RunResult,
+    Dispatch, DispatchRow, Fence, Interrupt, ListFilter, LogEntry, Mailbox, NewDispatch, RunResult,
     SequenceStore, StatusCount, Store, StoreError, StoreResult, Watermarks,
 };
 
@@ -234,6 +234,9 @@ impl Mailbox for TimedMailbox {
     }
     async fn list(&self, filter: &ListFilter) -> StoreResult<Vec<Dispatch>> {
         timed(self.backend, "list", self.inner.list(filter)).await
+    }
+    async fn list_rows(&self, filter: &ListFilter) -> StoreResult<Vec<DispatchRow>> {
+        timed(self.backend, "list_rows", self.inner.list_rows(filter)).await
     }
     async fn counts(&self) -> StoreResult<Vec<StatusCount>> {
         timed(self.backend, "counts", self.inner.counts()).await

@@ -120,6 +120,11 @@ impl Api {
         api
     }
 
+    /// The host's process id.
+    pub(crate) fn pid(&self) -> u32 {
+        self._host.0.id()
+    }
+
     pub(crate) fn log(&self) -> String {
         std::fs::read_to_string(self.env.path().join("host.log")).unwrap_or_default()
     }

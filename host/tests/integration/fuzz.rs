@@ -172,11 +172,12 @@ fn log_tail(env: &Env) -> String {
     lines[lines.len().saturating_sub(40)..].join("\n")
 }
 
-/// The thread name of primary dispatch `i`: plain, or odd (unicode, subject wildcards, NUL).
+/// The thread name of primary dispatch `i`: plain, or odd (unicode, subject wildcards,
+/// quotes, a backslash; names are printable, enqueue refuses control characters).
 fn thread_name(i: usize) -> String {
     match i % 10 {
-        3 => format!("fz-{i}-ü.*>~ 🙂\u{202e}"),
-        7 => format!("fz-{i}\0nul\n\"quote\""),
+        3 => format!("fz-{i}-ü.*>~ 🙂"),
+        7 => format!("fz-{i} %00 \\ \"quote\""),
         _ => format!("fz-{i}"),
     }
 }

@@ -478,3 +478,89 @@ fn guest_log_text_is_escaped_so_it_stays_one_line_without_terminal_escapes() {
     );
     assert_eq!(escape_log_text("ünï\u{202e}🙂"), "ünï\u{202e}🙂");
 }
+
+/// A guest's enqueue refuses control characters (and other non-printables) in the thread, a
+/// metadata key and the dedupe key, through a claim or not, as `invalid` naming the field;
+/// nothing is stored.
+#[tokio::test]
+async fn enqueue_refuses_names_that_are_not_printable() {
+    let f = fixture("enqueue_to = [\"helper\"]\n");
+    let mut guest = f.guest();
+    let (rep, _) = f.claim(&mut guest, "t").await;
+    let request = || EnqueueRequest {
+        agent: "helper".into(),
+        thread: None,
+        payload: b"x".to_vec(),
+        metadata: vec![],
+        priority: None,
+        delay_ms: None,
+        dedupe_key: None,
+        max_attempts: None,
+    };
+    let bad = [
+        (
+            "thread",
+            EnqueueRequest {
+                thread: Some("forged\nINFO all good".into()),
+                ..request()
+            },
+        ),
+        (
+            "thread",
+            EnqueueRequest {
+                thread: Some("\u{202e}txt.exe".into()),
+                ..request()
+            },
+        ),
+        (
+            "metadata",
+            EnqueueRequest {
+                metadata: vec![("k\u{1b}[31m".into(), "v".into())],
+                ..request()
+            },
+        ),
+        (
+            "dedupe_key",
+            EnqueueRequest {
+                dedupe_key: Some("key\u{0}".into()),
+                ..request()
+            },
+        ),
+    ];
+    for (field, req) in bad {
+        let through_claim = HostClaim::enqueue(&mut guest, borrow(rep), req.clone())
+            .await
+            .unwrap();
+        let outside = Host::enqueue(
+            &mut guest,
+            EnqueueRequest {
+                thread: req.thread.clone().or(Some("t".into())),
+                ..req
+            },
+        )
+        .await
+        .unwrap();
+        for out in [through_claim, outside] {
+            match out {
+                Err(GuestError::Invalid(message)) => {
+                    assert!(message.starts_with(field), "{field}: {message}");
+                    assert!(
+                        !message.contains('\u{1b}') && !message.contains('\n'),
+                        "{message}"
+                    );
+                }
+                other => panic!("{field}: expected invalid, got {other:?}"),
+            }
+        }
+    }
+    assert_eq!(
+        f.store
+            .mailbox
+            .list(&Default::default())
+            .await
+            .unwrap()
+            .len(),
+        1,
+        "only the claimed dispatch"
+    );
+}

@@ -25,7 +25,9 @@
 //! - `bounded_input`: endless or huge inputs refused fast, memory watched;
 //! - `nats_hosts`: many hosts on one NATS store;
 //! - `process_faults`: hosts killed at random points and restarted;
-//! - `fuzz`: guests making random WIT call sequences.
+//! - `fuzz`: guests making random WIT call sequences;
+//! - `hostile_input`: made-up methods, lists over big dispatches, redirects after login and
+//!   names with control characters against a real `homing run`.
 //!
 //! Tests share one process: a `nats-server` kept in a static (by the NATS conformance suite
 //! and by the fault tests) lives until the process exits, and the guests are built once.
@@ -49,6 +51,7 @@ mod embedded_store;
 mod faults;
 mod fuzz;
 mod guest_imports;
+mod hostile_input;
 mod nats_conformance;
 mod nats_hosts;
 mod new_and_build;

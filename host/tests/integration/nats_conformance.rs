@@ -158,7 +158,7 @@ mod nats_sizes {
         let store = open("sizes_meta").await;
         let room = store.room();
         let value = usize::try_from(room.value).unwrap();
-        let meta = "m".repeat(80 * 1024);
+        let meta = "m".repeat(60 * 1024);
         let crowded = NewDispatch::new("agent", "t", vec![1u8; value])
             .with_id("crowded")
             .with_metadata("notes", meta.clone());

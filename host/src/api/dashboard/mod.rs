@@ -10,7 +10,7 @@
 //! | `/dispatches/{id}` | payload, result, metadata, attempts, timeline; cancel, retry, interrupt |
 //! | `/threads/{thread}` | the thread's log, following new entries, and its dispatches; interrupt |
 //! | `/dead-letters` | dead letters, select and retry |
-//! | `/agents` | world, limits, grants (names, never values), the component's SHA-256 |
+//! | `/agents` | world, limits, grants (names, never values), the SHA-256 of the component it runs |
 //!
 //! Security: every page needs a session, opened at `/login` with an API token (see
 //! `session`); the cookie is HttpOnly and SameSite=Strict and holds a random id, never the
@@ -34,8 +34,7 @@ mod session;
 mod stats;
 mod view;
 
-use std::collections::BTreeMap;
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 
 use axum::Router;
 use axum::extract::{DefaultBodyLimit, Path, Request, State};
@@ -69,8 +68,6 @@ pub(super) struct Dashboard {
     stats: Arc<stats::Stats>,
     /// This host's id.
     host_id: String,
-    /// Each plugin's component file SHA-256 (hex), or why it could not be read.
-    hashes: Mutex<BTreeMap<String, Result<String, String>>>,
 }
 
 /// The dashboard's routes, for the API's router (which adds its own layers around them).
@@ -79,7 +76,6 @@ pub(super) fn router(api: Arc<ApiState>) -> Router<Arc<ApiState>> {
         host_id: api.config.host_id(),
         sessions: session::Sessions::default(),
         stats: Arc::new(stats::Stats::default()),
-        hashes: Mutex::new(BTreeMap::new()),
         api: api.clone(),
     });
     tokio::spawn(stats::run(

@@ -23,7 +23,8 @@ use super::view::{
 use super::{Dashboard, LOGIN_LIMIT};
 use crate::api::limits::{ClientAddr, Failed};
 use crate::api::ops::{self, OpError};
-use crate::store::{Dispatch, ListCursor, ListFilter, Status, StoreError};
+use crate::store::model::check_name;
+use crate::store::{DispatchRow, ListCursor, ListFilter, Status, StoreError};
 
 /// Rows per page of a list.
 const PAGE: usize = 50;
@@ -255,12 +256,27 @@ fn same_origin(headers: &HeaderMap) -> bool {
     }
 }
 
-/// A local path to go to after login: `next` when it is one, else `/`.
+/// A local path to go to after login: `next` when it is one, else `/`. One is a path that
+/// starts with exactly one `/` and holds only visible ASCII and no backslash: a browser drops
+/// tabs and newlines from a `Location` and reads `\` as `/`, so `/<TAB>/evil.example` or
+/// `/\evil.example` would take it to another site.
 fn local(next: Option<&str>) -> &str {
     match next {
-        Some(n) if n.starts_with('/') && !n.starts_with("//") && !n.contains('\\') => n,
+        Some(n)
+            if n.starts_with('/')
+                && !n.starts_with("//")
+                && n.bytes().all(|b| b.is_ascii_graphic() && b != b'\\') =>
+        {
+            n
+        }
         _ => "/",
     }
+}
+
+/// Checks a dispatch id or thread name from a page's path or query, as enqueue and the API
+/// check it: 400 when it is blank, too long or not printable.
+fn name(field: &str, value: &str) -> Result<(), PageError> {
+    check_name(field, value).map_err(|e| PageError::Status(StatusCode::BAD_REQUEST, e))
 }
 
 /// One notice above a page, named by `?notice=`; unknown names show nothing.
@@ -336,7 +352,7 @@ pub(super) async fn overview(
     d.stats.observe_counts(now, &counts);
     let claimed = store
         .mailbox
-        .list(&ListFilter {
+        .list_rows(&ListFilter {
             statuses: vec![Status::Claimed],
             limit: stats::CLAIM_SCAN,
             ..ListFilter::default()
@@ -363,7 +379,7 @@ pub(super) async fn overview(
         if count_of(&row, Status::Queued) > 0 {
             let queued = store
                 .mailbox
-                .list(&ListFilter {
+                .list_rows(&ListFilter {
                     agent: Some(row.name.clone()),
                     statuses: vec![Status::Queued],
                     limit: SCAN,
@@ -581,7 +597,7 @@ pub(super) async fn logout(
 
 // ---- dispatches ----
 
-fn dispatch_table(rows: &[Dispatch], now: u64, select: Option<&Session>) -> Markup {
+fn dispatch_table(rows: &[DispatchRow], now: u64, select: Option<&Session>) -> Markup {
     html! {
         div.scroll {
             table.dispatches.stack {
@@ -637,6 +653,11 @@ pub(super) async fn dispatches(
     let agent = nonblank(&p.agent);
     let thread = nonblank(&p.thread);
     let id = nonblank(&p.id);
+    for (field, value) in [("agent", agent), ("thread", thread), ("id", id)] {
+        if let Some(value) = value {
+            name(field, value)?;
+        }
+    }
     let newest = p.order.as_deref() == Some("newest");
     let status_filter = match nonblank(&p.status) {
         None => None,
@@ -662,7 +683,11 @@ pub(super) async fn dispatches(
                 && thread.is_none_or(|t| r.thread == t)
                 && status_filter.is_none_or(|s| r.status == s)
         });
-        (one.into_iter().collect::<Vec<_>>(), None, false)
+        (
+            one.iter().map(DispatchRow::of).collect::<Vec<_>>(),
+            None,
+            false,
+        )
     } else {
         let filter = ListFilter {
             agent: agent.map(str::to_owned),
@@ -672,7 +697,7 @@ pub(super) async fn dispatches(
             after: if newest { None } else { after },
         };
         if newest {
-            let mut all = store.mailbox.list(&filter).await?;
+            let mut all = store.mailbox.list_rows(&filter).await?;
             let truncated = all.len() == SCAN;
             all.sort_by(|a, b| {
                 b.created_at
@@ -689,11 +714,11 @@ pub(super) async fn dispatches(
                 truncated,
             )
         } else {
-            let rows = store.mailbox.list(&filter).await?;
+            let rows = store.mailbox.list_rows(&filter).await?;
             let next = (rows.len() == PAGE)
                 .then(|| {
                     rows.last()
-                        .map(|r| format!("after={}", encode(&ListCursor::of(r).to_string())))
+                        .map(|r| format!("after={}", encode(&r.cursor().to_string())))
                 })
                 .flatten();
             (rows, next, false)
@@ -764,6 +789,7 @@ pub(super) async fn dispatch(
     query: Result<Query<Params>, QueryRejection>,
 ) -> Result<Response, PageError> {
     let session = d.session(&headers, &uri)?;
+    name("id", &id)?;
     let p = params(query)?;
     let Some(r) = d.api.store.mailbox.load(&id).await? else {
         return Err(not_found("No such dispatch."));
@@ -881,6 +907,7 @@ pub(super) async fn cancel(
     form: Result<Form<ActionForm>, FormRejection>,
 ) -> Result<Response, PageError> {
     Dashboard::csrf_ok(&session, &action_form(form).csrf, "cancel")?;
+    name("id", &id)?;
     let r = ops::cancel(&d.api.store, &id).await?;
     info!(dispatch = %r.id, token = %session.name, "cancelled from the dashboard");
     Ok(see_other(format!(
@@ -897,6 +924,7 @@ pub(super) async fn retry(
     form: Result<Form<ActionForm>, FormRejection>,
 ) -> Result<Response, PageError> {
     Dashboard::csrf_ok(&session, &action_form(form).csrf, "retry")?;
+    name("id", &id)?;
     let r = ops::retry(&d.api.config, &d.api.store, &id).await?;
     info!(dispatch = %id, new = %r.id, token = %session.name, "retried from the dashboard");
     Ok(see_other(format!(
@@ -913,6 +941,7 @@ pub(super) async fn interrupt(
     form: Result<Form<ActionForm>, FormRejection>,
 ) -> Result<Response, PageError> {
     Dashboard::csrf_ok(&session, &action_form(form).csrf, "interrupt")?;
+    name("thread", &thread)?;
     let reason = format!("interrupted from the dashboard by {}", session.name);
     let done = d.api.store.mailbox.interrupt(&thread, &reason).await?;
     info!(%thread, epoch = done.epoch, superseded = done.superseded.len(), token = %session.name, "thread interrupted from the dashboard");
@@ -933,6 +962,7 @@ pub(super) async fn thread(
     query: Result<Query<Params>, QueryRejection>,
 ) -> Result<Response, PageError> {
     let session = d.session(&headers, &uri)?;
+    name("thread", &thread)?;
     let p = params(query)?;
     let store = &d.api.store;
     let now = d.now();
@@ -942,7 +972,7 @@ pub(super) async fn thread(
     let entries = store.log.read(&thread, from, LOG_SHOW).await?;
     let rows = store
         .mailbox
-        .list(&ListFilter {
+        .list_rows(&ListFilter {
             thread: Some(thread.clone()),
             limit: PAGE,
             ..ListFilter::default()
@@ -1029,11 +1059,14 @@ pub(super) async fn dead_letters(
         ),
     };
     let agent = nonblank(&p.agent);
+    if let Some(agent) = agent {
+        name("agent", agent)?;
+    }
     let rows = d
         .api
         .store
         .mailbox
-        .list(&ListFilter {
+        .list_rows(&ListFilter {
             agent: agent.map(str::to_owned),
             statuses: vec![Status::DeadLetter],
             limit: PAGE,
@@ -1046,7 +1079,7 @@ pub(super) async fn dead_letters(
         .map(|a| format!("agent={}&", encode(a)))
         .unwrap_or_default();
     let next = (rows.len() == PAGE)
-        .then(|| rows.last().map(|r| encode(&ListCursor::of(r).to_string())))
+        .then(|| rows.last().map(|r| encode(&r.cursor().to_string())))
         .flatten();
     let operator = session.operator().then_some(&session);
     let body = html! {
@@ -1099,6 +1132,9 @@ pub(super) async fn retry_selected(
             format!("Select at most {MAX_SELECTED} at once."),
         ));
     }
+    for id in &ids {
+        name("id", id)?;
+    }
     let mut retried = 0;
     for id in ids {
         match ops::retry(&d.api.config, &d.api.store, id).await {
@@ -1118,64 +1154,6 @@ pub(super) async fn retry_selected(
 
 // ---- agents ----
 
-/// The SHA-256 of a file, read in chunks.
-fn file_sha256(path: &std::path::Path) -> Result<String, String> {
-    use sha2::{Digest, Sha256};
-    use std::io::Read;
-    let mut file = std::fs::File::open(path)
-        .map_err(|e| format!("cannot read the component: {}", e.kind()))?;
-    let mut hasher = Sha256::new();
-    let mut buf = vec![0u8; 64 << 10];
-    loop {
-        let n = file
-            .read(&mut buf)
-            .map_err(|e| format!("cannot read the component: {}", e.kind()))?;
-        if n == 0 {
-            break;
-        }
-        hasher.update(&buf[..n]);
-    }
-    Ok(hasher
-        .finalize()
-        .iter()
-        .map(|b| format!("{b:02x}"))
-        .collect())
-}
-
-impl Dashboard {
-    /// The component hash of each plugin, computed once per process.
-    async fn hashes(&self) -> std::collections::BTreeMap<String, Result<String, String>> {
-        let missing: Vec<(String, std::path::PathBuf)> = {
-            let known = self
-                .hashes
-                .lock()
-                .map(|h| h.keys().cloned().collect::<BTreeSet<_>>())
-                .unwrap_or_default();
-            self.api
-                .config
-                .plugins
-                .iter()
-                .filter(|(name, _)| !known.contains(*name))
-                .map(|(name, p)| (name.clone(), self.api.config.resolve(&p.path)))
-                .collect()
-        };
-        if !missing.is_empty() {
-            let computed = tokio::task::spawn_blocking(move || {
-                missing
-                    .into_iter()
-                    .map(|(name, path)| (name, file_sha256(&path)))
-                    .collect::<Vec<_>>()
-            })
-            .await
-            .unwrap_or_default();
-            if let Ok(mut hashes) = self.hashes.lock() {
-                hashes.extend(computed);
-            }
-        }
-        self.hashes.lock().map(|h| h.clone()).unwrap_or_default()
-    }
-}
-
 /// `GET /agents`.
 pub(super) async fn agents(
     State(d): State_,
@@ -1184,22 +1162,21 @@ pub(super) async fn agents(
 ) -> Result<Response, PageError> {
     let session = d.session(&headers, &uri)?;
     let loaded = d.api.agents.read().map(|a| a.clone()).unwrap_or_default();
-    let hashes = d.hashes().await;
     let body = html! {
         h1 { "Agents" }
         div.cards {
             @for (name, p) in &d.api.config.plugins {
-                @let world = loaded.as_ref().and_then(|a| a.iter().find(|a| &a.name == name)).map(|a| a.world);
+                @let info = loaded.as_ref().and_then(|a| a.iter().find(|a| &a.name == name));
+                @let world = info.map(|a| a.world);
                 section.card data-agent=(name) {
                     h2 { (name) }
                     dl.meta {
                         dt { "World" } dd { @match world { Some(w) => (w), None => span.muted { "not loaded yet" } } }
                         dt { "Component SHA-256" }
                         dd.mono {
-                            @match hashes.get(name) {
-                                Some(Ok(h)) => (h),
-                                Some(Err(e)) => span.muted { (e) },
-                                None => span.muted { "unknown" },
+                            @match info {
+                                Some(a) => (a.sha256),
+                                None => span.muted { "not loaded yet" },
                             }
                         }
                         dt { "Concurrency" } dd { (p.concurrency) }
@@ -1225,7 +1202,7 @@ pub(super) async fn agents(
                 }
             }
         }
-        p.muted { "The SHA-256 is of the component file as it is on disk now." }
+        p.muted { "The SHA-256 is of the component as this host loaded and runs it (the file may have changed since)." }
     };
     Ok(html_response(view::page(
         "Agents",
@@ -1242,7 +1219,19 @@ mod tests {
     #[test]
     fn only_local_paths_are_followed_after_login() {
         assert_eq!(local(Some("/dispatches?agent=a")), "/dispatches?agent=a");
-        for bad in ["//evil.example/", "https://evil.example/", "/\\evil", ""] {
+        for bad in [
+            "//evil.example/",
+            "https://evil.example/",
+            "/\\evil",
+            "",
+            "/\t/evil.example",
+            "/\n/evil.example",
+            "/\r\n/evil.example",
+            "/ /evil.example",
+            "/\u{7f}/evil.example",
+            "/caf\u{e9}",
+            "\\/evil.example",
+        ] {
             assert_eq!(local(Some(bad)), "/", "{bad}");
         }
         assert_eq!(local(None), "/");

@@ -10,7 +10,7 @@ use std::collections::{BTreeMap, VecDeque};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use crate::store::{Dispatch, ListFilter, Status, StatusCount, Store};
+use crate::store::{DispatchRow, ListFilter, Status, StatusCount, Store};
 
 /// Minutes of throughput kept and drawn.
 pub(super) const MINUTES: usize = 15;
@@ -77,15 +77,13 @@ impl Stats {
     }
 
     /// Notes the hosts holding these claims.
-    pub fn observe_claims(&self, now: u64, claimed: &[Dispatch]) {
+    pub fn observe_claims(&self, now: u64, claimed: &[DispatchRow]) {
         let Ok(mut inner) = self.0.lock() else {
             return;
         };
         for d in claimed {
-            if let Some(claim) = &d.claim {
-                inner
-                    .hosts
-                    .insert(host_of(&claim.claimed_by).to_owned(), now);
+            if let Some(by) = &d.claimed_by {
+                inner.hosts.insert(host_of(by).to_owned(), now);
             }
         }
         let horizon = now.saturating_sub(MINUTES as u64 * MINUTE_MS);
@@ -129,7 +127,7 @@ impl Stats {
             limit: CLAIM_SCAN,
             ..ListFilter::default()
         };
-        if let Ok(claimed) = store.mailbox.list(&filter).await {
+        if let Ok(claimed) = store.mailbox.list_rows(&filter).await {
             self.observe_claims(now, &claimed);
         }
     }

@@ -77,15 +77,7 @@ pub(super) fn status(status: Status) -> Markup {
 
 /// Percent-encodes `text` for a path segment or a query value.
 pub(super) fn encode(text: &str) -> String {
-    let mut out = String::with_capacity(text.len());
-    for b in text.bytes() {
-        if b.is_ascii_alphanumeric() || matches!(b, b'-' | b'_' | b'.' | b'~') {
-            out.push(b as char);
-        } else {
-            let _ = write!(out, "%{b:02X}");
-        }
-    }
-    out
+    crate::api::view::encode(text)
 }
 
 /// The page of a dispatch.

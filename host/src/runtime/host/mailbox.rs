@@ -80,6 +80,9 @@ impl GuestState {
             new.metadata.entry("traceparent".into()).or_insert(trace);
         }
         new.dedupe_key = request.dedupe_key;
+        // The rules every entry point applies (names printable and bounded, metadata bounded),
+        // before the store sees it: refused as `invalid`, naming the field.
+        new.validate().map_err(GuestError::Invalid)?;
         Ok(new)
     }
 }

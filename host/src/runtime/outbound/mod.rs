@@ -195,6 +195,7 @@ impl WasiHttpHooks for HttpHooks {
             permit: self.permits.clone().try_acquire_owned().ok(),
             method: request.method().to_string(),
             origin: String::new(),
+            granted: NO_GRANT.to_owned(),
             path,
             started: Instant::now(),
             span: span.clone(),
@@ -216,10 +217,16 @@ struct Job {
     permit: Option<OwnedSemaphorePermit>,
     method: String,
     origin: String,
+    /// The `allowed_outbound_hosts` entry the request matched, as the metrics' `origin` label
+    /// ([`NO_GRANT`] until one matched): only values the configuration defines.
+    granted: String,
     path: String,
     started: Instant,
     span: tracing::Span,
 }
+
+/// The metrics' `origin` of a request that matched no `allowed_outbound_hosts` entry.
+const NO_GRANT: &str = "none";
 
 /// The W3C trace context header.
 const TRACEPARENT: &str = "traceparent";
@@ -241,7 +248,7 @@ impl Job {
         self.span.record("otel.status_code", "ERROR");
         crate::telemetry::outbound_request(
             &self.outbound.plugin,
-            &self.origin,
+            &self.granted,
             label.to_owned(),
             self.started.elapsed(),
         );
@@ -304,7 +311,7 @@ impl Job {
         }
         crate::telemetry::outbound_request(
             &self.outbound.plugin,
-            &self.origin,
+            &self.granted,
             if outcome.is_some() {
                 "error".to_owned()
             } else {

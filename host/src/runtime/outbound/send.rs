@@ -102,17 +102,13 @@ impl Job {
                 HttpError::ConnectionLimitReached,
             ));
         }
-        if self
-            .outbound
-            .policy
-            .admit_http(scheme, &host, port)
-            .is_none()
-        {
+        let Some(entry) = self.outbound.policy.admit_http(scheme, &host, port) else {
             return Err(self.refuse(
                 "the origin is not in allowed_outbound_hosts",
                 HttpError::HttpRequestDenied,
             ));
-        }
+        };
+        self.granted = entry.to_string();
         if let Some(length) = content_length(request.headers())
             && length > limits.max_request_body
         {

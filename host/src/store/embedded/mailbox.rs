@@ -13,11 +13,11 @@ use super::lanes::{
     demote, ensure_thread, promote_due, refresh_lane, release_thread, store_claimed, store_reclaim,
     store_superseded, thread_row,
 };
-use super::rows::{self, COLUMNS, db};
+use super::rows::{self, COLUMNS, ROW_COLUMNS, db};
 use super::{EmbeddedStore, MAX_VALUE, MAX_VALUE_WHY, TxError};
 use crate::store::check_size;
 use crate::store::model::{
-    Dispatch, Interrupt, ListFilter, NewDispatch, RunResult, Status, StatusCount,
+    Dispatch, DispatchRow, Interrupt, ListFilter, NewDispatch, RunResult, Status, StatusCount,
 };
 use crate::store::rules::{
     self, Holder, HolderOp, SupersedeClaimed, Take, clamp, lease_extended, lease_live,
@@ -503,51 +503,20 @@ let reason = reason.as_str();
 
     async fn list(&self, filter: &ListFilter) -> StoreResult<Vec<Dispatch>> {
         let filter = filter.clone();
-        let limit = if filter.limit == 0 {
-            DEFAULT_PAGE
-        } else {
-            filter.limit
-        };
         self.read(move |tx| {
-            // One statement per shape of filter, so that SQLite walks the index that matches
-            // it in list order and stops after a page (keyset paging: no OFFSET to skip).
-            let mut clauses: Vec<String> = Vec::new();
-            let mut args: Vec<Box<dyn rusqlite::ToSql>> = Vec::new();
-            if let Some(thread) = &filter.thread {
-                clauses.push("thread = ?".into());
-                args.push(Box::new(thread.clone()));
-            }
-            if let Some(agent) = &filter.agent {
-                clauses.push("agent = ?".into());
-                args.push(Box::new(agent.clone()));
-            }
-            if !filter.statuses.is_empty() {
-                let marks = vec!["?"; filter.statuses.len()].join(", ");
-                clauses.push(format!("status IN ({marks})"));
-                for status in &filter.statuses {
-                    args.push(Box::new(status.as_str()));
-                }
-            }
-            if let Some(after) = &filter.after {
-                clauses.push("(priority, created_at, id) > (?, ?, ?)".into());
-                args.push(Box::new(i64::from(after.priority)));
-                args.push(Box::new(
-                    i64::try_from(after.created_at).unwrap_or(i64::MAX),
-                ));
-                args.push(Box::new(after.id.clone()));
-            }
-            let filter = if clauses.is_empty() {
-                String::new()
-            } else {
-                format!("WHERE {}", clauses.join(" AND "))
-            };
-            let limit = i64::try_from(limit).unwrap_or(i64::MAX);
-            let sql = format!(
-                "SELECT {COLUMNS} FROM dispatches {filter} \
-                 ORDER BY priority, created_at, id LIMIT {limit}"
-            );
+            let (sql, args) = list_query(&filter, COLUMNS);
             let args: Vec<&dyn rusqlite::ToSql> = args.iter().map(|a| a.as_ref()).collect();
             rows::query(tx, &sql, &args)
+        })
+        .await
+    }
+
+    async fn list_rows(&self, filter: &ListFilter) -> StoreResult<Vec<DispatchRow>> {
+        let filter = filter.clone();
+        self.read(move |tx| {
+            let (sql, args) = list_query(&filter, ROW_COLUMNS);
+            let args: Vec<&dyn rusqlite::ToSql> = args.iter().map(|a| a.as_ref()).collect();
+            rows::query_rows(tx, &sql, &args)
         })
         .await
     }
@@ -625,6 +594,53 @@ let reason = reason.as_str();
     fn max_value(&self) -> u64 {
         MAX_VALUE
     }
+}
+
+/// The statement of a `list` page selecting `columns`, and its arguments. One statement per
+/// shape of filter, so that SQLite walks the index that matches it in list order and stops
+/// after a page (keyset paging: no OFFSET to skip).
+fn list_query(filter: &ListFilter, columns: &str) -> (String, Vec<Box<dyn rusqlite::ToSql>>) {
+    let limit = if filter.limit == 0 {
+        DEFAULT_PAGE
+    } else {
+        filter.limit
+    };
+    let mut clauses: Vec<String> = Vec::new();
+    let mut args: Vec<Box<dyn rusqlite::ToSql>> = Vec::new();
+    if let Some(thread) = &filter.thread {
+        clauses.push("thread = ?".into());
+        args.push(Box::new(thread.clone()));
+    }
+    if let Some(agent) = &filter.agent {
+        clauses.push("agent = ?".into());
+        args.push(Box::new(agent.clone()));
+    }
+    if !filter.statuses.is_empty() {
+        let marks = vec!["?"; filter.statuses.len()].join(", ");
+        clauses.push(format!("status IN ({marks})"));
+        for status in &filter.statuses {
+            args.push(Box::new(status.as_str()));
+        }
+    }
+    if let Some(after) = &filter.after {
+        clauses.push("(priority, created_at, id) > (?, ?, ?)".into());
+        args.push(Box::new(i64::from(after.priority)));
+        args.push(Box::new(
+            i64::try_from(after.created_at).unwrap_or(i64::MAX),
+        ));
+        args.push(Box::new(after.id.clone()));
+    }
+    let filter = if clauses.is_empty() {
+        String::new()
+    } else {
+        format!("WHERE {}", clauses.join(" AND "))
+    };
+    let limit = i64::try_from(limit).unwrap_or(i64::MAX);
+    let sql = format!(
+        "SELECT {columns} FROM dispatches {filter} \
+         ORDER BY priority, created_at, id LIMIT {limit}"
+    );
+    (sql, args)
 }
 
 /// Dispatches by agent and status among the rows `filter` (a `WHERE` clause, or nothing)

@@ -12,6 +12,11 @@
 //! safely; SQLite's busy handler serialises their writers (and a writer that waits longer
 //! than [`BUSY_TIMEOUT`] gets `Contention`).
 //!
+//! No SQLite call runs on an async worker: writes run on the store's writer thread (see
+//! [`writer`]), reads on tokio's blocking threads over a few read connections of their own
+//! (WAL readers wait for no writer and for each other only when all are busy), so a slow read
+//! holds up nothing else the process does.
+//!
 //! # Schema
 //!
 //! - `dispatches`: one row per dispatch (the record of the contract, section 1) plus scheduler bookkeeping: `ready`
@@ -51,6 +56,7 @@ mod rows;
 mod writer;
 
 use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -181,12 +187,55 @@ pub struct EmbeddedStore {
 struct Inner {
     /// The queue of the writer thread, which owns the write connection (group commit).
     writer: writer::Writer,
-    /// A connection for reads (file stores): WAL readers never wait for the writer. An
-    /// in-memory store has no second connection; its reads queue on the writer.
-    reader: Option<Mutex<Connection>>,
+    /// Connections for reads (file stores): WAL readers never wait for the writer. Reads run
+    /// on tokio's blocking threads, never on the async workers, so a long read (a page of a
+    /// list, a burst of them) holds up no other task. An in-memory store has none; its reads
+    /// queue on the writer.
+    readers: Vec<Mutex<Connection>>,
+    /// Where the next read that finds every reader busy waits.
+    next_reader: AtomicUsize,
     clock: SharedClock,
     signal: Arc<Notify>,
     location: String,
+}
+
+/// How many read connections a file store keeps: reads on different connections run side by
+/// side (WAL readers do not wait for each other or for the writer).
+const READERS: usize = 4;
+
+impl Inner {
+    /// Runs `op` in a read transaction on a free reader (or waits for one): only ever on a
+    /// blocking thread.
+    fn read_now<T>(&self, op: impl FnOnce(&Connection) -> StoreResult<T>) -> StoreResult<T> {
+        // A poisoned lock means a panic while holding it; the connection itself is still
+        // consistent (SQLite rolled back the open transaction), so keep using it.
+        let free = self.readers.iter().find_map(|r| match r.try_lock() {
+            Ok(conn) => Some(conn),
+            Err(std::sync::TryLockError::Poisoned(poisoned)) => Some(poisoned.into_inner()),
+            Err(std::sync::TryLockError::WouldBlock) => None,
+        });
+        let mut conn = match free {
+            Some(conn) => conn,
+            None => {
+                let at = self.next_reader.fetch_add(1, Ordering::Relaxed) % READERS;
+                let Some(reader) = self.readers.get(at).or(self.readers.first()) else {
+                    return Err(StoreError::Unavailable(format!(
+                        "{}: the store has no read connection",
+                        self.location
+                    )));
+                };
+                reader
+                    .lock()
+                    .unwrap_or_else(|poisoned| poisoned.into_inner())
+            }
+        };
+        let tx = conn
+            .transaction_with_behavior(TransactionBehavior::Deferred)
+            .map_err(|e| sql_error(&self.location, e))?;
+        let value = op(&tx)?;
+        tx.commit().map_err(|e| sql_error(&self.location, e))?;
+        Ok(value)
+    }
 }
 
 impl std::fmt::Debug for Inner {
@@ -246,9 +295,13 @@ impl EmbeddedStore {
         conn.pragma_update(None, "wal_autocheckpoint", 0)
             .map_err(|e| sql_error(&location, e))?;
         migrate(&mut conn, &location)?;
-        let reader = open()?;
-        Self::configure(&reader, &location, true, options)?;
-        let store = Self::from_connections(conn, Some(reader), clock, location)?;
+        let mut readers = Vec::with_capacity(READERS);
+        for _ in 0..READERS {
+            let reader = open()?;
+            Self::configure(&reader, &location, true, options)?;
+            readers.push(reader);
+        }
+        let store = Self::from_connections(conn, readers, clock, location)?;
         start_checkpointer(path, Arc::downgrade(&store.inner))?;
         Ok(store)
     }
@@ -264,7 +317,7 @@ impl EmbeddedStore {
         let location = ":memory:".to_owned();
         Self::configure(&conn, &location, false, EmbeddedOptions::default())?;
         migrate(&mut conn, &location)?;
-        Self::from_connections(conn, None, clock, location)
+        Self::from_connections(conn, Vec::new(), clock, location)
     }
 
     fn configure(
@@ -310,7 +363,7 @@ impl EmbeddedStore {
 
     fn from_connections(
         conn: Connection,
-        reader: Option<Connection>,
+        readers: Vec<Connection>,
         clock: SharedClock,
         location: String,
     ) -> StoreResult<Self> {
@@ -318,7 +371,8 @@ impl EmbeddedStore {
         Ok(EmbeddedStore {
             inner: Arc::new(Inner {
                 writer,
-                reader: reader.map(Mutex::new),
+                readers: readers.into_iter().map(Mutex::new).collect(),
+                next_reader: AtomicUsize::new(0),
                 clock,
                 signal: Arc::new(Notify::new()),
                 location,
@@ -373,28 +427,20 @@ impl EmbeddedStore {
         .await
     }
 
-    /// Runs a read on a consistent snapshot.
+    /// Runs a read on a consistent snapshot, on a blocking thread (see [`Inner::readers`]).
     async fn read<T: Send + 'static>(
         &self,
         op: impl FnOnce(&Connection) -> StoreResult<T> + Send + 'static,
     ) -> StoreResult<T> {
-        let Some(reader) = &self.inner.reader else {
+        if self.inner.readers.is_empty() {
             return self
                 .write(move |conn, _| op(conn).map_err(TxError::Abort))
                 .await;
-        };
-        // A poisoned lock means a panic while holding it; the connection itself is still
-        // consistent (SQLite rolled back the open transaction), so keep using it.
-        let mut conn = reader
-            .lock()
-            .unwrap_or_else(|poisoned| poisoned.into_inner());
-        let tx = conn
-            .transaction_with_behavior(TransactionBehavior::Deferred)
-            .map_err(|e| sql_error(&self.inner.location, e))?;
-        let value = op(&tx)?;
-        tx.commit()
-            .map_err(|e| sql_error(&self.inner.location, e))?;
-        Ok(value)
+        }
+        let inner = self.inner.clone();
+        tokio::task::spawn_blocking(move || inner.read_now(op))
+            .await
+            .map_err(|_| StoreError::Unavailable("a store read stopped before it ended".into()))?
     }
 
     fn signal(&self) {

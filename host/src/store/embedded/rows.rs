@@ -5,7 +5,7 @@ use std::collections::BTreeMap;
 
 use rusqlite::{Connection, OptionalExtension, Row, params};
 
-use crate::store::model::{Claim, Dispatch, RunResult, RunStatus, Status};
+use crate::store::model::{Claim, Dispatch, DispatchRow, RowResult, RunResult, RunStatus, Status};
 use crate::store::rules::Found;
 use crate::store::{StoreError, StoreResult};
 
@@ -14,6 +14,14 @@ pub(super) const COLUMNS: &str = "id, agent, thread, run_id, payload, metadata, 
     dedupe_key, max_attempts, attempt, epoch, status, claim_token, claimed_by, lease_until, started_at, \
     result_status, result_output, result_error, last_error, created_at, updated_at, completed_at, \
     settled_token, settled_op";
+
+/// The columns a list row selects, in the order [`decode_row`] reads them: no payload and no
+/// output, only their sizes (`octet_length` reads a value's size from the record's header, not
+/// the value).
+pub(super) const ROW_COLUMNS: &str = "id, agent, thread, run_id, octet_length(payload), metadata, \
+    priority, available_at, dedupe_key, max_attempts, attempt, epoch, status, claimed_by, lease_until, \
+    started_at, result_status, octet_length(result_output), result_error, last_error, created_at, \
+    updated_at, completed_at";
 
 /// A decoded row: the record plus the store's bookkeeping about who settled it.
 #[derive(Debug, Clone)]
@@ -109,6 +117,60 @@ pub(super) fn decode(row: &Row<'_>) -> StoreResult<Row_> {
         dispatch,
         settled_token: row.get(24).map_err(field)?,
         settled_op: row.get(25).map_err(field)?,
+    })
+}
+
+/// Decodes one row selected with [`ROW_COLUMNS`].
+fn decode_row(row: &Row<'_>) -> StoreResult<DispatchRow> {
+    let id: String = row
+        .get(0)
+        .map_err(|e| corrupt("?", format!("id column: {e}")))?;
+    let field = |e: rusqlite::Error| corrupt(&id, e.to_string());
+    let metadata_text: String = row.get(5).map_err(field)?;
+    let metadata: BTreeMap<String, String> =
+        serde_json::from_str(&metadata_text).map_err(|e| corrupt(&id, format!("metadata: {e}")))?;
+    let priority: i64 = row.get(6).map_err(field)?;
+    let priority = u8::try_from(priority)
+        .map_err(|_| corrupt(&id, format!("priority {priority} out of range")))?;
+    let status_text: String = row.get(12).map_err(field)?;
+    let status: Status = status_text.parse().map_err(|e: String| corrupt(&id, e))?;
+    let claimed_by: Option<String> = row.get(13).map_err(field)?;
+    let lease_until: Option<u64> = row.get(14).map_err(field)?;
+    if claimed_by.is_some() != lease_until.is_some() {
+        return Err(corrupt(&id, "partial claim fields"));
+    }
+    let result_status: Option<String> = row.get(16).map_err(field)?;
+    let result = match result_status {
+        None => None,
+        Some(text) => Some(RowResult {
+            status: RunStatus::parse(&text)
+                .ok_or_else(|| corrupt(&id, format!("unknown result status `{text}`")))?,
+            output_size: row.get::<_, Option<u64>>(17).map_err(field)?.unwrap_or(0),
+            error: row.get(18).map_err(field)?,
+        }),
+    };
+    Ok(DispatchRow {
+        agent: row.get(1).map_err(field)?,
+        thread: row.get(2).map_err(field)?,
+        run_id: row.get(3).map_err(field)?,
+        payload_size: row.get::<_, Option<u64>>(4).map_err(field)?.unwrap_or(0),
+        metadata,
+        priority,
+        available_at: row.get(7).map_err(field)?,
+        dedupe_key: row.get(8).map_err(field)?,
+        max_attempts: row.get(9).map_err(field)?,
+        attempt: row.get(10).map_err(field)?,
+        epoch: row.get(11).map_err(field)?,
+        status,
+        claimed_by,
+        lease_until,
+        started_at: row.get(15).map_err(field)?,
+        result,
+        last_error: row.get(19).map_err(field)?,
+        created_at: row.get(20).map_err(field)?,
+        updated_at: row.get(21).map_err(field)?,
+        completed_at: row.get(22).map_err(field)?,
+        id: id.clone(),
     })
 }
 
@@ -226,6 +288,21 @@ pub(super) fn query(
     let mut out = Vec::new();
     while let Some(row) = rows.next().map_err(db)? {
         out.push(decode(row)?.dispatch);
+    }
+    Ok(out)
+}
+
+/// Runs a query selecting [`ROW_COLUMNS`] and decodes every row.
+pub(super) fn query_rows(
+    tx: &Connection,
+    sql: &str,
+    args: &[&dyn rusqlite::ToSql],
+) -> StoreResult<Vec<DispatchRow>> {
+    let mut stmt = tx.prepare_cached(sql).map_err(db)?;
+    let mut rows = stmt.query(args).map_err(db)?;
+    let mut out = Vec::new();
+    while let Some(row) = rows.next().map_err(db)? {
+        out.push(decode_row(row)?);
     }
     Ok(out)
 }

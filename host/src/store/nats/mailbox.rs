@@ -19,7 +19,7 @@ use super::keys::{FRAME_OVERHEAD, Key};
 use super::view::{Record, Stored, View};
 use crate::store::check_size;
 use crate::store::model::{
-    Dispatch, Interrupt, ListFilter, NewDispatch, RunResult, Status, StatusCount,
+    Dispatch, DispatchRow, Interrupt, ListFilter, NewDispatch, RunResult, Status, StatusCount,
 };
 use crate::store::rules::{
     self, Holder, HolderOp, Reclaim, Settle, SupersedeClaimed, Take, lease_extended, lease_live,
@@ -540,6 +540,10 @@ impl Mailbox for NatsStore {
     }
 
     async fn list(&self, filter: &ListFilter) -> StoreResult<Vec<Dispatch>> {
+        self.list_dispatches(filter).await
+    }
+
+    async fn list_rows(&self, filter: &ListFilter) -> StoreResult<Vec<DispatchRow>> {
         self.list_dispatches(filter).await
     }
 

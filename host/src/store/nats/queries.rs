@@ -12,7 +12,7 @@ use super::fetch::Read;
 use super::keys::Key;
 use super::view::{Record, View};
 use crate::store::StoreResult;
-use crate::store::model::{Dispatch, ListCursor, ListFilter, Status, StatusCount};
+use crate::store::model::{Dispatch, DispatchRow, ListCursor, ListFilter, Status, StatusCount};
 
 /// Where a dispatch record was read.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -28,16 +28,34 @@ const DEFAULT_PAGE: usize = 100;
 /// Records one `purge_terminal` call tombstones at most.
 const PURGE_PER_CALL: usize = 100_000;
 
-/// The first `limit` rows after the filter's cursor, in list order, holding no more than
-/// `limit` rows at any time whatever the input's size.
-struct Page<'f> {
-    filter: &'f ListFilter,
-    limit: usize,
-    rows: BTreeMap<ListCursor, Dispatch>,
+/// What a page of a list holds of each record: the whole record (`list`), or its row
+/// (`list_rows`: no payload, no output).
+pub(super) trait Listed {
+    fn of(d: &Dispatch) -> Self;
 }
 
-impl<'f> Page<'f> {
-    fn new(filter: &'f ListFilter) -> Page<'f> {
+impl Listed for Dispatch {
+    fn of(d: &Dispatch) -> Dispatch {
+        d.clone()
+    }
+}
+
+impl Listed for DispatchRow {
+    fn of(d: &Dispatch) -> DispatchRow {
+        DispatchRow::of(d)
+    }
+}
+
+/// The first `limit` rows after the filter's cursor, in list order, holding no more than
+/// `limit` rows at any time whatever the input's size.
+struct Page<'f, T> {
+    filter: &'f ListFilter,
+    limit: usize,
+    rows: BTreeMap<ListCursor, T>,
+}
+
+impl<'f, T: Listed> Page<'f, T> {
+    fn new(filter: &'f ListFilter) -> Page<'f, T> {
         let limit = if filter.limit == 0 {
             DEFAULT_PAGE
         } else {
@@ -70,13 +88,13 @@ impl<'f> Page<'f> {
         {
             return;
         }
-        self.rows.insert(key, d.clone());
+        self.rows.insert(key, T::of(d));
         if self.rows.len() > self.limit {
             self.rows.pop_last();
         }
     }
 
-    fn rows(self) -> Vec<Dispatch> {
+    fn rows(self) -> Vec<T> {
         self.rows.into_values().collect()
     }
 }
@@ -169,8 +187,13 @@ impl NatsStore {
         Ok(view.dispatch(id)?.map(|s| s.d.clone()))
     }
 
-    pub(super) async fn list_dispatches(&self, filter: &ListFilter) -> StoreResult<Vec<Dispatch>> {
-        let mut page = Page::new(filter);
+    /// A page of `list` (`T` = [`Dispatch`]) or `list_rows` ([`DispatchRow`]): the page holds
+    /// only what `T` keeps of each record read.
+    pub(super) async fn list_dispatches<T: Listed>(
+        &self,
+        filter: &ListFilter,
+    ) -> StoreResult<Vec<T>> {
+        let mut page = Page::<T>::new(filter);
         match &filter.thread {
             None => self.each_dispatch(|_, _, d| page.offer(d)).await?,
             Some(thread) => {

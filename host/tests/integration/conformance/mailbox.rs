@@ -4,7 +4,7 @@ use std::collections::BTreeMap;
 use std::time::Duration;
 
 use homing::store::{
-    ListCursor, ListFilter, NewDispatch, RunResult, Status, StatusCount, StoreError,
+    DispatchRow, ListCursor, ListFilter, NewDispatch, RunResult, Status, StatusCount, StoreError,
 };
 
 use super::*;
@@ -639,6 +639,83 @@ pub async fn counts_track_statuses_per_agent_without_zero_rows<F: Factory>(facto
     assert_eq!(live, want_live);
 }
 
+/// `list_rows` lists what `list` lists, in the same order, page by page, each row the record
+/// without its payload and output (their sizes) and without its claim token: queued, claimed,
+/// completed with an output, and failed records alike.
+pub async fn list_rows_are_the_list_without_payloads<F: Factory>(factory: &F) {
+    let env = Env::new(factory).await;
+    let s = env.open().await;
+    for i in 0..5 {
+        put(
+            &s,
+            nd(&format!("t{i}"), &format!("d{i}"))
+                .with_metadata("k", format!("v{i}"))
+                .with_priority(100 + (i % 2) as u8),
+        )
+        .await;
+        env.advance(1);
+    }
+    put(
+        &s,
+        NewDispatch::new(AGENT, "t9", vec![7u8; 3000]).with_id("bin"),
+    )
+    .await;
+    let done = claim(&s).await.unwrap();
+    s.mailbox
+        .complete(
+            &done.id,
+            done.token().unwrap(),
+            RunResult::success(vec![1u8; 1234]),
+        )
+        .await
+        .unwrap();
+    let failed = claim(&s).await.unwrap();
+    s.mailbox
+        .complete(
+            &failed.id,
+            failed.token().unwrap(),
+            RunResult::failure("no"),
+        )
+        .await
+        .unwrap();
+    let held = claim(&s).await.unwrap();
+    assert!(held.claim.is_some());
+    for filter in [
+        ListFilter::default(),
+        ListFilter {
+            statuses: vec![Status::Acked],
+            ..ListFilter::default()
+        },
+        ListFilter {
+            thread: Some("t9".into()),
+            ..ListFilter::default()
+        },
+        ListFilter {
+            agent: Some(AGENT.into()),
+            limit: 2,
+            after: Some(ListCursor {
+                priority: 100,
+                created_at: 0,
+                id: String::new(),
+            }),
+            ..ListFilter::default()
+        },
+    ] {
+        let whole = s.mailbox.list(&filter).await.unwrap();
+        let rows = s.mailbox.list_rows(&filter).await.unwrap();
+        let want: Vec<DispatchRow> = whole.iter().map(DispatchRow::of).collect();
+        assert_eq!(rows, want, "{filter:?}");
+    }
+    let rows = s.mailbox.list_rows(&ListFilter::default()).await.unwrap();
+    let bin = rows.iter().find(|r| r.id == "bin").unwrap();
+    assert_eq!(bin.payload_size, 3000);
+    let done = rows.iter().find(|r| r.id == done.id).unwrap();
+    assert_eq!(done.result.as_ref().map(|r| r.output_size), Some(1234));
+    let row = rows.iter().find(|r| r.id == held.id).unwrap();
+    assert_eq!(row.claimed_by.as_deref(), Some(WORKER));
+    assert_eq!(row.cursor(), ListCursor::of(&held));
+}
+
 /// List filters by thread, agent and statuses and pages with limit and a cursor: a page
 /// starts after the previous page's last row, so a row removed between pages shifts nothing.
 pub async fn list_filters_by_thread_agent_status_and_pages<F: Factory>(factory: &F) {
@@ -881,7 +958,8 @@ pub async fn enqueue_with_zero_max_attempts_is_invalid<F: Factory>(factory: &F) 
     assert!(all(&s).await.is_empty());
 }
 
-/// Blank or oversized names and an empty dedupe key are `Invalid`; nothing is stored.
+/// Blank, oversized or non-printable names, an empty dedupe key and metadata over its cap
+/// are `Invalid`; nothing is stored.
 pub async fn enqueue_with_blank_or_oversized_fields_is_invalid<F: Factory>(factory: &F) {
     let env = Env::new(factory).await;
     let s = env.open().await;
@@ -906,6 +984,32 @@ pub async fn enqueue_with_blank_or_oversized_fields_is_invalid<F: Factory>(facto
         (
             "blank run id",
             NewDispatch::new(AGENT, "t", vec![]).with_run_id(" "),
+        ),
+        ("newline in thread", NewDispatch::new(AGENT, "t\nx", vec![])),
+        (
+            "ESC in id",
+            NewDispatch::new(AGENT, "t", vec![]).with_id("\u{1b}[2J"),
+        ),
+        (
+            "bidi override in agent",
+            NewDispatch::new("\u{202e}agent", "t", vec![]),
+        ),
+        (
+            "control in metadata key",
+            NewDispatch::new(AGENT, "t", vec![]).with_metadata("k\r", "v"),
+        ),
+        (
+            "control in dedupe key",
+            NewDispatch::new(AGENT, "t", vec![]).with_dedupe_key("k\u{7f}"),
+        ),
+        (
+            "long dedupe key",
+            NewDispatch::new(AGENT, "t", vec![]).with_dedupe_key(long.clone()),
+        ),
+        (
+            "metadata over its cap",
+            NewDispatch::new(AGENT, "t", vec![])
+                .with_metadata("notes", "m".repeat(homing::store::model::MAX_METADATA)),
         ),
     ];
     for (what, new) in cases {
@@ -1098,7 +1202,7 @@ pub async fn no_operation_panics_on_extreme_inputs<F: Factory>(factory: &F) {
     let env = Env::new(factory).await;
     let s = env.open().await;
     let m = &s.mailbox;
-    let odd = "it's \"odd\"; DROP TABLE dispatches; -- %_ \u{1F600} \\ \u{7}";
+    let odd = "it's \"odd\"; DROP TABLE dispatches; -- %_ \u{1F600} \\ \u{e9}";
     let d = put(
         &s,
         NewDispatch::new(odd, odd, vec![0u8; 3])

@@ -408,6 +408,7 @@ macro_rules! suite {
                     has_live_work_tracks_queued_and_claimed,
                     queued_threads_lists_exactly_threads_with_queued_work,
                     counts_track_statuses_per_agent_without_zero_rows,
+                    list_rows_are_the_list_without_payloads,
                     list_filters_by_thread_agent_status_and_pages,
                     list_orders_by_priority_then_created_at_then_id,
                     list_terminal_returns_oldest_completion_first_and_pages,

@@ -24,6 +24,31 @@ pub const MAX_PAYLOAD: usize = 4096;
 pub const SINK: &str = "sink";
 /// The host's cap on names (agent, thread), in bytes.
 const MAX_NAME: usize = 256;
+/// The host's cap on a dispatch's metadata, keys and values together.
+const MAX_METADATA: usize = 64 * 1024;
+/// What the host may add to a follow-up's metadata: `enqueued-by`, `parent`, `traceparent`.
+const HOST_METADATA: usize = 300;
+
+/// Whether the host takes `s` as a name: at most [`MAX_NAME`] bytes, no control character,
+/// line or paragraph separator, or invisible formatting character (its `check_text`).
+fn name_ok(s: &str) -> bool {
+    s.len() <= MAX_NAME
+        && !s.chars().any(|c| {
+            c.is_control()
+                || matches!(
+                    c,
+                    '\u{00AD}'
+                        | '\u{061C}'
+                        | '\u{180E}'
+                        | '\u{200B}'..='\u{200F}'
+                        | '\u{2028}'..='\u{202E}'
+                        | '\u{2060}'..='\u{206F}'
+                        | '\u{FEFF}'
+                        | '\u{FFF9}'..='\u{FFFB}'
+                        | '\u{E0000}'..='\u{E007F}'
+                )
+        })
+}
 /// The host's cap on a follow-up's delay (30 days), in milliseconds.
 const MAX_DELAY_MS: u64 = 30 * 24 * 3600 * 1000;
 /// The host's cap on one `read-log` page.
@@ -856,12 +881,25 @@ impl Run {
             4 => Some(u32::MAX),
             _ => Some(rng.below(10) as u32),
         };
-        // The host's checks, in its order: target, thread, payload, delay, then the store's.
+        // The host's checks, in its order: target, thread, payload, delay, then the names and
+        // the metadata (every entry point's rules), then the store's.
         let resolved = match (&thread, through_claim) {
             (Some(t), _) => Some(t.clone()),
             (None, true) => Some(self.info.thread.clone()),
             (None, false) => None,
         };
+        // The metadata as the host keeps it (a later key wins; it sets `enqueued-by` and,
+        // through a claim, `parent`), less what the host adds.
+        let mut kept: BTreeMap<&str, &str> = BTreeMap::new();
+        for (key, value) in &metadata {
+            kept.insert(key, value);
+        }
+        let bad_key = kept.keys().any(|k| k.trim().is_empty() || !name_ok(k));
+        kept.remove("enqueued-by");
+        if through_claim {
+            kept.remove("parent");
+        }
+        let size: usize = kept.iter().map(|(k, v)| k.len() + v.len()).sum();
         let allowed: Vec<&'static str> = if agent != SINK {
             vec!["denied"]
         } else if resolved.is_none()
@@ -869,10 +907,21 @@ impl Run {
             || delay_ms.is_some_and(|d| d > MAX_DELAY_MS)
             || resolved
                 .as_ref()
-                .is_some_and(|t| t.trim().is_empty() || t.len() > MAX_NAME)
-            || dedupe_key.as_ref().is_some_and(String::is_empty)
+                .is_some_and(|t| t.trim().is_empty() || !name_ok(t))
+            || dedupe_key
+                .as_ref()
+                .is_some_and(|k| k.is_empty() || !name_ok(k))
+            || bad_key
+            || size > MAX_METADATA
         {
             vec!["invalid"]
+        } else if size + HOST_METADATA > MAX_METADATA {
+            // What the host adds may take it over the cap.
+            if dedupe_key.is_some() {
+                vec!["ok", "duplicate", "invalid"]
+            } else {
+                vec!["ok", "invalid"]
+            }
         } else if dedupe_key.is_some() {
             vec!["ok", "duplicate"]
         } else {
