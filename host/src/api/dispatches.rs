@@ -27,8 +27,10 @@ pub(crate) const MAX_PAGE: usize = 1000;
 /// early, with its `next_cursor` (its last entry's `seq`), and always holds at least one.
 pub(crate) const MAX_PAGE_BYTES: usize = 2 << 20;
 
-/// Rows read from the store per call while a page of the list is built: the rows held at
-/// once, whatever `limit` asks for.
+/// Rows read by the first store call of a page of the list; later calls read as many as the
+/// rows read so far say fit in what is left of [`MAX_PAGE_BYTES`]. So a page of small rows
+/// is two store calls at most (on NATS, across threads, each is a read of every record),
+/// and a page of big rows never holds many more than fit the cap.
 const LIST_BATCH: usize = 100;
 
 /// Checks a dispatch id, agent or thread name taken from a route's path or query, as enqueue
@@ -350,8 +352,8 @@ pub(super) fn limit(pairs: &[(String, String)]) -> Result<usize, ApiError> {
 }
 
 /// `GET /v1/dispatches?agent=&thread=&status=&limit=&cursor=`: rows without payloads or
-/// outputs (their sizes instead), read from the store [`LIST_BATCH`] at a time, the page
-/// ending early rather than pass [`MAX_PAGE_BYTES`].
+/// outputs (their sizes instead), read from the store in batches sized to the page's byte
+/// cap ([`LIST_BATCH`]), the page ending early rather than pass [`MAX_PAGE_BYTES`].
 pub(super) async fn list(
     State(state): State<Arc<ApiState>>,
     query: Result<Query<Vec<(String, String)>>, axum::extract::rejection::QueryRejection>,
@@ -391,7 +393,13 @@ pub(super) async fn list(
     let mut last = None;
     let mut cut = false;
     while count < limit && !cut {
-        filter.limit = (limit - count).min(LIST_BATCH);
+        // After the first call, as many more as fit at the average size so far, and one to
+        // find the end.
+        filter.limit = match body.len().checked_div(count) {
+            None => LIST_BATCH,
+            Some(average) => MAX_PAGE_BYTES.saturating_sub(body.len()) / average.max(1) + 1,
+        }
+        .min(limit - count);
         let rows = state.store.mailbox.list_rows(&filter).await?;
         let read_all = rows.len() < filter.limit;
         for row in &rows {
