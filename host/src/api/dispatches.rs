@@ -393,12 +393,11 @@ pub(super) async fn list(
     let mut last = None;
     let mut cut = false;
     while count < limit && !cut {
-        filter.limit = if count == 0 {
-            LIST_BATCH
-        } else {
-            // As many more as fit at the average size so far, and one to find the end.
-            let average = (body.len() / count).max(1);
-            MAX_PAGE_BYTES.saturating_sub(body.len()) / average + 1
+        // After the first call, as many more as fit at the average size so far, and one to
+        // find the end.
+        filter.limit = match body.len().checked_div(count) {
+            None => LIST_BATCH,
+            Some(average) => MAX_PAGE_BYTES.saturating_sub(body.len()) / average.max(1) + 1,
         }
         .min(limit - count);
         let rows = state.store.mailbox.list_rows(&filter).await?;
