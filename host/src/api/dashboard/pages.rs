@@ -37,7 +37,7 @@ const ENTRY_SHOW: usize = 4096;
 /// The most dead letters retried by one post.
 const MAX_SELECTED: usize = 100;
 
-type State_ = State<Arc<Dashboard>>;
+type PageState = State<Arc<Dashboard>>;
 
 /// Why a page is not shown.
 #[derive(Debug)]
@@ -341,7 +341,7 @@ fn count_of(row: &AgentRow, status: Status) -> u64 {
 
 /// `GET /`.
 pub(super) async fn overview(
-    State(d): State_,
+    State(d): PageState,
     headers: HeaderMap,
     uri: Uri,
 ) -> Result<Response, PageError> {
@@ -481,7 +481,7 @@ fn login_form(next: &str, error: Option<&str>) -> Markup {
 
 /// `GET /login`.
 pub(super) async fn login_page(
-    State(d): State_,
+    State(d): PageState,
     headers: HeaderMap,
     query: Result<Query<Params>, QueryRejection>,
 ) -> Response {
@@ -503,7 +503,7 @@ pub(super) struct LoginForm {
 /// `POST /login`. A right token always logs in; a wrong one is 401, or 429 once its client
 /// address has failed too often (with the API's invalid tokens; `limits::Failures`).
 pub(super) async fn login(
-    State(d): State_,
+    State(d): PageState,
     LoginHead(client): LoginHead,
     form: Result<Form<LoginForm>, FormRejection>,
 ) -> Response {
@@ -576,7 +576,7 @@ fn action_form(form: Result<Form<ActionForm>, FormRejection>) -> ActionForm {
 
 /// `POST /logout`.
 pub(super) async fn logout(
-    State(d): State_,
+    State(d): PageState,
     headers: HeaderMap,
     LoggingOut(current): LoggingOut,
     form: Result<Form<ActionForm>, FormRejection>,
@@ -643,7 +643,7 @@ fn dispatch_table(rows: &[DispatchRow], now: u64, select: Option<&Session>) -> M
 
 /// `GET /dispatches?agent=&status=&thread=&id=&order=priority|newest&after=&page=`.
 pub(super) async fn dispatches(
-    State(d): State_,
+    State(d): PageState,
     headers: HeaderMap,
     uri: Uri,
     query: Result<Query<Params>, QueryRejection>,
@@ -782,7 +782,7 @@ pub(super) async fn dispatches(
 
 /// `GET /dispatches/{id}`.
 pub(super) async fn dispatch(
-    State(d): State_,
+    State(d): PageState,
     headers: HeaderMap,
     uri: Uri,
     Path(id): Path<String>,
@@ -901,7 +901,7 @@ fn see_other(location: String) -> Response {
 
 /// `POST /dispatches/{id}/cancel`.
 pub(super) async fn cancel(
-    State(d): State_,
+    State(d): PageState,
     Path(id): Path<String>,
     Acting(session): Acting,
     form: Result<Form<ActionForm>, FormRejection>,
@@ -918,7 +918,7 @@ pub(super) async fn cancel(
 
 /// `POST /dispatches/{id}/retry`.
 pub(super) async fn retry(
-    State(d): State_,
+    State(d): PageState,
     Path(id): Path<String>,
     Acting(session): Acting,
     form: Result<Form<ActionForm>, FormRejection>,
@@ -935,7 +935,7 @@ pub(super) async fn retry(
 
 /// `POST /threads/{thread}/interrupt`.
 pub(super) async fn interrupt(
-    State(d): State_,
+    State(d): PageState,
     Path(thread): Path<String>,
     Acting(session): Acting,
     form: Result<Form<ActionForm>, FormRejection>,
@@ -955,7 +955,7 @@ pub(super) async fn interrupt(
 
 /// `GET /threads/{thread}`.
 pub(super) async fn thread(
-    State(d): State_,
+    State(d): PageState,
     headers: HeaderMap,
     uri: Uri,
     Path(thread): Path<String>,
@@ -1044,7 +1044,7 @@ fn entry_text(data: &[u8]) -> String {
 
 /// `GET /dead-letters?agent=&after=`.
 pub(super) async fn dead_letters(
-    State(d): State_,
+    State(d): PageState,
     headers: HeaderMap,
     uri: Uri,
     query: Result<Query<Params>, QueryRejection>,
@@ -1108,7 +1108,7 @@ pub(super) async fn dead_letters(
 
 /// `POST /dead-letters/retry` with `csrf` and one `id` per selected dead letter.
 pub(super) async fn retry_selected(
-    State(d): State_,
+    State(d): PageState,
     Acting(session): Acting,
     form: Result<Form<Vec<(String, String)>>, FormRejection>,
 ) -> Result<Response, PageError> {
@@ -1156,7 +1156,7 @@ pub(super) async fn retry_selected(
 
 /// `GET /agents`.
 pub(super) async fn agents(
-    State(d): State_,
+    State(d): PageState,
     headers: HeaderMap,
     uri: Uri,
 ) -> Result<Response, PageError> {

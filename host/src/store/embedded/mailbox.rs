@@ -112,7 +112,7 @@ impl EmbeddedStore {
                     Some(row) => thread_row(tx, &row.dispatch.thread)?.epoch,
                     None => 0,
                 };
-                let found = row.as_ref().map(rows::Row_::found);
+                let found = row.as_ref().map(rows::StoredRow::found);
                 match rules::check_holder(found, &id, &token, settles, thread_epoch, now) {
                     Holder::Repeat(d) => Ok((d, false)),
                     Holder::Refuse(e) => Err(TxError::Abort(e)),
@@ -426,7 +426,7 @@ let reason = reason.as_str();
                 let reason = reason.as_str();
 
                 let row = rows::load(tx, id)?;
-                let found = row.as_ref().map(rows::Row_::found);
+                let found = row.as_ref().map(rows::StoredRow::found);
                 match rules::supersede_claimed(found, id, token, reason, now) {
                     SupersedeClaimed::Nothing => Ok(None),
                     SupersedeClaimed::Repeat(d) => Ok(Some(d)),

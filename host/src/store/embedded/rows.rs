@@ -25,17 +25,17 @@ pub(super) const ROW_COLUMNS: &str = "id, agent, thread, run_id, octet_length(pa
 
 /// A decoded row: the record plus the store's bookkeeping about who settled it.
 #[derive(Debug, Clone)]
-pub(super) struct Row_ {
+pub(super) struct StoredRow {
     pub dispatch: Dispatch,
     pub settled_token: Option<String>,
     pub settled_op: Option<String>,
 }
 
-impl Row_ {
+impl StoredRow {
     /// The record and its settlement, as the store's rules read them.
     pub fn found(&self) -> Found<'_> {
         Found {
-            d: &self.dispatch,
+            dispatch: &self.dispatch,
             settled: self
                 .settled_token
                 .as_deref()
@@ -52,7 +52,7 @@ fn corrupt(id: &str, reason: impl Into<String>) -> StoreError {
 }
 
 /// Decodes one row selected with [`COLUMNS`].
-pub(super) fn decode(row: &Row<'_>) -> StoreResult<Row_> {
+pub(super) fn decode(row: &Row<'_>) -> StoreResult<StoredRow> {
     let id: String = row
         .get(0)
         .map_err(|e| corrupt("?", format!("id column: {e}")))?;
@@ -113,7 +113,7 @@ pub(super) fn decode(row: &Row<'_>) -> StoreResult<Row_> {
         id: id.clone(),
     };
     dispatch.check_shape().map_err(|e| corrupt(&id, e))?;
-    Ok(Row_ {
+    Ok(StoredRow {
         dispatch,
         settled_token: row.get(24).map_err(field)?,
         settled_op: row.get(25).map_err(field)?,
@@ -175,7 +175,7 @@ fn decode_row(row: &Row<'_>) -> StoreResult<DispatchRow> {
 }
 
 /// Loads one dispatch row by id.
-pub(super) fn load(tx: &Connection, id: &str) -> StoreResult<Option<Row_>> {
+pub(super) fn load(tx: &Connection, id: &str) -> StoreResult<Option<StoredRow>> {
     let mut stmt = tx
         .prepare_cached(&format!("SELECT {COLUMNS} FROM dispatches WHERE id = ?1"))
         .map_err(db)?;

@@ -81,7 +81,7 @@ impl NatsStore {
             let Ok(Record::Dispatch(thread, id, Some(stored))) = key.decode(&got.payload) else {
                 continue;
             };
-            let d = &stored.d;
+            let d = &stored.dispatch;
             if !d.status.is_terminal() || d.completed_at.unwrap_or(0).saturating_add(grace) > now {
                 continue;
             }

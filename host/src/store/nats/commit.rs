@@ -90,14 +90,14 @@ pub(super) enum CommitError {
 
 /// A write of a dispatch record, fenced by its thread's tree.
 pub(super) fn put_dispatch(view: &View, stored: Stored) -> StoreResult<Write> {
-    let expect = Expect::Thread(view.thread_seq(&stored.d.thread));
+    let expect = Expect::Thread(view.thread_seq(&stored.dispatch.thread));
     put_dispatch_expecting(expect, stored)
 }
 
 /// A write of a dispatch record with the expectation given (`Expect::None` for a later message
 /// of a batch).
 pub(super) fn put_dispatch_expecting(expect: Expect, mut stored: Stored) -> StoreResult<Write> {
-    let (thread, id) = (stored.d.thread.clone(), stored.d.id.clone());
+    let (thread, id) = (stored.dispatch.thread.clone(), stored.dispatch.id.clone());
     Ok(Write {
         key: Key::Dispatch(thread.clone(), id.clone()),
         expect,
@@ -118,13 +118,16 @@ pub(super) fn put_thread(view: &View, thread: &str, rec: ThreadRec) -> StoreResu
 
 /// A record no holder settled.
 pub(super) fn plain(d: Dispatch) -> Stored {
-    Stored { d, settled: None }
+    Stored {
+        dispatch: d,
+        settled: None,
+    }
 }
 
 /// A record a holder's claim ended with: `token` settled it with `op`.
 pub(super) fn settled(d: Dispatch, token: &str, op: crate::store::rules::Settle) -> Stored {
     Stored {
-        d,
+        dispatch: d,
         settled: Some((token.to_owned(), op.as_str().to_owned())),
     }
 }
@@ -180,7 +183,7 @@ impl NatsStore {
             // mark a purge, stay).
             if let (Some(ttl), Record::Dispatch(_, _, Some(stored))) =
                 (&self.inner.settled_ttl, &w.record)
-                && stored.d.status.is_terminal()
+                && stored.dispatch.status.is_terminal()
             {
                 headers.insert("Nats-TTL", ttl.as_str());
             }

@@ -155,16 +155,16 @@ impl Key {
                     return Ok(Record::Dispatch(thread, id, None));
                 }
                 let stored = decode_dispatch(payload).map_err(|e| (name.clone(), e))?;
-                if stored.d.id != id || stored.d.thread != thread {
+                if stored.dispatch.id != id || stored.dispatch.thread != thread {
                     return Err((
                         name,
                         format!(
                             "the record holds id `{}` of thread `{}`",
-                            stored.d.id, stored.d.thread
+                            stored.dispatch.id, stored.dispatch.thread
                         ),
                     ));
                 }
-                stored.d.check_shape().map_err(|e| (name, e))?;
+                stored.dispatch.check_shape().map_err(|e| (name, e))?;
                 Ok(Record::Dispatch(thread, id, Some(Box::new(stored))))
             }
             Key::Thread(t) => {
@@ -190,18 +190,18 @@ pub const FRAME_OVERHEAD: u64 = 9;
 /// The payload of a dispatch record (framed; see the module). `stored` is handed back as it
 /// came: its payload and output are only moved out while the JSON part is written.
 pub fn encode_dispatch(stored: &mut Stored) -> StoreResult<Bytes> {
-    let payload = std::mem::take(&mut stored.d.payload);
+    let payload = std::mem::take(&mut stored.dispatch.payload);
     let output = stored
-        .d
+        .dispatch
         .result
         .as_mut()
         .map(|r| std::mem::take(&mut r.output));
     let header = serde_json::to_vec(&*stored);
-    stored.d.payload = payload;
-    if let (Some(result), Some(output)) = (stored.d.result.as_mut(), output) {
+    stored.dispatch.payload = payload;
+    if let (Some(result), Some(output)) = (stored.dispatch.result.as_mut(), output) {
         result.output = output;
     }
-    let id = &stored.d.id;
+    let id = &stored.dispatch.id;
     let header =
         header.map_err(|e| StoreError::Invalid(format!("dispatch {id}: cannot encode: {e}")))?;
     let length = |what: &str, n: usize| {
@@ -211,15 +211,19 @@ pub fn encode_dispatch(stored: &mut Stored) -> StoreResult<Bytes> {
             ))
         })
     };
-    let output = stored.d.result.as_ref().map_or(&[][..], |r| &r.output[..]);
+    let output = stored
+        .dispatch
+        .result
+        .as_ref()
+        .map_or(&[][..], |r| &r.output[..]);
     let mut out = BytesMut::with_capacity(
-        FRAME_OVERHEAD as usize + header.len() + stored.d.payload.len() + output.len(),
+        FRAME_OVERHEAD as usize + header.len() + stored.dispatch.payload.len() + output.len(),
     );
     out.put_u8(FRAMED);
     out.put_u32(length("the record's fields", header.len())?);
     out.put_slice(&header);
-    out.put_u32(length("payload", stored.d.payload.len())?);
-    out.put_slice(&stored.d.payload);
+    out.put_u32(length("payload", stored.dispatch.payload.len())?);
+    out.put_slice(&stored.dispatch.payload);
     out.put_slice(output);
     Ok(out.freeze())
 }
@@ -248,12 +252,12 @@ fn decode_dispatch(bytes: &[u8]) -> Result<Stored, String> {
             let payload_len = length_at(bytes, header_end)?;
             let payload_start = header_end.saturating_add(4);
             let payload_end = payload_start.saturating_add(payload_len);
-            stored.d.payload = bytes
+            stored.dispatch.payload = bytes
                 .get(payload_start..payload_end)
                 .ok_or_else(|| format!("record truncated: payload of {payload_len} bytes missing"))?
                 .to_vec();
             let rest = bytes.get(payload_end..).unwrap_or_default();
-            match stored.d.result.as_mut() {
+            match stored.dispatch.result.as_mut() {
                 Some(result) => result.output = rest.to_vec(),
                 None if rest.is_empty() => {}
                 None => {
@@ -296,7 +300,10 @@ mod tests {
             });
             d.result = Some(RunResult::success(output));
         }
-        Stored { d, settled: None }
+        Stored {
+            dispatch: d,
+            settled: None,
+        }
     }
 
     fn round_trip(stored: &Stored) -> Result<Stored, (String, String)> {

@@ -45,7 +45,7 @@ impl NatsStore {
         };
         self.run(&reads, |view, now, _| {
             if let Some(fence) = fence {
-                let d = view.dispatch(&fence.dispatch)?.map(|s| &s.d);
+                let d = view.dispatch(&fence.dispatch)?.map(|s| &s.dispatch);
                 let thread_epoch = match d {
                     Some(d) => view.thread(&d.thread)?.epoch,
                     None => 0,

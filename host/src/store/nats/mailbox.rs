@@ -61,7 +61,7 @@ fn check_holder(
 ) -> StoreResult<Holder> {
     let stored = view.dispatch(id)?;
     let thread_epoch = match stored {
-        Some(s) => view.thread(&s.d.thread)?.epoch,
+        Some(s) => view.thread(&s.dispatch.thread)?.epoch,
         None => 0,
     };
     let found = stored.map(Stored::found);
@@ -107,7 +107,7 @@ impl NatsStore {
                         let Some(pick) = view.pick(agent) else {
                             return Ok(Plan::Done(Ok(Claimed::Nothing)));
                         };
-                        let d = pick.d.clone();
+                        let d = pick.dispatch.clone();
                         if rules::due(&d, now) {
                             break d;
                         }
@@ -202,8 +202,8 @@ impl Mailbox for NatsStore {
         let reads = if chosen { &reads[..] } else { &reads[..1] };
         self.run_reading(reads, chosen, |view, now, _| {
             if let Some(existing) = view.dispatch(&id)? {
-                return Ok(Plan::Done(if same_content(&existing.d, &new) {
-                    Ok(existing.d.clone())
+                return Ok(Plan::Done(if same_content(&existing.dispatch, &new) {
+                    Ok(existing.dispatch.clone())
                 } else {
                     Err(StoreError::Duplicate {
                         id: id.clone(),
@@ -219,11 +219,11 @@ impl Mailbox for NatsStore {
                 && let Some(holder) = view
                     .live_of(&new.thread)
                     .into_iter()
-                    .find(|s| s.d.dedupe_key.as_ref() == Some(key))
+                    .find(|s| s.dispatch.dedupe_key.as_ref() == Some(key))
             {
                 return Ok(Plan::Refuse(Err(StoreError::Duplicate {
                     id: id.clone(),
-                    holder: Some(holder.d.id.clone()),
+                    holder: Some(holder.dispatch.id.clone()),
                 })));
             }
             let t = view.thread(&new.thread)?;
@@ -278,10 +278,13 @@ impl Mailbox for NatsStore {
         lease_ms: u64,
     ) -> StoreResult<Option<Dispatch>> {
         self.run(&[Read::ThreadOf(id)], |view, now, _| {
-            let Some(stored) = view.dispatch(id)?.filter(|s| s.d.status == Status::Queued) else {
+            let Some(stored) = view
+                .dispatch(id)?
+                .filter(|s| s.dispatch.status == Status::Queued)
+            else {
                 return Ok(Plan::Refuse(Ok(None)));
             };
-            let d = stored.d.clone();
+            let d = stored.dispatch.clone();
             let thread_epoch = view.thread(&d.thread)?.epoch;
             if rules::stale(&d, thread_epoch) {
                 let d = rules::superseded(d, now, REASON_STALE_EPOCH);
@@ -293,12 +296,12 @@ impl Mailbox for NatsStore {
             }
             let mut writes = Vec::new();
             if let Some(h) = view.holder(&d.thread) {
-                if lease_live(&h.d, now) {
+                if lease_live(&h.dispatch, now) {
                     return Ok(Plan::Refuse(Ok(None)));
                 }
                 // Take over from an expired holder: reclaim it and claim this one in one
                 // atomic batch, decided by the first message's expectation.
-                let back = match rules::reclaim(h.d.clone(), thread_epoch, now) {
+                let back = match rules::reclaim(h.dispatch.clone(), thread_epoch, now) {
                     Reclaim::Live => return Ok(Plan::Refuse(Ok(None))),
                     Reclaim::Requeued(d) | Reclaim::DeadLettered(d) | Reclaim::Superseded(d) => d,
                 };
@@ -378,10 +381,13 @@ impl Mailbox for NatsStore {
 
     async fn cancel(&self, id: &str) -> StoreResult<Option<Dispatch>> {
         self.run(&[Read::Dispatch(id)], |view, now, _| {
-            let Some(stored) = view.dispatch(id)?.filter(|s| s.d.status == Status::Queued) else {
+            let Some(stored) = view
+                .dispatch(id)?
+                .filter(|s| s.dispatch.status == Status::Queued)
+            else {
                 return Ok(Plan::Refuse(Ok(None)));
             };
-            let mut d = stored.d.clone();
+            let mut d = stored.dispatch.clone();
             rules::terminate(&mut d, Status::Cancelled, now, None);
             Ok(Plan::Write {
                 writes: vec![put_dispatch(view, plain(d.clone()))?],
@@ -411,20 +417,22 @@ impl Mailbox for NatsStore {
                     if first {
                         t.epoch += 1;
                         epoch = t.epoch;
-                        active = view.holder(thread).map(|s| s.d.clone());
+                        active = view.holder(thread).map(|s| s.dispatch.clone());
                         writes.push(put_thread(view, thread, t)?);
                     }
                     let mut queued: Vec<&Stored> = view
                         .live_of(thread)
                         .into_iter()
-                        .filter(|s| s.d.status == Status::Queued && rules::stale(&s.d, epoch))
+                        .filter(|s| {
+                            s.dispatch.status == Status::Queued && rules::stale(&s.dispatch, epoch)
+                        })
                         .collect();
-                    queued.sort_by(|a, b| a.d.id.cmp(&b.d.id));
+                    queued.sort_by(|a, b| a.dispatch.id.cmp(&b.dispatch.id));
                     let room = MAX_BATCH.saturating_sub(writes.len());
                     let more = queued.len() > room;
                     let mut chunk = Vec::new();
                     for s in queued.into_iter().take(room) {
-                        let d = rules::superseded(s.d.clone(), now, reason);
+                        let d = rules::superseded(s.dispatch.clone(), now, reason);
                         chunk.push(d.id.clone());
                         let expect = if writes.is_empty() {
                             Expect::Thread(view.thread_seq(thread))
@@ -488,8 +496,13 @@ impl Mailbox for NatsStore {
         let mut expired: Vec<(u64, String)> = self
             .read_view(&[Read::All], |view| {
                 view.claimed()
-                    .filter(|s| rules::lease_expired(&s.d, now))
-                    .filter_map(|s| Some((s.d.claim.as_ref()?.lease_until, s.d.id.clone())))
+                    .filter(|s| rules::lease_expired(&s.dispatch, now))
+                    .filter_map(|s| {
+                        Some((
+                            s.dispatch.claim.as_ref()?.lease_until,
+                            s.dispatch.id.clone(),
+                        ))
+                    })
                     .collect()
             })
             .await?;
@@ -502,8 +515,8 @@ impl Mailbox for NatsStore {
                     let Some(stored) = view.dispatch(&id)? else {
                         return Ok(Plan::Done(Ok(None)));
                     };
-                    let thread_epoch = view.thread(&stored.d.thread)?.epoch;
-                    let verdict = rules::reclaim(stored.d.clone(), thread_epoch, now);
+                    let thread_epoch = view.thread(&stored.dispatch.thread)?.epoch;
+                    let verdict = rules::reclaim(stored.dispatch.clone(), thread_epoch, now);
                     let reported = verdict.reported().cloned();
                     let d = match verdict {
                         Reclaim::Live => return Ok(Plan::Done(Ok(None))),

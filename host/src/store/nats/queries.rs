@@ -137,9 +137,9 @@ impl NatsStore {
                     continue;
                 }
                 if let Ok(Record::Dispatch(_, _, Some(stored))) = key.decode(&got.payload)
-                    && stored.d.status.is_terminal()
+                    && stored.dispatch.status.is_terminal()
                 {
-                    each(Held::Archive, got.seq, &stored.d);
+                    each(Held::Archive, got.seq, &stored.dispatch);
                 }
             }
         })
@@ -167,7 +167,7 @@ impl NatsStore {
                 // Tombstones and damaged records are not listed (a read by id reports the
                 // latter).
                 if let Ok(Record::Dispatch(_, _, Some(stored))) = key.decode(&got.payload) {
-                    each(got.seq, &stored.d);
+                    each(got.seq, &stored.dispatch);
                 }
             }
         })
@@ -179,12 +179,12 @@ impl NatsStore {
         if self.follows() {
             self.barrier().await?;
             if let Some(s) = self.view()?.dispatch(id)? {
-                return Ok(Some(s.d.clone()));
+                return Ok(Some(s.dispatch.clone()));
             }
         }
         // Not live (or not followed): read it.
         let view = self.snapshot(&[Read::Dispatch(id)]).await?;
-        Ok(view.dispatch(id)?.map(|s| s.d.clone()))
+        Ok(view.dispatch(id)?.map(|s| s.dispatch.clone()))
     }
 
     /// A page of `list` (`T` = [`Dispatch`]) or `list_rows` ([`DispatchRow`]): the page holds
@@ -198,7 +198,7 @@ impl NatsStore {
             None => self.each_dispatch(|_, _, d| page.offer(d)).await?,
             Some(thread) => {
                 let view = self.snapshot(&[Read::Thread(thread)]).await?;
-                view.all().for_each(|s| page.offer(&s.d));
+                view.all().for_each(|s| page.offer(&s.dispatch));
             }
         }
         Ok(page.rows())
@@ -222,7 +222,7 @@ impl NatsStore {
         };
         if self.follows() {
             self.barrier().await?;
-            self.view()?.all().for_each(|s| count(&s.d));
+            self.view()?.all().for_each(|s| count(&s.dispatch));
         } else {
             self.each_tree_dispatch(|_, d| count(d)).await?;
         }
@@ -320,8 +320,8 @@ impl NatsStore {
     pub(super) async fn threads_with_queued_work(&self) -> StoreResult<Vec<String>> {
         self.read_view(&[Read::All], |view| {
             view.all()
-                .filter(|s| s.d.status == Status::Queued)
-                .map(|s| s.d.thread.clone())
+                .filter(|s| s.dispatch.status == Status::Queued)
+                .map(|s| s.dispatch.thread.clone())
                 .collect::<BTreeSet<String>>()
                 .into_iter()
                 .collect()

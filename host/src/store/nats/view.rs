@@ -24,7 +24,7 @@ use crate::store::{StoreError, StoreResult};
 pub struct Stored {
     /// The record.
     #[serde(flatten)]
-    pub d: Dispatch,
+    pub dispatch: Dispatch,
     /// The token and operation that settled it, when a holder did.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub settled: Option<(String, String)>,
@@ -34,7 +34,7 @@ impl Stored {
     /// The record and its settlement, as the store's rules read them.
     pub(crate) fn found(&self) -> Found<'_> {
         Found {
-            d: &self.d,
+            dispatch: &self.dispatch,
             settled: self
                 .settled
                 .as_ref()
@@ -267,7 +267,7 @@ impl View {
     /// (the archive is outside the tree), nor enters the claim index: only settled records are
     /// archived, and anything else found there is ignored.
     pub fn apply_archived(&mut self, seq: u64, id: String, stored: Stored) {
-        if self.dispatches.contains_key(&id) || !stored.d.status.is_terminal() {
+        if self.dispatches.contains_key(&id) || !stored.dispatch.status.is_terminal() {
             return;
         }
         self.corrupt.remove(&format!("dispatches/{id}"));
@@ -306,14 +306,16 @@ impl View {
             return;
         }
         self.corrupt.remove(&format!("dispatches/{id}"));
-        let settled = value.as_ref().is_none_or(|s| s.d.status.is_terminal());
+        let settled = value
+            .as_ref()
+            .is_none_or(|s| s.dispatch.status.is_terminal());
         if self.lean && settled {
             // It leaves the view; its marker stays until the watcher passed it.
             if let Some(old) = self.dispatches.remove(&id).and_then(|e| e.value) {
-                self.unindex(&old.d);
+                self.unindex(&old.dispatch);
             }
             if let Some(new) = &value {
-                self.index(&new.d, seq);
+                self.index(&new.dispatch, seq);
             }
             if seq > self.pos {
                 if let Some(at) = self.markers.insert(id.clone(), seq) {
@@ -331,10 +333,10 @@ impl View {
             },
         );
         if let Some(old) = old.and_then(|e| e.value) {
-            self.unindex(&old.d);
+            self.unindex(&old.dispatch);
         }
         if let Some(new) = value {
-            self.index(&new.d, seq);
+            self.index(&new.dispatch, seq);
         }
     }
 
@@ -440,7 +442,7 @@ impl View {
             let Some(stored) = self.dispatches.get(&id).and_then(|e| e.value.as_ref()) else {
                 continue;
             };
-            let d = &stored.d;
+            let d = &stored.dispatch;
             if d.status != Status::Queued {
                 continue;
             }
@@ -581,7 +583,7 @@ impl View {
             self.dispatches
                 .get(id)
                 .and_then(|e| e.value.as_ref())
-                .filter(|s| s.d.status == Status::Claimed)
+                .filter(|s| s.dispatch.status == Status::Claimed)
         })
     }
 

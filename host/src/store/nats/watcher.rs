@@ -272,9 +272,9 @@ impl Inner {
                     // A dispatch becoming queued, or leaving `claimed` (its thread is free).
                     wake = match &record {
                         Record::Dispatch(_, id, Some(s)) => {
-                            s.d.status == crate::store::Status::Queued
+                            s.dispatch.status == crate::store::Status::Queued
                                 || view.dispatch(id).ok().flatten().is_some_and(|old| {
-                                    old.d.status == crate::store::Status::Claimed
+                                    old.dispatch.status == crate::store::Status::Claimed
                                 })
                         }
                         _ => false,

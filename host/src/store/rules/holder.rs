@@ -42,7 +42,7 @@ impl Settle {
 #[derive(Debug, Clone, Copy)]
 pub(crate) struct Found<'a> {
     /// The record.
-    pub d: &'a Dispatch,
+    pub dispatch: &'a Dispatch,
     /// The settling token and operation name, when a holder settled it.
     pub settled: Option<(&'a str, &'a str)>,
 }
@@ -91,9 +91,9 @@ pub(crate) fn check_holder(
     if let Some(op) = settles
         && found.settled_by(token, op)
     {
-        return Holder::Repeat(found.d.clone());
+        return Holder::Repeat(found.dispatch.clone());
     }
-    let d = found.d;
+    let d = found.dispatch;
     let Some(claim) = &d.claim else {
         return Holder::Refuse(StoreError::NotClaimed {
             id: id.to_owned(),
@@ -214,9 +214,9 @@ pub(crate) fn supersede_claimed(
     if let Some(token) = token
         && found.settled_by(token, Settle::Supersede)
     {
-        return SupersedeClaimed::Repeat(found.d.clone());
+        return SupersedeClaimed::Repeat(found.dispatch.clone());
     }
-    let Some(claim) = &found.d.claim else {
+    let Some(claim) = &found.dispatch.claim else {
         return SupersedeClaimed::Nothing;
     };
     if token.is_some_and(|token| claim.token != token) {
@@ -224,7 +224,7 @@ pub(crate) fn supersede_claimed(
     }
     SupersedeClaimed::Supersede {
         token: claim.token.clone(),
-        record: superseded(found.d.clone(), now, reason),
+        record: superseded(found.dispatch.clone(), now, reason),
     }
 }
 
@@ -340,7 +340,10 @@ mod tests {
     }
 
     fn found(d: &Dispatch) -> Option<Found<'_>> {
-        Some(Found { d, settled: None })
+        Some(Found {
+            dispatch: d,
+            settled: None,
+        })
     }
 
     #[test]
@@ -414,7 +417,7 @@ mod tests {
         let token = tok(&d);
         HolderOp::Ack.apply(&mut d, NOW);
         let settled = Some(Found {
-            d: &d,
+            dispatch: &d,
             settled: Some((token.as_str(), "ack")),
         });
         assert_eq!(
@@ -536,7 +539,7 @@ mod tests {
         }
         let done = superseded(d.clone(), NOW, "why");
         let settled = Some(Found {
-            d: &done,
+            dispatch: &done,
             settled: Some((token.as_str(), "supersede")),
         });
         assert_eq!(
