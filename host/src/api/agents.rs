@@ -19,6 +19,8 @@ pub struct AgentInfo {
     pub name: String,
     /// Its world (`handler`, `agent`).
     pub world: &'static str,
+    /// The contract version it was built against (`homing:agent@0.2.0`).
+    pub contract: &'static str,
     /// The SHA-256 (hex) of the component bytes it runs: read and hashed once, when it was
     /// loaded (the file may have changed since).
     pub sha256: String,
@@ -30,6 +32,7 @@ impl AgentInfo {
         AgentInfo {
             name: plugin.ctx.name.clone(),
             world: plugin.world.name(),
+            contract: plugin.contract.name(),
             sha256: plugin.sha256.clone(),
         }
     }
@@ -56,6 +59,7 @@ pub(super) async fn list(State(state): State<Arc<ApiState>>) -> Result<Json<Valu
         out.push(json!({
             "name": name,
             "world": world,
+            "contract": info.map(|a| a.contract),
             "loaded": world.is_some(),
             "component_sha256": info.map(|a| a.sha256.as_str()),
             "limits": {

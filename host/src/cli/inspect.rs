@@ -9,7 +9,7 @@ use clap::Subcommand;
 use serde_json::json;
 
 use crate::config::{Config, StoreConfig};
-use crate::runtime::{Runtime, WasmContext, detect_world};
+use crate::runtime::{Runtime, WasmContext, detect_contract, detect_world};
 use crate::store::nats::{NatsConfig, NatsStore};
 
 /// `homing config ...`.
@@ -42,10 +42,11 @@ pub(super) async fn check(file: &Path, json: bool) -> anyhow::Result<()> {
     let config = Config::load(file)?;
     let runtime = Runtime::new(&config)?;
     let mut plugins = BTreeMap::new();
+    let mut contracts = BTreeMap::new();
     let mut values = BTreeMap::new();
     for (name, plugin) in &config.plugins {
         let path = config.resolve(&plugin.path);
-        let world = runtime.check_plugin(
+        let (world, contract) = runtime.check_plugin(
             name,
             plugin,
             &path,
@@ -54,6 +55,7 @@ pub(super) async fn check(file: &Path, json: bool) -> anyhow::Result<()> {
         )?;
         config.resolve_values(name)?;
         plugins.insert(name.clone(), world.name());
+        contracts.insert(name.clone(), contract.name());
         // What each value is and where it comes from; never a value.
         let described: Vec<String> = plugin
             .variables
@@ -118,14 +120,15 @@ pub(super) async fn check(file: &Path, json: bool) -> anyhow::Result<()> {
         println!(
             "{}",
             serde_json::to_string_pretty(
-                &json!({"file": file.display().to_string(), "store": store, "plugins": plugins, "variables": values, "pooling": runtime.pooling(), "api_tokens": tokens, "traces": traces})
+                &json!({"file": file.display().to_string(), "store": store, "plugins": plugins, "contracts": contracts, "variables": values, "pooling": runtime.pooling(), "api_tokens": tokens, "traces": traces})
             )?
         );
     } else {
         println!("{}: ok", file.display());
         println!("store: {store}");
         for (name, world) in plugins {
-            println!("plugin {name}: {world} world");
+            let contract = contracts.get(&name).copied().unwrap_or_default();
+            println!("plugin {name}: {world} world, {contract}");
             for line in values.get(&name).into_iter().flatten() {
                 println!("  {line}");
             }
@@ -157,20 +160,29 @@ pub(super) fn inspect(file: &Path, json: bool) -> anyhow::Result<()> {
         .map(|(name, _)| name.to_owned())
         .collect();
     let world = detect_world(&engine, &component).map(|w| w.name()).ok();
+    // The contract, or why the host would refuse it (two versions, an unserved one).
+    let contract = world.map(|_| detect_contract(&engine, &component).map(|c| c.name()));
     if json {
+        let (contract, refused) = match &contract {
+            Some(Ok(c)) => (Some(*c), None),
+            Some(Err(e)) => (None, Some(e.to_string())),
+            None => (None, None),
+        };
         println!(
             "{}",
             serde_json::to_string_pretty(
-                &json!({"file": file.display().to_string(), "world": world, "imports": imports, "exports": exports})
+                &json!({"file": file.display().to_string(), "world": world, "contract": contract, "contract_error": refused, "imports": imports, "exports": exports})
             )?
         );
     } else {
         println!(
             "{}: {}",
             file.display(),
-            world
-                .map(|w| format!("{w} world"))
-                .unwrap_or_else(|| "not a Homing agent".into())
+            match (world, &contract) {
+                (Some(w), Some(Ok(c))) => format!("{w} world, {c}"),
+                (Some(w), Some(Err(e))) => format!("{w} world, refused: {e}"),
+                _ => "not a Homing agent".into(),
+            }
         );
         println!("imports:");
         for name in imports {

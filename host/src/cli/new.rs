@@ -182,9 +182,9 @@ pub fn files(name: &str, lang: Lang, world: World) -> Vec<(&'static str, String)
         Lang::Rust => {
             let dependency = match world {
                 World::Handler => {
-                    r#"{ version = "0.1", features = ["http", "config"] }"#.to_owned()
+                    r#"{ version = "0.2", features = ["http", "config"] }"#.to_owned()
                 }
-                World::Agent => r#"{ version = "0.1", default-features = false, features = ["agent", "http", "config"] }"#
+                World::Agent => r#"{ version = "0.2", default-features = false, features = ["agent", "http", "config"] }"#
                     .to_owned(),
             };
             files.push((

@@ -78,10 +78,52 @@ impl HandlerRun {
     }
 }
 
+/// An instance of a `handler` component, of either contract version.
+enum HandlerInstance {
+    V0_2(bindings::v0_2::handler::Handler),
+    V0_1(bindings::v0_1::handler::Handler),
+}
+
+impl HandlerInstance {
+    /// Instantiates `pre` (a handler of either version) in `store`.
+    async fn new(
+        pre: &PluginPre,
+        store: &mut WasmStore<GuestState>,
+    ) -> wasmtime::Result<HandlerInstance> {
+        match pre {
+            PluginPre::Handler(pre) => pre.instantiate_async(store).await.map(Self::V0_2),
+            PluginPre::HandlerV0_1(pre) => pre.instantiate_async(store).await.map(Self::V0_1),
+            PluginPre::Agent(_) | PluginPre::AgentV0_1(_) => {
+                Err(wasmtime::format_err!("plugin is not a handler"))
+            }
+        }
+    }
+
+    /// Calls `handle` with the claim at `rep` of the store's resource table, lent as a borrow.
+    async fn handle(
+        &self,
+        store: &mut WasmStore<GuestState>,
+        rep: u32,
+    ) -> wasmtime::Result<Result<Vec<u8>, String>> {
+        match self {
+            Self::V0_2(i) => {
+                i.homing_agent_handle()
+                    .call_handle(store, Resource::new_borrow(rep))
+                    .await
+            }
+            Self::V0_1(i) => {
+                i.homing_agent_handle()
+                    .call_handle(store, Resource::new_borrow(rep))
+                    .await
+            }
+        }
+    }
+}
+
 /// A `handler` instance kept by a worker between dispatches (`reuse_instance > 1`).
 pub struct WarmInstance {
     store: WasmStore<GuestState>,
-    instance: bindings::handler::Handler,
+    instance: HandlerInstance,
     uses: u32,
 }
 
@@ -106,12 +148,10 @@ impl Runtime {
         store.data_mut().deadline = deadline;
         store.data_mut().http.deadline = deadline;
         match &plugin.pre {
-            PluginPre::Handler(pre) => {
-                pre.instantiate_async(&mut store).await?;
-            }
-            PluginPre::Agent(pre) => {
-                pre.instantiate_async(&mut store).await?;
-            }
+            PluginPre::Handler(pre) => drop(pre.instantiate_async(&mut store).await?),
+            PluginPre::Agent(pre) => drop(pre.instantiate_async(&mut store).await?),
+            PluginPre::HandlerV0_1(pre) => drop(pre.instantiate_async(&mut store).await?),
+            PluginPre::AgentV0_1(pre) => drop(pre.instantiate_async(&mut store).await?),
         }
         Ok(())
     }
@@ -131,9 +171,10 @@ impl Runtime {
             claim: Box::new(claim),
             end: CallEnd::not_started(reason),
         };
-        let PluginPre::Handler(pre) = &plugin.pre else {
+        let pre = &plugin.pre;
+        if !matches!(pre, PluginPre::Handler(_) | PluginPre::HandlerV0_1(_)) {
             return not_started(claim, "plugin is not a handler".into());
-        };
+        }
         let reuse = plugin.ctx.config.reuse_instance;
         let (mut store, instance, uses) = match warm.take() {
             Some(w) if w.uses < reuse => (w.store, Some(w.instance), w.uses),
@@ -165,15 +206,12 @@ impl Runtime {
                 Some(instance) => instance,
                 None => {
                     let started = Instant::now();
-                    let instance = pre.instantiate_async(&mut store).await?;
+                    let instance = HandlerInstance::new(pre, &mut store).await?;
                     crate::telemetry::instance_start(&plugin.ctx.name, started.elapsed());
                     instance
                 }
             };
-            let out = instance
-                .homing_agent_handle()
-                .call_handle(&mut store, Resource::new_borrow(rep))
-                .await;
+            let out = instance.handle(&mut store, rep).await;
             out.map(|out| (out, instance))
         };
         let (end, instance) = match tokio::time::timeout(limit, call.instrument(span)).await {
@@ -220,9 +258,9 @@ impl Runtime {
     /// Runs an `agent` plugin's `run` on a fresh instance that starts with `first` and may claim
     /// up to `budget - 1` more dispatches through `claim-next`.
     pub async fn run_agent(&self, plugin: &Plugin, first: ClaimHandle, budget: u32) -> CallEnd {
-        let PluginPre::Agent(pre) = &plugin.pre else {
+        if !matches!(plugin.pre, PluginPre::Agent(_) | PluginPre::AgentV0_1(_)) {
             return CallEnd::not_started("plugin is not an agent".into());
-        };
+        }
         let mut store = match self.new_store(plugin) {
             Ok(store) => store,
             Err(e) => return CallEnd::not_started(format!("{e:#}")),
@@ -235,9 +273,21 @@ impl Runtime {
         let limit = (plugin.ctx.config.timeout + CALL_TIMEOUT_SLACK).saturating_mul(budget.max(1));
         let call = async {
             let started = Instant::now();
-            let instance = pre.instantiate_async(&mut store).await?;
-            crate::telemetry::instance_start(&plugin.ctx.name, started.elapsed());
-            instance.call_run(&mut store).await
+            match &plugin.pre {
+                PluginPre::Agent(pre) => {
+                    let instance = pre.instantiate_async(&mut store).await?;
+                    crate::telemetry::instance_start(&plugin.ctx.name, started.elapsed());
+                    instance.call_run(&mut store).await
+                }
+                PluginPre::AgentV0_1(pre) => {
+                    let instance = pre.instantiate_async(&mut store).await?;
+                    crate::telemetry::instance_start(&plugin.ctx.name, started.elapsed());
+                    instance.call_run(&mut store).await
+                }
+                PluginPre::Handler(_) | PluginPre::HandlerV0_1(_) => {
+                    Err(wasmtime::format_err!("plugin is not an agent"))
+                }
+            }
         };
         match tokio::time::timeout(limit, call.instrument(span)).await {
             Ok(Ok(Ok(()))) => CallEnd::Returned(Vec::new()),

@@ -32,7 +32,7 @@ use wasmtime::Engine;
 
 pub use call::{CALL_TIMEOUT_SLACK, CallEnd, HandlerRun, WarmInstance};
 pub use engine::{EPOCH_TICK, KEEP_RESIDENT};
-pub use plugin::{Plugin, World, detect_world};
+pub use plugin::{Contract, Plugin, World, detect_contract, detect_world};
 
 /// `with_context` for wasmtime's own error type.
 pub(crate) trait WasmContext<T> {

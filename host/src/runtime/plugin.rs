@@ -46,12 +46,33 @@ impl World {
     }
 }
 
+/// Which version of the `homing:agent` contract a component was built against.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Contract {
+    /// `homing:agent@0.1.x`: served unchanged through the 0.2.0 implementation.
+    V0_1,
+    /// `homing:agent@0.2.x`: the current contract.
+    V0_2,
+}
+
+impl Contract {
+    /// The package and version, as a component names it.
+    pub fn name(self) -> &'static str {
+        match self {
+            Contract::V0_1 => "homing:agent@0.1.0",
+            Contract::V0_2 => "homing:agent@0.2.0",
+        }
+    }
+}
+
 /// A compiled, linked, pre-instantiated plugin.
 pub struct Plugin {
     /// Shared context of its instances.
     pub ctx: Arc<PluginContext>,
     /// Its world.
     pub world: World,
+    /// The contract version it was built against.
+    pub contract: Contract,
     pub(super) pre: PluginPre,
     outbound: Arc<Outbound>,
     config_vars: Arc<wasmtime_wasi_config::WasiConfigVariables>,
@@ -66,14 +87,17 @@ impl std::fmt::Debug for Plugin {
         f.debug_struct("Plugin")
             .field("name", &self.ctx.name)
             .field("world", &self.world)
+            .field("contract", &self.contract)
             .finish_non_exhaustive()
     }
 }
 
-/// A plugin's pre-instantiated component, by world.
+/// A plugin's pre-instantiated component, by contract and world.
 pub(super) enum PluginPre {
-    Handler(bindings::handler::HandlerPre<GuestState>),
-    Agent(bindings::agent::AgentPre<GuestState>),
+    Handler(bindings::v0_2::handler::HandlerPre<GuestState>),
+    Agent(bindings::v0_2::agent::AgentPre<GuestState>),
+    HandlerV0_1(bindings::v0_1::handler::HandlerPre<GuestState>),
+    AgentV0_1(bindings::v0_1::agent::AgentPre<GuestState>),
 }
 
 impl Runtime {
@@ -91,7 +115,7 @@ impl Runtime {
             &ctx.name,
             self.max_component_size,
         )?;
-        let (world, pre) = self.link(&ctx.name, path, &component)?;
+        let (world, contract, pre) = self.link(&ctx.name, path, &component)?;
         let outbound = Arc::new(
             Outbound::new(&ctx.name, &ctx.config, &ctx.tls_ca, &ctx.hosts)
                 .with_context(|| format!("plugin `{}`", ctx.name))?,
@@ -104,10 +128,11 @@ impl Runtime {
                 .collect(),
         );
         let secrets = Arc::new(Secrets::new(ctx.values.secrets()));
-        info!(plugin = %ctx.name, world = world.name(), "plugin loaded");
+        info!(plugin = %ctx.name, world = world.name(), contract = contract.name(), "plugin loaded");
         Ok(Plugin {
             ctx,
             world,
+            contract,
             pre,
             outbound,
             config_vars,
@@ -116,21 +141,24 @@ impl Runtime {
         })
     }
 
-    /// Detects `component`'s world and links it exactly as `homing run` does: WASI p2,
-    /// `wasi:http` (outgoing), `wasi:config/store` and the world's `homing:agent` imports.
+    /// Detects `component`'s world and contract version and links it exactly as `homing run`
+    /// does: WASI p2, `wasi:http` (outgoing), `wasi:config/store` and that version's world's
+    /// `homing:agent` imports.
     /// `homing config check` calls this too, so a component that passes the check starts.
     ///
     /// # Errors
     ///
-    /// When the component exports neither world, or imports something the host does not
-    /// serve (named, with what would provide it).
+    /// When the component exports neither world, names no contract version or two, or imports
+    /// something the host does not serve (named, with what would provide it).
     pub(super) fn link(
         &self,
         name: &str,
         path: &Path,
         component: &Component,
-    ) -> anyhow::Result<(World, PluginPre)> {
+    ) -> anyhow::Result<(World, Contract, PluginPre)> {
         let world = detect_world(&self.engine, component)
+            .with_context(|| format!("plugin `{name}` ({})", path.display()))?;
+        let contract = detect_contract(&self.engine, component)
             .with_context(|| format!("plugin `{name}` ({})", path.display()))?;
         let mut linker: Linker<GuestState> = Linker::new(&self.engine);
         wasmtime_wasi::p2::add_to_linker_async(&mut linker)?;
@@ -138,14 +166,23 @@ impl Runtime {
         wasmtime_wasi_config::add_to_linker(&mut linker, |s: &mut GuestState| {
             wasmtime_wasi_config::WasiConfig::from(&*s.config_vars)
         })?;
-        match world {
-            World::Handler => bindings::handler::Handler::add_to_linker::<_, HasSelf<GuestState>>(
-                &mut linker,
-                |s| s,
-            )?,
-            World::Agent => {
-                bindings::agent::Agent::add_to_linker::<_, HasSelf<GuestState>>(&mut linker, |s| s)?
-            }
+        match (contract, world) {
+            (Contract::V0_2, World::Handler) => bindings::v0_2::handler::Handler::add_to_linker::<
+                _,
+                HasSelf<GuestState>,
+            >(&mut linker, |s| s)?,
+            (Contract::V0_2, World::Agent) => bindings::v0_2::agent::Agent::add_to_linker::<
+                _,
+                HasSelf<GuestState>,
+            >(&mut linker, |s| s)?,
+            (Contract::V0_1, World::Handler) => bindings::v0_1::handler::Handler::add_to_linker::<
+                _,
+                HasSelf<GuestState>,
+            >(&mut linker, |s| s)?,
+            (Contract::V0_1, World::Agent) => bindings::v0_1::agent::Agent::add_to_linker::<
+                _,
+                HasSelf<GuestState>,
+            >(&mut linker, |s| s)?,
         }
         let linked = match linker.instantiate_pre(component) {
             Ok(linked) => linked,
@@ -166,11 +203,21 @@ impl Runtime {
                 }));
             }
         };
-        let pre = match world {
-            World::Handler => PluginPre::Handler(bindings::handler::HandlerPre::new(linked)?),
-            World::Agent => PluginPre::Agent(bindings::agent::AgentPre::new(linked)?),
+        let pre = match (contract, world) {
+            (Contract::V0_2, World::Handler) => {
+                PluginPre::Handler(bindings::v0_2::handler::HandlerPre::new(linked)?)
+            }
+            (Contract::V0_2, World::Agent) => {
+                PluginPre::Agent(bindings::v0_2::agent::AgentPre::new(linked)?)
+            }
+            (Contract::V0_1, World::Handler) => {
+                PluginPre::HandlerV0_1(bindings::v0_1::handler::HandlerPre::new(linked)?)
+            }
+            (Contract::V0_1, World::Agent) => {
+                PluginPre::AgentV0_1(bindings::v0_1::agent::AgentPre::new(linked)?)
+            }
         };
-        Ok((world, pre))
+        Ok((world, contract, pre))
     }
 
     /// Checks plugin `name` as `homing run` would load it, without running it: the component
@@ -186,7 +233,7 @@ impl Runtime {
         path: &Path,
         tls_ca: &[std::path::PathBuf],
         hosts: &std::collections::BTreeMap<String, std::net::IpAddr>,
-    ) -> anyhow::Result<World> {
+    ) -> anyhow::Result<(World, Contract)> {
         let (component, _) = cache::load(
             &self.engine,
             path,
@@ -194,9 +241,9 @@ impl Runtime {
             name,
             self.max_component_size,
         )?;
-        let (world, _) = self.link(name, path, &component)?;
+        let (world, contract, _) = self.link(name, path, &component)?;
         Outbound::new(name, config, tls_ca, hosts).with_context(|| format!("plugin `{name}`"))?;
-        Ok(world)
+        Ok((world, contract))
     }
 
     /// A fresh store for one instance of `plugin`, with its grants and limits.
@@ -330,6 +377,70 @@ pub fn detect_world(engine: &Engine, component: &Component) -> anyhow::Result<Wo
     }
 }
 
+/// The contract versions this host serves, for error messages.
+const SERVED_CONTRACTS: &str = "homing:agent 0.1.x and 0.2.x";
+
+/// The `homing:agent` contract version `component` was built against, from the versions its
+/// `homing:agent/...@x.y.z` imports and exports name.
+///
+/// # Errors
+///
+/// When it names none, two tracks (0.1 and 0.2 at once), or a track this host does not serve.
+pub fn detect_contract(engine: &Engine, component: &Component) -> anyhow::Result<Contract> {
+    let ty = component.component_type();
+    let names = ty
+        .imports(engine)
+        .map(|(name, _)| name.to_owned())
+        .chain(ty.exports(engine).map(|(name, _)| name.to_owned()));
+    let mut versions: Vec<String> = names
+        .filter_map(|name| {
+            let rest = name.strip_prefix("homing:agent/")?;
+            rest.split_once('@').map(|(_, version)| version.to_owned())
+        })
+        .collect();
+    versions.sort();
+    versions.dedup();
+    contract_of(&versions)
+}
+
+/// The contract a component's `homing:agent` versions (sorted, distinct) name.
+fn contract_of(versions: &[String]) -> anyhow::Result<Contract> {
+    let track = |version: &str| -> Option<Contract> {
+        let mut parts = version.split('.');
+        let (major, minor) = (parts.next()?, parts.next()?);
+        let patch = parts.next()?;
+        // A prerelease or build suffix is another track (wasmtime matches only releases).
+        if !patch.bytes().all(|b| b.is_ascii_digit()) || parts.next().is_some() {
+            return None;
+        }
+        match (major, minor) {
+            ("0", "1") => Some(Contract::V0_1),
+            ("0", "2") => Some(Contract::V0_2),
+            _ => None,
+        }
+    };
+    let Some(first) = versions.first() else {
+        bail!(
+            "component names no homing:agent interface with a version; build it against              {SERVED_CONTRACTS}"
+        );
+    };
+    let mut contract = None;
+    for version in versions {
+        let Some(this) = track(version) else {
+            bail!(
+                "component is built against homing:agent {version}; this host serves                  {SERVED_CONTRACTS}"
+            );
+        };
+        match contract {
+            Some(seen) if seen != this => bail!(
+                "component imports homing:agent at {first} and {version}; build it against one"
+            ),
+            _ => contract = Some(this),
+        }
+    }
+    contract.ok_or_else(|| anyhow::anyhow!("component names no homing:agent version"))
+}
+
 /// The interfaces the host serves, as import-name prefixes.
 const SERVED: &[&str] = &[
     "wasi:cli/",
@@ -356,4 +467,33 @@ fn unserved_imports(engine: &Engine, component: &Component) -> Vec<String> {
         })
         .map(|(name, _)| format!("`{name}`"))
         .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+    use super::*;
+
+    fn of(versions: &[&str]) -> Result<Contract, String> {
+        let versions: Vec<String> = versions.iter().map(|v| (*v).to_owned()).collect();
+        contract_of(&versions).map_err(|e| e.to_string())
+    }
+
+    #[test]
+    fn a_component_names_one_served_contract() {
+        assert_eq!(of(&["0.1.0"]), Ok(Contract::V0_1));
+        assert_eq!(of(&["0.2.0"]), Ok(Contract::V0_2));
+        assert_eq!(of(&["0.2.0", "0.2.3"]), Ok(Contract::V0_2));
+        let both = of(&["0.1.0", "0.2.0"]).unwrap_err();
+        assert!(both.contains("0.1.0 and 0.2.0"), "{both}");
+        let later = of(&["0.3.0"]).unwrap_err();
+        assert!(
+            later.contains("0.3.0") && later.contains("0.1.x and 0.2.x"),
+            "{later}"
+        );
+        let major = of(&["1.0.0"]).unwrap_err();
+        assert!(major.contains("1.0.0"), "{major}");
+        assert!(of(&["0.2.0-rc.1"]).is_err());
+        assert!(of(&[]).unwrap_err().contains("no homing:agent"));
+    }
 }

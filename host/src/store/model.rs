@@ -184,6 +184,15 @@ pub struct Dispatch {
     pub max_attempts: u32,
     /// Failed attempts so far (nack, lease expiry, crash).
     pub attempt: u32,
+    /// How many times it has been claimed (each claim adds one; never lowered): the number of
+    /// the run a claim starts, which numbers that run's streamed output and journal entries.
+    /// Serialized only when set, so a record that never ran keeps its bytes.
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub claims: u32,
+    /// How many times it came back from waiting on its waitpoints (never lowered; never an
+    /// attempt).
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub resumes: u32,
     /// The thread's epoch when this dispatch was enqueued (stamped by the store).
     pub epoch: u64,
     /// Lifecycle state.
@@ -305,6 +314,12 @@ pub struct DispatchRow {
     pub max_attempts: u32,
     /// Failed attempts so far.
     pub attempt: u32,
+    /// Claims so far.
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub claims: u32,
+    /// Resumes so far.
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub resumes: u32,
     /// The thread's epoch when it was enqueued.
     pub epoch: u64,
     /// Lifecycle state.
@@ -353,6 +368,8 @@ impl DispatchRow {
             dedupe_key: d.dedupe_key.clone(),
             max_attempts: d.max_attempts,
             attempt: d.attempt,
+            claims: d.claims,
+            resumes: d.resumes,
             epoch: d.epoch,
             status: d.status,
             claimed_by: d.claim.as_ref().map(|c| c.claimed_by.clone()),
@@ -822,4 +839,9 @@ mod tests {
             .is_err()
         );
     }
+}
+
+/// Whether a counter is zero (counters are left out of serialized records while they are).
+fn is_zero(n: &u32) -> bool {
+    *n == 0
 }

@@ -177,3 +177,59 @@ async fn everything_acknowledged_survives_closing_and_reopening_the_file() {
     assert_eq!(next.id, "two");
     assert_eq!(store.log.latest("t").await.unwrap(), 1);
 }
+
+/// A file written by the previous release (schema 2) opens with this one: the migration keeps
+/// every record and entry, the new counters start at 0, and claims count from there.
+#[tokio::test]
+async fn a_schema_2_file_migrates_keeping_its_records_and_counting_claims_from_zero() {
+    use homing::store::embedded::MIGRATIONS;
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("old.db");
+    {
+        let conn = rusqlite::Connection::open(&path).unwrap();
+        for sql in &MIGRATIONS[..2] {
+            conn.execute_batch(sql).unwrap();
+        }
+        conn.pragma_update(None, "user_version", 2).unwrap();
+        conn.execute_batch(
+            "INSERT INTO dispatches (id, agent, thread, run_id, payload, metadata, priority, \
+             available_at, dedupe_key, max_attempts, attempt, epoch, status, ready, created_at, \
+             updated_at) VALUES ('old', 'a', 't', 'old', x'6869', '{\"k\":\"v\"}', 128, 0, 'key', \
+             5, 1, 0, 'queued', 1, 1, 1);
+             INSERT INTO threads (thread, epoch, holder, served) VALUES ('t', 0, NULL, 0);
+             INSERT INTO lanes (agent, thread, priority, served, created, head, busy) \
+             VALUES ('a', 't', 128, 0, 1, 'old', 0);
+             INSERT INTO log_marks (thread, reserved, latest, trimmed) VALUES ('t', 1, 1, 0);
+             INSERT INTO log_entries (thread, seq, data, appended_at) VALUES ('t', 1, x'6869', 1);",
+        )
+        .unwrap();
+    }
+    let store = EmbeddedStore::open(&path, clock()).unwrap().store();
+    let old = store.mailbox.load("old").await.unwrap().unwrap();
+    assert_eq!(
+        (old.payload.as_slice(), old.attempt, old.claims, old.resumes),
+        (&b"hi"[..], 1, 0, 0)
+    );
+    assert_eq!(old.metadata.get("k").map(String::as_str), Some("v"));
+    let entries = store.log.read("t", 0, 10).await.unwrap();
+    assert_eq!(entries.len(), 1);
+    assert_eq!(entries[0].data, b"hi");
+    // The live dedupe index still holds the key across the migration.
+    let dup = store
+        .mailbox
+        .enqueue(NewDispatch::new("a", "t", "x").with_dedupe_key("key"))
+        .await;
+    assert!(matches!(dup, Err(StoreError::Duplicate { .. })), "{dup:?}");
+    let claimed = store
+        .mailbox
+        .claim("a", "w", 30_000)
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!((claimed.id.as_str(), claimed.claims), ("old", 1));
+    let version: i64 = rusqlite::Connection::open(&path)
+        .unwrap()
+        .query_row("PRAGMA user_version", [], |row| row.get(0))
+        .unwrap();
+    assert_eq!(version, SCHEMA_VERSION);
+}

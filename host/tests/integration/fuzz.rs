@@ -831,7 +831,7 @@ mod found {
 
     use homing::claim::StopReason;
     use homing::config::PluginConfig;
-    use homing::runtime::bindings::handler::homing::agent::mailbox::HostClaim;
+    use homing::runtime::bindings::mailbox::HostClaim;
     use homing::runtime::bindings::{EnqueueRequest, GuestError};
     use homing::runtime::host::{ClaimHandle, GuestState, LogState, PluginContext};
     use homing::store::embedded::EmbeddedStore;
@@ -892,6 +892,7 @@ mod found {
             delay_ms: None,
             dedupe_key: None,
             max_attempts: None,
+            concurrency_key: None,
         }
     }
 

@@ -5,7 +5,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 
 use homing::config::PluginConfig;
-use homing::runtime::bindings::handler::homing::agent::mailbox::{Host, HostClaim};
+use homing::runtime::bindings::mailbox::{Host, HostClaim};
 use homing::runtime::bindings::{EnqueueRequest, GuestError, StopReason};
 use homing::runtime::host::{
     ClaimHandle, GuestState, LogState, PluginContext, check_returned_output, escape_log_text,
@@ -268,6 +268,7 @@ async fn enqueue_is_limited_to_allowed_agents_and_capped_in_size() {
         delay_ms: None,
         dedupe_key: None,
         max_attempts: Some(99),
+        concurrency_key: None,
     };
     let denied = HostClaim::enqueue(&mut guest, borrow(rep), request("stranger", b"x".to_vec()))
         .await
@@ -347,6 +348,7 @@ async fn every_guest_value_over_max_payload_is_invalid_naming_field_and_cap() {
         delay_ms: None,
         dedupe_key: None,
         max_attempts: None,
+        concurrency_key: None,
     };
     expect_over_cap(
         HostClaim::enqueue(&mut guest, borrow(rep), request(over.clone()))
@@ -496,6 +498,7 @@ async fn enqueue_refuses_names_that_are_not_printable() {
         delay_ms: None,
         dedupe_key: None,
         max_attempts: None,
+        concurrency_key: None,
     };
     let bad = [
         (
@@ -563,4 +566,108 @@ async fn enqueue_refuses_names_that_are_not_printable() {
         1,
         "only the claimed dispatch"
     );
+}
+
+/// The calls `homing:agent@0.2.0` adds for features this host does not serve yet answer
+/// `denied` naming the call; the steps answer as `journal = "off"` does (nothing stored, nothing
+/// found) and still check their input; `info` counts the claim; a concurrency key is refused.
+#[tokio::test]
+async fn the_0_2_0_calls_of_features_not_served_yet_are_denied_by_name() {
+    let f = fixture("enqueue_to = [\"helper\"]");
+    let mut guest = f.guest();
+    let (rep, _claim) = f.claim(&mut guest, "t").await;
+    let info = guest.info(borrow(rep)).await.unwrap();
+    assert_eq!((info.claims, info.resumes), (1, 0), "{info:?}");
+    let named = |out: Result<String, GuestError>, call: &str| match out {
+        Err(GuestError::Denied(text)) => assert!(text.contains(call), "{call}: {text}"),
+        other => panic!("{call}: expected denied, got {other:?}"),
+    };
+    named(
+        guest
+            .next_message(borrow(rep), 0)
+            .await
+            .unwrap()
+            .map(|m| format!("{m:?}")),
+        "next-message",
+    );
+    named(
+        guest
+            .ack_message(borrow(rep), 1)
+            .await
+            .unwrap()
+            .map(|s| s.to_string()),
+        "ack-message",
+    );
+    named(
+        guest
+            .waitpoint(borrow(rep), "approve".into(), 1_000, vec![])
+            .await
+            .unwrap()
+            .map(|w| w.id),
+        "waitpoint",
+    );
+    named(
+        guest
+            .suspend(borrow(rep))
+            .await
+            .unwrap()
+            .map(|()| String::new()),
+        "suspend",
+    );
+    named(
+        guest
+            .emit(borrow(rep), b"tok".to_vec())
+            .await
+            .unwrap()
+            .map(|s| s.to_string()),
+        "emit",
+    );
+
+    let put = guest
+        .step_put(borrow(rep), "model-call".into(), b"answer".to_vec())
+        .await
+        .unwrap();
+    assert!(put.is_ok(), "{put:?}");
+    let got = guest
+        .step_get(borrow(rep), "model-call".into())
+        .await
+        .unwrap();
+    assert!(
+        matches!(got, Ok(None)),
+        "journal = \"off\" stores nothing: {got:?}"
+    );
+    let blank = guest.step_get(borrow(rep), " ".into()).await.unwrap();
+    assert!(matches!(blank, Err(GuestError::Invalid(_))), "{blank:?}");
+    let long = guest
+        .step_put(borrow(rep), "k".repeat(257), vec![])
+        .await
+        .unwrap();
+    assert!(matches!(long, Err(GuestError::Invalid(_))), "{long:?}");
+    let big = guest
+        .step_put(borrow(rep), "k".into(), vec![0; 2048])
+        .await
+        .unwrap();
+    assert!(matches!(big, Err(GuestError::Invalid(_))), "{big:?}");
+
+    let keyed = HostClaim::enqueue(
+        &mut guest,
+        borrow(rep),
+        EnqueueRequest {
+            agent: "helper".into(),
+            thread: None,
+            payload: b"x".to_vec(),
+            metadata: vec![],
+            priority: None,
+            delay_ms: None,
+            dedupe_key: None,
+            max_attempts: None,
+            concurrency_key: Some("customer-1".into()),
+        },
+    )
+    .await
+    .unwrap();
+    match keyed {
+        Err(GuestError::Invalid(text)) => assert!(text.contains("concurrency-key"), "{text}"),
+        other => panic!("expected invalid, got {other:?}"),
+    }
 }

@@ -11,6 +11,7 @@
 //! - `embedded_conformance`, `nats_conformance`: the store suite on each backend;
 //! - `embedded_store`: embedded-backend specifics;
 //! - `guest_imports`: the host side of the WIT imports, called directly;
+//! - `compat`: components built against `homing:agent@0.1.0` running unchanged;
 //! - `faults`: fault injection at the store level, checked by the history checker;
 //! - `api`: the HTTP API of a real `homing run`, called over loopback;
 //! - `api_limits`: its resource limits, attacked over loopback (slow bodies, many connections,
@@ -44,6 +45,7 @@ mod natsd;
 mod api;
 mod api_limits;
 mod bounded_input;
+mod compat;
 mod dashboard;
 mod e2e;
 mod embedded_conformance;

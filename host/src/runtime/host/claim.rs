@@ -19,10 +19,10 @@ use tracing::debug;
 use wasmtime::component::Resource;
 
 use super::GuestState;
-use super::policy::{MAX_ENQUEUES_PER_CLAIM, MAX_READ, guest_error};
+use super::policy::{MAX_ENQUEUES_PER_CLAIM, MAX_READ, MAX_STEP_KEY, guest_error};
 use crate::claim::{self, ClaimHandle};
-use crate::runtime::bindings::handler::homing::agent::{mailbox, types};
 use crate::runtime::bindings::{DispatchInfo, EnqueueRequest, GuestError, StopReason};
+use crate::runtime::bindings::{mailbox, types};
 use crate::store::{Dispatch, RunResult};
 
 impl From<claim::StopReason> for StopReason {
@@ -34,6 +34,12 @@ impl From<claim::StopReason> for StopReason {
             claim::StopReason::Deadline => StopReason::Deadline,
         }
     }
+}
+
+/// The refusal of a 0.2.0 call whose feature this host does not serve yet: `denied`, naming
+/// the call, so a guest can fall back (the calls ship one feature at a time).
+fn not_yet(call: &str) -> GuestError {
+    GuestError::Denied(format!("`{call}` is not available on this host yet"))
 }
 
 /// The `info` record of a dispatch.
@@ -52,6 +58,9 @@ pub fn dispatch_info(d: &Dispatch) -> DispatchInfo {
         attempt: d.attempt,
         max_attempts: d.max_attempts,
         priority: d.priority,
+        claims: d.claims,
+        resumes: d.resumes,
+        concurrency_key: None,
     }
 }
 
@@ -65,6 +74,20 @@ impl GuestState {
     fn claim_mut(&mut self, handle: &Resource<ClaimHandle>) -> wasmtime::Result<&mut ClaimHandle> {
         Ok(self.table.get_mut(handle)?)
     }
+}
+
+/// Refuses a step key the contract does not allow: blank or over 256 bytes.
+fn check_step_key(key: &str) -> Result<(), GuestError> {
+    if key.trim().is_empty() {
+        return Err(GuestError::Invalid("key: must not be blank".into()));
+    }
+    if key.len() > MAX_STEP_KEY {
+        return Err(GuestError::Invalid(format!(
+            "key: {} bytes exceeds the cap of {MAX_STEP_KEY} bytes",
+            key.len()
+        )));
+    }
+    Ok(())
 }
 
 /// Why a follow-up may not be enqueued through `claim`, if it may not: the claim is settled,
@@ -240,6 +263,7 @@ impl mailbox::HostClaim for GuestState {
                         seq: e.seq,
                         data: e.data,
                         appended_at: e.appended_at,
+                        message: None,
                     })
                     .collect()
             })
@@ -297,6 +321,99 @@ impl mailbox::HostClaim for GuestState {
             self.claim_mut(&handle)?.enqueued += 1;
         }
         Ok(out.map(|d| d.id).map_err(guest_error))
+    }
+
+    async fn next_message(
+        &mut self,
+        handle: Resource<ClaimHandle>,
+        _wait_ms: u32,
+    ) -> wasmtime::Result<Result<Option<types::Message>, GuestError>> {
+        self.claim(&handle)?;
+        Ok(Err(not_yet("next-message")))
+    }
+
+    async fn ack_message(
+        &mut self,
+        handle: Resource<ClaimHandle>,
+        _seq: u64,
+    ) -> wasmtime::Result<Result<u64, GuestError>> {
+        self.claim(&handle)?;
+        Ok(Err(not_yet("ack-message")))
+    }
+
+    async fn waitpoint(
+        &mut self,
+        handle: Resource<ClaimHandle>,
+        _name: String,
+        _timeout_ms: u64,
+        _metadata: Vec<(String, String)>,
+    ) -> wasmtime::Result<Result<types::Waitpoint, GuestError>> {
+        self.claim(&handle)?;
+        Ok(Err(not_yet("waitpoint")))
+    }
+
+    async fn waitpoints(
+        &mut self,
+        handle: Resource<ClaimHandle>,
+    ) -> wasmtime::Result<Result<Vec<types::Waitpoint>, GuestError>> {
+        self.claim(&handle)?;
+        Ok(Err(not_yet("waitpoints")))
+    }
+
+    async fn await_waitpoint(
+        &mut self,
+        handle: Resource<ClaimHandle>,
+        _id: String,
+        _wait_ms: u32,
+    ) -> wasmtime::Result<Result<types::Waitpoint, GuestError>> {
+        self.claim(&handle)?;
+        Ok(Err(not_yet("await-waitpoint")))
+    }
+
+    async fn suspend(
+        &mut self,
+        handle: Resource<ClaimHandle>,
+    ) -> wasmtime::Result<Result<(), GuestError>> {
+        self.claim(&handle)?;
+        Ok(Err(not_yet("suspend")))
+    }
+
+    async fn step_get(
+        &mut self,
+        handle: Resource<ClaimHandle>,
+        key: String,
+    ) -> wasmtime::Result<Result<Option<Vec<u8>>, GuestError>> {
+        // `journal = "off"` (the only setting until journals ship): nothing is ever stored, so
+        // every key reads as unset, as the contract says for that setting.
+        self.claim(&handle)?;
+        Ok(check_step_key(&key).map(|()| None))
+    }
+
+    async fn step_put(
+        &mut self,
+        handle: Resource<ClaimHandle>,
+        key: String,
+        value: Vec<u8>,
+    ) -> wasmtime::Result<Result<(), GuestError>> {
+        // `journal = "off"`: stores nothing and succeeds, so a guest's step helpers work under
+        // any setting (they then run every step each time).
+        self.claim(&handle)?;
+        if let Err(e) = check_step_key(&key) {
+            return Ok(Err(e));
+        }
+        if let Err(e) = self.plugin.check_payload("value", value.len()) {
+            return Ok(Err(GuestError::Invalid(e)));
+        }
+        Ok(Ok(()))
+    }
+
+    async fn emit(
+        &mut self,
+        handle: Resource<ClaimHandle>,
+        _chunk: Vec<u8>,
+    ) -> wasmtime::Result<Result<u64, GuestError>> {
+        self.claim(&handle)?;
+        Ok(Err(not_yet("emit")))
     }
 
     async fn drop(&mut self, handle: Resource<ClaimHandle>) -> wasmtime::Result<()> {

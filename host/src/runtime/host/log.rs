@@ -18,7 +18,7 @@ use tracing::{debug, error, info, trace, warn};
 use super::GuestState;
 use super::policy::{MAX_LOG_LINE, MAX_LOG_LINES};
 use crate::runtime::bindings::Level;
-use crate::runtime::bindings::handler::homing::agent::log;
+use crate::runtime::bindings::log;
 
 /// Which dispatch an instance is working on, for log lines.
 #[derive(Debug, Default, Clone)]

@@ -10,7 +10,7 @@ use std::time::Duration;
 
 use super::GuestState;
 use super::policy::{MAX_ENQUEUE_DELAY, guest_error};
-use crate::runtime::bindings::handler::homing::agent::mailbox;
+use crate::runtime::bindings::mailbox;
 use crate::runtime::bindings::{EnqueueRequest, GuestError};
 use crate::store::{DEFAULT_PRIORITY, Dispatch, NewDispatch};
 
@@ -42,6 +42,13 @@ impl GuestState {
                 }
             )));
         };
+        if request.concurrency_key.is_some() {
+            return Err(GuestError::Invalid(
+                "concurrency-key: this host does not limit runs by concurrency key yet; leave it \
+                 unset"
+                    .into(),
+            ));
+        }
         let thread = match (request.thread, parent) {
             (Some(thread), _) => thread,
             (None, Some(parent)) => parent.thread.clone(),

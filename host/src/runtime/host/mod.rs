@@ -8,6 +8,7 @@
 //! - `claim`: the `claim` resource of `mailbox` (reads, fenced writes, settlement);
 //! - `mailbox`: `mailbox.enqueue` and the checks every follow-up request passes;
 //! - `queue`: the `agent` world's `claim-next`;
+//! - `v0_1`: `homing:agent@0.1.0`, converted to and from the 0.2.0 implementation above;
 //! - `log`: the `log` interface and every guest log line, scrubbed of secrets, escaped and
 //!   budgeted;
 //! - `policy`: the caps of one dispatch, the one cap on guest bytes, and store errors as the
@@ -22,6 +23,7 @@ mod log;
 mod mailbox;
 mod policy;
 mod queue;
+mod v0_1;
 
 use std::path::PathBuf;
 use std::sync::atomic::AtomicBool;
@@ -33,7 +35,7 @@ use wasmtime_wasi::{WasiCtx, WasiCtxView, WasiView};
 use wasmtime_wasi_config::WasiConfigVariables;
 use wasmtime_wasi_http::{WasiHttpCtx, WasiHttpCtxView, WasiHttpView};
 
-use super::bindings::handler::homing::agent::types;
+use super::bindings::types;
 use super::limits::MemoryLimiter;
 use super::outbound::{HttpHooks, Outbound};
 /// The host representation of a guest's `claim` resource.
@@ -46,7 +48,7 @@ pub use claim::dispatch_info;
 pub use log::{LogState, LogTag, REDACTED, Secrets, escape_log_text};
 pub use policy::{
     MAX_CLAIM_WAIT, MAX_ENQUEUE_DELAY, MAX_ENQUEUES_PER_CLAIM, MAX_LOG_LINE, MAX_LOG_LINES,
-    MAX_READ, check_returned_output, guest_error, max_payload_warning,
+    MAX_READ, MAX_STEP_KEY, check_returned_output, guest_error, max_payload_warning,
 };
 
 /// Shared by every instance of one plugin.

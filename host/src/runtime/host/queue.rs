@@ -15,7 +15,7 @@ use super::GuestState;
 use super::policy::{MAX_CLAIM_WAIT, guest_error};
 use crate::claim::{self, ClaimHandle};
 use crate::runtime::bindings::GuestError;
-use crate::runtime::bindings::agent::homing::agent::queue;
+use crate::runtime::bindings::v0_2::agent::homing::agent::queue;
 
 /// The longest `claim-next` waits on the work signal before checking the store again: signals
 /// are hints (another process writes the same store without signalling this one).

@@ -178,7 +178,7 @@ impl Mailbox for EmbeddedStore {
                     let holder: Option<String> = tx
                         .prepare_cached(
                             "SELECT id FROM dispatches WHERE thread = ?1 AND dedupe_key = ?2 \
-                         AND status IN ('queued', 'claimed') LIMIT 1",
+                         AND status IN ('queued', 'claimed', 'waiting') LIMIT 1",
                         )
                         .map_err(db)?
                         .query_row(params![new.thread, key], |row| row.get(0))
@@ -527,7 +527,7 @@ let reason = reason.as_str();
 
     async fn live_counts(&self) -> StoreResult<Vec<StatusCount>> {
         // Through the `dispatches_live` partial index: as many rows as there is live work.
-        self.read(|tx| count_rows(tx, "WHERE status IN ('queued', 'claimed')"))
+        self.read(|tx| count_rows(tx, "WHERE status IN ('queued', 'claimed', 'waiting')"))
             .await
     }
 
@@ -564,7 +564,7 @@ let reason = reason.as_str();
             let mut stmt = tx
                 .prepare_cached(
                     "SELECT DISTINCT thread FROM dispatches INDEXED BY dispatches_live \
-                     WHERE status IN ('queued', 'claimed') AND status = 'queued' ORDER BY thread",
+                     WHERE status IN ('queued', 'claimed', 'waiting') AND status = 'queued' ORDER BY thread",
                 )
                 .map_err(db)?;
             let rows = stmt
@@ -580,7 +580,7 @@ let reason = reason.as_str();
 
             Ok(rows::scalar_u64(
                 tx,
-                "SELECT 1 FROM dispatches INDEXED BY dispatches_live WHERE status IN ('queued', 'claimed') LIMIT 1",
+                "SELECT 1 FROM dispatches INDEXED BY dispatches_live WHERE status IN ('queued', 'claimed', 'waiting') LIMIT 1",
                 &[],
             )?
             .is_some())

@@ -78,10 +78,11 @@ pub(crate) const MAX_VALUE_WHY: &str =
     "the embedded store's cap, well below SQLite's limit of 1,000,000,000 bytes per row";
 
 /// The schema version this build writes.
-pub const SCHEMA_VERSION: i64 = 2;
+pub const SCHEMA_VERSION: i64 = 3;
 
-/// Migrations, index `i` moves the schema from version `i` to `i + 1`.
-const MIGRATIONS: &[&str] = &[
+/// Migrations, index `i` moves the schema from version `i` to `i + 1`. Public so a test can
+/// write a file as an earlier release did (the first `n` of them) and open it with this one.
+pub const MIGRATIONS: &[&str] = &[
     r#"
 CREATE TABLE dispatches (
     id            TEXT PRIMARY KEY NOT NULL,
@@ -168,6 +169,105 @@ CREATE TABLE log_entries (
     r#"
 CREATE INDEX dispatches_order ON dispatches (priority, created_at, id);
 CREATE INDEX dispatches_by_status ON dispatches (status, priority, created_at, id);
+"#,
+    // Version 3, for `homing:agent@0.2.0`: run counters on dispatches; the `waiting` status in
+    // the live indexes; the inbox watermarks and the last agent on threads; message notes on
+    // log entries; and the tables of messages, waitpoints, journals and streamed output
+    // (docs/contract.md sections 9 to 12). One migration for the four features.
+    r#"
+ALTER TABLE dispatches ADD COLUMN claims     INTEGER NOT NULL DEFAULT 0;
+ALTER TABLE dispatches ADD COLUMN resumes    INTEGER NOT NULL DEFAULT 0;
+ALTER TABLE dispatches ADD COLUMN waitpoints INTEGER NOT NULL DEFAULT 0;
+DROP INDEX dispatches_live_dedupe;
+CREATE UNIQUE INDEX dispatches_live_dedupe ON dispatches (thread, dedupe_key)
+    WHERE dedupe_key IS NOT NULL AND status IN ('queued', 'claimed', 'waiting');
+DROP INDEX dispatches_live;
+CREATE INDEX dispatches_live ON dispatches (status, thread)
+    WHERE status IN ('queued', 'claimed', 'waiting');
+
+ALTER TABLE threads ADD COLUMN inbox_latest   INTEGER NOT NULL DEFAULT 0;
+ALTER TABLE threads ADD COLUMN inbox_pending  INTEGER NOT NULL DEFAULT 0;
+ALTER TABLE threads ADD COLUMN inbox_followed INTEGER NOT NULL DEFAULT 0;
+ALTER TABLE threads ADD COLUMN last_agent     TEXT;
+
+ALTER TABLE log_entries ADD COLUMN note TEXT;
+
+CREATE TABLE messages (
+    thread     TEXT NOT NULL,
+    seq        INTEGER NOT NULL,
+    kind       TEXT NOT NULL,
+    agent      TEXT,
+    payload    BLOB NOT NULL,
+    metadata   TEXT NOT NULL,
+    sent_by    TEXT NOT NULL,
+    sent_at    INTEGER NOT NULL,
+    state      TEXT NOT NULL,
+    settled_at INTEGER,
+    acked_by   TEXT,
+    log_seq    INTEGER,
+    PRIMARY KEY (thread, seq)
+);
+CREATE INDEX messages_pending ON messages (thread, seq) WHERE state = 'pending';
+CREATE INDEX messages_settled ON messages (settled_at) WHERE settled_at IS NOT NULL;
+
+CREATE TABLE waitpoints (
+    id            TEXT PRIMARY KEY NOT NULL,
+    dispatch      TEXT NOT NULL,
+    thread        TEXT NOT NULL,
+    agent         TEXT NOT NULL,
+    name          TEXT NOT NULL,
+    state         TEXT NOT NULL,
+    token_digests TEXT NOT NULL,
+    metadata      TEXT NOT NULL,
+    timeout_at    INTEGER NOT NULL,
+    result        BLOB,
+    settled_by    TEXT,
+    created_at    INTEGER NOT NULL,
+    created_claim INTEGER NOT NULL,
+    settled_at    INTEGER
+);
+CREATE UNIQUE INDEX waitpoints_by_name ON waitpoints (dispatch, name);
+CREATE INDEX waitpoints_due ON waitpoints (timeout_at) WHERE state = 'pending';
+CREATE INDEX waitpoints_by_thread ON waitpoints (thread, created_at, id);
+CREATE INDEX waitpoints_by_state ON waitpoints (state, created_at, id);
+
+CREATE TABLE journal (
+    dispatch    TEXT NOT NULL,
+    pos         INTEGER NOT NULL,
+    kind        TEXT NOT NULL,
+    identity    BLOB NOT NULL,
+    cheap       BLOB,
+    answer      TEXT NOT NULL,
+    body        BLOB,
+    claim       INTEGER NOT NULL,
+    attempt     INTEGER NOT NULL,
+    recorded_at INTEGER NOT NULL,
+    duration_us INTEGER NOT NULL,
+    size        INTEGER NOT NULL,
+    PRIMARY KEY (dispatch, pos)
+);
+CREATE TABLE journal_steps (
+    dispatch    TEXT NOT NULL,
+    key         TEXT NOT NULL,
+    value       BLOB NOT NULL,
+    claim       INTEGER NOT NULL,
+    attempt     INTEGER NOT NULL,
+    recorded_at INTEGER NOT NULL,
+    size        INTEGER NOT NULL,
+    PRIMARY KEY (dispatch, key)
+);
+
+CREATE TABLE deltas (
+    dispatch   TEXT NOT NULL,
+    claim      INTEGER NOT NULL,
+    first      INTEGER NOT NULL,
+    chunks     BLOB NOT NULL,
+    count      INTEGER NOT NULL,
+    written_at INTEGER NOT NULL,
+    expires_at INTEGER NOT NULL,
+    PRIMARY KEY (dispatch, claim, first)
+);
+CREATE INDEX deltas_expiry ON deltas (expires_at);
 "#,
 ];
 

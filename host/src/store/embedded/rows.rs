@@ -13,7 +13,7 @@ use crate::store::{StoreError, StoreResult};
 pub(super) const COLUMNS: &str = "id, agent, thread, run_id, payload, metadata, priority, available_at, \
     dedupe_key, max_attempts, attempt, epoch, status, claim_token, claimed_by, lease_until, started_at, \
     result_status, result_output, result_error, last_error, created_at, updated_at, completed_at, \
-    settled_token, settled_op";
+    settled_token, settled_op, claims, resumes";
 
 /// The columns a list row selects, in the order [`decode_row`] reads them: no payload and no
 /// output, only their sizes (`octet_length` reads a value's size from the record's header, not
@@ -21,7 +21,7 @@ pub(super) const COLUMNS: &str = "id, agent, thread, run_id, payload, metadata, 
 pub(super) const ROW_COLUMNS: &str = "id, agent, thread, run_id, octet_length(payload), metadata, \
     priority, available_at, dedupe_key, max_attempts, attempt, epoch, status, claimed_by, lease_until, \
     started_at, result_status, octet_length(result_output), result_error, last_error, created_at, \
-    updated_at, completed_at";
+    updated_at, completed_at, claims, resumes";
 
 /// A decoded row: the record plus the store's bookkeeping about who settled it.
 #[derive(Debug, Clone)]
@@ -101,6 +101,8 @@ pub(super) fn decode(row: &Row<'_>) -> StoreResult<StoredRow> {
         dedupe_key: row.get(8).map_err(field)?,
         max_attempts: row.get(9).map_err(field)?,
         attempt: row.get(10).map_err(field)?,
+        claims: row.get(26).map_err(field)?,
+        resumes: row.get(27).map_err(field)?,
         epoch: row.get(11).map_err(field)?,
         status,
         claim,
@@ -160,6 +162,8 @@ fn decode_row(row: &Row<'_>) -> StoreResult<DispatchRow> {
         dedupe_key: row.get(8).map_err(field)?,
         max_attempts: row.get(9).map_err(field)?,
         attempt: row.get(10).map_err(field)?,
+        claims: row.get(23).map_err(field)?,
+        resumes: row.get(24).map_err(field)?,
         epoch: row.get(11).map_err(field)?,
         status,
         claimed_by,
@@ -216,7 +220,8 @@ pub(super) fn store(
             "UPDATE dispatches SET available_at = ?2, attempt = ?3, epoch = ?4, status = ?5, ready = ?6, \
              claim_token = ?7, claimed_by = ?8, lease_until = ?9, started_at = ?10, result_status = ?11, \
              result_output = ?12, result_error = ?13, last_error = ?14, updated_at = ?15, completed_at = ?16, \
-             settled_token = coalesce(?17, settled_token), settled_op = coalesce(?18, settled_op) WHERE id = ?1",
+             settled_token = coalesce(?17, settled_token), settled_op = coalesce(?18, settled_op), \
+             claims = ?19, resumes = ?20 WHERE id = ?1",
         )
         .map_err(db)?;
     stmt.execute(params![
@@ -238,6 +243,8 @@ pub(super) fn store(
         d.completed_at,
         settled.map(|s| s.0),
         settled.map(|s| s.1),
+        d.claims,
+        d.resumes,
     ])
     .map_err(db)?;
     Ok(())

@@ -67,6 +67,7 @@ pub(crate) fn take(
         return Take::Stale(superseded(d, now, crate::store::REASON_STALE_EPOCH));
     }
     d.status = Status::Claimed;
+    d.claims = d.claims.saturating_add(1);
     if start {
         d.started_at = Some(now);
     }

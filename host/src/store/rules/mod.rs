@@ -117,6 +117,8 @@ pub(crate) fn queued_record(id: &str, new: &NewDispatch, epoch: u64, now: u64) -
         dedupe_key: new.dedupe_key.clone(),
         max_attempts: new.max_attempts,
         attempt: new.attempt,
+        claims: 0,
+        resumes: 0,
         epoch,
         status: Status::Queued,
         claim: None,

@@ -377,6 +377,7 @@ macro_rules! suite {
                     every_status_survives_reload_and_restart,
                     claim_fields_present_exactly_when_claimed,
                     store_stamps_times_from_its_clock,
+                    claims_count_every_claim_and_survive_reopening,
                 },
                 mailbox::{
                     chosen_id_equal_to_a_settled_minted_id_is_a_duplicate,

@@ -304,3 +304,61 @@ pub async fn store_stamps_times_from_its_clock<F: Factory>(factory: &F) {
     assert_eq!(acked.completed_at, Some(5_000_300));
     assert_eq!(acked.updated_at, 5_000_300);
 }
+
+/// Every claim adds one to `claims` (a first run, a retry after a nack, a reclaim after a lost
+/// lease, a claim by id); nothing else changes it, and it survives reopening the store. A
+/// record that was never claimed carries neither counter in its serialized form.
+pub async fn claims_count_every_claim_and_survive_reopening<F: Factory>(factory: &F) {
+    let env = Env::new(factory).await;
+    let s = env.open().await;
+    let queued = put(&s, nd("t", "d1")).await;
+    assert_eq!((queued.claims, queued.resumes), (0, 0));
+    let json = serde_json::to_string(&queued).unwrap();
+    assert!(
+        !json.contains("\"claims\"") && !json.contains("\"resumes\""),
+        "zero counters are left out: {json}"
+    );
+
+    let first = claim_some(&s).await;
+    assert_eq!(first.claims, 1, "the first claim is claim 1");
+    s.mailbox
+        .record_start(&first.id, &tok(&first))
+        .await
+        .unwrap();
+    assert_eq!(
+        load(&s, "d1").await.claims,
+        1,
+        "holder writes keep the count"
+    );
+    s.mailbox
+        .nack("d1", &tok(&first), env.now(), "once more")
+        .await
+        .unwrap();
+    let requeued = load(&s, "d1").await;
+    assert_eq!((requeued.claims, requeued.attempt), (1, 1), "{requeued:?}");
+
+    let second = claim_some(&s).await;
+    assert_eq!((second.claims, second.attempt), (2, 1));
+    // The lease runs out: the reclaim counts an attempt, not a claim; the next claim does.
+    env.advance(LEASE + 1_000);
+    retry(|| s.mailbox.reclaim_expired(env.now(), 100))
+        .await
+        .unwrap();
+    let reclaimed = load(&s, "d1").await;
+    assert_eq!(
+        (reclaimed.status, reclaimed.claims, reclaimed.attempt),
+        (Status::Queued, 2, 2),
+        "{reclaimed:?}"
+    );
+    let third = claim_id(&s, "d1").await;
+    assert_eq!(third.claims, 3, "a claim by id counts too");
+    s.mailbox.ack("d1", &tok(&third)).await.unwrap();
+
+    let again = env.open().await;
+    let acked = load(&again, "d1").await;
+    assert_eq!(
+        (acked.status, acked.claims, acked.resumes, acked.attempt),
+        (Status::Acked, 3, 0, 2),
+        "{acked:?}"
+    );
+}

@@ -1198,6 +1198,8 @@ mod checker_tests {
             dedupe_key: None,
             max_attempts: 5,
             attempt: 0,
+            claims: u32::from(token.is_some()),
+            resumes: 0,
             epoch: 0,
             status,
             claim: token.map(|t| Claim {

@@ -786,6 +786,7 @@ impl Run {
             Some(StopReason::LeaseLost) => "lease-lost",
             Some(StopReason::Shutdown) => "shutdown",
             Some(StopReason::Deadline) => "deadline",
+            Some(StopReason::Upgrade) => "upgrade",
         };
         let prefix = if self.settled.is_some() { "post-" } else { "" };
         self.count(format!("{prefix}stop:{name}"));
@@ -936,6 +937,7 @@ impl Run {
             delay_ms,
             dedupe_key,
             max_attempts,
+            concurrency_key: None,
         };
         (request, allowed)
     }
