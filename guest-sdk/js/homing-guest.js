@@ -26,8 +26,8 @@
 // `handler`. For the `agent` world, `claimNext` is in `homing-guest/agent` (`agent.js`), apart
 // because only that world imports `homing:agent/queue`.
 
-import { enqueue as rawEnqueue } from 'homing:agent/mailbox@0.1.0';
-import { write } from 'homing:agent/log@0.1.0';
+import { enqueue as rawEnqueue } from 'homing:agent/mailbox@0.2.0';
+import { write } from 'homing:agent/log@0.2.0';
 
 /** Entries asked for per `readLog` call by `readLogAll`; the host may cap a page. */
 export const LOG_PAGE = 256;

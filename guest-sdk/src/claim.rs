@@ -109,6 +109,17 @@ impl<'a> Claim<'a> {
         self.info.attempt
     }
 
+    /// How many times the dispatch has been claimed, this claim included (1 on its first run):
+    /// retries and resumes each add one.
+    pub fn claims(&self) -> u32 {
+        self.info.claims
+    }
+
+    /// How many times the dispatch came back from waiting on its waitpoints.
+    pub fn resumes(&self) -> u32 {
+        self.info.resumes
+    }
+
     /// Failed attempts after which the dispatch dead-letters.
     pub fn max_attempts(&self) -> u32 {
         self.info.max_attempts
@@ -327,6 +338,9 @@ mod tests {
             attempt: 0,
             max_attempts: 3,
             priority: 128,
+            claims: 1,
+            resumes: 0,
+            concurrency_key: None,
         }
     }
 
@@ -343,11 +357,13 @@ mod tests {
             seq: 1,
             data: b"hi".to_vec(),
             appended_at: 0,
+            message: None,
         };
         let binary = LogEntry {
             seq: 2,
             data: vec![0xff, 0xfe],
             appended_at: 0,
+            message: None,
         };
         assert_eq!(text.text(), Some("hi"));
         assert_eq!(binary.text(), None);

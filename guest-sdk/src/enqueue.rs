@@ -133,6 +133,7 @@ impl Enqueue {
             delay_ms: self.delay.map(duration_to_ms),
             dedupe_key: self.dedupe_key,
             max_attempts: self.max_attempts,
+            concurrency_key: None,
         })
     }
 }

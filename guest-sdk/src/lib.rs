@@ -2,7 +2,7 @@
 //!
 //! A Homing agent is a WebAssembly component that the Homing host runs against its durable
 //! mailbox. This crate wraps the bindings that `wit-bindgen` generates from the contract
-//! (`wit/homing.wit`, package `homing:agent@0.1.0`, a copy the crate carries) in plain Rust:
+//! (`wit/homing.wit`, package `homing:agent@0.2.0`, a copy the crate carries) in plain Rust:
 //! a handler is a trait impl and one macro call.
 //!
 //! ```no_run
