@@ -28,8 +28,8 @@
 //! - `auth`: tokens and the middleware;
 //! - `limits`: connections and failed tokens per client address, streams, the body timer;
 //! - `error`: [`ApiError`] and how store errors map to statuses;
-//! - `dispatches`, `threads`, `agents`, `health`: the handlers;
-//! - `ops`: operations the CLI shares (retry, enqueue defaults);
+//! - `dispatches`, `threads`, `agents`, `health`: the handlers (what they do with work, the
+//!   CLI and guests do too, through [`crate::work`]);
 //! - `view`: the JSON shape of a dispatch (no claim token);
 //! - `dashboard`: the operators' web pages at `/` (unless `[api] dashboard = false`), behind
 //!   the same layers, with sessions opened by a token of the same list.
@@ -41,7 +41,6 @@ mod dispatches;
 mod error;
 mod health;
 mod limits;
-pub mod ops;
 mod threads;
 mod view;
 

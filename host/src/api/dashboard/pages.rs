@@ -1,6 +1,6 @@
 //! The dashboard's handlers: one per page and per action. Reads go through the same store
 //! calls as the API's handlers (`list` with a filter and cursor, `counts`, `load`, the thread
-//! log); actions through the same operations (`ops::cancel`, `ops::retry`, `interrupt`).
+//! log); actions through the same operations (`work::cancel`, `work::retry`, `interrupt`).
 
 use std::collections::BTreeSet;
 use std::sync::Arc;
@@ -22,9 +22,9 @@ use super::view::{
 };
 use super::{Dashboard, LOGIN_LIMIT};
 use crate::api::limits::{ClientAddr, Failed};
-use crate::api::ops::{self, OpError};
 use crate::store::model::check_name;
 use crate::store::{DispatchRow, ListCursor, ListFilter, Status, StoreError};
+use crate::work::{self, OpError};
 
 /// Rows per page of a list.
 const PAGE: usize = 50;
@@ -908,7 +908,7 @@ pub(super) async fn cancel(
 ) -> Result<Response, PageError> {
     Dashboard::csrf_ok(&session, &action_form(form).csrf, "cancel")?;
     name("id", &id)?;
-    let r = ops::cancel(&d.api.store, &id).await?;
+    let r = work::cancel(&d.api.store, &id).await?;
     info!(dispatch = %r.id, token = %session.name, "cancelled from the dashboard");
     Ok(see_other(format!(
         "{}?notice=cancelled",
@@ -925,7 +925,7 @@ pub(super) async fn retry(
 ) -> Result<Response, PageError> {
     Dashboard::csrf_ok(&session, &action_form(form).csrf, "retry")?;
     name("id", &id)?;
-    let r = ops::retry(&d.api.config, &d.api.store, &id).await?;
+    let r = work::retry(&d.api.config, &d.api.store, &id).await?;
     info!(dispatch = %id, new = %r.id, token = %session.name, "retried from the dashboard");
     Ok(see_other(format!(
         "{}?notice=retried",
@@ -1137,7 +1137,7 @@ pub(super) async fn retry_selected(
     }
     let mut retried = 0;
     for id in ids {
-        match ops::retry(&d.api.config, &d.api.store, id).await {
+        match work::retry(&d.api.config, &d.api.store, id).await {
             Ok(r) => {
                 retried += 1;
                 info!(dispatch = %id, new = %r.id, token = %session.name, "retried from the dashboard");
