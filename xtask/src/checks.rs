@@ -60,8 +60,9 @@ fn rust_files(path: &Path, out: &mut Vec<PathBuf>) {
     }
 }
 
-/// The modules a line names as `crate::NAME`, including inside `use crate::{a, b}` groups.
-fn named_modules(line: &str) -> Vec<String> {
+/// The paths a line names after `crate::`, a `use crate::{a, b::C}` group as one path per
+/// item.
+fn crate_paths(line: &str) -> Vec<&str> {
     let mut out = Vec::new();
     let mut rest = line;
     while let Some(at) = rest.find("crate::") {
@@ -71,29 +72,21 @@ fn named_modules(line: &str) -> Vec<String> {
         if before.is_some_and(|c| c.is_alphanumeric() || c == '_' || c == '$') {
             continue;
         }
-        if let Some(group) = rest.strip_prefix('{') {
-            let inner = group.split('}').next().unwrap_or("");
-            for item in inner.split(',') {
-                let name: String = item
-                    .trim()
-                    .chars()
-                    .take_while(|c| c.is_alphanumeric() || *c == '_')
-                    .collect();
-                if !name.is_empty() {
-                    out.push(name);
-                }
-            }
-        } else {
-            let name: String = rest
-                .chars()
-                .take_while(|c| c.is_alphanumeric() || *c == '_')
-                .collect();
-            if !name.is_empty() {
-                out.push(name);
-            }
+        match rest.strip_prefix('{') {
+            Some(group) => out.extend(group_items(group).into_iter().map(str::trim_start)),
+            None => out.push(rest),
         }
     }
     out
+}
+
+/// The modules a line names as `crate::NAME`, including inside `use crate::{a, b}` groups.
+fn named_modules(line: &str) -> Vec<String> {
+    crate_paths(line)
+        .into_iter()
+        .map(ident)
+        .filter(|name| !name.is_empty())
+        .collect()
 }
 
 /// The leading identifier of `text`.
@@ -133,39 +126,26 @@ fn group_items(group: &str) -> Vec<&str> {
 /// or a glob), which would open all of it.
 fn named_items(line: &str, module: &str) -> Vec<Option<String>> {
     let mut out = Vec::new();
-    let mut rest = line;
-    while let Some(at) = rest.find("crate::") {
-        let before = rest[..at].chars().next_back();
-        rest = &rest[at + "crate::".len()..];
-        if before.is_some_and(|c| c.is_alphanumeric() || c == '_' || c == '$') {
+    for path in crate_paths(line) {
+        if ident(path) != module {
             continue;
         }
-        let paths = match rest.strip_prefix('{') {
-            Some(group) => group_items(group),
-            None => vec![rest],
-        };
-        for path in paths {
-            let path = path.trim_start();
-            if ident(path) != module {
-                continue;
-            }
-            let items = match path[module.len()..].strip_prefix("::") {
-                None => vec![None],
-                Some(after) => match after.trim_start().strip_prefix('{') {
-                    Some(group) => group_items(group)
-                        .into_iter()
-                        .map(ident)
-                        .map(Some)
-                        .collect(),
-                    None => vec![Some(ident(after))],
-                },
-            };
-            out.extend(
-                items
+        let items = match path[module.len()..].strip_prefix("::") {
+            None => vec![None],
+            Some(after) => match after.trim_start().strip_prefix('{') {
+                Some(group) => group_items(group)
                     .into_iter()
-                    .map(|item| item.filter(|i| !i.is_empty() && i != "self")),
-            );
-        }
+                    .map(ident)
+                    .map(Some)
+                    .collect(),
+                None => vec![Some(ident(after))],
+            },
+        };
+        out.extend(
+            items
+                .into_iter()
+                .map(|item| item.filter(|i| !i.is_empty() && i != "self")),
+        );
     }
     out
 }
@@ -356,6 +336,10 @@ mod tests {
             ["claim", "api"]
         );
         assert!(named_modules("$crate::foo; my_crate::bar").is_empty());
+        assert_eq!(
+            named_modules("use crate::{api::{self, ApiServer}, config};"),
+            ["api", "config"]
+        );
     }
 
     #[test]

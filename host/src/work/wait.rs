@@ -78,15 +78,21 @@ mod tests {
             .store()
     }
 
-    #[tokio::test]
-    async fn a_live_dispatch_is_returned_as_it_is_when_the_time_is_up() {
+    /// A store holding one queued dispatch, and its id.
+    async fn one_queued() -> (Store, String) {
         let store = store();
         let d = store
             .mailbox
             .enqueue(NewDispatch::new("echo", "t1", Vec::new()))
             .await
             .unwrap();
-        let read = until_terminal(&store, &d.id, Duration::from_millis(30), None)
+        (store, d.id)
+    }
+
+    #[tokio::test]
+    async fn a_live_dispatch_is_returned_as_it_is_when_the_time_is_up() {
+        let (store, id) = one_queued().await;
+        let read = until_terminal(&store, &id, Duration::from_millis(30), None)
             .await
             .unwrap();
         assert_eq!(read.status, Status::Queued);
@@ -94,16 +100,11 @@ mod tests {
 
     #[tokio::test]
     async fn a_wait_ends_when_it_finishes_or_is_stopped() {
-        let store = store();
-        let d = store
-            .mailbox
-            .enqueue(NewDispatch::new("echo", "t1", Vec::new()))
-            .await
-            .unwrap();
+        let (store, id) = one_queued().await;
         let (stop, stopped) = watch::channel(false);
         let waiting = {
             let store = store.clone();
-            let id = d.id.clone();
+            let id = id.clone();
             tokio::spawn(async move {
                 until_terminal(&store, &id, Duration::from_secs(60), Some(stopped)).await
             })
@@ -111,8 +112,8 @@ mod tests {
         stop.send(true).unwrap();
         let read = waiting.await.unwrap().unwrap();
         assert_eq!(read.status, Status::Queued);
-        store.mailbox.cancel(&d.id).await.unwrap();
-        let read = until_terminal(&store, &d.id, Duration::from_secs(60), None)
+        store.mailbox.cancel(&id).await.unwrap();
+        let read = until_terminal(&store, &id, Duration::from_secs(60), None)
             .await
             .unwrap();
         assert_eq!(read.status, Status::Cancelled);
