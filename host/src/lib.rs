@@ -10,13 +10,15 @@
 //! - [`cli`] — the `homing` command: run a host, enqueue and inspect work;
 //! - [`bench`] — `homing bench`, the measurements (uses every layer below, like a user);
 //! - [`api`] — the HTTP API, health checks and `/metrics` that `homing run` serves, and the
-//!   operations on work it shares with the CLI;
+//!   dashboard;
 //! - [`supervisor`] — workers per plugin (claim, run, settle what the guest left unsettled),
 //!   the sweeper, shutdown;
 //! - [`runtime`] — the wasmtime engine, plugin loading, the call paths, limits, and in
 //!   [`runtime::host`] the host side of the WIT imports, one file per interface;
 //! - [`claim`] — a claimed dispatch as the host holds it: the claim handle, its stop requests,
 //!   the lease guard, settlement and retry time, and claiming;
+//! - [`work`] — what the API, the CLI and guests do with work, written once: a request made a
+//!   checked dispatch, cancel, retry, and waiting until a dispatch is terminal;
 //! - [`telemetry`] — Prometheus metrics: their names, the recorder, the timed store and the
 //!   queue gauges;
 //! - [`store`] — the mailbox and sequence-store contract (docs/contract.md), the decisions made
@@ -41,3 +43,4 @@ pub mod store;
 pub mod supervisor;
 pub mod telemetry;
 pub mod tls;
+pub mod work;

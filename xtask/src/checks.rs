@@ -20,6 +20,8 @@ const LAYERS: &[(&str, u8)] = &[
     ("natsd", 3),
     ("store", 3),
     ("telemetry", 4),
+    // What the API, the CLI and guests (in the runtime) do with work: on the store and config.
+    ("work", 4),
     ("claim", 5),
     ("runtime", 6),
     ("supervisor", 7),
@@ -27,6 +29,11 @@ const LAYERS: &[(&str, u8)] = &[
     ("bench", 9),
     ("cli", 10),
 ];
+
+/// What a module may name of a lower one that it may not use all of: `(from, of, items)`. The
+/// CLI takes from the API only what starts the server; what it does with work comes from
+/// `work`, below both.
+const NARROW: &[(&str, &str, &[&str])] = &[("cli", "api", &["ApiServer", "AgentInfo"])];
 
 fn rank(module: &str) -> Option<u8> {
     LAYERS
@@ -53,8 +60,9 @@ fn rust_files(path: &Path, out: &mut Vec<PathBuf>) {
     }
 }
 
-/// The modules a line names as `crate::NAME`, including inside `use crate::{a, b}` groups.
-fn named_modules(line: &str) -> Vec<String> {
+/// The paths a line names after `crate::`, a `use crate::{a, b::C}` group as one path per
+/// item.
+fn crate_paths(line: &str) -> Vec<&str> {
     let mut out = Vec::new();
     let mut rest = line;
     while let Some(at) = rest.find("crate::") {
@@ -64,27 +72,80 @@ fn named_modules(line: &str) -> Vec<String> {
         if before.is_some_and(|c| c.is_alphanumeric() || c == '_' || c == '$') {
             continue;
         }
-        if let Some(group) = rest.strip_prefix('{') {
-            let inner = group.split('}').next().unwrap_or("");
-            for item in inner.split(',') {
-                let name: String = item
-                    .trim()
-                    .chars()
-                    .take_while(|c| c.is_alphanumeric() || *c == '_')
-                    .collect();
-                if !name.is_empty() {
-                    out.push(name);
-                }
-            }
-        } else {
-            let name: String = rest
-                .chars()
-                .take_while(|c| c.is_alphanumeric() || *c == '_')
-                .collect();
-            if !name.is_empty() {
-                out.push(name);
-            }
+        match rest.strip_prefix('{') {
+            Some(group) => out.extend(group_items(group).into_iter().map(str::trim_start)),
+            None => out.push(rest),
         }
+    }
+    out
+}
+
+/// The modules a line names as `crate::NAME`, including inside `use crate::{a, b}` groups.
+fn named_modules(line: &str) -> Vec<String> {
+    crate_paths(line)
+        .into_iter()
+        .map(ident)
+        .filter(|name| !name.is_empty())
+        .collect()
+}
+
+/// The leading identifier of `text`.
+fn ident(text: &str) -> String {
+    text.trim_start()
+        .chars()
+        .take_while(|c| c.is_alphanumeric() || *c == '_')
+        .collect()
+}
+
+/// The comma-separated items of a `{...}` group whose opening brace is already consumed, up to
+/// its closing brace (nested groups stay whole inside their item).
+fn group_items(group: &str) -> Vec<&str> {
+    let mut items = Vec::new();
+    let (mut depth, mut start) = (0usize, 0);
+    for (at, c) in group.char_indices() {
+        match c {
+            '{' => depth += 1,
+            '}' if depth == 0 => {
+                items.push(&group[start..at]);
+                return items;
+            }
+            '}' => depth -= 1,
+            ',' if depth == 0 => {
+                items.push(&group[start..at]);
+                start = at + 1;
+            }
+            _ => {}
+        }
+    }
+    items.push(&group[start..]);
+    items
+}
+
+/// The items of `module` a line names (`crate::module::Item`, `crate::module::{A, B}`, also
+/// inside a `crate::{...}` group); `None` for the module itself (`crate::module` alone, `self`
+/// or a glob), which would open all of it.
+fn named_items(line: &str, module: &str) -> Vec<Option<String>> {
+    let mut out = Vec::new();
+    for path in crate_paths(line) {
+        if ident(path) != module {
+            continue;
+        }
+        let items = match path[module.len()..].strip_prefix("::") {
+            None => vec![None],
+            Some(after) => match after.trim_start().strip_prefix('{') {
+                Some(group) => group_items(group)
+                    .into_iter()
+                    .map(ident)
+                    .map(Some)
+                    .collect(),
+                None => vec![Some(ident(after))],
+            },
+        };
+        out.extend(
+            items
+                .into_iter()
+                .map(|item| item.filter(|i| !i.is_empty() && i != "self")),
+        );
     }
     out
 }
@@ -129,6 +190,22 @@ fn upward_uses(src: &Path) -> Result<Vec<String>> {
                         None => {}
                     }
                 }
+                for (_, of, allowed) in NARROW.iter().filter(|(from, ..)| *from == module) {
+                    for item in named_items(line, of) {
+                        if item.as_deref().is_some_and(|i| allowed.contains(&i)) {
+                            continue;
+                        }
+                        found.push(format!(
+                            "{}:{}: `{module}` names {}; of `{of}` it may name only {}",
+                            file.strip_prefix(root()).unwrap_or(&file).display(),
+                            n + 1,
+                            item.map_or(format!("all of `crate::{of}`"), |i| format!(
+                                "`crate::{of}::{i}`"
+                            )),
+                            allowed.join(", ")
+                        ));
+                    }
+                }
             }
         }
     }
@@ -144,7 +221,8 @@ fn upward_uses(src: &Path) -> Result<Vec<String>> {
     Ok(found)
 }
 
-/// `cargo xtask house`: fails on any use of a higher layer.
+/// `cargo xtask house`: fails on any use of a higher layer, and on a use of a lower one past
+/// what [`NARROW`] allows.
 pub fn house() -> Result<()> {
     let up = upward_uses(&root().join("host").join("src"))?;
     if up.is_empty() {
@@ -258,6 +336,32 @@ mod tests {
             ["claim", "api"]
         );
         assert!(named_modules("$crate::foo; my_crate::bar").is_empty());
+        assert_eq!(
+            named_modules("use crate::{api::{self, ApiServer}, config};"),
+            ["api", "config"]
+        );
+    }
+
+    #[test]
+    fn finds_the_items_a_line_names_of_a_module() {
+        let some = |items: &[&str]| -> Vec<Option<String>> {
+            items.iter().map(|i| Some((*i).to_owned())).collect()
+        };
+        assert_eq!(
+            named_items("use crate::api::{AgentInfo, ApiServer};", "api"),
+            some(&["AgentInfo", "ApiServer"])
+        );
+        assert_eq!(
+            named_items("let t = crate::api::ApiServer::check_tokens(&c)?;", "api"),
+            some(&["ApiServer"])
+        );
+        assert_eq!(
+            named_items("use crate::{api::{self, ApiServer}, config};", "api"),
+            vec![None, Some("ApiServer".to_owned())]
+        );
+        assert_eq!(named_items("use crate::api::*;", "api"), vec![None]);
+        assert_eq!(named_items("/// see crate::api.", "api"), vec![None]);
+        assert!(named_items("use crate::apis::X; use crate::bench;", "api").is_empty());
     }
 
     #[test]
@@ -277,6 +381,16 @@ mod tests {
         let found = upward_uses(&dir).unwrap_or_default();
         assert_eq!(found.len(), 1, "{found:?}");
         assert!(found[0].contains("mod.rs:2"), "{found:?}");
+        // The CLI may name of the API only what starts the server.
+        std::fs::write(dir.join("store/mod.rs"), "").unwrap_or_default();
+        std::fs::write(dir.join("api.rs"), "").unwrap_or_default();
+        std::fs::write(dir.join("cli.rs"), "use crate::api::ApiServer;\n").unwrap_or_default();
+        assert_eq!(upward_uses(&dir), Ok(vec![]));
+        std::fs::write(dir.join("cli.rs"), "use crate::api::{ApiServer, ops};\n")
+            .unwrap_or_default();
+        let found = upward_uses(&dir).unwrap_or_default();
+        assert_eq!(found.len(), 1, "{found:?}");
+        assert!(found[0].contains("`crate::api::ops`"), "{found:?}");
         std::fs::write(dir.join("gadget.rs"), "").unwrap_or_default();
         assert!(upward_uses(&dir).is_err(), "an unplaced module fails");
         let _ = std::fs::remove_dir_all(&dir);

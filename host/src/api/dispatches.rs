@@ -15,10 +15,10 @@ use serde_json::{Map, Value, json};
 use tracing::info;
 
 use super::auth::Caller;
-use super::ops::{self, OpError};
 use super::{ApiError, ApiState, view};
 use crate::config::parse_duration;
-use crate::store::{ListCursor, ListFilter, NewDispatch, Status, millis};
+use crate::store::{ListCursor, ListFilter, Status};
+use crate::work::{self, Attempts, OpError, Request};
 
 /// The most rows one page of the list holds.
 pub(crate) const MAX_PAGE: usize = 1000;
@@ -279,25 +279,25 @@ pub(super) async fn enqueue(
     if let Some(parent) = traceparent(&headers) {
         metadata.insert("traceparent".into(), parent);
     }
-    let mut new = NewDispatch::new(&agent, &thread, payload);
-    new.id = id;
-    new.dedupe_key = dedupe_key;
-    new.metadata = metadata;
-    new.priority = priority.map_or(crate::store::DEFAULT_PRIORITY, |p| p as u8);
-    new.max_attempts = ops::max_attempts(
-        &state.config,
-        &agent,
-        max_attempts.map(|n| u32::try_from(n).unwrap_or(u32::MAX)),
-    );
-    new.delay_ms = delay.map_or(0, millis);
-    if let Err(message) = new.validate() {
+    let attempts = Attempts::configured(&state.config, &agent);
+    let request = Request {
+        id,
+        priority: priority.map(|p| p as u8),
+        delay: delay.unwrap_or_default(),
+        metadata,
+        dedupe_key,
+        max_attempts: max_attempts.map(|n| u32::try_from(n).unwrap_or(u32::MAX)),
+        ..Request::new(agent, thread, payload)
+    };
+    // The store's rules, refused naming the field (the first word of the message).
+    let new = request.into_dispatch(attempts).map_err(|message| {
         let field = message
             .split([' ', ':'])
             .next()
             .unwrap_or("body")
             .to_owned();
-        return Err(ApiError::invalid(&field, message));
-    }
+        ApiError::invalid(&field, message)
+    })?;
     let d = state.store.mailbox.enqueue(new).await?;
     info!(
         dispatch = %d.id,
@@ -429,11 +429,6 @@ pub(super) async fn list(
     Ok(([(header::CONTENT_TYPE, "application/json")], body).into_response())
 }
 
-/// The first poll interval of a long poll; it doubles up to [`POLL_MAX`]. The store's work
-/// signal (fired when this process settles a dispatch) wakes it sooner.
-const POLL_FIRST: Duration = Duration::from_millis(5);
-const POLL_MAX: Duration = Duration::from_millis(250);
-
 /// `GET /v1/dispatches/{id}?wait=30s`.
 pub(super) async fn show(
     State(state): State<Arc<ApiState>>,
@@ -457,28 +452,9 @@ pub(super) async fn show(
             wait
         }
     };
-    let deadline = tokio::time::Instant::now() + wait;
-    let signal = state.store.mailbox.work_signal();
-    let mut shutdown = state.shutdown.clone();
-    let mut poll = POLL_FIRST;
-    loop {
-        let notified = signal.notified();
-        tokio::pin!(notified);
-        notified.as_mut().enable();
-        let Some(d) = state.store.mailbox.load(&id).await? else {
-            return Err(ApiError::not_found(format!("no dispatch `{id}`")));
-        };
-        let now = tokio::time::Instant::now();
-        if d.status.is_terminal() || now >= deadline || *shutdown.borrow() {
-            return Ok(Json(view::dispatch(&d)));
-        }
-        tokio::select! {
-            () = &mut notified => {}
-            () = tokio::time::sleep(poll.min(deadline - now)) => {}
-            _ = shutdown.changed() => {}
-        }
-        poll = (poll * 2).min(POLL_MAX);
-    }
+    // A long poll ends early when the server stops.
+    let d = work::until_terminal(&state.store, &id, wait, Some(state.shutdown.clone())).await?;
+    Ok(Json(view::dispatch(&d)))
 }
 
 /// `POST /v1/dispatches/{id}/cancel`.
@@ -487,7 +463,7 @@ pub(super) async fn cancel(
     Path(id): Path<String>,
 ) -> Result<Json<Value>, ApiError> {
     name("id", &id)?;
-    let d = ops::cancel(&state.store, &id).await?;
+    let d = work::cancel(&state.store, &id).await?;
     Ok(Json(view::dispatch(&d)))
 }
 
@@ -497,7 +473,7 @@ pub(super) async fn retry(
     Path(id): Path<String>,
 ) -> Result<Response, ApiError> {
     name("id", &id)?;
-    let d = ops::retry(&state.config, &state.store, &id).await?;
+    let d = work::retry(&state.config, &state.store, &id).await?;
     Ok((
         StatusCode::CREATED,
         [(header::LOCATION, view::dispatch_path(&d.id))],

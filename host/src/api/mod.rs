@@ -28,8 +28,8 @@
 //! - `auth`: tokens and the middleware;
 //! - `limits`: connections and failed tokens per client address, streams, the body timer;
 //! - `error`: [`ApiError`] and how store errors map to statuses;
-//! - `dispatches`, `threads`, `agents`, `health`: the handlers;
-//! - `ops`: operations the CLI shares (retry, enqueue defaults);
+//! - `dispatches`, `threads`, `agents`, `health`: the handlers (what they do with work, the
+//!   CLI and guests do too, through [`crate::work`]);
 //! - `view`: the JSON shape of a dispatch (no claim token);
 //! - `dashboard`: the operators' web pages at `/` (unless `[api] dashboard = false`), behind
 //!   the same layers, with sessions opened by a token of the same list.
@@ -41,7 +41,6 @@ mod dispatches;
 mod error;
 mod health;
 mod limits;
-pub mod ops;
 mod threads;
 mod view;
 
@@ -440,6 +439,36 @@ impl ApiServer {
         }
     }
 
+    /// What `homing config check` says of `[api]`: each token read as [`ApiServer::start`]
+    /// reads it (a missing or short secret fails here, naming the token and where it was
+    /// looked for), described by name, role and source; never a secret. It is the first step
+    /// of starting the server, taken alone, so a config the check passes is one `start`
+    /// accepts.
+    ///
+    /// # Errors
+    ///
+    /// When a token's secret cannot be read or two tokens share a secret.
+    pub fn check_tokens(config: &Config) -> anyhow::Result<Vec<String>> {
+        auth::Tokens::read(&config.api.tokens, &config.base_dir)
+            .map_err(|e| anyhow::anyhow!("{}: [api] tokens: {e}", config.source))?;
+        Ok(config
+            .api
+            .tokens
+            .iter()
+            .map(|t| {
+                let from = match &t.secret {
+                    crate::config::api::SecretSource::Env(var) => {
+                        format!("environment variable {var}")
+                    }
+                    crate::config::api::SecretSource::File(path) => {
+                        format!("file {}", config.resolve(path).display())
+                    }
+                };
+                format!("token {} ({}) from {from}", t.name, t.role)
+            })
+            .collect())
+    }
+
     /// Stops accepting, ends long polls and streams, and waits (at most `within`) for the
     /// requests in flight.
     pub async fn stop(self, within: Duration) {
@@ -450,32 +479,6 @@ impl ApiServer {
             task.abort();
         }
     }
-}
-
-/// What `homing config check` says of `[api]`: each token read as `run` reads it (a missing
-/// or short secret fails here, naming the token and where it was looked for), described by
-/// name, role and source; never a secret.
-///
-/// # Errors
-///
-/// When a token's secret cannot be read or two tokens share a secret.
-pub fn check_tokens(config: &Config) -> anyhow::Result<Vec<String>> {
-    auth::Tokens::read(&config.api.tokens, &config.base_dir)
-        .map_err(|e| anyhow::anyhow!("{}: [api] tokens: {e}", config.source))?;
-    Ok(config
-        .api
-        .tokens
-        .iter()
-        .map(|t| {
-            let from = match &t.secret {
-                crate::config::api::SecretSource::Env(var) => format!("environment variable {var}"),
-                crate::config::api::SecretSource::File(path) => {
-                    format!("file {}", config.resolve(path).display())
-                }
-            };
-            format!("token {} ({}) from {from}", t.name, t.role)
-        })
-        .collect())
 }
 
 #[cfg(test)]

@@ -16,10 +16,10 @@
 
 use std::process::ExitCode;
 
-use crate::api::ops::OpError;
 use crate::config::ConfigError;
 use crate::input::InputError;
 use crate::store::StoreError;
+use crate::work::OpError;
 
 /// An exit code with its meaning.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

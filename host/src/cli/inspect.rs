@@ -8,6 +8,8 @@ use anyhow::Context;
 use clap::Subcommand;
 use serde_json::json;
 
+// The server's own reading of its tokens, so `config check` refuses what `run` would.
+use crate::api::ApiServer;
 use crate::config::{Config, StoreConfig};
 use crate::runtime::{Runtime, WasmContext, detect_contract, detect_world};
 use crate::store::nats::{NatsConfig, NatsStore};
@@ -71,7 +73,7 @@ pub(super) async fn check(file: &Path, json: bool) -> anyhow::Result<()> {
             .collect();
         values.insert(name.clone(), described);
     }
-    let tokens = crate::api::check_tokens(&config)?;
+    let tokens = ApiServer::check_tokens(&config)?;
     let traces = config
         .telemetry
         .traces_url()

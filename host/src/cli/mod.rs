@@ -20,6 +20,8 @@ use std::sync::Arc;
 use anyhow::Context;
 use clap::{Parser, Subcommand};
 
+// From the API, only what starts the server (and the loaded plugins it is told of): what the
+// CLI does with work comes from `crate::work`, as the API's does (`cargo xtask house` checks).
 use crate::api::{AgentInfo, ApiServer};
 use crate::bench;
 use crate::config::{Config, LogFormat, StoreConfig};

@@ -8,11 +8,11 @@ use anyhow::Context;
 use clap::{Args, Subcommand};
 
 use super::exit::{Exit, coded};
-use crate::api::ops::{self, OpError};
 use crate::config::{Config, parse_duration};
 use crate::input::read_capped;
 use crate::store::model::check_name;
-use crate::store::{Dispatch, ListCursor, ListFilter, NewDispatch, Status, Store, millis};
+use crate::store::{Dispatch, ListCursor, ListFilter, NewDispatch, Status, Store};
+use crate::work::{self, Attempts, OpError, Request};
 
 /// `homing enqueue`.
 #[derive(Debug, Args)]
@@ -179,14 +179,16 @@ pub(super) fn prepare(config: &Config, args: &EnqueueArgs) -> anyhow::Result<New
         }
         (None, None) => read_capped(std::io::stdin().lock(), cap, "the payload", limit)?,
     };
-    let mut new = NewDispatch::new(&args.agent, &args.thread, payload).with_priority(args.priority);
-    new.id = args.id.clone();
-    new.dedupe_key = args.dedupe_key.clone();
-    new.max_attempts = ops::max_attempts(config, &args.agent, args.max_attempts);
+    let mut request = Request {
+        id: args.id.clone(),
+        priority: Some(args.priority),
+        dedupe_key: args.dedupe_key.clone(),
+        max_attempts: args.max_attempts,
+        ..Request::new(&args.agent, &args.thread, payload)
+    };
     if let Some(delay) = &args.delay {
-        let delay =
+        request.delay =
             parse_duration(delay).map_err(|e| coded(Exit::Invalid, format!("--delay: {e}")))?;
-        new.delay_ms = millis(delay);
     }
     for entry in &args.metadata {
         let Some((key, value)) = entry.split_once('=') else {
@@ -195,16 +197,17 @@ pub(super) fn prepare(config: &Config, args: &EnqueueArgs) -> anyhow::Result<New
                 format!("--meta `{entry}`: expected KEY=VALUE"),
             ));
         };
-        new.metadata.insert(key.to_owned(), value.to_owned());
+        request.metadata.insert(key.to_owned(), value.to_owned());
     }
     // The same rules the store applies, named by flag: `--dedupe-key`, `--meta` (a key).
-    new.validate().map_err(|e| {
-        let e = e
-            .replace("dedupe_key", "--dedupe-key")
-            .replace("metadata", "--meta");
-        coded(Exit::Invalid, e)
-    })?;
-    Ok(new)
+    request
+        .into_dispatch(Attempts::configured(config, &args.agent))
+        .map_err(|e| {
+            let e = e
+                .replace("dedupe_key", "--dedupe-key")
+                .replace("metadata", "--meta");
+            coded(Exit::Invalid, e)
+        })
 }
 
 /// Checks an id or a thread name given as `flag`, as the store and the API check it: exit 2
@@ -231,7 +234,7 @@ pub(super) async fn enqueue(
         }
         return Ok(());
     }
-    let d = wait_terminal(store, &dispatch.id, timeout).await?;
+    let d = work::until_terminal(store, &dispatch.id, timeout, None).await?;
     if args.json {
         println!("{}", serde_json::to_string_pretty(&d)?);
     } else if let Some(result) = d.result.as_ref().filter(|_| d.status == Status::Acked) {
@@ -258,24 +261,7 @@ pub(super) async fn enqueue(
     }
 }
 
-/// Polls `id` until it is terminal or `timeout` passes; returns it as last read.
-async fn wait_terminal(store: &Store, id: &str, timeout: Duration) -> anyhow::Result<Dispatch> {
-    let deadline = tokio::time::Instant::now() + timeout;
-    let mut poll = Duration::from_millis(10);
-    loop {
-        let Some(d) = store.mailbox.load(id).await? else {
-            return Err(coded(Exit::NotFound, format!("no dispatch `{id}`")));
-        };
-        let now = tokio::time::Instant::now();
-        if d.status.is_terminal() || now >= deadline {
-            return Ok(d);
-        }
-        tokio::time::sleep(poll.min(deadline - now)).await;
-        poll = (poll * 2).min(FOLLOW_POLL);
-    }
-}
-
-/// How often `--wait` and `--follow` read the store again, at most.
+/// How often `--follow` reads the store again, at most.
 const FOLLOW_POLL: Duration = Duration::from_millis(250);
 
 pub(super) async fn dispatch(
@@ -349,12 +335,12 @@ pub(super) async fn dispatch(
         }
         DispatchCommand::Cancel { id } => {
             name("id", &id)?;
-            let d = ops::cancel(store, &id).await?;
+            let d = work::cancel(store, &id).await?;
             println!("{} cancelled", text(&d.id));
         }
         DispatchCommand::Retry { id } => {
             name("id", &id)?;
-            let retried = ops::retry(config, store, &id).await?;
+            let retried = work::retry(config, store, &id).await?;
             println!("{}", text(&retried.id));
         }
     }

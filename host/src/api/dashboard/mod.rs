@@ -27,7 +27,8 @@
 //!
 //! - `session`: sessions, CSRF;
 //! - `stats`: throughput and hosts, sampled from the store;
-//! - `pages`: the handlers; `view`: layout and formatting.
+//! - `pages`: the route table and the handlers, one file per page, each reading what it shows
+//!   apart from rendering it; `view`: layout, formatting and the pieces pages share.
 
 mod pages;
 mod session;
@@ -41,7 +42,7 @@ use axum::extract::{DefaultBodyLimit, Path, Request, State};
 use axum::http::{HeaderValue, StatusCode, header};
 use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
-use axum::routing::{get, post};
+use axum::routing::get;
 
 use super::ApiState;
 
@@ -83,24 +84,7 @@ pub(super) fn router(api: Arc<ApiState>) -> Router<Arc<ApiState>> {
         api.store.clone(),
         api.shutdown.clone(),
     ));
-    Router::new()
-        .route("/", get(pages::overview))
-        .route(
-            "/login",
-            get(pages::login_page)
-                .post(pages::login)
-                .layer(DefaultBodyLimit::max(LOGIN_LIMIT)),
-        )
-        .route("/logout", post(pages::logout))
-        .route("/dispatches", get(pages::dispatches))
-        .route("/dispatches/{id}", get(pages::dispatch))
-        .route("/dispatches/{id}/cancel", post(pages::cancel))
-        .route("/dispatches/{id}/retry", post(pages::retry))
-        .route("/threads/{thread}", get(pages::thread))
-        .route("/threads/{thread}/interrupt", post(pages::interrupt))
-        .route("/dead-letters", get(pages::dead_letters))
-        .route("/dead-letters/retry", post(pages::retry_selected))
-        .route("/agents", get(pages::agents))
+    pages::routes()
         .route("/assets/{name}", get(asset))
         .layer(DefaultBodyLimit::max(FORM_LIMIT))
         .layer(axum::middleware::from_fn_with_state(

@@ -7,7 +7,7 @@ use std::fmt::Write as _;
 use maud::{DOCTYPE, Markup, html};
 
 use super::session::Session;
-use crate::store::Status;
+use crate::store::{DispatchRow, Status};
 
 /// The largest part of a stored value a page shows; the rest is counted, not shown.
 pub(super) const SHOW_BYTES: usize = 256 << 10;
@@ -213,6 +213,67 @@ pub(super) fn chart(series: &[u64], label: &str) -> Markup {
             }
         }
     }
+}
+
+/// A table of dispatches; with `select`, a checkbox per row (the form around it is the
+/// caller's) and the last errors.
+pub(super) fn dispatch_table(rows: &[DispatchRow], now: u64, select: Option<&Session>) -> Markup {
+    html! {
+        div.scroll {
+            table.dispatches.stack {
+                thead { tr {
+                    @if select.is_some() {
+                        th scope="col" {
+                            label { input #select-all type="checkbox" aria-label="Select all"; }
+                        }
+                    }
+                    th scope="col" { "Id" }
+                    th scope="col" { "Agent" }
+                    th scope="col" { "Thread" }
+                    th scope="col" { "Status" }
+                    th.num scope="col" { "Priority" }
+                    th.num scope="col" { "Attempts" }
+                    th scope="col" { "Created" }
+                    @if select.is_some() { th scope="col" { "Last error" } }
+                } }
+                tbody {
+                    @for row in rows {
+                        tr data-id=(row.id) {
+                            @if select.is_some() {
+                                td data-label="Select" { input type="checkbox" name="id" value=(row.id) aria-label={ "Select " (row.id) }; }
+                            }
+                            td.id data-label="Id" { a href=(dispatch_href(&row.id)) { (row.id) } }
+                            td data-label="Agent" { (row.agent) }
+                            td data-label="Thread" { a href=(thread_href(&row.thread)) { (row.thread) } }
+                            td data-label="Status" { (status(row.status)) }
+                            td.num data-label="Priority" { (row.priority) }
+                            td.num data-label="Attempts" { (row.attempt) "/" (row.max_attempts) }
+                            td data-label="Created" { (when(row.created_at, now)) }
+                            @if select.is_some() { td data-label="Last error" { (row.last_error.as_deref().unwrap_or("")) } }
+                        }
+                    }
+                    @if rows.is_empty() {
+                        tr { td colspan="9" { span.muted { "No dispatches match." } } }
+                    }
+                }
+            }
+        }
+    }
+}
+
+/// One notice above a page, named by `?notice=` (with `?n=`, a count) after an action;
+/// unknown names show nothing.
+pub(super) fn notice(name: Option<&str>, n: Option<&str>) -> Markup {
+    let n: Option<u64> = n.and_then(|n| n.parse().ok());
+    let text = match name {
+        Some("cancelled") => "Cancelled.".to_owned(),
+        Some("retried") => "Retried: this is the new dispatch, queued again.".to_owned(),
+        Some("interrupted") => "Thread interrupted.".to_owned(),
+        Some("retried-n") => format!("Retried {} dead letter(s).", n.unwrap_or(0)),
+        Some("none-selected") => "Nothing was selected.".to_owned(),
+        _ => return html! {},
+    };
+    html! { p.notice role="status" { (text) } }
 }
 
 #[cfg(test)]

@@ -6,13 +6,15 @@
 //! to the target's own. The host records who enqueued it (`enqueued-by`) and, through a claim,
 //! the parent dispatch (`parent`), whose thread is the default.
 
+use std::collections::BTreeMap;
 use std::time::Duration;
 
 use super::GuestState;
 use super::policy::{MAX_ENQUEUE_DELAY, guest_error};
 use crate::runtime::bindings::mailbox;
 use crate::runtime::bindings::{EnqueueRequest, GuestError};
-use crate::store::{DEFAULT_PRIORITY, Dispatch, NewDispatch};
+use crate::store::{Dispatch, NewDispatch};
+use crate::work::{Attempts, Request};
 
 impl GuestState {
     /// The dispatch `request` asks for, or why the guest may not have it. `parent` is the
@@ -68,29 +70,27 @@ impl GuestState {
                 MAX_ENQUEUE_DELAY.as_secs() / 86400
             )));
         }
-        let mut new = NewDispatch::new(request.agent, thread, request.payload)
-            .with_priority(request.priority.unwrap_or(DEFAULT_PRIORITY))
-            .with_delay_ms(delay)
-            .with_max_attempts(
-                request
-                    .max_attempts
-                    .unwrap_or(*target_max)
-                    .clamp(1, (*target_max).max(1)),
-            );
-        new.metadata = request.metadata.into_iter().collect();
-        new.metadata
-            .insert("enqueued-by".into(), plugin.name.clone());
+        let mut metadata: BTreeMap<String, String> = request.metadata.into_iter().collect();
+        metadata.insert("enqueued-by".into(), plugin.name.clone());
         if let Some(parent) = parent {
-            new.metadata.insert("parent".into(), parent.id.clone());
+            metadata.insert("parent".into(), parent.id.clone());
         }
         if let Some(trace) = trace {
-            new.metadata.entry("traceparent".into()).or_insert(trace);
+            metadata.entry("traceparent".into()).or_insert(trace);
         }
-        new.dedupe_key = request.dedupe_key;
+        let request = Request {
+            priority: request.priority,
+            delay: Duration::from_millis(delay),
+            metadata,
+            dedupe_key: request.dedupe_key,
+            max_attempts: request.max_attempts,
+            ..Request::new(request.agent, thread, request.payload)
+        };
         // The rules every entry point applies (names printable and bounded, metadata bounded),
         // before the store sees it: refused as `invalid`, naming the field.
-        new.validate().map_err(GuestError::Invalid)?;
-        Ok(new)
+        request
+            .into_dispatch(Attempts::AtMost(*target_max))
+            .map_err(GuestError::Invalid)
     }
 }
 

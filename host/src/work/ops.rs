@@ -1,5 +1,5 @@
-//! Operations on work that the CLI and the API both offer, written once: the defaults of an
-//! enqueue, cancel (with the reason a dispatch cannot be cancelled) and retry.
+//! Cancel (with the reason a dispatch cannot be cancelled) and retry, as the API, the CLI and
+//! the dashboard offer them.
 
 use crate::config::Config;
 use crate::store::{Dispatch, NewDispatch, Status, Store, StoreError};
@@ -23,14 +23,6 @@ pub enum OpError {
     /// The store refused or failed.
     #[error(transparent)]
     Store(#[from] StoreError),
-}
-
-/// The attempts a new dispatch of `agent` gets: what the caller asked, else the plugin's
-/// `max_attempts`, else the default.
-pub fn max_attempts(config: &Config, agent: &str, asked: Option<u32>) -> u32 {
-    asked
-        .or_else(|| config.plugins.get(agent).map(|p| p.max_attempts))
-        .unwrap_or(crate::store::DEFAULT_MAX_ATTEMPTS)
 }
 
 /// Cancels a queued dispatch.

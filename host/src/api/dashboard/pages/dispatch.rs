@@ -1,0 +1,188 @@
+//! `/dispatches/{id}`: one dispatch (payload, result, metadata, attempts, a timeline), and the
+//! actions on it: cancel, retry (and interrupting its thread, posted to the thread's page).
+
+use axum::Form;
+use axum::extract::rejection::{FormRejection, QueryRejection};
+use axum::extract::{Path, Query, State};
+use axum::http::{HeaderMap, Uri};
+use axum::response::Response;
+use maud::{Markup, html};
+use tracing::info;
+
+use super::super::session::Session;
+use super::super::stats;
+use super::super::view::{Nav, bytes, csrf, dispatch_href, notice, status, thread_href, when};
+use super::{
+    Acting, ActionForm, Dashboard, PageError, PageState, Params, action_form, name, not_found,
+    params, respond, see_other,
+};
+use crate::store::{Dispatch, Status};
+use crate::work;
+
+/// What the page of a dispatch shows.
+struct DispatchPage {
+    r: Dispatch,
+    now: u64,
+    /// What happened when, oldest first.
+    timeline: Vec<(u64, String)>,
+}
+
+/// `GET /dispatches/{id}`.
+pub(super) async fn page(
+    State(d): PageState,
+    headers: HeaderMap,
+    uri: Uri,
+    Path(id): Path<String>,
+    query: Result<Query<Params>, QueryRejection>,
+) -> Result<Response, PageError> {
+    let session = d.session(&headers, &uri)?;
+    name("id", &id)?;
+    let p = params(query)?;
+    let page = read(&d, &id).await?;
+    Ok(respond(
+        &format!("Dispatch {}", page.r.id),
+        Nav::Dispatches,
+        &session,
+        render(&page, &p, &session),
+    ))
+}
+
+/// The dispatch, and its timeline from the times it records.
+async fn read(d: &Dashboard, id: &str) -> Result<DispatchPage, PageError> {
+    let Some(r) = d.api.store.mailbox.load(id).await? else {
+        return Err(not_found("No such dispatch."));
+    };
+    let now = d.now();
+    let mut timeline: Vec<(u64, String)> = vec![(r.created_at, "enqueued".into())];
+    if r.available_at > r.created_at {
+        timeline.push((r.available_at, "available to claim".into()));
+    }
+    if let Some(t) = r.started_at {
+        timeline.push((t, "run started".into()));
+    }
+    if let Some(claim) = &r.claim {
+        timeline.push((
+            claim.lease_until,
+            format!("lease ends (held by {})", claim.claimed_by),
+        ));
+    }
+    if let Some(t) = r.completed_at {
+        timeline.push((t, format!("settled: {}", r.status)));
+    }
+    timeline.push((r.updated_at, "last changed".into()));
+    timeline.sort_by_key(|(t, _)| *t);
+    Ok(DispatchPage { r, now, timeline })
+}
+
+fn render(page: &DispatchPage, p: &Params, session: &Session) -> Markup {
+    let DispatchPage { r, now, timeline } = page;
+    let now = *now;
+    let href = dispatch_href(&r.id);
+    let live = !r.status.is_terminal();
+    html! {
+        h1 { "Dispatch " span.mono { (r.id) } }
+        (notice(p.notice.as_deref(), p.n.as_deref()))
+        div #live hx-get=[live.then_some(href.as_str())] hx-trigger=[live.then_some("every 2s")] hx-select=[live.then_some("#live")] hx-swap=[live.then_some("outerHTML")] {
+            dl.meta {
+                dt { "Status" } dd #status { (status(r.status)) @if live { span.muted { " (refreshing)" } } }
+                dt { "Agent" } dd { (r.agent) }
+                dt { "Thread" } dd { a #thread-link href=(thread_href(&r.thread)) { (r.thread) } }
+                dt { "Priority" } dd { (r.priority) }
+                dt { "Attempts" } dd { (r.attempt) " failed of " (r.max_attempts) " allowed" }
+                dt { "Epoch" } dd { (r.epoch) }
+                dt { "Run id" } dd.mono { (r.run_id) }
+                @if let Some(key) = &r.dedupe_key { dt { "Dedupe key" } dd.mono { (key) } }
+                @if let Some(claim) = &r.claim {
+                    dt { "Held by" } dd.mono { (claim.claimed_by) " (host " (stats::host_of(&claim.claimed_by)) ")" }
+                }
+                @if let Some(e) = &r.last_error { dt { "Last error" } dd #last-error { (e) } }
+            }
+            @if session.operator() {
+                div.actions {
+                    @if r.status == Status::Queued {
+                        form method="post" action={ (href) "/cancel" } {
+                            (csrf(session))
+                            button.danger #cancel type="submit" { "Cancel" }
+                        }
+                    }
+                    @if matches!(r.status, Status::DeadLetter | Status::Cancelled) {
+                        form method="post" action={ (href) "/retry" } {
+                            (csrf(session))
+                            button #retry type="submit" { "Retry" }
+                        }
+                    }
+                    @if live {
+                        form method="post" action={ (thread_href(&r.thread)) "/interrupt" } {
+                            (csrf(session))
+                            button.danger #interrupt type="submit" { "Interrupt thread" }
+                        }
+                    }
+                }
+            }
+            h2 { "Attempts" }
+            p {
+                (r.attempt) " failed attempt(s) so far."
+                @if let Some(claim) = &r.claim { " The current attempt is held by " span.mono { (claim.claimed_by) } "." }
+                @if let Some(e) = &r.last_error { " The last error: " q { (e) } }
+            }
+            p.muted { "The store keeps the latest attempt of a dispatch (holder, start, error), not each one." }
+            h2 { "Timeline" }
+            ol.timeline {
+                @for (t, what) in timeline { li { (when(*t, now)) " — " (what) } }
+            }
+            @if let Some(result) = &r.result {
+                h2 { "Result (" (result.status.as_str()) ")" }
+                @if let Some(e) = &result.error { p #result-error { "Error: " (e) } }
+                (bytes(&result.output, "result"))
+            }
+        }
+        h2 { "Payload" }
+        (bytes(&r.payload, "payload"))
+        h2 { "Metadata" }
+        @if r.metadata.is_empty() { p.muted { "none" } }
+        @else {
+            dl.meta #metadata {
+                @for (k, v) in &r.metadata {
+                    dt.mono { (k) }
+                    dd.mono {
+                        @if k == "retry-of" { a href=(dispatch_href(v)) { (v) } } @else { (v) }
+                    }
+                }
+            }
+        }
+    }
+}
+
+/// `POST /dispatches/{id}/cancel`.
+pub(super) async fn cancel(
+    State(d): PageState,
+    Path(id): Path<String>,
+    Acting(session): Acting,
+    form: Result<Form<ActionForm>, FormRejection>,
+) -> Result<Response, PageError> {
+    Dashboard::csrf_ok(&session, &action_form(form).csrf, "cancel")?;
+    name("id", &id)?;
+    let r = work::cancel(&d.api.store, &id).await?;
+    info!(dispatch = %r.id, token = %session.name, "cancelled from the dashboard");
+    Ok(see_other(format!(
+        "{}?notice=cancelled",
+        dispatch_href(&r.id)
+    )))
+}
+
+/// `POST /dispatches/{id}/retry`.
+pub(super) async fn retry(
+    State(d): PageState,
+    Path(id): Path<String>,
+    Acting(session): Acting,
+    form: Result<Form<ActionForm>, FormRejection>,
+) -> Result<Response, PageError> {
+    Dashboard::csrf_ok(&session, &action_form(form).csrf, "retry")?;
+    name("id", &id)?;
+    let r = work::retry(&d.api.config, &d.api.store, &id).await?;
+    info!(dispatch = %id, new = %r.id, token = %session.name, "retried from the dashboard");
+    Ok(see_other(format!(
+        "{}?notice=retried",
+        dispatch_href(&r.id)
+    )))
+}
