@@ -104,6 +104,8 @@ function request(agent, payload, options = {}) {
     delayMs: options.delayMs === undefined ? undefined : BigInt(options.delayMs),
     dedupeKey: options.dedupeKey,
     maxAttempts: options.maxAttempts,
+    // Concurrency keys are refused by hosts that do not limit runs by them yet.
+    concurrencyKey: undefined,
   };
 }
 

@@ -280,6 +280,8 @@ def _request(
         delay_ms=delay_ms,
         dedupe_key=dedupe_key,
         max_attempts=max_attempts,
+        # Concurrency keys are refused by hosts that do not limit runs by them yet.
+        concurrency_key=None,
     )
 
 

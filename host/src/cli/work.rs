@@ -504,6 +504,7 @@ fn print_dispatch(d: &Dispatch) {
     println!("status:       {}", d.status);
     println!("priority:     {}", d.priority);
     println!("attempt:      {}/{}", d.attempt, d.max_attempts);
+    println!("claims:       {} (resumes {})", d.claims, d.resumes);
     println!("epoch:        {}", d.epoch);
     println!("payload:      {}", printable(&d.payload));
     for (k, v) in &d.metadata {

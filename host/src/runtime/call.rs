@@ -147,11 +147,20 @@ impl Runtime {
         let deadline = Some(Instant::now() + plugin.ctx.config.timeout);
         store.data_mut().deadline = deadline;
         store.data_mut().http.deadline = deadline;
+        // Each arm makes an instance and lets it go at once: the start is what is measured.
         match &plugin.pre {
-            PluginPre::Handler(pre) => drop(pre.instantiate_async(&mut store).await?),
-            PluginPre::Agent(pre) => drop(pre.instantiate_async(&mut store).await?),
-            PluginPre::HandlerV0_1(pre) => drop(pre.instantiate_async(&mut store).await?),
-            PluginPre::AgentV0_1(pre) => drop(pre.instantiate_async(&mut store).await?),
+            PluginPre::Handler(pre) => {
+                pre.instantiate_async(&mut store).await?;
+            }
+            PluginPre::Agent(pre) => {
+                pre.instantiate_async(&mut store).await?;
+            }
+            PluginPre::HandlerV0_1(pre) => {
+                pre.instantiate_async(&mut store).await?;
+            }
+            PluginPre::AgentV0_1(pre) => {
+                pre.instantiate_async(&mut store).await?;
+            }
         }
         Ok(())
     }

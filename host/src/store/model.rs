@@ -773,6 +773,11 @@ mod bytes_as_text {
     }
 }
 
+/// Whether a counter is zero (counters are left out of serialized records while they are).
+fn is_zero(n: &u32) -> bool {
+    *n == 0
+}
+
 #[cfg(test)]
 mod tests {
     #![allow(clippy::unwrap_used)]
@@ -839,9 +844,4 @@ mod tests {
             .is_err()
         );
     }
-}
-
-/// Whether a counter is zero (counters are left out of serialized records while they are).
-fn is_zero(n: &u32) -> bool {
-    *n == 0
 }

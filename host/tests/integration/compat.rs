@@ -132,7 +132,10 @@ fn v0_1_components_run_unchanged(store: &str) {
     let status = wait_exit(&mut host, Duration::from_secs(40));
     assert!(status.success(), "{status}\n{}", env.host_log());
     let d = env.show(&stop);
-    assert_eq!(d["result"]["output"], "stopped: StopReason::Shutdown", "{d}");
+    assert_eq!(
+        d["result"]["output"], "stopped: StopReason::Shutdown",
+        "{d}"
+    );
 }
 
 #[test]

@@ -49,6 +49,7 @@ fn render(agents: &Agents<'_>) -> Markup {
                     h2 { (name) }
                     dl.meta {
                         dt { "World" } dd { @match world { Some(w) => (w), None => span.muted { "not loaded yet" } } }
+                        @if let Some(info) = info { dt { "Contract" } dd { (info.contract) } }
                         dt { "Component SHA-256" }
                         dd.mono {
                             @match info {

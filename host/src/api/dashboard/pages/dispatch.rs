@@ -89,6 +89,7 @@ fn render(page: &DispatchPage, p: &Params, session: &Session) -> Markup {
                 dt { "Thread" } dd { a #thread-link href=(thread_href(&r.thread)) { (r.thread) } }
                 dt { "Priority" } dd { (r.priority) }
                 dt { "Attempts" } dd { (r.attempt) " failed of " (r.max_attempts) " allowed" }
+                dt { "Claims" } dd { (r.claims) @if r.resumes > 0 { " (" (r.resumes) " resumes)" } }
                 dt { "Epoch" } dd { (r.epoch) }
                 dt { "Run id" } dd.mono { (r.run_id) }
                 @if let Some(key) = &r.dedupe_key { dt { "Dedupe key" } dd.mono { (key) } }
