@@ -388,13 +388,22 @@ impl EmbeddedStore {
                 StoreError::Unavailable(format!("cannot open {}: {e}", path.display()))
             })
         };
-        let mut conn = open()?;
-        Self::configure(&conn, &location, true, options)?;
-        // Checkpoints (copying the WAL back into the database, with an fsync) run on a
-        // thread of their own, so no operation pays for one on its write path.
-        conn.pragma_update(None, "wal_autocheckpoint", 0)
-            .map_err(|e| sql_error(&location, e))?;
-        migrate(&mut conn, &location)?;
+        // Two processes opening a new file at once (a host starting, a CLI command beside it)
+        // can meet in SQLite's lock escalation while the first sets WAL mode and migrates,
+        // where SQLite answers "locked" at once instead of waiting (its deadlock rule, which
+        // bypasses the busy timeout). That is transient: try again, up to the busy timeout.
+        let deadline = std::time::Instant::now() + BUSY_TIMEOUT;
+        let conn = loop {
+            let mut conn = open()?;
+            match Self::prepare_writer(&mut conn, &location, options) {
+                Ok(()) => break conn,
+                Err(StoreError::Contention(_)) if std::time::Instant::now() < deadline => {
+                    drop(conn);
+                    std::thread::sleep(Duration::from_millis(20));
+                }
+                Err(e) => return Err(e),
+            }
+        };
         let mut readers = Vec::with_capacity(READERS);
         for _ in 0..READERS {
             let reader = open()?;
@@ -418,6 +427,20 @@ impl EmbeddedStore {
         Self::configure(&conn, &location, false, EmbeddedOptions::default())?;
         migrate(&mut conn, &location)?;
         Self::from_connections(conn, Vec::new(), clock, location)
+    }
+
+    /// Configures the write connection of a file store and brings its schema up to date.
+    fn prepare_writer(
+        conn: &mut Connection,
+        location: &str,
+        options: EmbeddedOptions,
+    ) -> StoreResult<()> {
+        Self::configure(conn, location, true, options)?;
+        // Checkpoints (copying the WAL back into the database, with an fsync) run on a
+        // thread of their own, so no operation pays for one on its write path.
+        conn.pragma_update(None, "wal_autocheckpoint", 0)
+            .map_err(|e| sql_error(location, e))?;
+        migrate(conn, location)
     }
 
     fn configure(
