@@ -20,8 +20,9 @@ const LAYERS: &[(&str, u8)] = &[
     ("natsd", 3),
     ("store", 3),
     ("telemetry", 4),
-    // What the API, the CLI and guests (in the runtime) do with work: on the store and config.
-    ("work", 4),
+    // What the API, the CLI and guests (in the runtime) do with work: on the store and config,
+    // counted in the metrics.
+    ("work", 5),
     ("claim", 5),
     ("runtime", 6),
     ("supervisor", 7),

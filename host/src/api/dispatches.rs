@@ -150,7 +150,57 @@ impl Fields {
             .ok_or_else(|| ApiError::invalid(key, format!("{key}: is required")))
     }
 
-    fn integer(&mut self, key: &str, min: u64, max: u64) -> Result<Option<u64>, ApiError> {
+    /// `payload` (text) or `payload_base64`, not both; empty when neither is given.
+    pub(super) fn payload(&mut self) -> Result<Vec<u8>, ApiError> {
+        let text = self.string("payload")?;
+        let encoded = self.string("payload_base64")?;
+        match (text, encoded) {
+            (Some(_), Some(_)) => Err(ApiError::invalid(
+                "payload_base64",
+                "give payload or payload_base64, not both",
+            )),
+            (Some(text), None) => Ok(text.into_bytes()),
+            (None, Some(encoded)) => STANDARD.decode(encoded.as_bytes()).map_err(|e| {
+                ApiError::invalid("payload_base64", format!("payload_base64: not base64: {e}"))
+            }),
+            (None, None) => Ok(Vec::new()),
+        }
+    }
+
+    /// `metadata`: an object of strings (empty when absent).
+    pub(super) fn metadata(
+        &mut self,
+    ) -> Result<std::collections::BTreeMap<String, String>, ApiError> {
+        let mut metadata = std::collections::BTreeMap::new();
+        match self.take("metadata") {
+            None => {}
+            Some(Value::Object(map)) => {
+                for (key, value) in map {
+                    let Value::String(value) = value else {
+                        return Err(ApiError::invalid(
+                            "metadata",
+                            format!("metadata: `{key}` must be a string"),
+                        ));
+                    };
+                    metadata.insert(key, value);
+                }
+            }
+            Some(_) => {
+                return Err(ApiError::invalid(
+                    "metadata",
+                    "metadata: must be an object of strings",
+                ));
+            }
+        }
+        Ok(metadata)
+    }
+
+    pub(super) fn integer(
+        &mut self,
+        key: &str,
+        min: u64,
+        max: u64,
+    ) -> Result<Option<u64>, ApiError> {
         match self.0.remove(key) {
             None | Some(Value::Null) => Ok(None),
             Some(Value::Number(n)) => match n.as_u64() {
@@ -204,21 +254,7 @@ pub(super) async fn enqueue(
     let mut fields = Fields::new(object(&bytes)?);
     let agent = fields.required("agent")?;
     let thread = fields.required("thread")?;
-    let text = fields.string("payload")?;
-    let encoded = fields.string("payload_base64")?;
-    let payload = match (text, encoded) {
-        (Some(_), Some(_)) => {
-            return Err(ApiError::invalid(
-                "payload_base64",
-                "give payload or payload_base64, not both",
-            ));
-        }
-        (Some(text), None) => text.into_bytes(),
-        (None, Some(encoded)) => STANDARD.decode(encoded.as_bytes()).map_err(|e| {
-            ApiError::invalid("payload_base64", format!("payload_base64: not base64: {e}"))
-        })?,
-        (None, None) => Vec::new(),
-    };
+    let payload = fields.payload()?;
     let priority = fields.integer("priority", 0, 255)?;
     let max_attempts = fields.integer("max_attempts", 1, u64::from(u32::MAX))?;
     let dedupe_key = fields.string("dedupe_key")?;
@@ -239,27 +275,7 @@ pub(super) async fn enqueue(
             ));
         }
     };
-    let mut metadata = std::collections::BTreeMap::new();
-    match fields.take("metadata") {
-        None => {}
-        Some(Value::Object(map)) => {
-            for (key, value) in map {
-                let Value::String(value) = value else {
-                    return Err(ApiError::invalid(
-                        "metadata",
-                        format!("metadata: `{key}` must be a string"),
-                    ));
-                };
-                metadata.insert(key, value);
-            }
-        }
-        Some(_) => {
-            return Err(ApiError::invalid(
-                "metadata",
-                "metadata: must be an object of strings",
-            ));
-        }
-    }
+    let mut metadata = fields.metadata()?;
     fields.finish()?;
     name("agent", &agent)?;
     if !state.config.plugins.contains_key(&agent) {

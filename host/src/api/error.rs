@@ -137,6 +137,11 @@ impl From<StoreError> for ApiError {
             | StoreError::StaleEpoch { .. }
             | StoreError::InvalidTransition { .. }
             | StoreError::Conflict { .. }) => ApiError::conflict(e.to_string()),
+            StoreError::Limit(message) => {
+                let mut e = ApiError::new(StatusCode::TOO_MANY_REQUESTS, message);
+                e.retry_after = Some(1);
+                e
+            }
             StoreError::Contention(detail) => {
                 warn!("API: store contention: {detail}");
                 ApiError::busy("the store is busy; retry later")

@@ -165,6 +165,24 @@ pub(crate) fn routes() -> Vec<Route> {
             Role::Operator,
             post(threads::interrupt),
         ),
+        route(
+            Method::POST,
+            "/v1/threads/{thread}/messages",
+            Role::Producer,
+            post(threads::send),
+        ),
+        route(
+            Method::GET,
+            "/v1/threads/{thread}/messages",
+            Role::Reader,
+            get(threads::messages),
+        ),
+        route(
+            Method::POST,
+            "/v1/threads/{thread}/messages/discard",
+            Role::Operator,
+            post(threads::discard),
+        ),
         route(Method::GET, "/v1/agents", Role::Reader, get(agents::list)),
         route(Method::GET, "/v1/openapi.json", Role::Reader, get(openapi)),
     ]

@@ -1,4 +1,5 @@
-//! `/v1/threads/{thread}`: the log (a page, or a stream of server-sent events) and interrupt.
+//! `/v1/threads/{thread}`: the log (a page, or a stream of server-sent events), interrupt, and
+//! the inbox (send, list, discard).
 
 use std::collections::VecDeque;
 use std::convert::Infallible;
@@ -8,18 +9,22 @@ use std::time::Duration;
 use axum::Json;
 use axum::body::Body;
 use axum::extract::{Path, Query, State};
-use axum::http::HeaderMap;
+use axum::http::{HeaderMap, StatusCode};
 use axum::response::sse::{Event, KeepAlive, Sse};
 use axum::response::{IntoResponse, Response};
 use futures_util::stream;
 use serde_json::{Value, json};
 use tokio::sync::watch;
+use tracing::info;
 
 use super::auth::Caller;
 use super::dispatches::{Fields, MAX_PAGE_BYTES, limit, name, object, param, params, read_body};
 use super::limits::StreamPermit;
 use super::{ApiError, ApiState, view};
-use crate::store::{LogEntry, Store};
+use crate::store::{
+    LogEntry, MessageFilter, MessageKind, MessageState, NewMessage, Store, StoreError,
+};
+use crate::work::messages::{self, SendError};
 
 fn after(pairs: &[(String, String)], headers: &HeaderMap) -> Result<u64, ApiError> {
     let text = param(pairs, "after")
@@ -203,4 +208,142 @@ pub(super) async fn interrupt(
         "superseded": interrupt.superseded,
         "active": interrupt.active.as_ref().map(|d| d.id.clone()),
     })))
+}
+
+/// A refused send as the API answers it: 404 for an unknown agent, 413 over the size limit,
+/// 429 for a full inbox, 400 for bad input.
+impl From<SendError> for ApiError {
+    fn from(e: SendError) -> ApiError {
+        match e {
+            SendError::UnknownAgent(agent) => {
+                ApiError::not_found(format!("no agent `{agent}`")).with("field", "agent")
+            }
+            SendError::TooLarge { limit, .. } => {
+                ApiError::too_large("payload", e.to_string(), limit)
+            }
+            SendError::Store(StoreError::Limit(message)) => {
+                ApiError::too_many(message, 1).with("limit", "max_inbox")
+            }
+            SendError::Store(e) => e.into(),
+        }
+    }
+}
+
+/// `POST /v1/threads/{thread}/messages`: `payload` (or `payload_base64`), `kind`
+/// (`follow_up`, the default, or `steer`), `agent`, `metadata` → `201 {"seq", "follow_ups"}`.
+pub(super) async fn send(
+    State(state): State<Arc<ApiState>>,
+    Path(thread): Path<String>,
+    caller: Option<axum::Extension<Caller>>,
+    headers: HeaderMap,
+    body: Body,
+) -> Result<Response, ApiError> {
+    name("thread", &thread)?;
+    let bytes = read_body(&headers, body, state.body_limit).await?;
+    let mut fields = Fields::new(object(&bytes)?);
+    let payload = fields.payload()?;
+    let kind = match fields.string("kind")? {
+        None => MessageKind::FollowUp,
+        Some(kind) => kind
+            .parse()
+            .map_err(|e: String| ApiError::invalid("kind", format!("kind: {e}")))?,
+    };
+    let agent = fields.string("agent")?;
+    let metadata = fields.metadata()?;
+    fields.finish()?;
+    if let Some(agent) = &agent {
+        name("agent", agent)?;
+    }
+    let token = caller.map_or_else(|| "-".to_owned(), |axum::Extension(c)| c.name);
+    let new = NewMessage {
+        kind,
+        payload,
+        metadata,
+        agent,
+        sent_by: format!("api:{token}"),
+    };
+    let sent = messages::send(&state.store, &state.config, &thread, new).await?;
+    info!(
+        thread = %thread.escape_debug(),
+        seq = sent.message.seq,
+        token = %token,
+        "message sent through the API"
+    );
+    Ok((
+        StatusCode::CREATED,
+        Json(json!({
+            "thread": thread,
+            "seq": sent.message.seq,
+            "follow_ups": sent.follow_ups,
+        })),
+    )
+        .into_response())
+}
+
+/// `GET /v1/threads/{thread}/messages?state=pending|acked|discarded&after=&limit=`: a page of
+/// the thread's messages, oldest first, and its inbox watermarks.
+pub(super) async fn messages(
+    State(state): State<Arc<ApiState>>,
+    Path(thread): Path<String>,
+    query: Result<Query<Vec<(String, String)>>, axum::extract::rejection::QueryRejection>,
+) -> Result<Json<Value>, ApiError> {
+    name("thread", &thread)?;
+    let pairs = params(query, &["state", "after", "limit"])?;
+    let state_filter = match param(&pairs, "state") {
+        None => None,
+        Some(text) => Some(
+            text.parse::<MessageState>()
+                .map_err(|e| ApiError::invalid("state", format!("state: {e}")))?,
+        ),
+    };
+    let after = match param(&pairs, "after") {
+        None => 0,
+        Some(text) => text
+            .trim()
+            .parse()
+            .map_err(|_| ApiError::invalid("after", "after: must be a message sequence"))?,
+    };
+    let filter = MessageFilter {
+        state: state_filter,
+        after,
+        limit: limit(&pairs)?,
+    };
+    let found = state.store.inbox.messages(&thread, &filter).await?;
+    let inbox = state.store.inbox.inbox(&thread).await?;
+    // A page stops before passing the byte cap; the next starts after its last `seq`.
+    let mut out = Vec::with_capacity(found.len());
+    let mut bytes = 0;
+    for m in &found {
+        let v = view::message(m);
+        let size = v.to_string().len();
+        if !out.is_empty() && bytes + size > MAX_PAGE_BYTES {
+            break;
+        }
+        bytes += size + 1;
+        out.push(v);
+    }
+    Ok(Json(json!({
+        "thread": thread,
+        "messages": out,
+        "inbox": { "latest": inbox.latest, "pending": inbox.pending, "followed": inbox.followed },
+    })))
+}
+
+/// `POST /v1/threads/{thread}/messages/discard` with `{"through": seq}`: discards the pending
+/// messages up to `seq` (an operator clearing messages no run will read).
+pub(super) async fn discard(
+    State(state): State<Arc<ApiState>>,
+    Path(thread): Path<String>,
+    headers: HeaderMap,
+    body: Body,
+) -> Result<Json<Value>, ApiError> {
+    name("thread", &thread)?;
+    let bytes = read_body(&headers, body, state.body_limit).await?;
+    let mut fields = Fields::new(object(&bytes)?);
+    let through = fields
+        .integer("through", 1, u64::MAX)?
+        .ok_or_else(|| ApiError::invalid("through", "through: is required"))?;
+    fields.finish()?;
+    let discarded = state.store.inbox.discard_messages(&thread, through).await?;
+    Ok(Json(json!({ "thread": thread, "discarded": discarded })))
 }

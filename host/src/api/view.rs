@@ -9,7 +9,7 @@ use base64::Engine;
 use base64::engine::general_purpose::STANDARD;
 use serde_json::{Value, json};
 
-use crate::store::{Dispatch, DispatchRow, LogEntry};
+use crate::store::{Dispatch, DispatchRow, LogEntry, Message};
 
 /// Percent-encodes `text` for a path segment or a query value: everything but ASCII letters,
 /// digits and `-_.~`. What goes into a `Location` header or a link this way is one segment
@@ -110,5 +110,36 @@ pub(crate) fn row(d: &DispatchRow) -> Value {
 
 /// A log entry.
 pub(crate) fn entry(e: &LogEntry) -> Value {
-    json!({ "seq": e.seq, "data": bytes(&e.data), "appended_at": e.appended_at })
+    let mut v = json!({ "seq": e.seq, "data": bytes(&e.data), "appended_at": e.appended_at });
+    if let (Some(note), Some(map)) = (&e.note, v.as_object_mut()) {
+        map.insert(
+            "message".into(),
+            json!({
+                "seq": note.seq,
+                "kind": note.kind.as_str(),
+                "metadata": note.metadata,
+                "sent_at": note.sent_at,
+                "sent_by": note.sent_by,
+            }),
+        );
+    }
+    v
+}
+
+/// A message of a thread's inbox as the API shows it.
+pub(crate) fn message(m: &Message) -> Value {
+    json!({
+        "thread": m.thread,
+        "seq": m.seq,
+        "kind": m.kind.as_str(),
+        "payload": bytes(&m.payload),
+        "metadata": m.metadata,
+        "agent": m.agent,
+        "sent_by": m.sent_by,
+        "sent_at": m.sent_at,
+        "state": m.state.as_str(),
+        "settled_at": m.settled_at,
+        "acked_by": m.acked_by,
+        "log_seq": m.log_seq,
+    })
 }

@@ -192,6 +192,7 @@ pub(super) async fn handle_calls(
             settled: None,
             control: Default::default(),
             enqueued: 0,
+            handed: 0,
             lease: None,
             span: tracing::Span::none(),
         };

@@ -58,6 +58,9 @@ pub struct ClaimControl {
     stop: AtomicU8,
     /// Woken when a final reason is set, for host calls that wait (outbound requests).
     cancelled: tokio::sync::Notify,
+    /// Woken on every stop request, for host calls that wait and return early on any reason
+    /// (`next-message`).
+    requested: tokio::sync::Notify,
 }
 
 impl ClaimControl {
@@ -74,6 +77,20 @@ impl ClaimControl {
                 });
         if self.must_cancel() {
             self.cancelled.notify_waiters();
+        }
+        self.requested.notify_waiters();
+    }
+
+    /// Resolves once any stop is requested (at once if one already is).
+    pub async fn stopped(&self) {
+        loop {
+            let woken = self.requested.notified();
+            tokio::pin!(woken);
+            woken.as_mut().enable();
+            if self.stop_reason().is_some() {
+                return;
+            }
+            woken.await;
         }
     }
 

@@ -53,6 +53,8 @@ pub struct ClaimHandle {
     pub control: Arc<ClaimControl>,
     /// Follow-ups enqueued through this claim.
     pub enqueued: u32,
+    /// The highest inbox sequence handed to the guest through this claim (`next-message`).
+    pub handed: u64,
     /// Keeps the lease alive until dropped.
     pub lease: Option<LeaseGuard>,
     /// The attempt's `homing.dispatch` span: open while the claim is held.
@@ -118,6 +120,7 @@ pub fn hold(claimer: &Claimer<'_>, dispatch: Dispatch) -> ClaimHandle {
         settled: None,
         control,
         enqueued: 0,
+        handed: 0,
         lease: Some(lease),
         span,
     }

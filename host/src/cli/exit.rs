@@ -61,7 +61,9 @@ fn of_store(e: &StoreError) -> Exit {
     match e {
         StoreError::NotFound { .. } => Exit::NotFound,
         StoreError::Unavailable(_) | StoreError::Contention(_) => Exit::Unavailable,
-        StoreError::Invalid(_) | StoreError::Duplicate { .. } => Exit::Invalid,
+        StoreError::Invalid(_) | StoreError::Duplicate { .. } | StoreError::Limit(_) => {
+            Exit::Invalid
+        }
         _ => Exit::Failure,
     }
 }

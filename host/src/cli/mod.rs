@@ -31,7 +31,7 @@ use crate::store::{Store, SystemClock};
 use crate::supervisor::Supervisor;
 
 pub use inspect::{ConfigCommand, PluginCommand};
-pub use work::{DispatchCommand, EnqueueArgs, ThreadCommand};
+pub use work::{DispatchCommand, EnqueueArgs, SendArgs, ThreadCommand};
 
 /// Homing: a host for sandboxed AI-agent plugins.
 #[derive(Debug, Parser)]
@@ -325,7 +325,7 @@ async fn execute(cli: Cli) -> anyhow::Result<()> {
     let out = match cli.command {
         Command::Run { until_idle } => run(config, store.clone(), until_idle).await,
         Command::Dispatch(command) => work::dispatch(&config, &store, command).await,
-        Command::Thread(command) => work::thread(&store, command).await,
+        Command::Thread(command) => work::thread(&config, &store, command).await,
         Command::Enqueue(_)
         | Command::Config(_)
         | Command::Plugin(_)

@@ -11,7 +11,11 @@ use super::exit::{Exit, coded};
 use crate::config::{Config, parse_duration};
 use crate::input::read_capped;
 use crate::store::model::check_name;
-use crate::store::{Dispatch, ListCursor, ListFilter, NewDispatch, Status, Store};
+use crate::store::{
+    Dispatch, ListCursor, ListFilter, MessageFilter, MessageKind, MessageState, NewDispatch,
+    NewMessage, Status, Store, StoreError,
+};
+use crate::work::messages::{self, SendError};
 use crate::work::{self, Attempts, OpError, Request};
 
 /// `homing enqueue`.
@@ -141,6 +145,68 @@ pub enum ThreadCommand {
         #[arg(long)]
         json: bool,
     },
+    /// Sends a message into a thread's inbox and prints its sequence: the live run reads it;
+    /// with no live run, a follow-up message starts a dispatch to answer it.
+    Send(SendArgs),
+    /// Lists a thread's inbox messages, oldest first.
+    Messages {
+        /// The thread.
+        thread: String,
+        /// Only messages in this state: pending, acked or discarded.
+        #[arg(long)]
+        state: Option<String>,
+        /// Only messages after this sequence.
+        #[arg(long, default_value_t = 0)]
+        after: u64,
+        /// Most messages.
+        #[arg(long, default_value_t = 100)]
+        limit: usize,
+        /// JSON output.
+        #[arg(long)]
+        json: bool,
+    },
+    /// Discards a thread's pending messages up to a sequence (no run will read them).
+    Discard {
+        /// The thread.
+        thread: String,
+        /// The last sequence to discard.
+        #[arg(long)]
+        through: u64,
+    },
+}
+
+/// `homing thread send`.
+#[derive(Debug, Args)]
+pub struct SendArgs {
+    /// The thread.
+    pub thread: String,
+    /// The agent that answers the message when no run is live (default: the agent that last
+    /// ran the thread).
+    #[arg(long)]
+    pub agent: Option<String>,
+    /// `follow-up` (a next turn: answered by a new dispatch when no run is live) or `steer`
+    /// (for the live run; waits for the next run when none is).
+    #[arg(long, default_value = "follow-up")]
+    pub kind: String,
+    /// The message text (else `--payload-file`, else standard input).
+    #[arg(long, conflicts_with = "payload_file")]
+    pub payload: Option<String>,
+    /// A file holding the message.
+    #[arg(long)]
+    pub payload_file: Option<PathBuf>,
+    /// Metadata entries as key=value.
+    #[arg(long = "meta", value_name = "KEY=VALUE")]
+    pub metadata: Vec<String>,
+    /// Wait until a run acknowledges the message and print the log sequence it was appended at
+    /// (exit 6 if `--timeout` passes first).
+    #[arg(long)]
+    pub wait: bool,
+    /// How long `--wait` waits ("60s", "5m").
+    #[arg(long, default_value = "60s", requires = "wait")]
+    pub timeout: String,
+    /// JSON output.
+    #[arg(long)]
+    pub json: bool,
 }
 
 /// The dispatch `homing enqueue` submits, checked against the config before the store is
@@ -347,8 +413,57 @@ pub(super) async fn dispatch(
     Ok(())
 }
 
-pub(super) async fn thread(store: &Store, command: ThreadCommand) -> anyhow::Result<()> {
+pub(super) async fn thread(
+    config: &Config,
+    store: &Store,
+    command: ThreadCommand,
+) -> anyhow::Result<()> {
     match command {
+        ThreadCommand::Send(args) => return send(config, store, args).await,
+        ThreadCommand::Messages {
+            thread,
+            state,
+            after,
+            limit,
+            json,
+        } => {
+            name("thread", &thread)?;
+            let state = match state {
+                None => None,
+                Some(s) => Some(
+                    s.parse::<MessageState>()
+                        .map_err(|e| coded(Exit::Invalid, format!("--state: {e}")))?,
+                ),
+            };
+            let filter = MessageFilter {
+                state,
+                after,
+                limit,
+            };
+            let found = store.inbox.messages(&thread, &filter).await?;
+            if json {
+                println!("{}", serde_json::to_string_pretty(&found)?);
+            } else {
+                for m in found {
+                    let by = match (&m.acked_by, m.log_seq) {
+                        (Some(by), Some(log)) => format!(" by {} as entry {log}", text(by)),
+                        _ => String::new(),
+                    };
+                    println!(
+                        "{:>6}  {:<9} {:<9}{by}  {}",
+                        m.seq,
+                        m.kind,
+                        m.state,
+                        printable(&m.payload)
+                    );
+                }
+            }
+        }
+        ThreadCommand::Discard { thread, through } => {
+            name("thread", &thread)?;
+            let n = store.inbox.discard_messages(&thread, through).await?;
+            println!("discarded {n} message(s)");
+        }
         ThreadCommand::Interrupt {
             thread,
             reason,
@@ -398,6 +513,97 @@ pub(super) async fn thread(store: &Store, command: ThreadCommand) -> anyhow::Res
         }
     }
     Ok(())
+}
+
+/// `homing thread send`: checks the flags and the message against the config, stores it and
+/// prints its sequence (and, with `--wait`, the log sequence its acknowledgement appended).
+async fn send(config: &Config, store: &Store, args: SendArgs) -> anyhow::Result<()> {
+    name("thread", &args.thread)?;
+    if let Some(agent) = &args.agent {
+        name("--agent", agent)?;
+    }
+    let kind: MessageKind = args
+        .kind
+        .parse()
+        .map_err(|e| coded(Exit::Invalid, format!("--kind: {e}")))?;
+    let timeout = parse_duration(&args.timeout)
+        .map_err(|e| coded(Exit::Invalid, format!("--timeout: {e}")))?;
+    let cap = messages::max_message(config, store);
+    let limit = "[host] max_message";
+    let payload = match (&args.payload, &args.payload_file) {
+        (Some(text), _) => read_capped(text.as_bytes(), cap, "the message", limit)?,
+        (None, Some(file)) => {
+            let source = std::fs::File::open(file)
+                .with_context(|| format!("--payload-file {}", file.display()))?;
+            read_capped(source, cap, "the message", limit)?
+        }
+        (None, None) => read_capped(std::io::stdin().lock(), cap, "the message", limit)?,
+    };
+    let mut new = NewMessage::new(kind, payload, "cli");
+    new.agent = args.agent.clone();
+    for entry in &args.metadata {
+        let Some((key, value)) = entry.split_once('=') else {
+            return Err(coded(
+                Exit::Invalid,
+                format!("--meta `{entry}`: expected KEY=VALUE"),
+            ));
+        };
+        new.metadata.insert(key.to_owned(), value.to_owned());
+    }
+    let sent = match messages::send(store, config, &args.thread, new).await {
+        Ok(sent) => sent,
+        Err(SendError::UnknownAgent(agent)) => {
+            return Err(coded(
+                Exit::NotFound,
+                format!(
+                    "--agent `{}` is not a plugin in {}",
+                    text(&agent),
+                    config.source
+                ),
+            ));
+        }
+        Err(e @ SendError::TooLarge { .. }) => return Err(coded(Exit::Invalid, e.to_string())),
+        Err(SendError::Store(e)) => {
+            let message = e.to_string().replace("metadata", "--meta");
+            return Err(match e {
+                StoreError::Invalid(_) | StoreError::Limit(_) => coded(Exit::Invalid, message),
+                other => other.into(),
+            });
+        }
+    };
+    let seq = sent.message.seq;
+    if !args.wait {
+        if args.json {
+            println!(
+                "{}",
+                serde_json::json!({ "seq": seq, "follow_ups": sent.follow_ups })
+            );
+        } else {
+            println!("{seq}");
+        }
+        return Ok(());
+    }
+    match messages::until_settled(store, &args.thread, seq, timeout).await? {
+        Some(m) if m.state == MessageState::Acked => {
+            if args.json {
+                println!("{}", serde_json::to_string_pretty(&m)?);
+            } else {
+                println!("{}", m.log_seq.unwrap_or_default());
+            }
+            Ok(())
+        }
+        Some(m) => Err(coded(
+            Exit::DispatchFailed,
+            format!("message {seq} was {} before a run acknowledged it", m.state),
+        )),
+        None => Err(coded(
+            Exit::TimedOut,
+            format!(
+                "message {seq} of thread {} is still pending after {timeout:?} (--timeout)",
+                text(&args.thread)
+            ),
+        )),
+    }
 }
 
 /// `homing thread log --follow`: every entry after `after`, then new ones as they come, until

@@ -13,7 +13,7 @@ use std::time::Duration;
 
 use serde::Deserialize;
 
-use super::units::{duration, size};
+use super::units::{duration, optional_size};
 
 /// `[api]`.
 #[derive(Debug, Clone, Deserialize)]
@@ -275,12 +275,6 @@ impl ApiConfig {
                 .saturating_add(64 << 10)
         })
     }
-}
-
-fn optional_size<'de, D: serde::Deserializer<'de>>(
-    deserializer: D,
-) -> Result<Option<u64>, D::Error> {
-    size(deserializer).map(Some)
 }
 
 #[cfg(test)]

@@ -29,7 +29,7 @@ pub use store::{
     check_nats, shown_nats_url, shown_nats_urls, split_nats_url,
 };
 pub use telemetry::TelemetryConfig;
-use units::{duration, size};
+use units::{duration, optional_size, size};
 pub use units::{parse_duration, parse_size};
 
 /// A config error, with the file it came from.
@@ -94,6 +94,11 @@ pub struct HostConfig {
     /// The largest payload a dispatch may carry (enqueued by the CLI or by a guest).
     #[serde(deserialize_with = "size")]
     pub max_payload: u64,
+    /// The largest inbox message (default: `max_payload`); clamped to what the store holds.
+    #[serde(deserialize_with = "optional_size")]
+    pub max_message: Option<u64>,
+    /// The most messages a thread may have pending (unacknowledged); a send beyond is refused.
+    pub max_inbox: u64,
     /// The largest component file a plugin `path` may name; larger ones are refused before
     /// they are read.
     #[serde(deserialize_with = "size")]
@@ -133,6 +138,8 @@ impl Default for HostConfig {
             cache_dir: None,
             pooling: Pooling::Auto,
             max_payload: 1 << 20,
+            max_message: None,
+            max_inbox: crate::store::inbox::DEFAULT_MAX_INBOX,
             max_component_size: DEFAULT_MAX_COMPONENT_SIZE,
             log_format: LogFormat::Text,
             tls_ca: None,
@@ -378,6 +385,12 @@ impl Config {
         }
         if self.host.sweep_interval.is_zero() {
             return Err("[host] sweep_interval: must be more than 0".into());
+        }
+        if self.host.max_inbox == 0 {
+            return Err("[host] max_inbox: must be at least 1".into());
+        }
+        if self.host.max_message == Some(0) {
+            return Err("[host] max_message: must be at least 1 byte".into());
         }
         for (name, plugin) in &self.plugins {
             let key = |k: &str| format!("[plugins.{name}] {k}");

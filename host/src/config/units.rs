@@ -101,3 +101,10 @@ pub(crate) fn size<'de, D: Deserializer<'de>>(deserializer: D) -> Result<u64, D:
         NumberOrText::Text(text) => parse_size(&text).map_err(serde::de::Error::custom),
     }
 }
+
+/// An optional size (`"64KiB"` or bytes), present when the key is.
+pub(crate) fn optional_size<'de, D: Deserializer<'de>>(
+    deserializer: D,
+) -> Result<Option<u64>, D::Error> {
+    size(deserializer).map(Some)
+}

@@ -65,6 +65,11 @@ pub enum StoreError {
         /// The log's latest sequence.
         latest: u64,
     },
+    /// A per-thread or per-dispatch cap the store enforces atomically (pending messages per
+    /// thread, resumes, waitpoints per dispatch); the message names the cap and its value.
+    /// Retrying does not help until something is consumed.
+    #[error("limit reached: {0}")]
+    Limit(String),
     /// Contention on the backend; retry later.
     #[error("contention: {0}")]
     Contention(String),

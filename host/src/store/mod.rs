@@ -74,6 +74,7 @@
 pub mod clock;
 pub mod embedded;
 pub mod error;
+pub mod inbox;
 pub mod model;
 pub mod nats;
 pub(crate) mod rules;
@@ -86,6 +87,10 @@ use tokio::sync::Notify;
 
 pub use clock::{Clock, ManualClock, SharedClock, SystemClock, millis};
 pub use error::{StoreError, StoreResult};
+pub use inbox::{
+    Inbox, InboxMarks, Message, MessageFilter, MessageKind, MessageNote, MessageState, NewMessage,
+    Sent, ThreadWatch,
+};
 pub use model::{
     Claim, DEFAULT_MAX_ATTEMPTS, DEFAULT_PRIORITY, Dispatch, DispatchRow, Fence, Interrupt,
     ListCursor, ListFilter, LogEntry, NewDispatch, RowResult, RunResult, RunStatus, Status,
@@ -325,6 +330,8 @@ pub struct Store {
     pub mailbox: Arc<dyn Mailbox>,
     /// The thread logs.
     pub log: Arc<dyn SequenceStore>,
+    /// The threads' inboxes.
+    pub inbox: Arc<dyn Inbox>,
     /// The clock both read.
     pub clock: SharedClock,
 }

@@ -711,6 +711,9 @@ pub struct LogEntry {
     pub data: Vec<u8>,
     /// When it was appended.
     pub appended_at: u64,
+    /// Set when the entry records an acknowledged inbox message (its payload is `data`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub note: Option<super::inbox::MessageNote>,
 }
 
 /// The watermarks of a thread log (the contract, docs/contract.md, section 4): `reserved >= latest >= trimmed`.
@@ -726,7 +729,7 @@ pub struct Watermarks {
 
 /// Bytes in JSON: a UTF-8 string when they are valid text, else `{"base64": ...}` (standard
 /// alphabet, padded). `{"hex": ...}`, what earlier versions wrote, is still read.
-mod bytes_as_text {
+pub(crate) mod bytes_as_text {
     use base64::Engine;
     use base64::engine::general_purpose::STANDARD;
     use serde::de::Error as _;

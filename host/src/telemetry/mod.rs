@@ -70,6 +70,17 @@ pub const API_REQUESTS: &str = "homing_api_requests_total";
 /// API requests refused by authentication or role: `reason` (missing, invalid, role).
 pub const API_REFUSALS: &str = "homing_api_auth_refusals_total";
 
+/// Inbox messages stored by a send: `agent` (the agent addressed, `none` when none).
+pub const MESSAGES_SENT: &str = "homing_messages_sent_total";
+/// Inbox messages acknowledged by a guest: `agent` (the acking dispatch's).
+pub const MESSAGES_ACKED: &str = "homing_messages_acked_total";
+/// From a message's send to its first hand-over to a guest on this host: `agent`.
+pub const MESSAGE_DELIVERY: &str = "homing_message_delivery_seconds";
+/// Pending inbox messages in the store (read by the sweeper with the queue gauges).
+pub const MESSAGES_PENDING: &str = "homing_messages_pending";
+/// Follow-up dispatches started to answer inbox messages: `agent`.
+pub const FOLLOW_UPS: &str = "homing_follow_ups_total";
+
 /// Histogram buckets of every `_seconds` histogram: 50 µs to 5 min.
 const BUCKETS: &[f64] = &[
     0.000_05, 0.000_1, 0.000_25, 0.000_5, 0.001, 0.002_5, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5,
@@ -131,6 +142,21 @@ fn describe() {
         QUEUE_OLDEST_AGE,
         Unit::Seconds,
         "Age of the oldest queued dispatch."
+    );
+    describe_counter!(MESSAGES_SENT, "Inbox messages stored, by addressed agent.");
+    describe_counter!(
+        MESSAGES_ACKED,
+        "Inbox messages acknowledged by guests, by agent."
+    );
+    describe_histogram!(
+        MESSAGE_DELIVERY,
+        Unit::Seconds,
+        "From a message's send to its first hand-over to a guest on this host."
+    );
+    describe_gauge!(MESSAGES_PENDING, "Pending inbox messages in the store.");
+    describe_counter!(
+        FOLLOW_UPS,
+        "Follow-up dispatches started to answer inbox messages, by agent."
     );
     describe_counter!(LEASE_RENEWALS, "Leases renewed while guests ran.");
     describe_counter!(LEASES_LOST, "Claims lost while their guest ran.");

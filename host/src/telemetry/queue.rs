@@ -4,7 +4,7 @@
 
 use metrics::gauge;
 
-use super::{QUEUE_DEPTH, QUEUE_OLDEST_AGE};
+use super::{MESSAGES_PENDING, QUEUE_DEPTH, QUEUE_OLDEST_AGE};
 use crate::store::{ListCursor, ListFilter, Status, Store, StoreResult};
 
 /// The statuses the depth gauge reports: live work. Settled work is counted as it settles
@@ -36,6 +36,7 @@ pub async fn refresh_queue(store: &Store, agents: &[String]) -> StoreResult<()> 
         };
         gauge!(QUEUE_OLDEST_AGE, "agent" => agent.clone()).set(age);
     }
+    gauge!(MESSAGES_PENDING).set(store.inbox.pending_total().await? as f64);
     Ok(())
 }
 

@@ -29,6 +29,8 @@ pub fn instrument(store: Store, backend: &'static str) -> Store {
             inner: store.log,
             backend,
         }),
+        // The inbox is not on any hot path; its operations are counted where they are used.
+        inbox: store.inbox,
         clock: store.clock,
     }
 }
@@ -43,6 +45,7 @@ fn kind(e: &StoreError) -> &'static str {
         StoreError::Duplicate { .. } => "duplicate",
         StoreError::Invalid(_) => "invalid",
         StoreError::Conflict { .. } => "conflict",
+        StoreError::Limit(_) => "limit",
         StoreError::Contention(_) => "contention",
         StoreError::Unavailable(_) => "unavailable",
         StoreError::Corrupt { .. } => "corrupt",

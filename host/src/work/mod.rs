@@ -11,8 +11,10 @@
 //!
 //! - `request`: a request for a new dispatch, and the attempts it gets;
 //! - `ops`: cancel and retry;
-//! - `wait`: waiting until a dispatch is terminal.
+//! - `wait`: waiting until a dispatch is terminal;
+//! - `messages`: sending a message into a thread's inbox and waiting for its acknowledgement.
 
+pub mod messages;
 mod ops;
 mod request;
 mod wait;

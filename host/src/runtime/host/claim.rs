@@ -13,7 +13,9 @@
 //! refuse the nack anyway).
 
 use std::sync::atomic::Ordering;
-use std::time::Duration;
+use std::time::{Duration, Instant};
+
+use metrics::{counter, histogram};
 
 use tracing::debug;
 use wasmtime::component::Resource;
@@ -23,7 +25,8 @@ use super::policy::{MAX_ENQUEUES_PER_CLAIM, MAX_READ, MAX_STEP_KEY, guest_error}
 use crate::claim::{self, ClaimHandle};
 use crate::runtime::bindings::{DispatchInfo, EnqueueRequest, GuestError, StopReason};
 use crate::runtime::bindings::{mailbox, types};
-use crate::store::{Dispatch, RunResult};
+use crate::store::{Dispatch, Message, MessageFilter, MessageKind, MessageState, RunResult};
+use crate::telemetry::{MESSAGE_DELIVERY, MESSAGES_ACKED};
 
 impl From<claim::StopReason> for StopReason {
     fn from(reason: claim::StopReason) -> Self {
@@ -90,9 +93,33 @@ fn check_step_key(key: &str) -> Result<(), GuestError> {
     Ok(())
 }
 
-/// Why a follow-up may not be enqueued through `claim`, if it may not: the claim is settled,
-/// told to stop for good, or has used up its follow-ups.
-fn refuse_follow_up(claim: &ClaimHandle) -> Option<GuestError> {
+/// How long before the dispatch's deadline a wait in a host call ends.
+const DEADLINE_MARGIN: Duration = Duration::from_secs(1);
+
+/// The WIT kind of a message.
+fn message_kind(kind: MessageKind) -> types::MessageKind {
+    match kind {
+        MessageKind::Steer => types::MessageKind::Steer,
+        MessageKind::FollowUp => types::MessageKind::FollowUp,
+    }
+}
+
+/// A stored message as a claim receives it.
+fn wit_message(m: Message) -> types::Message {
+    types::Message {
+        seq: m.seq,
+        kind: message_kind(m.kind),
+        body: m.payload,
+        metadata: m.metadata.into_iter().collect(),
+        sent_at: m.sent_at,
+        sent_by: m.sent_by,
+        agent: m.agent,
+    }
+}
+
+/// Why a write through `claim` is refused before it reaches the store, if it is: the claim
+/// is settled, or told to stop for good.
+fn refuse_write(claim: &ClaimHandle) -> Option<GuestError> {
     let id = &claim.dispatch.id;
     if claim.settled.is_some() {
         return Some(GuestError::LostClaim(format!(
@@ -100,17 +127,21 @@ fn refuse_follow_up(claim: &ClaimHandle) -> Option<GuestError> {
         )));
     }
     match claim.control.stop_reason() {
-        Some(claim::StopReason::Interrupted) => {
-            return Some(GuestError::Interrupted(format!(
-                "the thread of dispatch `{id}` was interrupted"
-            )));
-        }
-        Some(claim::StopReason::LeaseLost) => {
-            return Some(GuestError::LostClaim(format!(
-                "the lease on dispatch `{id}` was lost"
-            )));
-        }
-        _ => {}
+        Some(claim::StopReason::Interrupted) => Some(GuestError::Interrupted(format!(
+            "the thread of dispatch `{id}` was interrupted"
+        ))),
+        Some(claim::StopReason::LeaseLost) => Some(GuestError::LostClaim(format!(
+            "the lease on dispatch `{id}` was lost"
+        ))),
+        _ => None,
+    }
+}
+
+/// Why a follow-up may not be enqueued through `claim`, if it may not: the claim is settled,
+/// told to stop for good, or has used up its follow-ups.
+fn refuse_follow_up(claim: &ClaimHandle) -> Option<GuestError> {
+    if let Some(refusal) = refuse_write(claim) {
+        return Some(refusal);
     }
     (claim.enqueued >= MAX_ENQUEUES_PER_CLAIM).then(|| {
         GuestError::Denied(format!(
@@ -263,7 +294,13 @@ impl mailbox::HostClaim for GuestState {
                         seq: e.seq,
                         data: e.data,
                         appended_at: e.appended_at,
-                        message: None,
+                        message: e.note.map(|note| types::MessageNote {
+                            seq: note.seq,
+                            kind: message_kind(note.kind),
+                            metadata: note.metadata.into_iter().collect(),
+                            sent_at: note.sent_at,
+                            sent_by: note.sent_by,
+                        }),
                     })
                     .collect()
             })
@@ -326,19 +363,83 @@ impl mailbox::HostClaim for GuestState {
     async fn next_message(
         &mut self,
         handle: Resource<ClaimHandle>,
-        _wait_ms: u32,
+        wait_ms: u32,
     ) -> wasmtime::Result<Result<Option<types::Message>, GuestError>> {
-        self.claim(&handle)?;
-        Ok(Err(not_yet("next-message")))
+        let claim = self.claim(&handle)?;
+        if let Some(refusal) = refuse_write(claim) {
+            return Ok(Err(refusal));
+        }
+        let thread = claim.dispatch.thread.clone();
+        let agent = claim.dispatch.agent.clone();
+        let control = claim.control.clone();
+        let after = claim.handed;
+        let inbox = self.plugin.store.inbox.clone();
+        let started = Instant::now();
+        let mut until = started + Duration::from_millis(u64::from(wait_ms));
+        // The wait ends a second before the dispatch's deadline, so the guest has time to act.
+        let cut = self
+            .deadline
+            .map(|deadline| deadline.checked_sub(DEADLINE_MARGIN).unwrap_or(started));
+        let by_deadline = cut.is_some_and(|cut| cut < until);
+        if let Some(cut) = cut.filter(|_| by_deadline) {
+            until = cut;
+        }
+        let pending = MessageFilter {
+            state: Some(MessageState::Pending),
+            after,
+            limit: 1,
+        };
+        // Registered before the first read, so a message sent in between wakes the wait.
+        let mut watch = inbox.watch(&thread);
+        loop {
+            match inbox.messages(&thread, &pending).await {
+                Err(e) => return Ok(Err(guest_error(e))),
+                Ok(found) => {
+                    if let Some(message) = found.into_iter().next() {
+                        self.claim_mut(&handle)?.handed = message.seq;
+                        let waited = self.plugin.store.now().saturating_sub(message.sent_at);
+                        histogram!(MESSAGE_DELIVERY, "agent" => agent)
+                            .record(waited as f64 / 1000.0);
+                        return Ok(Ok(Some(wit_message(message))));
+                    }
+                }
+            }
+            if control.stop_reason().is_some() || Instant::now() >= until {
+                if by_deadline && Instant::now() >= until {
+                    control.request_stop(claim::StopReason::Deadline);
+                }
+                return Ok(Ok(None));
+            }
+            tokio::select! {
+                () = watch.changed() => {}
+                () = control.stopped() => {}
+                () = tokio::time::sleep_until(until.into()) => {}
+            }
+        }
     }
 
     async fn ack_message(
         &mut self,
         handle: Resource<ClaimHandle>,
-        _seq: u64,
+        seq: u64,
     ) -> wasmtime::Result<Result<u64, GuestError>> {
-        self.claim(&handle)?;
-        Ok(Err(not_yet("ack-message")))
+        let claim = self.claim(&handle)?;
+        if let Some(refusal) = refuse_write(claim) {
+            return Ok(Err(refusal));
+        }
+        let fence = claim.fence();
+        let thread = claim.dispatch.thread.clone();
+        let agent = claim.dispatch.agent.clone();
+        let out = self
+            .plugin
+            .store
+            .inbox
+            .ack_message(&thread, seq, &fence)
+            .await;
+        if out.is_ok() {
+            counter!(MESSAGES_ACKED, "agent" => agent).increment(1);
+        }
+        Ok(out.map_err(guest_error))
     }
 
     async fn waitpoint(

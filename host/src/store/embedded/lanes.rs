@@ -8,19 +8,28 @@ use rusqlite::{Connection, OptionalExtension, params};
 
 use super::rows::{self, db};
 use crate::store::StoreResult;
-use crate::store::model::Dispatch;
-use crate::store::rules::{Reclaim, Settle, clamp};
+use crate::store::inbox::InboxMarks;
+use crate::store::model::{Dispatch, NewDispatch};
+use crate::store::rules::{Reclaim, Settle, clamp, queued_record};
 
 /// Per-thread scheduling state.
+#[derive(Debug, Default)]
 pub(super) struct ThreadRow {
     pub epoch: u64,
     pub holder: Option<String>,
     pub served: u64,
+    /// The inbox watermarks (the contract, section 9.1).
+    pub inbox: InboxMarks,
+    /// The agent of the dispatch claimed most recently on the thread.
+    pub last_agent: Option<String>,
 }
 
 pub(super) fn thread_row(tx: &Connection, thread: &str) -> StoreResult<ThreadRow> {
     let mut stmt = tx
-        .prepare_cached("SELECT epoch, holder, served FROM threads WHERE thread = ?1")
+        .prepare_cached(
+            "SELECT epoch, holder, served, inbox_latest, inbox_pending, inbox_followed, last_agent \
+             FROM threads WHERE thread = ?1",
+        )
         .map_err(db)?;
     let row = stmt
         .query_row(params![thread], |row| {
@@ -28,15 +37,17 @@ pub(super) fn thread_row(tx: &Connection, thread: &str) -> StoreResult<ThreadRow
                 epoch: row.get(0)?,
                 holder: row.get(1)?,
                 served: row.get(2)?,
+                inbox: InboxMarks {
+                    latest: row.get(3)?,
+                    pending: row.get(4)?,
+                    followed: row.get(5)?,
+                },
+                last_agent: row.get(6)?,
             })
         })
         .optional()
         .map_err(db)?;
-    Ok(row.unwrap_or(ThreadRow {
-        epoch: 0,
-        holder: None,
-        served: 0,
-    }))
+    Ok(row.unwrap_or_default())
 }
 
 pub(super) fn ensure_thread(tx: &Connection, thread: &str) -> StoreResult<()> {
@@ -88,8 +99,14 @@ pub(super) fn refresh_lane(tx: &Connection, agent: &str, thread: &str) -> StoreR
     Ok(())
 }
 
-/// Marks the thread as held by `id` and moves it to the back of its priority class.
-pub(super) fn occupy_thread(tx: &Connection, thread: &str, id: &str) -> StoreResult<()> {
+/// Marks the thread as held by `id` (of `agent`, now its last agent) and moves it to the back
+/// of its priority class.
+pub(super) fn occupy_thread(
+    tx: &Connection,
+    thread: &str,
+    id: &str,
+    agent: &str,
+) -> StoreResult<()> {
     let served = tx
         .prepare_cached(
             "INSERT INTO counters (name, value) VALUES ('served', 1) \
@@ -99,10 +116,12 @@ pub(super) fn occupy_thread(tx: &Connection, thread: &str, id: &str) -> StoreRes
         .query_row([], |row| row.get::<_, u64>(0))
         .map_err(db)?;
     ensure_thread(tx, thread)?;
-    tx.prepare_cached("UPDATE threads SET holder = ?2, served = ?3 WHERE thread = ?1")
-        .map_err(db)?
-        .execute(params![thread, id, served])
-        .map_err(db)?;
+    tx.prepare_cached(
+        "UPDATE threads SET holder = ?2, served = ?3, last_agent = ?4 WHERE thread = ?1",
+    )
+    .map_err(db)?
+    .execute(params![thread, id, served, agent])
+    .map_err(db)?;
     tx.prepare_cached("UPDATE lanes SET busy = 1, served = ?2 WHERE thread = ?1")
         .map_err(db)?
         .execute(params![thread, served])
@@ -181,12 +200,36 @@ pub(super) fn store_superseded(
 /// Stores a freshly claimed record and occupies its thread.
 pub(super) fn store_claimed(tx: &Connection, d: &Dispatch) -> StoreResult<()> {
     rows::store(tx, d, false, None)?;
-    occupy_thread(tx, &d.thread, &d.id)?;
+    occupy_thread(tx, &d.thread, &d.id, &d.agent)?;
     refresh_lane(tx, &d.agent, &d.thread)
 }
 
-/// Applies a reclaim verdict. Returns the record when it was requeued or dead-lettered.
-pub(super) fn store_reclaim(tx: &Connection, verdict: Reclaim) -> StoreResult<Option<Dispatch>> {
+/// Stores a new queued dispatch stamped with its thread's epoch (T1's write, after its checks)
+/// and puts it in its lane when it is due.
+pub(super) fn insert_queued(
+    tx: &Connection,
+    id: &str,
+    new: &NewDispatch,
+    now: u64,
+) -> StoreResult<Dispatch> {
+    ensure_thread(tx, &new.thread)?;
+    let epoch = thread_row(tx, &new.thread)?.epoch;
+    let d = queued_record(id, new, epoch, now);
+    let ready = d.available_at <= now;
+    rows::insert(tx, &d, ready)?;
+    if ready {
+        refresh_lane(tx, &d.agent, &d.thread)?;
+    }
+    Ok(d)
+}
+
+/// Applies a reclaim verdict (T13), answering the thread's inbox when that left it idle.
+/// Returns the record when it was requeued or dead-lettered.
+pub(super) fn store_reclaim(
+    tx: &Connection,
+    verdict: Reclaim,
+    now: u64,
+) -> StoreResult<Option<Dispatch>> {
     match verdict {
         Reclaim::Live => Ok(None),
         Reclaim::Superseded(d) => {
@@ -197,6 +240,7 @@ pub(super) fn store_reclaim(tx: &Connection, verdict: Reclaim) -> StoreResult<Op
             rows::store(tx, &d, d.status == crate::store::Status::Queued, None)?;
             release_thread(tx, &d.thread, &d.id)?;
             refresh_lane(tx, &d.agent, &d.thread)?;
+            super::inbox::answer_inbox(tx, &d.thread, Some(&d.agent), now)?;
             Ok(Some(d))
         }
     }

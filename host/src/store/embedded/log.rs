@@ -20,7 +20,7 @@ use crate::store::{SequenceStore, StoreError, StoreResult};
 /// The page size of `read` when the caller gives 0.
 const DEFAULT_READ: usize = 1000;
 
-fn marks(tx: &Connection, thread: &str) -> StoreResult<Watermarks> {
+pub(super) fn marks(tx: &Connection, thread: &str) -> StoreResult<Watermarks> {
     let row = tx
         .prepare_cached("SELECT reserved, latest, trimmed FROM log_marks WHERE thread = ?1")
         .map_err(db)?
@@ -58,9 +58,37 @@ fn save_marks(tx: &Connection, thread: &str, m: Watermarks) -> StoreResult<()> {
     Ok(())
 }
 
+/// Appends `entry` (with the `note` of the message it records, as JSON) at the log's next
+/// sequence and moves the watermarks `m` read in this transaction; returns the sequence.
+pub(super) fn push_entry(
+    tx: &Connection,
+    thread: &str,
+    m: &mut Watermarks,
+    entry: &[u8],
+    note: Option<&str>,
+    now: u64,
+) -> StoreResult<u64> {
+    let seq = m.reserved.max(m.latest) + 1;
+    tx.prepare_cached(
+        "INSERT INTO log_entries (thread, seq, data, appended_at, note) VALUES (?1, ?2, ?3, ?4, ?5)",
+    )
+    .map_err(db)?
+    .execute(params![thread, seq, entry, now, note])
+    .map_err(db)?;
+    m.reserved = seq;
+    m.latest = seq;
+    save_marks(tx, thread, *m)?;
+    Ok(seq)
+}
+
 /// Checks a guest's fence as the rules say; a stale epoch supersedes the dispatch through the
 /// shared supersede path (committed) and fails.
-fn check_fence(tx: &Connection, thread: &str, fence: &Fence, now: u64) -> Result<(), TxError> {
+pub(super) fn check_fence(
+    tx: &Connection,
+    thread: &str,
+    fence: &Fence,
+    now: u64,
+) -> Result<(), TxError> {
     let d = rows::load(tx, &fence.dispatch)?.map(|row| row.dispatch);
     let thread_epoch = match &d {
         Some(d) => thread_row(tx, &d.thread)?.epoch,
@@ -93,6 +121,7 @@ impl EmbeddedStore {
         }
         check_size("entry", entry, MAX_VALUE, MAX_VALUE_WHY)?;
         let thread = thread.to_owned();
+        let thread_name = thread.clone();
         let entry = entry.to_vec();
         let fence = fence.cloned();
 
@@ -111,21 +140,14 @@ impl EmbeddedStore {
                 {
                     return Err(StoreError::Conflict { latest: m.latest }.into());
                 }
-                let seq = m.reserved.max(m.latest) + 1;
-                tx.prepare_cached(
-                "INSERT INTO log_entries (thread, seq, data, appended_at) VALUES (?1, ?2, ?3, ?4)",
-            )
-            .map_err(db)?
-            .execute(params![thread, seq, entry, now])
-            .map_err(db)?;
-                m.reserved = seq;
-                m.latest = seq;
-                save_marks(tx, thread, m)?;
-                Ok(seq)
+                Ok(push_entry(tx, thread, &mut m, entry, None, now)?)
             })
             .await;
         if matches!(out, Err(StoreError::StaleEpoch { .. })) {
             self.signal();
+        }
+        if out.is_ok() {
+            self.inner.watches.notify(&thread_name);
         }
         out
     }
@@ -160,24 +182,39 @@ let thread = thread.as_str();
             let latest = marks(tx, thread)?.latest;
             let mut stmt = tx
                 .prepare_cached(
-                    "SELECT seq, data, appended_at FROM log_entries WHERE thread = ?1 AND seq > ?2 AND seq <= ?3 \
+                    "SELECT seq, data, appended_at, note FROM log_entries WHERE thread = ?1 AND seq > ?2 AND seq <= ?3 \
                      ORDER BY seq LIMIT ?4",
                 )
                 .map_err(db)?;
             let rows = stmt
                 .query_map(params![thread, after, latest, limit], |row| {
-                    Ok(LogEntry {
-                        seq: row.get(0)?,
-                        data: row.get(1)?,
-                        appended_at: row.get(2)?,
-                    })
+                    Ok((
+                        LogEntry {
+                            seq: row.get(0)?,
+                            data: row.get(1)?,
+                            appended_at: row.get(2)?,
+                            note: None,
+                        },
+                        row.get::<_, Option<String>>(3)?,
+                    ))
                 })
                 .map_err(db)?;
-            rows.collect::<Result<_, _>>()
-                .map_err(|e| StoreError::Corrupt {
-                    key: format!("log_entries/{thread}"),
-                    reason: e.to_string(),
-                })
+            let corrupt = |seq: u64, reason: String| StoreError::Corrupt {
+                key: format!("log_entries/{thread}/{seq}"),
+                reason,
+            };
+            let mut out = Vec::new();
+            for row in rows {
+                let (mut entry, note) = row.map_err(|e| corrupt(0, e.to_string()))?;
+                if let Some(note) = note {
+                    entry.note = Some(
+                        serde_json::from_str(&note)
+                            .map_err(|e| corrupt(entry.seq, format!("message note: {e}")))?,
+                    );
+                }
+                out.push(entry);
+            }
+            Ok(out)
         }).await
     }
 

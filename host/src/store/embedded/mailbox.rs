@@ -10,8 +10,8 @@ use rusqlite::{Connection, OptionalExtension, params};
 use tokio::sync::Notify;
 
 use super::lanes::{
-    demote, ensure_thread, promote_due, refresh_lane, release_thread, store_claimed, store_reclaim,
-    store_superseded, thread_row,
+    demote, ensure_thread, insert_queued, promote_due, refresh_lane, release_thread, store_claimed,
+    store_reclaim, store_superseded, thread_row,
 };
 use super::rows::{self, COLUMNS, ROW_COLUMNS, db};
 use super::{EmbeddedStore, MAX_VALUE, MAX_VALUE_WHY, TxError};
@@ -20,8 +20,7 @@ use crate::store::model::{
     Dispatch, DispatchRow, Interrupt, ListFilter, NewDispatch, RunResult, Status, StatusCount,
 };
 use crate::store::rules::{
-    self, Holder, HolderOp, SupersedeClaimed, Take, clamp, lease_extended, lease_live,
-    queued_record, same_content,
+    self, Holder, HolderOp, SupersedeClaimed, Take, clamp, lease_extended, lease_live, same_content,
 };
 use crate::store::{Mailbox, StoreError, StoreResult};
 
@@ -134,6 +133,10 @@ impl EmbeddedStore {
                         if d.status == Status::Queued {
                             refresh_lane(tx, &d.agent, &d.thread)?;
                         }
+                        if d.status != Status::Claimed {
+                            // T8, T10, T11: answer the inbox when this left the thread idle.
+                            super::inbox::answer_inbox(tx, &d.thread, Some(&d.agent), now)?;
+                        }
                         Ok((d, settles.is_some()))
                     }
                 }
@@ -143,6 +146,7 @@ impl EmbeddedStore {
             Ok((d, settled)) => {
                 if settled {
                     self.signal();
+                    self.inner.watches.notify(&d.thread);
                 }
                 Ok(d)
             }
@@ -192,20 +196,12 @@ impl Mailbox for EmbeddedStore {
                         .into());
                     }
                 }
-                ensure_thread(tx, &new.thread)?;
-                let epoch = thread_row(tx, &new.thread)?.epoch;
-                let d = queued_record(&id, &new, epoch, now);
-                let available_at = d.available_at;
-                let ready = available_at <= now;
-                rows::insert(tx, &d, ready)?;
-                if ready {
-                    refresh_lane(tx, &d.agent, &d.thread)?;
-                }
-                Ok((d, true))
+                Ok((insert_queued(tx, &id, &new, now)?, true))
             })
             .await?;
         if out.1 {
             self.signal();
+            self.inner.watches.notify(&out.0.thread);
         }
         Ok(out.0)
     }
@@ -262,7 +258,7 @@ impl Mailbox for EmbeddedStore {
                             if lease_live(&h, now) {
                                 return Ok((None, false));
                             }
-                            store_reclaim(tx, rules::reclaim(h, t.epoch, now))?;
+                            store_reclaim(tx, rules::reclaim(h, t.epoch, now), now)?;
                             reclaimed = true;
                         }
                         // The holder column points at a settled record: free the thread.
@@ -362,6 +358,7 @@ impl Mailbox for EmbeddedStore {
     }
 
     async fn interrupt(&self, thread: &str, reason: &str) -> StoreResult<Interrupt> {
+        let thread_name = thread.to_owned();
         let thread = thread.to_owned();
         let reason = reason.to_owned();
 
@@ -406,6 +403,7 @@ let reason = reason.as_str();
             })
         }).await?;
         self.signal();
+        self.inner.watches.notify(&thread_name);
         Ok(out)
     }
 
@@ -462,7 +460,7 @@ let reason = reason.as_str();
                 let mut out = Vec::new();
                 for d in expired {
                     let thread_epoch = thread_row(tx, &d.thread)?.epoch;
-                    if let Some(d) = store_reclaim(tx, rules::reclaim(d, thread_epoch, now))? {
+                    if let Some(d) = store_reclaim(tx, rules::reclaim(d, thread_epoch, now), now)? {
                         out.push(d);
                     }
                 }

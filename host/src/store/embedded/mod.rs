@@ -49,6 +49,7 @@
 //! `synchronous = FULL` through [`EmbeddedOptions::fsync_every_commit`] to survive power loss
 //! at the cost of an fsync per operation.
 
+mod inbox;
 mod lanes;
 mod log;
 mod mailbox;
@@ -63,6 +64,7 @@ use std::time::Duration;
 use rusqlite::{Connection, OpenFlags, TransactionBehavior};
 use tokio::sync::Notify;
 
+use super::inbox::Watches;
 use super::{Dispatch, SharedClock, Store, StoreError, StoreResult};
 
 /// How long a writer waits for another connection's write lock before `Contention`.
@@ -296,6 +298,8 @@ struct Inner {
     next_reader: AtomicUsize,
     clock: SharedClock,
     signal: Arc<Notify>,
+    /// Who waits for which thread to change ([`crate::store::Inbox::watch`]).
+    watches: Watches,
     location: String,
 }
 
@@ -412,6 +416,7 @@ impl EmbeddedStore {
         }
         let store = Self::from_connections(conn, readers, clock, location)?;
         start_checkpointer(path, Arc::downgrade(&store.inner))?;
+        inbox::start_change_poller(path, Arc::downgrade(&store.inner))?;
         Ok(store)
     }
 
@@ -498,6 +503,7 @@ impl EmbeddedStore {
                 next_reader: AtomicUsize::new(0),
                 clock,
                 signal: Arc::new(Notify::new()),
+                watches: Watches::default(),
                 location,
             }),
         })
@@ -508,6 +514,7 @@ impl EmbeddedStore {
         Store {
             mailbox: Arc::new(self.clone()),
             log: Arc::new(self.clone()),
+            inbox: Arc::new(self.clone()),
             clock: self.inner.clock.clone(),
         }
     }

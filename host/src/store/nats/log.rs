@@ -128,6 +128,7 @@ impl NatsStore {
             seq,
             data: payload[8..].to_vec(),
             appended_at: u64::from_be_bytes(at),
+            note: None,
         })
     }
 

@@ -145,6 +145,7 @@ mod archive;
 mod commit;
 mod config;
 mod fetch;
+mod inbox;
 mod jetstream;
 pub mod keys;
 mod log;
@@ -397,7 +398,8 @@ impl NatsStore {
         let shared = Arc::new(self);
         Store {
             mailbox: shared.clone(),
-            log: shared,
+            log: shared.clone(),
+            inbox: shared,
             clock,
         }
     }

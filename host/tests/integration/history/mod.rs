@@ -1338,6 +1338,7 @@ mod checker_tests {
                     seq: *seq,
                     data: data.as_bytes().to_vec(),
                     appended_at: T,
+                    note: None,
                 })
                 .collect();
             self.at(

@@ -1,0 +1,114 @@
+//! Sending a message into a thread's inbox, and waiting until a guest acknowledged it: what the
+//! API, the CLI and the dashboard do with a message, written once.
+
+use std::time::Duration;
+
+use metrics::counter;
+
+use crate::config::Config;
+use crate::store::{Message, NewMessage, Sent, Store, StoreError};
+use crate::telemetry::{FOLLOW_UPS, MESSAGES_SENT};
+
+/// Why a send was refused before or by the store.
+#[derive(Debug, thiserror::Error)]
+pub enum SendError {
+    /// The message names an agent the config does not serve.
+    #[error("no agent `{0}`")]
+    UnknownAgent(String),
+    /// The payload is over `[host] max_message` (or what the store holds).
+    #[error("payload: {size} bytes exceeds [host] max_message ({limit} bytes)")]
+    TooLarge {
+        /// The payload's size.
+        size: u64,
+        /// The limit in force.
+        limit: u64,
+    },
+    /// The store refused it (`Invalid` naming the field, `Limit` for a full inbox) or failed.
+    #[error(transparent)]
+    Store(#[from] StoreError),
+}
+
+/// The largest message payload in force: `[host] max_message` (default `max_payload`),
+/// clamped to what the store holds.
+pub fn max_message(config: &Config, store: &Store) -> u64 {
+    config
+        .host
+        .max_message
+        .unwrap_or(config.host.max_payload)
+        .min(store.inbox.max_message())
+}
+
+/// Stores `new` as the next message of `thread`, within the config's limits: the agent it
+/// names must be served, the payload at most [`max_message`], the thread's pending messages
+/// under `[host] max_inbox`. Counts it, and the follow-ups it started, in the metrics.
+///
+/// # Errors
+///
+/// [`SendError`], naming what was wrong; nothing is stored when it is refused.
+pub async fn send(
+    store: &Store,
+    config: &Config,
+    thread: &str,
+    new: NewMessage,
+) -> Result<Sent, SendError> {
+    if let Some(agent) = &new.agent
+        && !config.plugins.contains_key(agent)
+    {
+        return Err(SendError::UnknownAgent(agent.clone()));
+    }
+    let limit = max_message(config, store);
+    let size = new.payload.len() as u64;
+    if size > limit {
+        return Err(SendError::TooLarge { size, limit });
+    }
+    let agent = new.agent.clone().unwrap_or_else(|| "none".to_owned());
+    let sent = store.inbox.send(thread, new, config.host.max_inbox).await?;
+    counter!(MESSAGES_SENT, "agent" => agent).increment(1);
+    if !sent.follow_ups.is_empty() {
+        // The agent label of a follow-up is its own: read back only when there is one.
+        for id in &sent.follow_ups {
+            if let Ok(Some(d)) = store.mailbox.load(id).await {
+                counter!(FOLLOW_UPS, "agent" => d.agent).increment(1);
+            }
+        }
+    }
+    Ok(sent)
+}
+
+/// Waits until message `seq` of `thread` leaves `pending` (acked or discarded), up to
+/// `timeout`, woken by the thread's watch. `Ok(None)` when the time ran out first.
+///
+/// # Errors
+///
+/// When the store fails, or the message does not exist.
+pub async fn until_settled(
+    store: &Store,
+    thread: &str,
+    seq: u64,
+    timeout: Duration,
+) -> Result<Option<Message>, StoreError> {
+    let until = tokio::time::Instant::now() + timeout;
+    // The watch is a hint, and a store that cannot watch (a NATS client) never fires it: read
+    // again at most this often regardless.
+    const RECHECK: Duration = Duration::from_millis(250);
+    let mut watch = store.inbox.watch(thread);
+    loop {
+        let Some(message) = store.inbox.message(thread, seq).await? else {
+            return Err(StoreError::Invalid(format!(
+                "seq: thread `{}` has no message {seq}",
+                thread.escape_debug()
+            )));
+        };
+        if message.state != crate::store::MessageState::Pending {
+            return Ok(Some(message));
+        }
+        let now = tokio::time::Instant::now();
+        if now >= until {
+            return Ok(None);
+        }
+        tokio::select! {
+            () = watch.changed() => {}
+            () = tokio::time::sleep_until(until.min(now + RECHECK)) => {}
+        }
+    }
+}
