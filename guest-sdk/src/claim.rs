@@ -22,7 +22,9 @@ use crate::__bindings::mailbox;
 use crate::enqueue::Enqueue;
 use crate::error::Error;
 
-pub use crate::__bindings::types::{DispatchInfo, LogEntry, StopReason};
+pub use crate::__bindings::types::{
+    DispatchInfo, LogEntry, Message, MessageKind, MessageNote, StopReason,
+};
 
 /// How many log entries [`Claim::read_log_all`] asks for per call. The host may return fewer
 /// (it caps the page size); the loop ends on an empty page, not a short one.
@@ -271,6 +273,62 @@ impl<'a> Claim<'a> {
         self.raw().stop_requested()
     }
 
+    /// The oldest message of the thread's inbox that is still pending and that this claim has
+    /// not been handed yet, waiting up to `wait` for one to arrive (`Duration::ZERO`: do not
+    /// wait; whole milliseconds, capped at about 49 days). `None` when nothing arrived in time,
+    /// or early when the host wants the guest to stop (see [`Claim::stop_requested`]). The
+    /// host wakes the wait as soon as a message is sent, from any host; the wait holds the
+    /// worker and ends a second before the dispatch's deadline.
+    ///
+    /// A message stays pending until a claim acknowledges it ([`Claim::ack_message`]), so a
+    /// later run of the thread (a retry, the next dispatch) is handed it again.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::LostClaim`] or [`Error::Interrupted`] once the claim is gone;
+    /// [`Error::Unavailable`] when the store cannot be read.
+    pub fn next_message(&self, wait: Duration) -> Result<Option<Message>, Error> {
+        let wait_ms = u32::try_from(wait.as_millis()).unwrap_or(u32::MAX);
+        Ok(self.raw().next_message(wait_ms)?)
+    }
+
+    /// Every message handed to this claim now, oldest first, without waiting: the steers and
+    /// follow-ups that arrived since the last call. An iterator that ends when the inbox has
+    /// nothing new (or on the first error, which it yields).
+    pub fn messages(&self) -> impl Iterator<Item = Result<Message, Error>> + '_ {
+        let mut done = false;
+        std::iter::from_fn(move || {
+            if done {
+                return None;
+            }
+            match self.next_message(Duration::ZERO) {
+                Ok(Some(message)) => Some(Ok(message)),
+                Ok(None) => {
+                    done = true;
+                    None
+                }
+                Err(e) => {
+                    done = true;
+                    Some(Err(e))
+                }
+            }
+        })
+    }
+
+    /// Acknowledges message `seq` of this thread: it is marked acknowledged and appended to the
+    /// thread log in one step (its body as the entry's data, the rest as the entry's
+    /// [`LogEntry::message`] note), so a later run sees it in the history and is not handed it
+    /// again. Returns the entry's log sequence; acking again returns the same sequence.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::Invalid`] when `seq` is not a message of this thread or was discarded;
+    /// [`Error::Duplicate`] when another dispatch acknowledged it; [`Error::LostClaim`],
+    /// [`Error::Interrupted`].
+    pub fn ack_message(&self, seq: u64) -> Result<u64, Error> {
+        Ok(self.raw().ack_message(seq)?)
+    }
+
     /// Enqueues a follow-up dispatch; without [`Enqueue::thread`] it goes to this dispatch's
     /// thread. Returns the new dispatch's id.
     ///
@@ -312,6 +370,21 @@ impl LogEntry {
     /// The entry's bytes as UTF-8 text, or `None` when they are not UTF-8.
     pub fn text(&self) -> Option<&str> {
         std::str::from_utf8(&self.data).ok()
+    }
+}
+
+impl Message {
+    /// The message's body as UTF-8 text, or `None` when it is not UTF-8.
+    pub fn text(&self) -> Option<&str> {
+        std::str::from_utf8(&self.body).ok()
+    }
+
+    /// The metadata value under `key`, if the sender set one.
+    pub fn metadata(&self, key: &str) -> Option<&str> {
+        self.metadata
+            .iter()
+            .find(|(k, _)| k == key)
+            .map(|(_, v)| v.as_str())
     }
 }
 

@@ -90,7 +90,7 @@ pub mod logging;
 
 #[cfg(feature = "agent")]
 pub use agent::{Agent, claim_next};
-pub use claim::{Claim, DispatchInfo, LogEntry, StopReason};
+pub use claim::{Claim, DispatchInfo, LogEntry, Message, MessageKind, MessageNote, StopReason};
 pub use enqueue::{Enqueue, enqueue};
 pub use error::Error;
 #[cfg(feature = "handler")]

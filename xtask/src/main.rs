@@ -173,7 +173,15 @@ fn build_guests() -> Result<PathBuf> {
     let built = guest_target.join("wasm32-wasip2").join("release");
     let out = examples.join("wasm");
     std::fs::create_dir_all(&out).map_err(|e| format!("cannot create {}: {e}", out.display()))?;
-    for name in ["echo", "memory", "batch", "flaky", "delegate", "assistant"] {
+    for name in [
+        "echo",
+        "memory",
+        "batch",
+        "flaky",
+        "delegate",
+        "assistant",
+        "steerable",
+    ] {
         let from = built.join(format!("{name}.wasm"));
         let to = out.join(format!("{name}.wasm"));
         std::fs::copy(&from, &to)
@@ -427,8 +435,20 @@ fn demo() -> Result<()> {
     put("js-agent", "js-chat", "env HOME", &[])?;
     put("js-agent", "js-chat", "recall", &[])?;
     put("assistant", "asst-1", "What is 40 + 2?", &[])?;
+    put("steerable", "research-1", "survey the 2024 figures", &[])?;
+    // A message to a thread with no run starts a dispatch of the agent it names to answer it.
+    let seq = cli(&[
+        "thread",
+        "send",
+        "notes-1",
+        "--agent",
+        "steerable",
+        "--payload",
+        "remember to cite sources",
+    ])?;
+    println!("sent message {seq} to the idle thread notes-1 (a follow-up dispatch answers it)");
     println!("== running the host until idle");
-    run(Command::new(&homing)
+    let mut host = Command::new(&homing)
         .arg("--config")
         .arg(&config)
         .args(["run", "--until-idle"])
@@ -438,7 +458,41 @@ fn demo() -> Result<()> {
         .env(
             "HOMING_LOG",
             env::var("HOMING_LOG").unwrap_or_else(|_| "warn,homing=info".into()),
-        ))?;
+        )
+        .spawn()
+        .map_err(|e| format!("cannot start homing run: {e}"))?;
+    // Steer the research agent mid-run: once its first step is in the log, send it a new goal.
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(120);
+    let mut steered = false;
+    while std::time::Instant::now() < deadline {
+        if cli(&["thread", "log", "research-1"])?.contains("step 1/") {
+            let seq = cli(&[
+                "thread",
+                "send",
+                "research-1",
+                "--kind",
+                "steer",
+                "--payload",
+                "also check the 2025 figures",
+            ])?;
+            println!("sent steer {seq} to research-1 while its run works");
+            steered = true;
+            break;
+        }
+        if host.try_wait().ok().flatten().is_some() {
+            break;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(50));
+    }
+    let status = host
+        .wait()
+        .map_err(|e| format!("homing run did not finish: {e}"))?;
+    if !status.success() {
+        return Err(format!("homing run --until-idle failed with {status}"));
+    }
+    if !steered {
+        return Err("the steerable agent's run never logged its first step".into());
+    }
     println!("== outcomes");
     println!("{}", cli(&["dispatch", "list", "--limit", "1000"])?);
     println!("== the memory agent's thread log (chat-1)");
@@ -451,6 +505,14 @@ fn demo() -> Result<()> {
     println!("{}", cli(&["thread", "log", "js-chat"])?);
     println!("== the assistant's thread log (asst-1: question, tool call, tool result, answer)");
     println!("{}", cli(&["thread", "log", "asst-1"])?);
+    println!(
+        "== the steered run's thread log (research-1: the steer is acknowledged into the log)"
+    );
+    println!("{}", cli(&["thread", "log", "research-1"])?);
+    println!("== its inbox");
+    println!("{}", cli(&["thread", "messages", "research-1"])?);
+    println!("== the thread the follow-up answered (notes-1)");
+    println!("{}", cli(&["thread", "log", "notes-1"])?);
     Ok(())
 }
 

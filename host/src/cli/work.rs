@@ -12,8 +12,8 @@ use crate::config::{Config, parse_duration};
 use crate::input::read_capped;
 use crate::store::model::check_name;
 use crate::store::{
-    Dispatch, ListCursor, ListFilter, MessageFilter, MessageKind, MessageState, NewDispatch,
-    NewMessage, Status, Store, StoreError,
+    Dispatch, ListCursor, ListFilter, LogEntry, MessageFilter, MessageKind, MessageState,
+    NewDispatch, NewMessage, Status, Store, StoreError,
 };
 use crate::work::messages::{self, SendError};
 use crate::work::{self, Attempts, OpError, Request};
@@ -507,7 +507,7 @@ pub(super) async fn thread(
                 println!("{}", serde_json::to_string_pretty(&entries)?);
             } else {
                 for entry in entries {
-                    println!("{:>6}  {}", entry.seq, printable(&entry.data));
+                    println!("{}", entry_line(&entry));
                 }
             }
         }
@@ -606,6 +606,22 @@ async fn send(config: &Config, store: &Store, args: SendArgs) -> anyhow::Result<
     }
 }
 
+/// One log entry as `thread log` prints it: its sequence, then (for an acknowledged message)
+/// which message it records, then its data.
+fn entry_line(entry: &LogEntry) -> String {
+    match &entry.note {
+        Some(note) => format!(
+            "{:>6}  [{} {} from {}] {}",
+            entry.seq,
+            note.kind,
+            note.seq,
+            text(&note.sent_by),
+            printable(&entry.data)
+        ),
+        None => format!("{:>6}  {}", entry.seq, printable(&entry.data)),
+    }
+}
+
 /// `homing thread log --follow`: every entry after `after`, then new ones as they come, until
 /// SIGINT or SIGTERM.
 async fn follow_log(store: &Store, thread: &str, mut after: u64, json: bool) -> anyhow::Result<()> {
@@ -630,7 +646,7 @@ async fn follow_log(store: &Store, thread: &str, mut after: u64, json: bool) -> 
             if json {
                 writeln!(out, "{}", serde_json::to_string(&entry)?)?;
             } else {
-                writeln!(out, "{:>6}  {}", entry.seq, printable(&entry.data))?;
+                writeln!(out, "{}", entry_line(&entry))?;
             }
         }
         out.flush()?;

@@ -712,7 +712,7 @@ pub struct LogEntry {
     /// When it was appended.
     pub appended_at: u64,
     /// Set when the entry records an acknowledged inbox message (its payload is `data`).
-    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[serde(default, rename = "message", skip_serializing_if = "Option::is_none")]
     pub note: Option<super::inbox::MessageNote>,
 }
 

@@ -18,6 +18,7 @@
 //!   streams, token guessing);
 //! - `dashboard`: the web dashboard of a real `homing run`, in a headless Chromium ([`browser`]);
 //! - `e2e`, `polyglot`: the `homing` binary with real components;
+//! - `inbox`: a thread's inbox end to end: messages that wake, steer and outlive a run;
 //! - `outbound_http`: guests' HTTP(S) requests, allow-list, address rules, TLS, caps, secrets;
 //! - `outbound_guests`: outbound HTTP and variables from Rust, Python and JavaScript guests and
 //!   the assistant example, against local servers on the loopback address;
@@ -54,6 +55,7 @@ mod faults;
 mod fuzz;
 mod guest_imports;
 mod hostile_input;
+mod inbox;
 mod nats_conformance;
 mod nats_hosts;
 mod new_and_build;

@@ -1,0 +1,263 @@
+//! A thread's inbox end to end: a real `homing run`, the `inbox-probe` and `steerable` guests
+//! built from source, and messages sent with `homing thread send` from another process.
+
+use std::time::{Duration, Instant};
+
+use serde_json::Value;
+
+use crate::common::{Env, guest, signal, toml_path, wait_exit};
+
+fn config(lease: &str) -> String {
+    format!(
+        r#"
+[host]
+lease = "{lease}"
+sweep_interval = "200ms"
+
+[store]
+backend = "embedded"
+path = "homing.db"
+
+[plugins.probe]
+path = "{probe}"
+concurrency = 2
+timeout = "60s"
+max_attempts = 3
+
+[plugins.steerable]
+path = "{steerable}"
+concurrency = 1
+timeout = "30s"
+"#,
+        probe = toml_path(&guest("inbox-probe")),
+        steerable = toml_path(&guest("steerable")),
+    )
+}
+
+fn messages(env: &Env, thread: &str) -> Vec<Value> {
+    serde_json::from_str(&env.ok(&["thread", "messages", thread, "--json"])).unwrap()
+}
+
+fn log(env: &Env, thread: &str) -> Vec<Value> {
+    serde_json::from_str(&env.ok(&["thread", "log", thread, "--json"])).unwrap()
+}
+
+/// Polls the thread log until an entry's data is `text`, or fails after `within`.
+fn wait_for_entry(env: &Env, thread: &str, text: &str, within: Duration) {
+    let deadline = Instant::now() + within;
+    while !log(env, thread).iter().any(|e| e["data"] == text) {
+        assert!(
+            Instant::now() < deadline,
+            "no `{text}` in {thread}'s log within {within:?}; host log:\n{}",
+            env.host_log()
+        );
+        std::thread::sleep(Duration::from_millis(10));
+    }
+}
+
+/// A guest waiting in `next-message` is woken by a message sent from another process (the
+/// CLI), long before its wait would end; the latency from send to acknowledgement is printed.
+#[test]
+fn a_message_sent_while_a_guest_waits_wakes_it() {
+    let env = Env::new(&config("10s"));
+    let id = env.enqueue("probe", "t", "wait 30000", &[]);
+    let mut host = env.spawn_run();
+    wait_for_entry(&env, "t", "waiting", Duration::from_secs(30));
+    let sent = Instant::now();
+    let seq = env.ok(&[
+        "thread",
+        "send",
+        "t",
+        "--kind",
+        "steer",
+        "--payload",
+        "hello",
+    ]);
+    assert_eq!(seq, "1");
+    let d = env.wait_status(&id, "acked", Duration::from_secs(20));
+    let waited = sent.elapsed();
+    assert_eq!(d["result"]["output"], "got 1 hello as entry 2", "{d}");
+    assert!(
+        waited < Duration::from_secs(10),
+        "the guest was not woken by the message (it took {waited:?})"
+    );
+    let m = &messages(&env, "t")[0];
+    let entries = log(&env, "t");
+    let entry = &entries[1];
+    assert_eq!(
+        (m["state"].as_str(), m["log_seq"].as_u64()),
+        (Some("acked"), Some(2))
+    );
+    assert_eq!(entry["data"], "hello");
+    assert_eq!(
+        entry["message"]["seq"], 1,
+        "the log entry records the message: {entry}"
+    );
+    assert_eq!(entry["message"]["sent_by"], "cli");
+    let latency = entry["appended_at"].as_u64().unwrap() - m["sent_at"].as_u64().unwrap();
+    println!("send to acknowledgement, across processes on one file: {latency} ms");
+    signal(&host, "TERM");
+    wait_exit(&mut host, Duration::from_secs(20));
+}
+
+/// Messages sent while no run is live wait in the inbox and reach the thread's next run; a
+/// steer to an idle thread starts nothing, a follow-up starts a dispatch of the agent named.
+#[test]
+fn messages_sent_between_runs_reach_the_next_run() {
+    let env = Env::new(&config("10s"));
+    env.enqueue("probe", "t", "ignore", &[]);
+    env.run_until_idle();
+    env.ok(&["thread", "send", "t", "--kind", "steer", "--payload", "one"]);
+    env.ok(&["thread", "send", "t", "--kind", "steer", "--payload", "two"]);
+    assert_eq!(
+        env.list().len(),
+        1,
+        "a steer to an idle thread starts nothing"
+    );
+    let pending = messages(&env, "t");
+    assert!(
+        pending.iter().all(|m| m["state"] == "pending"),
+        "{pending:?}"
+    );
+    let next = env.enqueue("probe", "t", "drain", &[]);
+    env.run_until_idle();
+    assert_eq!(env.show(&next)["result"]["output"], "one|two");
+    let data: Vec<_> = log(&env, "t").iter().map(|e| e["data"].clone()).collect();
+    assert_eq!(data, ["one", "two"]);
+
+    // A follow-up to the idle thread is answered by a new dispatch of the thread's last agent.
+    let out: Value =
+        serde_json::from_str(&env.ok(&["thread", "send", "t", "--payload", "three", "--json"]))
+            .unwrap();
+    let follow_up = out["follow_ups"][0].as_str().unwrap().to_owned();
+    env.run_until_idle();
+    let d = env.show(&follow_up);
+    assert_eq!(
+        (d["agent"].as_str(), d["status"].as_str()),
+        (Some("probe"), Some("acked"))
+    );
+    assert_eq!(d["metadata"]["enqueued-by"], "inbox");
+    assert_eq!(d["metadata"]["messages"], "3-3");
+    assert_eq!(d["result"]["output"], "three");
+}
+
+/// A host killed after handing a message to its guest and before the guest acked it loses
+/// nothing: the next attempt is handed the message again and acks it once.
+#[test]
+fn a_host_killed_between_delivery_and_ack_loses_no_message() {
+    let env = Env::new(&config("1s"));
+    env.ok(&[
+        "thread",
+        "send",
+        "t",
+        "--agent",
+        "probe",
+        "--kind",
+        "steer",
+        "--payload",
+        "keep me",
+    ]);
+    let id = env.enqueue("probe", "t", "hold 30000", &[]);
+    let mut doomed = env.spawn_run();
+    wait_for_entry(&env, "t", "handed 1", Duration::from_secs(30));
+    signal(&doomed, "KILL");
+    wait_exit(&mut doomed, Duration::from_secs(10));
+    assert_eq!(messages(&env, "t")[0]["state"], "pending");
+
+    // The next attempt (once the dead host's lease ran out) is handed the message again.
+    env.run_until_idle();
+    let d = env.show(&id);
+    assert_eq!(d["status"], "acked", "{d}");
+    assert_eq!(d["attempt"], 1, "the killed attempt counts");
+    let m = &messages(&env, "t")[0];
+    assert_eq!(m["state"], "acked", "{m}");
+    let notes = log(&env, "t")
+        .iter()
+        .filter(|e| e["message"]["seq"] == 1)
+        .count();
+    assert_eq!(notes, 1, "acknowledged once");
+}
+
+/// A steer sent while the `steerable` example works changes its course: the run acknowledges
+/// it into the log and ends on the new goal.
+#[test]
+fn a_steer_changes_the_course_of_a_running_agent() {
+    let env = Env::new(&config("10s"));
+    let id = env.enqueue("steerable", "r", "survey 2024", &[]);
+    let mut host = env.spawn_run();
+    wait_for_entry(
+        &env,
+        "r",
+        "step 1/5: working on survey 2024",
+        Duration::from_secs(30),
+    );
+    let seq = env.ok(&[
+        "thread",
+        "send",
+        "r",
+        "--kind",
+        "steer",
+        "--payload",
+        "survey 2025",
+        "--wait",
+        "--timeout",
+        "20s",
+    ]);
+    let d = env.wait_status(&id, "acked", Duration::from_secs(30));
+    assert_eq!(d["result"]["output"], "done: survey 2025");
+    let entries = log(&env, "r");
+    let at = entries
+        .iter()
+        .position(|e| e["data"] == "survey 2025")
+        .expect("the steer is in the log");
+    assert_eq!(
+        entries[at]["seq"].to_string(),
+        seq,
+        "--wait printed the entry's sequence"
+    );
+    assert_eq!(entries[at + 1]["data"], "changed course: survey 2025");
+    assert!(
+        entries[at + 2..]
+            .iter()
+            .all(|e| e["data"].as_str().unwrap().contains("survey 2025")),
+        "every later step works on the new goal: {entries:?}"
+    );
+    signal(&host, "TERM");
+    wait_exit(&mut host, Duration::from_secs(20));
+}
+
+/// Sends are checked before anything is stored: an unknown agent (exit 3), an empty message,
+/// a full inbox and a bad kind (exit 2), each naming what was wrong.
+#[test]
+fn bad_sends_are_refused_naming_what_was_wrong_and_store_nothing() {
+    let mut cfg = config("10s");
+    cfg = cfg.replace("[store]", "max_inbox = 2\n\n[store]");
+    let env = Env::new(&cfg);
+    let unknown = env.homing(&["thread", "send", "t", "--agent", "nobody", "--payload", "x"]);
+    assert_eq!(unknown.status.code(), Some(3));
+    assert!(String::from_utf8_lossy(&unknown.stderr).contains("nobody"));
+    let empty = env.homing(&["thread", "send", "t", "--kind", "steer", "--payload", ""]);
+    assert_eq!(empty.status.code(), Some(2));
+    assert!(String::from_utf8_lossy(&empty.stderr).contains("payload"));
+    let kind = env.homing(&["thread", "send", "t", "--kind", "shout", "--payload", "x"]);
+    assert_eq!(kind.status.code(), Some(2));
+    assert!(String::from_utf8_lossy(&kind.stderr).contains("--kind"));
+    let never = env.homing(&["thread", "send", "t", "--payload", "x"]);
+    assert_eq!(
+        never.status.code(),
+        Some(2),
+        "a follow-up needs an agent to answer it"
+    );
+    assert!(String::from_utf8_lossy(&never.stderr).contains("agent"));
+    assert!(messages(&env, "t").is_empty(), "nothing was stored");
+
+    for _ in 0..2 {
+        env.ok(&["thread", "send", "t", "--kind", "steer", "--payload", "x"]);
+    }
+    let full = env.homing(&["thread", "send", "t", "--kind", "steer", "--payload", "x"]);
+    assert_eq!(full.status.code(), Some(2));
+    assert!(String::from_utf8_lossy(&full.stderr).contains("max_inbox"));
+    assert_eq!(messages(&env, "t").len(), 2);
+    let discarded = env.ok(&["thread", "discard", "t", "--through", "2"]);
+    assert_eq!(discarded, "discarded 2 message(s)");
+}
