@@ -22,7 +22,8 @@ use super::dispatches::{Fields, MAX_PAGE_BYTES, limit, name, object, param, para
 use super::limits::StreamPermit;
 use super::{ApiError, ApiState, view};
 use crate::store::{
-    LogEntry, MessageFilter, MessageKind, MessageState, NewMessage, Store, StoreError,
+    LogEntry, Message, MessageFilter, MessageKind, MessageState, NewMessage, Store, StoreError,
+    ThreadWatch,
 };
 use crate::work::messages::{self, SendError};
 
@@ -92,6 +93,12 @@ struct Follow {
     thread: String,
     after: u64,
     buffered: VecDeque<LogEntry>,
+    /// The inbox sequence of the last message shown as sent.
+    sent_after: u64,
+    /// Messages sent since, not shown yet.
+    sent: VecDeque<Message>,
+    /// Fires when the thread may have changed (a hint; the poll below backs it up).
+    watch: ThreadWatch,
     until: tokio::time::Instant,
     shutdown: watch::Receiver<bool>,
     done: bool,
@@ -110,6 +117,13 @@ impl Follow {
         }
         let mut poll = STREAM_POLL_FIRST;
         loop {
+            if let Some(m) = self.sent.pop_front() {
+                // No id: `Last-Event-ID` keeps naming log sequences.
+                let event = Event::default()
+                    .event("message")
+                    .data(view::message(&m).to_string());
+                return Some((Ok(event), self));
+            }
             if let Some(entry) = self.buffered.pop_front() {
                 let event = Event::default()
                     .id(entry.seq.to_string())
@@ -139,12 +153,35 @@ impl Follow {
                     return Some((Ok(event), self));
                 }
             }
+            let filter = MessageFilter {
+                state: None,
+                after: self.sent_after,
+                limit: STREAM_BATCH,
+            };
+            match self.store.inbox.messages(&self.thread, &filter).await {
+                Ok(found) if !found.is_empty() => {
+                    self.sent_after = found.last().map_or(self.sent_after, |m| m.seq);
+                    self.sent.extend(found);
+                    continue;
+                }
+                Ok(_) => {}
+                Err(e) => {
+                    self.done = true;
+                    tracing::warn!(thread = %self.thread, "API log stream, inbox: {e}");
+                    let event = Event::default().event("error").data(
+                        json!({ "error": "the log could not be read; reconnect with Last-Event-ID" })
+                            .to_string(),
+                    );
+                    return Some((Ok(event), self));
+                }
+            }
             let now = tokio::time::Instant::now();
             if now >= self.until || *self.shutdown.borrow() {
                 return None;
             }
             tokio::select! {
                 () = tokio::time::sleep(poll.min(self.until - now)) => {}
+                () = self.watch.changed() => {}
                 _ = self.shutdown.changed() => {}
             }
             poll = (poll * 2).min(STREAM_POLL_MAX);
@@ -153,7 +190,9 @@ impl Follow {
 }
 
 /// `GET /v1/threads/{thread}/log/stream?after=N` (or `Last-Event-ID: N`): every entry after N
-/// as an `entry` event whose id is its sequence, then new ones as they are appended. The server
+/// as an `entry` event whose id is its sequence, then new ones as they are appended (an entry
+/// that records an acknowledged message carries it as `message`), and each inbox message sent
+/// while the stream is open as a `message` event without an id. The server
 /// ends the stream after `[api] max_stream`; reconnecting with `Last-Event-ID` misses nothing.
 /// At most `[api] max_streams` are open at once (503 beyond), `max_streams_per_token` with one
 /// token (429 beyond).
@@ -169,13 +208,20 @@ pub(super) async fn stream(
     let after = after(&pairs, &headers)?;
     let token = caller.map_or_else(String::new, |axum::Extension(c)| c.name);
     let permit = state.streams.open(&token)?;
+    // Registered before the first read, so nothing written in between is waited past.
+    let watch = state.store.inbox.watch(&thread);
     // Refuse at once when the store cannot be read, rather than with an open empty stream.
     state.store.log.latest(&thread).await?;
+    // Messages sent from now on are shown as they come; those sent earlier are in the list.
+    let sent_after = state.store.inbox.inbox(&thread).await?.latest;
     let follow = Follow {
         store: state.store.clone(),
         thread,
         after,
         buffered: VecDeque::new(),
+        sent_after,
+        sent: VecDeque::new(),
+        watch,
         until: tokio::time::Instant::now() + state.config.api.max_stream,
         shutdown: state.shutdown.clone(),
         done: false,

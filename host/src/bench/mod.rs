@@ -17,6 +17,7 @@
 //! - `target`: fresh stores per sample and host runs on them.
 
 mod api;
+mod messages;
 mod outbound;
 mod scale;
 mod scenarios;
@@ -114,6 +115,8 @@ pub enum Scenario {
     /// One outbound HTTP request through a guest against the host making it directly (run
     /// only when named: it needs the http-probe test guest).
     Outbound,
+    /// Inbox messages: send to delivery to a waiting claim, p50 and p99.
+    Messages,
 }
 
 /// What `homing bench` was asked.
@@ -256,6 +259,10 @@ pub async fn run(args: &BenchArgs) -> anyhow::Result<()> {
         }
         if args.wants(Scenario::Api) {
             figures.extend(api::api(target, echo, size).await?);
+        }
+        if args.wants(Scenario::Messages) {
+            let n = if args.quick { 100 } else { 1_000 };
+            figures.extend(messages::messages(target, n).await?);
         }
     }
     if args.json {

@@ -126,6 +126,21 @@ impl Target {
         }
     }
 
+    /// Another instance on `scratch`'s data, standing for another host: on NATS a second
+    /// connection with its own watcher; `None` on the embedded store, whose hosts are one
+    /// process.
+    pub(super) async fn second(&self, scratch: &Scratch) -> anyhow::Result<Option<Store>> {
+        match &scratch.nats {
+            Some(nats) => Ok(Some(
+                NatsStore::connect(&nats.config, Arc::new(SystemClock))
+                    .await
+                    .context("a second NATS store instance")?
+                    .into_store(),
+            )),
+            None => Ok(None),
+        }
+    }
+
     pub(super) async fn drop_scratch(&self, scratch: Scratch) {
         if let Some(nats) = &scratch.nats {
             let _ = NatsStore::delete_stream(&nats.config).await;

@@ -333,6 +333,17 @@ async fn sweep_loop(
                 Err(e) => warn!("purge failed: {e}"),
             }
         }
+        // Acknowledged and discarded inbox messages go after the same retention (their log
+        // entries stay until the log is trimmed); pending ones are never purged.
+        match store
+            .inbox
+            .purge_messages(now.saturating_sub(retention_ms))
+            .await
+        {
+            Ok(purged) if purged > 0 => info!(purged, "purged settled messages past retention"),
+            Ok(_) => {}
+            Err(e) => warn!("purging settled messages failed: {e}"),
+        }
         // Re-signal: queued work whose wake-up was lost is claimed now.
         store.mailbox.work_signal().notify_waiters();
     }

@@ -112,3 +112,46 @@ pub async fn until_settled(
         }
     }
 }
+
+/// The oldest pending message of `thread` above `after`, waiting for one until `until` or
+/// until `stop` resolves: what a guest's `next-message` does. The thread's watch is registered
+/// before the first read, so a message sent in between is never waited past; with no change
+/// seen, no read is made. `Ok(None)` when the time ran out or `stop` resolved first.
+///
+/// # Errors
+///
+/// When the store fails.
+pub async fn wait_next(
+    store: &Store,
+    thread: &str,
+    after: u64,
+    until: std::time::Instant,
+    stop: impl std::future::Future<Output = ()>,
+) -> Result<Option<Message>, StoreError> {
+    let pending = crate::store::MessageFilter {
+        state: Some(crate::store::MessageState::Pending),
+        after,
+        limit: 1,
+    };
+    let mut watch = store.inbox.watch(thread);
+    tokio::pin!(stop);
+    loop {
+        if let Some(message) = store
+            .inbox
+            .messages(thread, &pending)
+            .await?
+            .into_iter()
+            .next()
+        {
+            return Ok(Some(message));
+        }
+        if std::time::Instant::now() >= until {
+            return Ok(None);
+        }
+        tokio::select! {
+            () = watch.changed() => {}
+            () = &mut stop => return Ok(None),
+            () = tokio::time::sleep_until(until.into()) => {}
+        }
+    }
+}

@@ -59,6 +59,7 @@ lease = "5s"
 sweep_interval = "200ms"
 shutdown_grace = "2s"
 max_payload = "64KiB"
+max_inbox = 4
 
 {store}
 [api]
@@ -798,6 +799,103 @@ async fn wait_and_stream(backend: Backend) {
         text.push_str(std::str::from_utf8(&chunk).unwrap());
     }
     assert!(text.contains("id: 8") || text.contains("id:8"), "{text}");
+}
+
+/// The inbox routes: every refusal names what was wrong and stores nothing; a send shows on
+/// the thread's stream; a follow-up to an idle thread starts a dispatch of the agent named.
+async fn inbox_routes(backend: Backend) {
+    let api = Api::start(&backend).await;
+    let send = |body: Value, token: &'static str| {
+        let api = &api;
+        async move { api.post("/v1/threads/m/messages", token, body).await }
+    };
+    let (status, _) = send(json!({ "payload": "hi" }), READER).await;
+    assert_eq!(status, 403, "a reader may not send");
+    let (status, body) = send(json!({ "payload": "", "kind": "steer" }), PRODUCER).await;
+    assert_eq!((status, body["field"].as_str()), (400, Some("payload")), "{body}");
+    let (status, body) = send(json!({ "payload": "hi", "agent": "nobody" }), PRODUCER).await;
+    assert_eq!((status, body["field"].as_str()), (404, Some("agent")), "{body}");
+    let (status, body) = send(json!({ "payload": "hi", "kind": "shout" }), PRODUCER).await;
+    assert_eq!((status, body["field"].as_str()), (400, Some("kind")), "{body}");
+    let (status, body) = send(json!({ "payload": "hi" }), PRODUCER).await;
+    assert_eq!(
+        (status, body["field"].as_str()),
+        (400, Some("agent")),
+        "a follow-up to a thread that never ran an agent must name one: {body}"
+    );
+    let big = "x".repeat(65 * 1024);
+    let (status, body) = send(json!({ "payload": big, "kind": "steer" }), PRODUCER).await;
+    assert_eq!((status, body["field"].as_str()), (413, Some("payload")), "{body}");
+    let (status, list) = api.get("/v1/threads/m/messages").await;
+    assert_eq!(status, 200);
+    assert_eq!(list["messages"], json!([]), "nothing was stored: {list}");
+
+    // The stream shows a message as it is sent.
+    let response = api
+        .client
+        .get(api.url("/v1/threads/m/log/stream"))
+        .bearer_auth(READER)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(response.status(), 200);
+    let (status, body) = send(json!({ "payload": "first", "kind": "steer", "metadata": { "k": "v" } }), PRODUCER).await;
+    assert_eq!((status, body["seq"].as_u64()), (201, Some(1)), "{body}");
+    assert_eq!(body["follow_ups"], json!([]), "a steer to an idle thread starts nothing");
+    let mut stream = response.bytes_stream();
+    let mut text = String::new();
+    while !text.contains("event: message") && !text.contains("event:message") {
+        let chunk = tokio::time::timeout(Duration::from_secs(20), stream.next())
+            .await
+            .unwrap_or_else(|_| panic!("no message event: {text}"))
+            .unwrap()
+            .unwrap();
+        text.push_str(std::str::from_utf8(&chunk).unwrap());
+    }
+    assert!(text.contains("\"first\""), "{text}");
+
+    // A follow-up naming the agent starts a dispatch at once; echo ignores its inbox, so the
+    // messages stay pending (and covered: the run's end starts nothing more).
+    let (status, body) = send(json!({ "payload": "second", "agent": "echo" }), PRODUCER).await;
+    assert_eq!(status, 201, "{body}");
+    let follow_up = body["follow_ups"][0].as_str().unwrap().to_owned();
+    let d = api.wait_terminal(&follow_up).await;
+    assert_eq!((d["agent"].as_str(), d["status"].as_str()), (Some("echo"), Some("acked")), "{d}");
+    assert_eq!(d["metadata"]["messages"], "1-2", "{d}");
+    let (_, list) = api.get("/v1/threads/m/messages?state=pending").await;
+    assert_eq!(list["messages"].as_array().unwrap().len(), 2, "{list}");
+    assert_eq!(list["inbox"], json!({ "latest": 2, "pending": 2, "followed": 2 }));
+    assert_eq!(list["messages"][0]["metadata"]["k"], "v");
+    assert_eq!(list["messages"][0]["sent_by"], "api:producer");
+    let (status, _) = api.get("/v1/threads/m/messages?state=lost").await;
+    assert_eq!(status, 400);
+
+    // `[host] max_inbox = 4`: the fifth pending message is refused with 429 naming the limit.
+    for text in ["3", "4"] {
+        let (status, _) = send(json!({ "payload": text, "kind": "steer" }), PRODUCER).await;
+        assert_eq!(status, 201);
+    }
+    let (status, body) = send(json!({ "payload": "5", "kind": "steer" }), PRODUCER).await;
+    assert_eq!((status, body["limit"].as_str()), (429, Some("max_inbox")), "{body}");
+
+    // Discarding is an operator's.
+    let path = "/v1/threads/m/messages/discard";
+    let (status, _) = api.post(path, PRODUCER, json!({ "through": 2 })).await;
+    assert_eq!(status, 403);
+    let (status, body) = api.post(path, OPERATOR, json!({ "through": 2 })).await;
+    assert_eq!((status, body["discarded"].as_u64()), (200, Some(2)), "{body}");
+    let (_, list) = api.get("/v1/threads/m/messages?state=discarded").await;
+    assert_eq!(list["messages"].as_array().unwrap().len(), 2, "{list}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn inbox_routes_on_the_embedded_store() {
+    inbox_routes(Backend::Embedded).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn inbox_routes_on_nats() {
+    inbox_routes(Backend::nats()).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

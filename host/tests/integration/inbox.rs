@@ -19,17 +19,17 @@ backend = "embedded"
 path = "homing.db"
 
 [plugins.probe]
-path = "{probe}"
+path = {probe}
 concurrency = 2
 timeout = "60s"
 max_attempts = 3
 
 [plugins.steerable]
-path = "{steerable}"
+path = {steerable}
 concurrency = 1
 timeout = "30s"
 "#,
-        probe = toml_path(&guest("inbox-probe")),
+        probe = toml_path(&guest("inbox_probe")),
         steerable = toml_path(&guest("steerable")),
     )
 }

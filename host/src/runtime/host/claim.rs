@@ -25,7 +25,8 @@ use super::policy::{MAX_ENQUEUES_PER_CLAIM, MAX_READ, MAX_STEP_KEY, guest_error}
 use crate::claim::{self, ClaimHandle};
 use crate::runtime::bindings::{DispatchInfo, EnqueueRequest, GuestError, StopReason};
 use crate::runtime::bindings::{mailbox, types};
-use crate::store::{Dispatch, Message, MessageFilter, MessageKind, MessageState, RunResult};
+use crate::store::{Dispatch, Message, MessageKind, RunResult};
+use crate::work::messages;
 use crate::telemetry::{MESSAGE_DELIVERY, MESSAGES_ACKED};
 
 impl From<claim::StopReason> for StopReason {
@@ -373,7 +374,6 @@ impl mailbox::HostClaim for GuestState {
         let agent = claim.dispatch.agent.clone();
         let control = claim.control.clone();
         let after = claim.handed;
-        let inbox = self.plugin.store.inbox.clone();
         let started = Instant::now();
         let mut until = started + Duration::from_millis(u64::from(wait_ms));
         // The wait ends a second before the dispatch's deadline, so the guest has time to act.
@@ -384,36 +384,20 @@ impl mailbox::HostClaim for GuestState {
         if let Some(cut) = cut.filter(|_| by_deadline) {
             until = cut;
         }
-        let pending = MessageFilter {
-            state: Some(MessageState::Pending),
-            after,
-            limit: 1,
-        };
-        // Registered before the first read, so a message sent in between wakes the wait.
-        let mut watch = inbox.watch(&thread);
-        loop {
-            match inbox.messages(&thread, &pending).await {
-                Err(e) => return Ok(Err(guest_error(e))),
-                Ok(found) => {
-                    if let Some(message) = found.into_iter().next() {
-                        self.claim_mut(&handle)?.handed = message.seq;
-                        let waited = self.plugin.store.now().saturating_sub(message.sent_at);
-                        histogram!(MESSAGE_DELIVERY, "agent" => agent)
-                            .record(waited as f64 / 1000.0);
-                        return Ok(Ok(Some(wit_message(message))));
-                    }
-                }
+        let store = self.plugin.store.clone();
+        match messages::wait_next(&store, &thread, after, until, control.stopped()).await {
+            Err(e) => Ok(Err(guest_error(e))),
+            Ok(Some(message)) => {
+                self.claim_mut(&handle)?.handed = message.seq;
+                let waited = store.now().saturating_sub(message.sent_at);
+                histogram!(MESSAGE_DELIVERY, "agent" => agent).record(waited as f64 / 1000.0);
+                Ok(Ok(Some(wit_message(message))))
             }
-            if control.stop_reason().is_some() || Instant::now() >= until {
-                if by_deadline && Instant::now() >= until {
+            Ok(None) => {
+                if by_deadline && Instant::now() >= until && control.stop_reason().is_none() {
                     control.request_stop(claim::StopReason::Deadline);
                 }
-                return Ok(Ok(None));
-            }
-            tokio::select! {
-                () = watch.changed() => {}
-                () = control.stopped() => {}
-                () = tokio::time::sleep_until(until.into()) => {}
+                Ok(Ok(None))
             }
         }
     }

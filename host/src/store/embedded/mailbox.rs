@@ -107,12 +107,12 @@ impl EmbeddedStore {
         let out = self
             .write(move |tx, now| {
                 let row = rows::load(tx, &id)?;
-                let thread_epoch = match &row {
-                    Some(row) => thread_row(tx, &row.dispatch.thread)?.epoch,
-                    None => 0,
+                let t = match &row {
+                    Some(row) => thread_row(tx, &row.dispatch.thread)?,
+                    None => Default::default(),
                 };
                 let found = row.as_ref().map(rows::StoredRow::found);
-                match rules::check_holder(found, &id, &token, settles, thread_epoch, now) {
+                match rules::check_holder(found, &id, &token, settles, t.epoch, now) {
                     Holder::Repeat(d) => Ok((d, false)),
                     Holder::Refuse(e) => Err(TxError::Abort(e)),
                     Holder::Supersede {
@@ -133,8 +133,10 @@ impl EmbeddedStore {
                         if d.status == Status::Queued {
                             refresh_lane(tx, &d.agent, &d.thread)?;
                         }
-                        if d.status != Status::Claimed {
-                            // T8, T10, T11: answer the inbox when this left the thread idle.
+                        // T8, T10, T11: answer the inbox when this left the thread idle. The
+                        // thread row read above holds its inbox marks (this write does not
+                        // change them): with nothing pending, that is all it costs.
+                        if d.status != Status::Claimed && t.inbox.pending > 0 {
                             super::inbox::answer_inbox(tx, &d.thread, Some(&d.agent), now)?;
                         }
                         Ok((d, settles.is_some()))
