@@ -2,10 +2,13 @@
 //
 // The same protocol as `examples/python-agent` (its module docs have the table): each dispatch
 // is one user message; the first word picks a tool (`remember`, `recall`, `read`, `env`,
-// `connect`, `ask`, `flaky`, or a plain reply that counts the turns), and the turn is recorded
-// in the thread log as two JSON entries, `{"role":"user",...}` and `{"role":"agent",...}`: the
-// log is the agent's only memory. A failing tool is reported in the reply; only an unavailable
-// tool (`flaky <n>`) gives the dispatch back for a retry.
+// `connect`, `ask`, `flaky`, `inbox`, `wait`, or a plain reply that counts the turns), and the
+// turn is recorded in the thread log as two JSON entries, `{"role":"user",...}` and
+// `{"role":"agent",...}`: the log is the agent's only memory. A failing tool is reported in the
+// reply; only an unavailable tool (`flaky <n>`) gives the dispatch back for a retry. `inbox`
+// and `wait <n> [ms]` read the thread's inbox (messages sent with `homing thread send`),
+// acknowledge each into the log (the history has them as user turns) and reply with them; a
+// dispatch the host enqueued to answer messages (`enqueued-by=inbox`) is an `inbox` turn.
 //
 // StarlingMonkey has no file system, environment or socket API of its own, so the `read`,
 // `env` and `connect` tools call the WASI imports of the `tool-agent` world
@@ -38,11 +41,12 @@ function wasiCode(e) {
 }
 
 function respond(claim) {
-  const message = claim.text.trim();
+  // A follow-up the host enqueued for unacknowledged messages carries no text of its own.
+  const message = claim.metadata('enqueued-by') === 'inbox' ? 'inbox' : claim.text.trim();
   const space = message.indexOf(' ');
   const tool = space < 0 ? message : message.slice(0, space);
   const arg = space < 0 ? '' : message.slice(space + 1).trim();
-  const history = claim.readLogAll().map((entry) => JSON.parse(entry.text));
+  const history = claim.readLogAll().map(turn);
 
   if (tool === 'http') return httpTurn(claim, arg, message);
 
@@ -95,8 +99,48 @@ async function httpTurn(claim, arg, message) {
   return record(claim, 'http', message, reply);
 }
 
+/** A log entry as a turn: an acknowledged inbox message is the user's; the rest are the JSON
+ * turns this agent wrote. */
+function turn(entry) {
+  if (entry.message !== undefined) {
+    return { role: 'user', content: entry.text ?? '', inbox: Number(entry.message.seq) };
+  }
+  return JSON.parse(entry.text);
+}
+
+/** `inbox`: the messages pending now; `wait <n> [ms]`: up to `n` messages, waiting up to `ms`
+ * for each. Acknowledges each one as it is read. */
+function readInbox(claim, arg, wait) {
+  const read = [];
+  const take = (m) => {
+    claim.ackMessage(m.seq);
+    const sender = m.metadata('from');
+    const body = m.text ?? `<${m.body.length} bytes>`;
+    read.push(`#${m.seq} ${m.kind} ${body}${sender ? ` (from ${sender})` : ''}`);
+  };
+  if (wait) {
+    const words = arg.split(/\s+/).filter((w) => w);
+    const count = words.length > 0 ? Number(words[0]) : 1;
+    const each = words.length > 1 ? Number(words[1]) : 10000;
+    if (!Number.isInteger(count) || !Number.isInteger(each)) {
+      throw new ToolError(`${arg}: expected <n> [ms]`);
+    }
+    for (let i = 0; i < count; i++) {
+      const m = claim.nextMessage(each);
+      if (m === undefined) break;
+      take(m);
+    }
+  } else {
+    for (const m of claim.messages()) take(m);
+  }
+  return `inbox: ${read.length ? read.join('; ') : 'nothing'}`;
+}
+
 function runTool(claim, tool, arg, message, history) {
   switch (tool) {
+    case 'inbox':
+    case 'wait':
+      return readInbox(claim, arg, tool === 'wait');
     case 'remember':
       return `noted: ${arg}`;
     case 'recall': {

@@ -16,7 +16,15 @@ can pick the conversation up: the log is its only memory. The reply is the dispa
 | `config <key>` | a plugin variable (`[plugins.NAME.variables]`); names with `key`, `secret`, `token` or `password` are not shown |
 | `ask <agent> <text>` | hands `<text>` to another agent on this thread (needs `enqueue_to`) |
 | `flaky <n>` | a tool that is unavailable for its first `n` attempts: the agent nacks |
+| `inbox` | acknowledges the messages pending in the thread's inbox and replies with them |
+| `wait <n> [ms]` | waits for up to `n` inbox messages (up to `ms`, default 10000, for each), acknowledging each |
 | anything else | a reply that counts the turns |
+
+Messages sent to the thread (`homing thread send`) reach the agent through its inbox: `inbox`
+and `wait` read them, acknowledge each (which appends it to the thread log, so the agent's
+history has them as user turns) and reply `inbox: #<seq> <kind> <text> [(from <meta from>)];
+...`, or `inbox: nothing`. A dispatch the host enqueued to answer messages (metadata
+`enqueued-by=inbox`, an empty payload) is an `inbox` turn.
 
 A tool that fails (denied by the sandbox, say) is reported in the reply, as an assistant would
 tell its user; only an unavailable tool gives the dispatch back for a retry. The same protocol
@@ -25,6 +33,7 @@ is implemented in JavaScript by `examples/js-agent`.
 
 # Every import is at the top: componentize-py snapshots the module after importing it, and
 # the snapshot has no file system to import from later.
+import datetime
 import json
 import os
 
@@ -46,10 +55,11 @@ class ToolError(Exception):
 
 
 def handle(claim: Claim):
-    message = claim.text.strip()
+    # A follow-up the host enqueued for unacknowledged messages carries no text of its own.
+    message = "inbox" if claim.metadata("enqueued-by") == "inbox" else claim.text.strip()
     tool, _, arg = message.partition(" ")
     arg = arg.strip()
-    history = [json.loads(e.data) for e in claim.read_log_all()]
+    history = [turn(e) for e in claim.read_log_all()]
 
     if tool == "flaky":
         needed = int(arg or "1")
@@ -70,7 +80,46 @@ def handle(claim: Claim):
     return reply
 
 
+def turn(entry: homing_guest.LogEntry) -> dict:
+    """A log entry as a turn: an acknowledged inbox message is the user's; the rest are the
+    JSON turns this agent wrote."""
+    if entry.message is not None:
+        return {"role": "user", "content": entry.text or "", "inbox": entry.message.seq}
+    return json.loads(entry.data)
+
+
+def read_inbox(claim: Claim, arg: str, wait: bool) -> str:
+    """`inbox`: the messages pending now; `wait <n> [ms]`: up to `n` messages, waiting up to
+    `ms` for each. Acknowledges each one as it is read."""
+    read = []
+
+    def take(m: homing_guest.Message) -> None:
+        claim.ack_message(m.seq)
+        sender = m.metadata("from")
+        text = m.text if m.text is not None else f"<{len(m.body)} bytes>"
+        read.append(f"#{m.seq} {m.kind} {text}" + (f" (from {sender})" if sender else ""))
+
+    if wait:
+        words = arg.split()
+        try:
+            count = int(words[0]) if words else 1
+            each = datetime.timedelta(milliseconds=int(words[1]) if len(words) > 1 else 10000)
+        except ValueError:
+            raise ToolError(f"{arg}: expected <n> [ms]") from None
+        for _ in range(count):
+            m = claim.next_message(each)
+            if m is None:
+                break
+            take(m)
+    else:
+        for m in claim.messages():
+            take(m)
+    return "inbox: " + ("; ".join(read) if read else "nothing")
+
+
 def run_tool(claim: Claim, tool: str, arg: str, message: str, history: list) -> str:
+    if tool in ("inbox", "wait"):
+        return read_inbox(claim, arg, tool == "wait")
     if tool == "remember":
         return f"noted: {arg}"
     if tool == "recall":

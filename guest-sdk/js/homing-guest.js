@@ -3,7 +3,8 @@
 // The shape follows the Rust SDK (`homing-guest`): a handler is a function of a `Claim`, and one
 // call exports it. A `Claim` reads the dispatch (`id`, `thread`, `payload`, `text`, `attempt`,
 // `metadata(key)`), settles it (`complete`, `ack`, `nack`, `deadLetter`), writes and reads the
-// thread log (`append`, `appendExpected`, `readLog`, `readLogAll`, `logLatest`) and enqueues
+// thread log (`append`, `appendExpected`, `readLog`, `readLogAll`, `logLatest`), reads and
+// acknowledges the thread's inbox (`nextMessage`, `messages`, `ackMessage`) and enqueues
 // follow-ups (`enqueue`). Host refusals throw `HomingError`, whose `kind` is the WIT `error`
 // case (`'lost-claim'`, `'conflict'`, ...); stop on `error.claimIsGone()`.
 //
@@ -75,12 +76,42 @@ export function text(data) {
   return decoder.decode(data);
 }
 
-/** One thread-log entry: `seq` (BigInt), `data` (bytes), `appendedAt` (Unix ms, BigInt). */
+/** The longest wait `next-message` takes (a WIT `u32` of milliseconds); longer waits are cut. */
+const MAX_WAIT_MS = 0xffffffff;
+
+/** The value under `key` in a list of `[key, value]` pairs, or `undefined`. */
+function lookup(pairs, key) {
+  const pair = pairs.find(([k]) => k === key);
+  return pair === undefined ? undefined : pair[1];
+}
+
+/** What a log entry carries when it records an acknowledged inbox message: `seq` (the message's
+ * inbox sequence, BigInt), `kind` (`'steer'` or `'follow-up'`), `sentAt` (Unix ms, store clock,
+ * BigInt), `sentBy` (`'cli'`, `'api:<token name>'`, ...) and the sender's metadata. */
+export class MessageNote {
+  constructor(raw) {
+    this.seq = raw.seq;
+    this.kind = raw.kind;
+    this.sentAt = raw.sentAt;
+    this.sentBy = raw.sentBy;
+    this.metadataPairs = raw.metadata;
+  }
+
+  /** The metadata value under `key`, if the sender set one. */
+  metadata(key) {
+    return lookup(this.metadataPairs, key);
+  }
+}
+
+/** One thread-log entry: `seq` (BigInt), `data` (bytes), `appendedAt` (Unix ms, BigInt), and
+ * `message`, a `MessageNote` when the entry records an acknowledged inbox message (its body is
+ * `data`), else `undefined`. */
 export class LogEntry {
   constructor(raw) {
     this.seq = raw.seq;
     this.data = raw.data;
     this.appendedAt = raw.appendedAt;
+    this.message = raw.message === undefined || raw.message === null ? undefined : new MessageNote(raw.message);
   }
 
   /** The entry as UTF-8 text, or `undefined` when it is not text. */
@@ -90,6 +121,37 @@ export class LogEntry {
     } catch {
       return undefined;
     }
+  }
+}
+
+/** A message of the thread's inbox, as a claim is handed it: `seq` (its inbox sequence, a
+ * BigInt, not a log sequence: pass it to `Claim.ackMessage`), `kind` (`'steer'` or
+ * `'follow-up'`), `body` (bytes, never empty), `sentAt` (Unix ms, store clock, BigInt), `sentBy`
+ * (`'cli'`, `'api:<token name>'`, ...), `agent` (the agent the sender addressed, or
+ * `undefined`) and the sender's metadata (`metadata(key)`, `metadataPairs`). */
+export class Message {
+  constructor(raw) {
+    this.seq = raw.seq;
+    this.kind = raw.kind;
+    this.body = raw.body;
+    this.sentAt = raw.sentAt;
+    this.sentBy = raw.sentBy;
+    this.agent = raw.agent === null ? undefined : raw.agent;
+    this.metadataPairs = raw.metadata;
+  }
+
+  /** The body as UTF-8 text, or `undefined` when it is not text. */
+  get text() {
+    try {
+      return decoder.decode(this.body);
+    } catch {
+      return undefined;
+    }
+  }
+
+  /** The metadata value under `key`, if the sender set one. */
+  metadata(key) {
+    return lookup(this.metadataPairs, key);
   }
 }
 
@@ -143,8 +205,7 @@ export class Claim {
 
   /** The metadata value under `key`, if the submitter set one. */
   metadata(key) {
-    const pair = this.info.metadata.find(([k]) => k === key);
-    return pair === undefined ? undefined : pair[1];
+    return lookup(this.info.metadata, key);
   }
 
   recordStart() { host(() => this.raw.recordStart()); }
@@ -190,6 +251,37 @@ export class Claim {
   }
 
   logLatest() { return host(() => this.raw.logLatest()); }
+
+  /** The oldest pending message of the thread's inbox that this claim has not been handed yet,
+   * waiting up to `waitMs` (0: do not wait) for one to arrive: the host wakes the wait as soon
+   * as a message is sent. `undefined` when nothing came in time, or early when the host wants
+   * the guest to stop (see `stopRequested`). A message stays pending until a claim acks it
+   * (`ackMessage`), so a later run of the thread (a retry, the next dispatch) is handed it
+   * again. Throws `HomingError` (`'lost-claim'` or `'interrupted'` once the claim is gone,
+   * `'unavailable'`). */
+  nextMessage(waitMs = 0) {
+    const wait = Math.min(Math.max(Math.floor(Number(waitMs)) || 0, 0), MAX_WAIT_MS);
+    const raw = host(() => this.raw.nextMessage(wait));
+    return raw === undefined || raw === null ? undefined : new Message(raw);
+  }
+
+  /** Every message handed to this claim now, oldest first, without waiting: the steers and
+   * follow-ups that arrived since the last call. A generator that ends when the inbox has
+   * nothing new; a host refusal throws from it. */
+  *messages() {
+    for (let message; (message = this.nextMessage(0)); ) yield message;
+  }
+
+  /** Acknowledges message `seq` of this thread: it is marked acknowledged and appended to the
+   * thread log in one step (its body as the entry's data, the rest as the entry's `message`
+   * note), so a later run sees it in the history and is not handed it again. Returns the
+   * entry's log sequence (BigInt); acking again returns the same sequence. Throws
+   * `HomingError`: `'invalid'` when `seq` is not a message of this thread or was discarded,
+   * `'duplicate'` (the acking dispatch's id as `value`) when another dispatch acked it,
+   * `'lost-claim'`, `'interrupted'`. */
+  ackMessage(seq) {
+    return host(() => this.raw.ackMessage(BigInt(seq)));
+  }
 
   /** Enqueues a follow-up to `agent` (on this thread unless `options.thread` says otherwise);
    * returns its id. Options: `thread`, `metadata` (object or pairs), `priority`, `delayMs`,

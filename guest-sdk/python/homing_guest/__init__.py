@@ -3,7 +3,8 @@
 The shape follows the Rust SDK (`homing-guest`): a handler is a function of a `Claim`, and one
 call exports it. A `Claim` reads the dispatch (`id`, `thread`, `payload`, `text`, `attempt`,
 `metadata`), settles it (`complete`, `ack`, `nack`, `dead_letter`), writes and reads the thread
-log (`append`, `append_expected`, `read_log`, `read_log_all`, `log_latest`) and enqueues
+log (`append`, `append_expected`, `read_log`, `read_log_all`, `log_latest`), reads and
+acknowledges the thread's inbox (`next_message`, `messages`, `ack_message`) and enqueues
 follow-ups (`enqueue`). Host refusals raise `HomingError`, whose `kind` is the WIT `error` case
 (`"lost-claim"`, `"conflict"`, ...); stop on `error.claim_is_gone()`.
 
@@ -30,8 +31,9 @@ imports ran, and the component has no Python files to import from later.
 
 from __future__ import annotations
 
+import datetime
 import traceback
-from typing import Callable, Iterable, List, Optional, Tuple, Union
+from typing import Callable, Iterable, Iterator, List, Optional, Tuple, Union
 
 from componentize_py_types import Err
 
@@ -52,6 +54,8 @@ __all__ = [
     "Claim",
     "HomingError",
     "LogEntry",
+    "Message",
+    "MessageNote",
     "claim_next",
     "enqueue",
     "export_agent",
@@ -67,6 +71,9 @@ Bytes = Union[bytes, str]
 
 #: Entries asked for per `read_log` call by `Claim.read_log_all`; the host may cap a page.
 LOG_PAGE = 256
+
+#: The longest wait `next-message` takes (a WIT `u32` of milliseconds); longer waits are cut.
+_MAX_WAIT_MS = 2**32 - 1
 
 # The WIT `error` cases, by the generated class, in the WIT's own spelling.
 _ERROR_KINDS = {
@@ -111,15 +118,60 @@ def _bytes(data: Bytes) -> bytes:
     return data.encode() if isinstance(data, str) else bytes(data)
 
 
-class LogEntry:
-    """One thread-log entry: `seq`, `data` (bytes), `appended_at` (Unix ms, host clock)."""
+def _kind(raw) -> str:
+    """A WIT enum case in the WIT's own spelling (`MessageKind.FOLLOW_UP` -> `"follow-up"`)."""
+    return raw.name.lower().replace("_", "-")
 
-    __slots__ = ("seq", "data", "appended_at")
+
+def _lookup(pairs, key: str) -> Optional[str]:
+    for k, v in pairs:
+        if k == key:
+            return v
+    return None
+
+
+def _wait_ms(wait: Union[int, float, datetime.timedelta]) -> int:
+    """Whole milliseconds of a wait in seconds or a `timedelta`, cut to what the WIT carries
+    (a negative wait is no wait)."""
+    seconds = wait.total_seconds() if isinstance(wait, datetime.timedelta) else wait
+    return min(max(int(seconds * 1000), 0), _MAX_WAIT_MS)
+
+
+class MessageNote:
+    """What a log entry carries when it records an acknowledged inbox message: `seq` (the
+    message's inbox sequence), `kind` (`"steer"` or `"follow-up"`), `sent_at` (Unix ms, store
+    clock), `sent_by` (`"cli"`, `"api:<token name>"`, ...) and the sender's metadata."""
+
+    __slots__ = ("seq", "kind", "sent_at", "sent_by", "_metadata")
+
+    def __init__(self, raw):
+        self.seq: int = raw.seq
+        self.kind: str = _kind(raw.kind)
+        self.sent_at: int = raw.sent_at
+        self.sent_by: str = raw.sent_by
+        self._metadata: List[Tuple[str, str]] = list(raw.metadata)
+
+    def metadata(self, key: str) -> Optional[str]:
+        """The metadata value under `key`, if the sender set one."""
+        return _lookup(self._metadata, key)
+
+    def __repr__(self) -> str:
+        return f"MessageNote(seq={self.seq}, kind={self.kind!r}, sent_by={self.sent_by!r})"
+
+
+class LogEntry:
+    """One thread-log entry: `seq`, `data` (bytes), `appended_at` (Unix ms, host clock), and
+    `message`, a `MessageNote` when the entry records an acknowledged inbox message (its body
+    is `data`), else `None`."""
+
+    __slots__ = ("seq", "data", "appended_at", "message")
 
     def __init__(self, raw):
         self.seq: int = raw.seq
         self.data: bytes = raw.data
         self.appended_at: int = raw.appended_at
+        note = getattr(raw, "message", None)
+        self.message: Optional[MessageNote] = None if note is None else MessageNote(note)
 
     @property
     def text(self) -> Optional[str]:
@@ -131,6 +183,40 @@ class LogEntry:
 
     def __repr__(self) -> str:
         return f"LogEntry(seq={self.seq}, data={self.data!r})"
+
+
+class Message:
+    """A message of the thread's inbox, as a claim is handed it: `seq` (its inbox sequence, not
+    a log sequence: pass it to `Claim.ack_message`), `kind` (`"steer"` or `"follow-up"`), `body`
+    (bytes, never empty), `sent_at` (Unix ms, store clock), `sent_by` (`"cli"`,
+    `"api:<token name>"`, ...), `agent` (the agent the sender addressed, or `None`) and the
+    sender's metadata (`metadata(key)`, `metadata_pairs`)."""
+
+    __slots__ = ("seq", "kind", "body", "sent_at", "sent_by", "agent", "metadata_pairs")
+
+    def __init__(self, raw):
+        self.seq: int = raw.seq
+        self.kind: str = _kind(raw.kind)
+        self.body: bytes = raw.body
+        self.sent_at: int = raw.sent_at
+        self.sent_by: str = raw.sent_by
+        self.agent: Optional[str] = raw.agent
+        self.metadata_pairs: List[Tuple[str, str]] = list(raw.metadata)
+
+    @property
+    def text(self) -> Optional[str]:
+        """The body as UTF-8 text, or `None` when it is not text."""
+        try:
+            return self.body.decode()
+        except UnicodeDecodeError:
+            return None
+
+    def metadata(self, key: str) -> Optional[str]:
+        """The metadata value under `key`, if the sender set one."""
+        return _lookup(self.metadata_pairs, key)
+
+    def __repr__(self) -> str:
+        return f"Message(seq={self.seq}, kind={self.kind!r}, body={self.body!r})"
 
 
 class Claim:
@@ -189,10 +275,7 @@ class Claim:
 
     def metadata(self, key: str) -> Optional[str]:
         """The metadata value under `key`, if the submitter set one."""
-        for k, v in self.info.metadata:
-            if k == key:
-                return v
-        return None
+        return _lookup(self.info.metadata, key)
 
     # Progress and settling.
     def record_start(self) -> None:
@@ -248,6 +331,40 @@ class Claim:
 
     def log_latest(self) -> int:
         return _host(self._raw.log_latest)
+
+    # The inbox.
+    def next_message(
+        self, wait: Union[int, float, datetime.timedelta] = 0
+    ) -> Optional[Message]:
+        """The oldest pending message of the thread's inbox that this claim has not been handed
+        yet, waiting up to `wait` (seconds, or a `timedelta`; 0: do not wait) for one to
+        arrive: the host wakes the wait as soon as a message is sent. `None` when nothing came
+        in time, or early when the host wants the guest to stop (see `stop_requested`). A
+        message stays pending until a claim acks it (`ack_message`), so a later run of the
+        thread (a retry, the next dispatch) is handed it again. Raises `HomingError`
+        (`"lost-claim"` or `"interrupted"` once the claim is gone, `"unavailable"`)."""
+        raw = _host(self._raw.next_message, _wait_ms(wait))
+        return None if raw is None else Message(raw)
+
+    def messages(self) -> Iterator[Message]:
+        """Every message handed to this claim now, oldest first, without waiting: the steers
+        and follow-ups that arrived since the last call. A generator that ends when the inbox
+        has nothing new; a host refusal raises from it."""
+        while True:
+            message = self.next_message(0)
+            if message is None:
+                return
+            yield message
+
+    def ack_message(self, seq: int) -> int:
+        """Acknowledges message `seq` of this thread: it is marked acknowledged and appended
+        to the thread log in one step (its body as the entry's data, the rest as the entry's
+        `message` note), so a later run sees it in the history and is not handed it again.
+        Returns the entry's log sequence; acking again returns the same sequence. Raises
+        `HomingError`: `"invalid"` when `seq` is not a message of this thread or was
+        discarded, `"duplicate"` (the acking dispatch's id as `value`) when another dispatch
+        acked it, `"lost-claim"`, `"interrupted"`."""
+        return _host(self._raw.ack_message, seq)
 
     # Follow-up work.
     def enqueue(self, agent: str, payload: Bytes, **options) -> str:

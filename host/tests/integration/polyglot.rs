@@ -6,7 +6,9 @@
 //! Both agents speak one protocol (a message's first word picks a tool), so every behaviour is
 //! one function run once per language.
 
-use crate::common::{Env, polyglot_guest, shared_cache_dir, toml_path};
+use std::time::Duration;
+
+use crate::common::{Env, polyglot_guest, shared_cache_dir, signal, toml_path, wait_exit};
 use serde_json::Value;
 
 const PYTHON: &str = "python-agent";
@@ -14,6 +16,11 @@ const JS: &str = "js-agent";
 
 /// A host with one agent under the plugin name `agent`; `extra` adds keys to its table.
 fn config(agent: &str, extra: &str) -> String {
+    config_with_timeout(agent, "10s", extra)
+}
+
+/// [`config`] with the plugin's dispatch `timeout`.
+fn config_with_timeout(agent: &str, timeout: &str, extra: &str) -> String {
     format!(
         r#"
 [host]
@@ -24,7 +31,7 @@ cache_dir = {cache}
 [plugins.agent]
 path = {path}
 memory = "128MiB"
-timeout = "10s"
+timeout = "{timeout}"
 max_attempts = 4
 {extra}
 [plugins.agent.retry]
@@ -303,4 +310,97 @@ fn second_start_loads_python_and_js_components_from_the_cache() {
     let worlds = env.ok(&["config", "check"]);
     assert!(worlds.contains("plugin py: handler world"), "{worlds}");
     assert!(worlds.contains("plugin js: handler world"), "{worlds}");
+}
+
+/// `homing thread send` to `thread`; returns its stdout.
+fn send(env: &Env, thread: &str, kind: &str, payload: &str, extra: &[&str]) -> String {
+    let mut args = vec![
+        "thread",
+        "send",
+        thread,
+        "--kind",
+        kind,
+        "--payload",
+        payload,
+    ];
+    args.extend_from_slice(extra);
+    env.ok(&args)
+}
+
+/// Messages sent with `homing thread send`, one before the run and one while the agent waits in
+/// `next-message`, reach it through the thread's inbox: it acks each into the thread log and
+/// replies with them. A follow-up sent to the idle thread starts a dispatch that reads it, and
+/// the acknowledged messages are the agent's history from then on.
+fn reads_and_acks_messages_from_its_inbox(agent: &str) {
+    let env = Env::new(&config_with_timeout(agent, "60s", ""));
+    assert_eq!(
+        send(&env, "t", "steer", "before", &["--agent", "agent"]),
+        "1"
+    );
+    let waits = env.enqueue("agent", "t", "wait 2 30000", &[]);
+    let mut host = env.spawn_run();
+    // Compiling the component on a cache miss takes seconds: the deadline is generous.
+    env.wait_status(&waits, "claimed", Duration::from_secs(120));
+    assert_eq!(
+        send(&env, "t", "steer", "during", &["--meta", "from=test"]),
+        "2"
+    );
+    let d = env.wait_status(&waits, "acked", Duration::from_secs(60));
+    assert_eq!(
+        d["result"]["output"], "inbox: #1 steer before; #2 steer during (from test)",
+        "{d}"
+    );
+    signal(&host, "TERM");
+    wait_exit(&mut host, Duration::from_secs(30));
+
+    let log: Vec<Value> = serde_json::from_str(&env.ok(&["thread", "log", "t", "--json"])).unwrap();
+    assert_eq!(
+        log.len(),
+        4,
+        "two messages, then the user and agent turns: {log:?}"
+    );
+    for (entry, (seq, data)) in log.iter().zip([(1, "before"), (2, "during")]) {
+        assert_eq!(entry["data"], data, "{entry}");
+        let note = &entry["message"];
+        assert_eq!(note["seq"], seq, "the entry records the message: {entry}");
+        assert_eq!(note["kind"], "steer", "{entry}");
+        assert_eq!(note["sent_by"], "cli", "{entry}");
+    }
+    assert_eq!(log[1]["message"]["metadata"]["from"], "test");
+    assert!(log[2]["message"].is_null() && log[3]["message"].is_null());
+
+    // A follow-up to the idle thread: the host enqueues a dispatch, the agent drains the inbox.
+    let sent: Value = serde_json::from_str(&send(
+        &env,
+        "t",
+        "follow-up",
+        "remember the tea is green",
+        &["--json"],
+    ))
+    .unwrap();
+    let follow_up = sent["follow_ups"][0].as_str().unwrap().to_owned();
+    env.run_until_idle();
+    assert_eq!(
+        output(&env, &follow_up),
+        "inbox: #3 follow-up remember the tea is green"
+    );
+    let recall = env.enqueue("agent", "t", "recall", &[]);
+    let empty = env.enqueue("agent", "t", "inbox", &[]);
+    env.run_until_idle();
+    assert_eq!(
+        output(&env, &recall),
+        "you told me: the tea is green",
+        "acknowledged messages are the agent's history"
+    );
+    assert_eq!(output(&env, &empty), "inbox: nothing");
+}
+
+#[test]
+fn python_agent_reads_and_acks_messages_from_its_inbox() {
+    reads_and_acks_messages_from_its_inbox(PYTHON);
+}
+
+#[test]
+fn js_agent_reads_and_acks_messages_from_its_inbox() {
+    reads_and_acks_messages_from_its_inbox(JS);
 }
