@@ -5,7 +5,9 @@
 //! thread interrupted; dead letters selected and retried; a `<script>` payload shows as text
 //! and opens no dialog. The refusals: pages without a session go to the login page; a wrong
 //! token, a post without the CSRF token or from another origin, and a reader's post are
-//! refused and change nothing; failed logins are rate-limited. Each test saves screenshots
+//! refused and change nothing; failed logins are rate-limited. A producer sends a message from
+//! a thread's page (listed as pending, stored, escaped); a reader has no send box and its post
+//! is refused; sends the host refuses come back saying why. Each test saves screenshots
 //! under `<target>/dashboard-screenshots/` (and `docs/dashboard/` with
 //! `HOMING_DASHBOARD_DOCS=1`).
 
@@ -27,6 +29,8 @@ fn config(port: u16) -> String {
 lease = "5s"
 sweep_interval = "200ms"
 shutdown_grace = "2s"
+max_message = "2KiB"
+max_inbox = 4
 
 [api]
 listen = "127.0.0.1:{port}"
@@ -653,4 +657,242 @@ async fn refusals_change_nothing() {
         assert!(!log.contains(secret), "a token reached the log");
     }
     assert!(log.contains("dashboard action refused"), "{log}");
+}
+
+/// Sends the thread page's send box as the raw client would: `303` and where it goes back to.
+async fn send_form(
+    api: &Api,
+    client: &reqwest::Client,
+    cookie: &str,
+    thread: &str,
+    form: &[(&str, &str)],
+) -> (u16, String) {
+    let r = client
+        .post(api.url(&format!("/threads/{thread}/messages")))
+        .header(header::COOKIE, cookie)
+        .header(header::ORIGIN, &api.base)
+        .form(form)
+        .send()
+        .await
+        .unwrap();
+    let location = r
+        .headers()
+        .get(header::LOCATION)
+        .map(|v| v.to_str().unwrap().to_owned())
+        .unwrap_or_default();
+    (r.status().as_u16(), location)
+}
+
+async fn pending_messages(api: &Api, thread: &str) -> Vec<Value> {
+    let (status, page) = api
+        .get(&format!("/v1/threads/{thread}/messages?state=pending"))
+        .await;
+    assert_eq!(status, 200, "{page}");
+    page["messages"].as_array().unwrap().clone()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_producer_sends_a_message_from_the_thread_page() {
+    let api = start().await;
+    // Queued for later: the thread has live work, so a message stays pending, and no run
+    // holds it, so a steer waits for the next one.
+    api.enqueue(json!({ "agent": "echo", "thread": "talk", "payload": "x", "delay": "1h" }))
+        .await;
+
+    let browser = Browser::start(1280, 900).await;
+    browser.login(&api.base, PRODUCER).await;
+    browser.goto(&api.url("/threads/talk")).await;
+    assert_eq!(
+        browser.count("#interrupt").await,
+        0,
+        "a producer cannot interrupt"
+    );
+    assert_eq!(browser.count("#send").await, 1, "but it can send");
+    assert_eq!(browser.text("#inbox-pending").await.as_deref(), Some("0"));
+    let text = "<b>bold</b> & <script>alert(1)</script>";
+    browser.type_into("#send-text", text).await;
+    browser
+        .client
+        .find(Locator::Css("select[name=kind]"))
+        .await
+        .unwrap()
+        .select_by_value("steer")
+        .await
+        .unwrap();
+    browser.click("#send-submit").await;
+    browser.wait_path("/threads/talk?notice=sent&n=1").await;
+    assert_eq!(
+        browser.text("p.notice").await.as_deref(),
+        Some("Message 1 sent: it is pending.")
+    );
+    assert_eq!(browser.text("#inbox-pending").await.as_deref(), Some("1"));
+    let row = "#messages tr[data-message='1']";
+    assert_eq!(
+        browser.text(&format!("{row} pre")).await.as_deref(),
+        Some(text),
+        "shown as written"
+    );
+    let shown = browser.text(row).await.unwrap();
+    assert!(
+        shown.contains("steer")
+            && shown.contains("waiting for the next run")
+            && shown.contains("dashboard:producer"),
+        "{shown}"
+    );
+    assert_eq!(
+        browser
+            .eval("return document.querySelectorAll('main script, main b').length")
+            .await,
+        0,
+        "the text made no element"
+    );
+    assert!(
+        browser.client.get_alert_text().await.is_err(),
+        "a dialog opened"
+    );
+    browser.screenshot("thread-messages").await;
+    // A follow-up to the same agent, by the agent select.
+    browser.type_into("#send-text", "and then?").await;
+    browser
+        .client
+        .find(Locator::Css("select[name=agent]"))
+        .await
+        .unwrap()
+        .select_by_value("echo")
+        .await
+        .unwrap();
+    browser.click("#send-submit").await;
+    browser.wait_path("/threads/talk?notice=sent&n=2").await;
+    assert_eq!(browser.count("#messages tr[data-message]").await, 2);
+
+    let stored = pending_messages(&api, "talk").await;
+    assert_eq!(stored.len(), 2, "{stored:?}");
+    assert_eq!(
+        (
+            stored[0]["seq"].as_u64(),
+            stored[0]["kind"].as_str(),
+            stored[0]["payload"].as_str(),
+            stored[0]["sent_by"].as_str(),
+        ),
+        (
+            Some(1),
+            Some("steer"),
+            Some(text),
+            Some("dashboard:producer")
+        ),
+        "{stored:?}"
+    );
+    assert_eq!(
+        (stored[1]["kind"].as_str(), stored[1]["agent"].as_str()),
+        (Some("follow_up"), Some("echo")),
+        "{stored:?}"
+    );
+    browser.close().await;
+
+    // A reader sees the messages but no send box, and its post is refused.
+    let client = raw_client();
+    let (reader, reader_csrf) = session(&api, &client, READER).await;
+    let page = client
+        .get(api.url("/threads/talk"))
+        .header(header::COOKIE, &reader)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(page.status(), 200);
+    let body = page.text().await.unwrap();
+    assert!(
+        body.contains("data-message=\"1\"") && !body.contains("id=\"send\""),
+        "the reader's page"
+    );
+    assert!(
+        body.contains("&lt;b&gt;bold&lt;/b&gt; &amp; &lt;script&gt;") && !body.contains("<b>bold"),
+        "escaped in the markup"
+    );
+    let (status, _) = send_form(
+        &api,
+        &client,
+        &reader,
+        "talk",
+        &[("csrf", &reader_csrf), ("text", "from a reader")],
+    )
+    .await;
+    assert_eq!(status, 403, "a reader's send");
+
+    // The producer's refusals come back to the page saying why, and store nothing.
+    let (producer, csrf) = session(&api, &client, PRODUCER).await;
+    let (status, _) = send_form(&api, &client, &producer, "talk", &[("text", "no csrf")]).await;
+    assert_eq!(status, 403, "without the CSRF token");
+    let big = "x".repeat(3000);
+    for (form, notice) in [
+        (vec![("text", "   ")], "message-empty"),
+        (
+            vec![("text", "hi"), ("agent", "nobody")],
+            "message-unknown-agent",
+        ),
+        (vec![("text", big.as_str())], "message-too-large"),
+    ] {
+        let mut form = form;
+        form.push(("csrf", &csrf));
+        let (status, location) = send_form(&api, &client, &producer, "talk", &form).await;
+        assert_eq!(
+            (status, location.as_str()),
+            (303, format!("/threads/talk?notice={notice}").as_str())
+        );
+    }
+    // A follow-up to a thread that never ran needs an agent.
+    let (status, location) = send_form(
+        &api,
+        &client,
+        &producer,
+        "fresh",
+        &[("csrf", &csrf), ("text", "hello?")],
+    )
+    .await;
+    assert_eq!(
+        (status, location.as_str()),
+        (303, "/threads/fresh?notice=message-needs-agent")
+    );
+    assert!(pending_messages(&api, "fresh").await.is_empty());
+    // `max_inbox = 4`: two more fit, the fifth is refused.
+    for n in 3..=4 {
+        let (status, location) = send_form(
+            &api,
+            &client,
+            &producer,
+            "talk",
+            &[("csrf", &csrf), ("text", "more"), ("kind", "steer")],
+        )
+        .await;
+        assert_eq!(
+            (status, location),
+            (303, format!("/threads/talk?notice=sent&n={n}"))
+        );
+    }
+    let (status, location) = send_form(
+        &api,
+        &client,
+        &producer,
+        "talk",
+        &[("csrf", &csrf), ("text", "one too many")],
+    )
+    .await;
+    assert_eq!(
+        (status, location.as_str()),
+        (303, "/threads/talk?notice=message-inbox-full")
+    );
+    assert_eq!(pending_messages(&api, "talk").await.len(), 4);
+    let page = client
+        .get(api.url("/threads/talk?notice=message-inbox-full"))
+        .header(header::COOKIE, &producer)
+        .send()
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    assert!(
+        page.contains("Not sent: the thread&#39;s inbox is full")
+            || page.contains("Not sent: the thread's inbox is full"),
+        "the refusal is shown"
+    );
 }

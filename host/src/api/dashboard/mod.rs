@@ -8,15 +8,15 @@
 //! | `/` | per agent: queued, claimed, retrying, dead letters, oldest queued, settled per minute over 15 minutes; the hosts seen; refreshes itself |
 //! | `/dispatches` | the list, filtered by agent, status, thread or id; priority or newest order; paged |
 //! | `/dispatches/{id}` | payload, result, metadata, attempts, timeline; cancel, retry, interrupt |
-//! | `/threads/{thread}` | the thread's log, following new entries, and its dispatches; interrupt |
+//! | `/threads/{thread}` | the thread's log, following new entries, its inbox and pending messages, and its dispatches; interrupt; the send box |
 //! | `/dead-letters` | dead letters, select and retry |
 //! | `/agents` | world, limits, grants (names, never values), the SHA-256 of the component it runs |
 //!
 //! Security: every page needs a session, opened at `/login` with an API token (see
 //! `session`); the cookie is HttpOnly and SameSite=Strict and holds a random id, never the
 //! token. Every action is a POST carrying the session's CSRF token, checked in constant time,
-//! from the same origin, by a session of the `operator` role; a `reader` sees no action
-//! buttons and its posts are refused. Every response carries a Content-Security-Policy that
+//! from the same origin, by a session of the `operator` role (`producer` for sending a
+//! message); a `reader` sees no action buttons or send box and its posts are refused. Every response carries a Content-Security-Policy that
 //! allows no inline script, `frame-ancestors 'none'` and `X-Frame-Options: DENY`; pages are
 //! `no-store`. The API's layers apply too: a time limit, `[api] body_timeout` for bodies; a
 //! request with a session takes a slot of `[api] max_concurrent` (one without takes none: it

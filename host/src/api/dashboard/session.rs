@@ -42,6 +42,11 @@ impl Session {
         self.role >= Role::Operator
     }
 
+    /// Whether this session may send messages into a thread (producer or operator).
+    pub fn producer(&self) -> bool {
+        self.role >= Role::Producer
+    }
+
     /// Whether `presented` is this session's CSRF token (constant time).
     pub fn csrf_ok(&self, presented: &str) -> bool {
         bool::from(self.csrf.as_bytes().ct_eq(presented.as_bytes()))

@@ -261,19 +261,51 @@ pub(super) fn dispatch_table(rows: &[DispatchRow], now: u64, select: Option<&Ses
     }
 }
 
-/// One notice above a page, named by `?notice=` (with `?n=`, a count) after an action;
-/// unknown names show nothing.
+/// One notice above a page, named by `?notice=` (with `?n=`, a count or a message's
+/// sequence) after an action; a refusal shows as an error. Only these fixed sentences: a link
+/// cannot put words of its own on the page. Unknown names show nothing.
 pub(super) fn notice(name: Option<&str>, n: Option<&str>) -> Markup {
     let n: Option<u64> = n.and_then(|n| n.parse().ok());
-    let text = match name {
-        Some("cancelled") => "Cancelled.".to_owned(),
-        Some("retried") => "Retried: this is the new dispatch, queued again.".to_owned(),
-        Some("interrupted") => "Thread interrupted.".to_owned(),
-        Some("retried-n") => format!("Retried {} dead letter(s).", n.unwrap_or(0)),
-        Some("none-selected") => "Nothing was selected.".to_owned(),
+    let seq = n.map_or_else(String::new, |n| format!(" {n}"));
+    let (text, error) = match name {
+        Some("cancelled") => ("Cancelled.".to_owned(), false),
+        Some("retried") => (
+            "Retried: this is the new dispatch, queued again.".to_owned(),
+            false,
+        ),
+        Some("interrupted") => ("Thread interrupted.".to_owned(), false),
+        Some("retried-n") => (format!("Retried {} dead letter(s).", n.unwrap_or(0)), false),
+        Some("none-selected") => ("Nothing was selected.".to_owned(), false),
+        Some("sent") => (format!("Message{seq} sent: it is pending."), false),
+        Some("sent-follow-up") => (
+            format!("Message{seq} sent: it started a follow-up dispatch."),
+            false,
+        ),
+        Some("message-empty") => ("Not sent: the message is empty.".to_owned(), true),
+        Some("message-unknown-agent") => {
+            ("Not sent: no such agent is configured.".to_owned(), true)
+        }
+        Some("message-too-large") => (
+            "Not sent: the message is larger than the host accepts.".to_owned(),
+            true,
+        ),
+        Some("message-inbox-full") => (
+            "Not sent: the thread's inbox is full ([host] max_inbox messages pending).".to_owned(),
+            true,
+        ),
+        Some("message-needs-agent") => (
+            "Not sent: this thread has never run an agent; choose the agent to answer it."
+                .to_owned(),
+            true,
+        ),
+        Some("message-refused") => ("Not sent: the store refused the message.".to_owned(), true),
         _ => return html! {},
     };
-    html! { p.notice role="status" { (text) } }
+    if error {
+        html! { p.notice.error role="alert" { (text) } }
+    } else {
+        html! { p.notice role="status" { (text) } }
+    }
 }
 
 #[cfg(test)]

@@ -8,7 +8,7 @@
 //! - `overview`: `/`;
 //! - `dispatches`: `/dispatches`, the list;
 //! - `dispatch`: `/dispatches/{id}`, with its cancel and retry;
-//! - `thread`: `/threads/{thread}`, with its interrupt;
+//! - `thread`: `/threads/{thread}`, with its interrupt and its send box (messages);
 //! - `dead_letters`: `/dead-letters`, with retrying the selected;
 //! - `agents`: `/agents`;
 //! - `login`: `/login` and `/logout`;
@@ -40,6 +40,7 @@ use tracing::warn;
 use super::session::Session;
 use super::view::{self, Nav, encode};
 use super::{Dashboard, LOGIN_LIMIT};
+use crate::config::api::Role;
 use crate::store::model::check_name;
 use crate::store::{ListCursor, StoreError};
 use crate::work::OpError;
@@ -68,6 +69,7 @@ pub(super) fn routes() -> Router<Arc<Dashboard>> {
         .route("/dispatches/{id}/retry", post(dispatch::retry))
         .route("/threads/{thread}", get(thread::page))
         .route("/threads/{thread}/interrupt", post(thread::interrupt))
+        .route("/threads/{thread}/messages", post(thread::send))
         .route("/dead-letters", get(dead_letters::page))
         .route("/dead-letters/retry", post(dead_letters::retry_selected))
         .route("/agents", get(agents::page))
@@ -162,9 +164,10 @@ impl Dashboard {
     }
 
     /// The session of an action, from the request's head (before its form is read): a
-    /// session, posting from this origin, of the operator role. Each refusal is logged with
-    /// the token's name, never a secret.
-    fn acting(&self, headers: &HeaderMap, what: &str) -> Result<Session, PageError> {
+    /// session, posting from this origin, of at least role `need` (operator for the actions
+    /// on dispatches and threads, producer for sending a message). Each refusal is logged
+    /// with the token's name, never a secret.
+    fn acting(&self, headers: &HeaderMap, what: &str, need: Role) -> Result<Session, PageError> {
         let Some(session) = self.sessions.get(headers) else {
             warn!(action = what, "dashboard action refused: no session");
             return Err(PageError::Status(
@@ -176,10 +179,10 @@ impl Dashboard {
             warn!(action = what, token = %session.name, "dashboard action refused: cross-origin");
             return Err(forbidden("The form was not posted from this dashboard."));
         }
-        if !session.operator() {
+        if session.role < need {
             warn!(action = what, token = %session.name, role = %session.role, "dashboard action refused: role");
             return Err(forbidden(&format!(
-                "Your token has role {}; actions need operator.",
+                "Your token has role {}; this action needs {need}.",
                 session.role
             )));
         }
@@ -214,7 +217,24 @@ impl FromRequestParts<Arc<Dashboard>> for Acting {
         parts: &mut Parts,
         d: &Arc<Dashboard>,
     ) -> Result<Acting, PageError> {
-        d.acting(&parts.headers, parts.uri.path()).map(Acting)
+        d.acting(&parts.headers, parts.uri.path(), Role::Operator)
+            .map(Acting)
+    }
+}
+
+/// The session of a post that needs only the producer role (sending a message), checked like
+/// [`Acting`] from the request's head.
+struct Producing(Session);
+
+impl FromRequestParts<Arc<Dashboard>> for Producing {
+    type Rejection = PageError;
+
+    async fn from_request_parts(
+        parts: &mut Parts,
+        d: &Arc<Dashboard>,
+    ) -> Result<Producing, PageError> {
+        d.acting(&parts.headers, parts.uri.path(), Role::Producer)
+            .map(Producing)
     }
 }
 

@@ -1,26 +1,34 @@
-//! `/threads/{thread}`: a thread's epoch, its latest log entries (following new ones) and its
-//! dispatches, and interrupting it.
+//! `/threads/{thread}`: a thread's epoch, its inbox (counts and pending messages), its latest
+//! log entries (following new ones; those that record an acknowledged message say so) and its
+//! dispatches; interrupting it (operator) and sending it a message (producer or operator).
 
 use axum::Form;
 use axum::extract::rejection::{FormRejection, QueryRejection};
 use axum::extract::{Path, Query, State};
-use axum::http::{HeaderMap, Uri};
+use axum::http::{HeaderMap, StatusCode, Uri};
 use axum::response::Response;
 use maud::{Markup, html};
+use serde::Deserialize;
 use tracing::info;
 
 use super::super::session::Session;
 use super::super::view::{self, Nav, csrf, dispatch_table, encode, notice, thread_href, when};
 use super::{
-    Acting, ActionForm, Dashboard, PAGE, PageError, PageState, Params, action_form, name, params,
-    respond, see_other,
+    Acting, ActionForm, Dashboard, PAGE, PageError, PageState, Params, Producing, action_form,
+    bad_request, name, params, respond, see_other,
 };
-use crate::store::{DispatchRow, ListFilter, LogEntry};
+use crate::store::{
+    DispatchRow, InboxMarks, ListFilter, LogEntry, Message, MessageFilter, MessageKind,
+    MessageState, NewMessage, Status, StoreError,
+};
+use crate::work::messages::{self, SendError};
 
 /// Log entries a thread page shows (the latest).
 const LOG_SHOW: usize = 200;
 /// The most log entry bytes shown per entry.
 const ENTRY_SHOW: usize = 4096;
+/// Pending messages a thread page shows (the oldest).
+const MESSAGES_SHOW: usize = 100;
 
 /// What the page of a thread shows.
 struct ThreadPage {
@@ -32,6 +40,14 @@ struct ThreadPage {
     entries: Vec<LogEntry>,
     /// Its first [`PAGE`] dispatches in priority order.
     rows: Vec<DispatchRow>,
+    /// Its inbox watermarks.
+    inbox: InboxMarks,
+    /// Its oldest [`MESSAGES_SHOW`] pending messages.
+    pending: Vec<Message>,
+    /// Whether a run of the thread holds a claim now (else a steer waits for the next run).
+    running: bool,
+    /// The configured agents, for the send box.
+    agents: Vec<String>,
     now: u64,
 }
 
@@ -70,12 +86,43 @@ async fn read(d: &Dashboard, thread: String) -> Result<ThreadPage, PageError> {
             ..ListFilter::default()
         })
         .await?;
+    let inbox = store.inbox.inbox(&thread).await?;
+    let pending = if inbox.pending == 0 {
+        Vec::new()
+    } else {
+        store
+            .inbox
+            .messages(
+                &thread,
+                &MessageFilter {
+                    state: Some(MessageState::Pending),
+                    after: 0,
+                    limit: MESSAGES_SHOW,
+                },
+            )
+            .await?
+    };
+    let running = !store
+        .mailbox
+        .list_rows(&ListFilter {
+            thread: Some(thread.clone()),
+            statuses: vec![Status::Claimed],
+            limit: 1,
+            ..ListFilter::default()
+        })
+        .await?
+        .is_empty();
+    let agents = d.api.config.plugins.keys().cloned().collect();
     Ok(ThreadPage {
         thread,
         epoch,
         latest,
         entries,
         rows,
+        inbox,
+        pending,
+        running,
+        agents,
         now,
     })
 }
@@ -87,6 +134,10 @@ fn render(page: &ThreadPage, p: &Params, session: &Session) -> Markup {
         latest,
         entries,
         rows,
+        inbox,
+        pending,
+        running,
+        agents,
         now,
     } = page;
     let (latest, now) = (*latest, *now);
@@ -102,11 +153,19 @@ fn render(page: &ThreadPage, p: &Params, session: &Session) -> Markup {
                 }
             }
         }
+        @if session.producer() {
+            (send_box(&href, agents, session))
+        }
         div #live hx-get=(href) hx-trigger="every 2s" hx-select="#live" hx-swap="outerHTML" {
             dl.meta {
                 dt { "Epoch" } dd #epoch { (epoch) }
                 dt { "Log entries" } dd { (latest) }
+                dt { "Messages sent" } dd #inbox-latest { (inbox.latest) }
+                dt { "Messages pending" } dd #inbox-pending { (inbox.pending) }
+                dt { "Followed up through" } dd #inbox-followed { (inbox.followed) }
             }
+            h2 { "Pending messages" }
+            (pending_table(pending, inbox, *running, now))
             h2 { "Log" }
             p.muted { "Follows new entries (refreshes every 2 seconds)."
                 @if latest > LOG_SHOW as u64 { " The latest " (LOG_SHOW) " of " (latest) " are shown." } }
@@ -115,10 +174,18 @@ fn render(page: &ThreadPage, p: &Params, session: &Session) -> Markup {
                     thead { tr { th.num scope="col" { "Seq" } th scope="col" { "Appended" } th scope="col" { "Entry" } } }
                     tbody {
                         @for e in entries {
-                            tr data-seq=(e.seq) {
+                            tr data-seq=(e.seq) data-message=[e.note.as_ref().map(|n| n.seq)] {
                                 td.num { (e.seq) }
                                 td { (when(e.appended_at, now)) }
-                                td { pre { (entry_text(&e.data)) } }
+                                td {
+                                    @if let Some(note) = &e.note {
+                                        p.note.muted {
+                                            "Message " (note.seq) " (" (kind_label(note.kind)) ") from "
+                                            span.mono { (note.sent_by) } ", acknowledged"
+                                        }
+                                    }
+                                    pre { (entry_text(&e.data)) }
+                                }
                             }
                         }
                         @if entries.is_empty() { tr { td colspan="3" { span.muted { "No entries." } } } }
@@ -130,6 +197,76 @@ fn render(page: &ThreadPage, p: &Params, session: &Session) -> Markup {
             @if rows.len() == PAGE {
                 p { a href={ "/dispatches?thread=" (encode(thread)) } { "All dispatches of this thread" } }
             }
+        }
+    }
+}
+
+/// How a message kind reads on the page.
+fn kind_label(kind: MessageKind) -> &'static str {
+    match kind {
+        MessageKind::Steer => "steer",
+        MessageKind::FollowUp => "follow-up",
+    }
+}
+
+/// The send box: the text, its kind, the agent to answer it (optional).
+fn send_box(href: &str, agents: &[String], session: &Session) -> Markup {
+    html! {
+        form #send.send method="post" action={ (href) "/messages" } {
+            (csrf(session))
+            label for="send-text" { "Message" }
+            textarea #send-text name="text" rows="3" required {}
+            div.row {
+                label { "Kind "
+                    select name="kind" {
+                        option value="follow_up" selected { "follow-up (asks for a next turn)" }
+                        option value="steer" { "steer (for the live run)" }
+                    }
+                }
+                label { "Agent "
+                    select name="agent" {
+                        option value="" selected { "(the thread's own)" }
+                        @for agent in agents { option value=(agent) { (agent) } }
+                    }
+                }
+                button #send-submit type="submit" { "Send" }
+            }
+        }
+    }
+}
+
+/// The pending messages, oldest first, with a hint for a steer no run will read until the
+/// next one starts.
+fn pending_table(pending: &[Message], inbox: &InboxMarks, running: bool, now: u64) -> Markup {
+    html! {
+        div.scroll {
+            table #messages {
+                thead { tr {
+                    th.num scope="col" { "Seq" } th scope="col" { "Kind" } th scope="col" { "From" }
+                    th scope="col" { "Sent" } th scope="col" { "Text" }
+                } }
+                tbody {
+                    @for m in pending {
+                        tr data-message=(m.seq) {
+                            td.num { (m.seq) }
+                            td {
+                                (kind_label(m.kind))
+                                @if m.kind == MessageKind::Steer && !running {
+                                    br; span.muted.hint { "waiting for the next run" }
+                                }
+                            }
+                            td { span.mono { (m.sent_by) }
+                                @if let Some(agent) = &m.agent { br; span.muted { "to " (agent) } } }
+                            td { (when(m.sent_at, now)) }
+                            td { pre { (entry_text(&m.payload)) } }
+                        }
+                    }
+                    @if pending.is_empty() { tr { td colspan="5" { span.muted { "No pending messages." } } } }
+                }
+            }
+        }
+        @if inbox.pending > pending.len() as u64 {
+            p.muted { "The oldest " (pending.len()) " of " (inbox.pending) " pending messages are shown." }
         }
     }
 }
@@ -162,4 +299,99 @@ pub(super) async fn interrupt(
         "{}?notice=interrupted",
         thread_href(&thread)
     )))
+}
+
+/// The send box's form.
+#[derive(Debug, Default, Deserialize)]
+pub(super) struct SendForm {
+    #[serde(default)]
+    csrf: String,
+    #[serde(default)]
+    text: String,
+    #[serde(default)]
+    kind: String,
+    #[serde(default)]
+    agent: String,
+}
+
+/// The notice a refused send goes back to the page with.
+fn refusal(e: &SendError) -> &'static str {
+    match e {
+        SendError::UnknownAgent(_) => "message-unknown-agent",
+        SendError::TooLarge { .. } => "message-too-large",
+        SendError::Store(StoreError::Limit(_)) => "message-inbox-full",
+        SendError::Store(StoreError::Invalid(why)) if why.starts_with("agent:") => {
+            "message-needs-agent"
+        }
+        SendError::Store(StoreError::Invalid(why)) if why.starts_with("payload:") => {
+            "message-too-large"
+        }
+        SendError::Store(_) => "message-refused",
+    }
+}
+
+/// `POST /threads/{thread}/messages`: sends the send box's text into the thread's inbox, as
+/// `dashboard:<token name>`, through the same checks as the API (the agent, the size,
+/// `[host] max_inbox`), then back to the thread's page saying what happened.
+pub(super) async fn send(
+    State(d): PageState,
+    Path(thread): Path<String>,
+    Producing(session): Producing,
+    form: Result<Form<SendForm>, FormRejection>,
+) -> Result<Response, PageError> {
+    name("thread", &thread)?;
+    let back = |notice: &str, n: Option<u64>| {
+        let n = n.map_or_else(String::new, |n| format!("&n={n}"));
+        see_other(format!("{}?notice={notice}{n}", thread_href(&thread)))
+    };
+    let form = match form {
+        Ok(Form(form)) => form,
+        // Over the dashboard's form limit: the session and origin were checked; nothing is
+        // stored, and the page says why.
+        Err(e) if e.status() == StatusCode::PAYLOAD_TOO_LARGE => {
+            return Ok(back("message-too-large", None));
+        }
+        Err(_) => SendForm::default(),
+    };
+    Dashboard::csrf_ok(&session, &form.csrf, "send")?;
+    let kind = match form.kind.as_str() {
+        "" => MessageKind::FollowUp,
+        kind => kind
+            .parse()
+            .map_err(|e: String| bad_request(format!("kind: {e}")))?,
+    };
+    let agent = Some(form.agent.trim())
+        .filter(|a| !a.is_empty())
+        .map(str::to_owned);
+    if let Some(agent) = &agent {
+        name("agent", agent)?;
+    }
+    if form.text.trim().is_empty() {
+        return Ok(back("message-empty", None));
+    }
+    let new = NewMessage {
+        kind,
+        payload: form.text.into_bytes(),
+        metadata: Default::default(),
+        agent,
+        sent_by: format!("dashboard:{}", session.name),
+    };
+    match messages::send(&d.api.store, &d.api.config, &thread, new).await {
+        Ok(sent) => {
+            info!(thread = %thread.escape_debug(), seq = sent.message.seq, token = %session.name, "message sent from the dashboard");
+            let notice = if sent.follow_ups.is_empty() {
+                "sent"
+            } else {
+                "sent-follow-up"
+            };
+            Ok(back(notice, Some(sent.message.seq)))
+        }
+        Err(SendError::Store(e)) if !matches!(e, StoreError::Limit(_) | StoreError::Invalid(_)) => {
+            Err(e.into())
+        }
+        Err(e) => {
+            info!(thread = %thread.escape_debug(), token = %session.name, "message from the dashboard refused: {e}");
+            Ok(back(refusal(&e), None))
+        }
+    }
 }
