@@ -20,6 +20,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use crate::config::RetryPolicy;
+use crate::store::inbox::FOLLOW_UP_BY;
 use crate::store::{Dispatch, Fence, Store, StoreError, millis};
 pub use control::{ClaimControl, StopReason};
 pub use lease::{INTERRUPT_POLL, LeaseGuard};
@@ -114,6 +115,12 @@ pub fn hold(claimer: &Claimer<'_>, dispatch: Dispatch) -> ClaimHandle {
         control.clone(),
     );
     let span = crate::telemetry::trace::dispatch_span(claimer.agent, &dispatch);
+    if dispatch.claims == 1
+        && dispatch.metadata.get(FOLLOW_UP_BY.0).map(String::as_str) == Some(FOLLOW_UP_BY.1)
+    {
+        metrics::counter!(crate::telemetry::FOLLOW_UPS, "agent" => claimer.agent.to_owned())
+            .increment(1);
+    }
     ClaimHandle {
         dispatch,
         token,

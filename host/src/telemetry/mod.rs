@@ -78,7 +78,7 @@ pub const MESSAGES_ACKED: &str = "homing_messages_acked_total";
 pub const MESSAGE_DELIVERY: &str = "homing_message_delivery_seconds";
 /// Pending inbox messages in the store (read by the sweeper with the queue gauges).
 pub const MESSAGES_PENDING: &str = "homing_messages_pending";
-/// Follow-up dispatches started to answer inbox messages: `agent`.
+/// Follow-up dispatches the inbox started, counted when a host first claims one: `agent`.
 pub const FOLLOW_UPS: &str = "homing_follow_ups_total";
 
 /// Histogram buckets of every `_seconds` histogram: 50 µs to 5 min.
@@ -156,7 +156,7 @@ fn describe() {
     describe_gauge!(MESSAGES_PENDING, "Pending inbox messages in the store.");
     describe_counter!(
         FOLLOW_UPS,
-        "Follow-up dispatches started to answer inbox messages, by agent."
+        "Follow-up dispatches the inbox started, counted at their first claim, by agent."
     );
     describe_counter!(LEASE_RENEWALS, "Leases renewed while guests ran.");
     describe_counter!(LEASES_LOST, "Claims lost while their guest ran.");

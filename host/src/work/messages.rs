@@ -7,7 +7,7 @@ use metrics::counter;
 
 use crate::config::Config;
 use crate::store::{Message, NewMessage, Sent, Store, StoreError};
-use crate::telemetry::{FOLLOW_UPS, MESSAGES_SENT};
+use crate::telemetry::MESSAGES_SENT;
 
 /// Why a send was refused before or by the store.
 #[derive(Debug, thiserror::Error)]
@@ -40,7 +40,7 @@ pub fn max_message(config: &Config, store: &Store) -> u64 {
 
 /// Stores `new` as the next message of `thread`, within the config's limits: the agent it
 /// names must be served, the payload at most [`max_message`], the thread's pending messages
-/// under `[host] max_inbox`. Counts it, and the follow-ups it started, in the metrics.
+/// under `[host] max_inbox`. Counts it in the metrics.
 ///
 /// # Errors
 ///
@@ -64,14 +64,6 @@ pub async fn send(
     let agent = new.agent.clone().unwrap_or_else(|| "none".to_owned());
     let sent = store.inbox.send(thread, new, config.host.max_inbox).await?;
     counter!(MESSAGES_SENT, "agent" => agent).increment(1);
-    if !sent.follow_ups.is_empty() {
-        // The agent label of a follow-up is its own: read back only when there is one.
-        for id in &sent.follow_ups {
-            if let Ok(Some(d)) = store.mailbox.load(id).await {
-                counter!(FOLLOW_UPS, "agent" => d.agent).increment(1);
-            }
-        }
-    }
     Ok(sent)
 }
 

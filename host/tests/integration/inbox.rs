@@ -261,3 +261,80 @@ fn bad_sends_are_refused_naming_what_was_wrong_and_store_nothing() {
     let discarded = env.ok(&["thread", "discard", "t", "--through", "2"]);
     assert_eq!(discarded, "discarded 2 message(s)");
 }
+
+/// Two hosts on one NATS store: a message sent through host A's API wakes the guest that
+/// waits for it on host B (A does not run the agent), and the latency from the API's answer
+/// to the acknowledgement is printed.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_message_sent_through_one_nats_hosts_api_reaches_the_run_on_another() {
+    use crate::api::{PRODUCER, READER, TOKENS};
+    use crate::hosts::spawn_run;
+    use crate::natsd::{NatsServer, free_port};
+
+    let server = NatsServer::start();
+    let store = format!(
+        "[store]\nbackend = \"nats\"\nurl = \"{}\"\nprefix = \"inbox2\"\nconnect_timeout = \"30s\"\n",
+        server.url()
+    );
+    let port = free_port();
+    // Host A serves the API and runs only echo; host B runs the probe.
+    let a = Env::new(&format!(
+        "[host]\nlease = \"10s\"\nsweep_interval = \"200ms\"\n\n{store}\n[api]\nlisten = \"127.0.0.1:{port}\"\n{TOKENS}\n\n[plugins.echo]\npath = {}\n",
+        toml_path(&guest("echo"))
+    ));
+    std::fs::write(
+        a.path().join("operator.token"),
+        "operator-secret-0123456789abcdef\n",
+    )
+    .unwrap();
+    let b = Env::new(&format!(
+        "[host]\nlease = \"10s\"\nsweep_interval = \"200ms\"\n\n{store}\n[plugins.probe]\npath = {}\ntimeout = \"60s\"\n",
+        toml_path(&guest("inbox_probe"))
+    ));
+    let _b = spawn_run(&b, "host-b");
+    let id = b.enqueue("probe", "t", "wait 30000", &[]);
+    let mut host_a = a
+        .command(&["run"])
+        .env("HOMING_HOST_ID", "host-a")
+        .env("HOMING_TEST_READER", READER)
+        .env("HOMING_TEST_PRODUCER", PRODUCER)
+        .stdin(std::process::Stdio::null())
+        .stdout(std::process::Stdio::null())
+        .stderr(std::fs::File::create(a.path().join("host.log")).unwrap())
+        .spawn()
+        .unwrap();
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while !log(&b, "t").iter().any(|e| e["data"] == "waiting") {
+        assert!(Instant::now() < deadline, "host B never ran the probe");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let client = reqwest::Client::new();
+    let url = format!("http://127.0.0.1:{port}/v1/threads/t/messages");
+    let sent = loop {
+        let reply = client
+            .post(&url)
+            .bearer_auth(PRODUCER)
+            .json(&serde_json::json!({ "payload": "over there", "kind": "steer" }))
+            .send()
+            .await;
+        if let Ok(reply) = reply
+            && reply.status() == 201
+        {
+            break Instant::now();
+        }
+        assert!(Instant::now() < deadline, "host A's API never answered");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    };
+    let d = b.wait_status(&id, "acked", Duration::from_secs(20));
+    assert_eq!(d["result"]["output"], "got 1 over there as entry 2", "{d}");
+    let m = &messages(&b, "t")[0];
+    assert_eq!(m["sent_by"], "api:producer");
+    let entry = &log(&b, "t")[1];
+    let latency = entry["appended_at"].as_u64().unwrap() - m["sent_at"].as_u64().unwrap();
+    println!(
+        "NATS, API on host A to the guest on host B: {latency} ms from store to acknowledgement, {:?} from the API's answer to the dispatch seen acked",
+        sent.elapsed()
+    );
+    let _ = host_a.kill();
+    let _ = host_a.wait();
+}
