@@ -568,6 +568,96 @@ async fn enqueue_refuses_names_that_are_not_printable() {
     );
 }
 
+/// The inbox through a claim: `next-message` hands each pending message once per claim,
+/// oldest first, and waits for one to be sent (woken by the send, not a poll); `ack-message`
+/// appends it to the log with its note, repeats answer the same sequence, and an unknown
+/// message or an interrupted claim is refused.
+#[tokio::test]
+async fn next_message_and_ack_message_read_and_settle_the_thread_inbox() {
+    use homing::store::{MessageKind, NewMessage};
+    let f = fixture("");
+    let mut guest = f.guest();
+    let (rep, claim) = f.claim(&mut guest, "t").await;
+    let none = guest.next_message(borrow(rep), 0).await.unwrap();
+    assert!(matches!(none, Ok(None)), "{none:?}");
+    for text in ["one", "two"] {
+        let m = NewMessage::new(MessageKind::Steer, text, "test").with_metadata("k", text);
+        f.store.inbox.send("t", m, 10).await.unwrap();
+    }
+    let first = guest
+        .next_message(borrow(rep), 0)
+        .await
+        .unwrap()
+        .unwrap()
+        .unwrap();
+    assert_eq!((first.seq, first.body.as_slice()), (1, b"one".as_slice()));
+    assert_eq!(first.sent_by, "test");
+    let second = guest
+        .next_message(borrow(rep), 0)
+        .await
+        .unwrap()
+        .unwrap()
+        .unwrap();
+    assert_eq!(second.seq, 2);
+    let nothing = guest.next_message(borrow(rep), 0).await.unwrap();
+    assert!(
+        matches!(nothing, Ok(None)),
+        "each message is handed once per claim: {nothing:?}"
+    );
+
+    // A wait is woken by a send.
+    let store = f.store.clone();
+    let started = std::time::Instant::now();
+    let (woken, ()) = tokio::join!(guest.next_message(borrow(rep), 20_000), async move {
+        tokio::task::yield_now().await;
+        let m = NewMessage::new(MessageKind::FollowUp, "three", "test");
+        store.inbox.send("t", m, 10).await.unwrap();
+    });
+    let woken = woken.unwrap().unwrap().unwrap();
+    assert_eq!(woken.seq, 3);
+    assert!(
+        started.elapsed() < std::time::Duration::from_secs(10),
+        "woken, not timed out"
+    );
+
+    let at = guest.ack_message(borrow(rep), 2).await.unwrap().unwrap();
+    assert_eq!(
+        guest.ack_message(borrow(rep), 2).await.unwrap().unwrap(),
+        at,
+        "a repeat"
+    );
+    let entries = guest.read_log(borrow(rep), 0, 10).await.unwrap().unwrap();
+    assert_eq!(entries.len(), 1);
+    let note = entries[0]
+        .message
+        .as_ref()
+        .expect("the entry records the message");
+    assert_eq!(
+        (note.seq, entries[0].data.as_slice()),
+        (2, b"two".as_slice())
+    );
+    assert_eq!(note.metadata, vec![("k".to_owned(), "two".to_owned())]);
+    let unknown = guest.ack_message(borrow(rep), 99).await.unwrap();
+    assert!(
+        matches!(unknown, Err(GuestError::Invalid(_))),
+        "{unknown:?}"
+    );
+
+    f.store.mailbox.interrupt("t", "stop").await.unwrap();
+    let refused = guest.ack_message(borrow(rep), 1).await.unwrap();
+    assert!(
+        matches!(refused, Err(GuestError::Interrupted(_))),
+        "{refused:?}"
+    );
+    let pending = f.store.inbox.message("t", 1).await.unwrap().unwrap();
+    assert_eq!(
+        pending.state,
+        homing::store::MessageState::Pending,
+        "kept for the next run"
+    );
+    drop(claim);
+}
+
 /// The calls `homing:agent@0.2.0` adds for features this host does not serve yet answer
 /// `denied` naming the call; the steps answer as `journal = "off"` does (nothing stored, nothing
 /// found) and still check their input; `info` counts the claim; a concurrency key is refused.
@@ -582,22 +672,6 @@ async fn the_0_2_0_calls_of_features_not_served_yet_are_denied_by_name() {
         Err(GuestError::Denied(text)) => assert!(text.contains(call), "{call}: {text}"),
         other => panic!("{call}: expected denied, got {other:?}"),
     };
-    named(
-        guest
-            .next_message(borrow(rep), 0)
-            .await
-            .unwrap()
-            .map(|m| format!("{m:?}")),
-        "next-message",
-    );
-    named(
-        guest
-            .ack_message(borrow(rep), 1)
-            .await
-            .unwrap()
-            .map(|s| s.to_string()),
-        "ack-message",
-    );
     named(
         guest
             .waitpoint(borrow(rep), "approve".into(), 1_000, vec![])
