@@ -243,37 +243,88 @@ impl NatsStore {
         Ok(out)
     }
 
-    /// A client's watch: a core NATS subscription on the thread's tree, kept while a watch of
-    /// the thread is open, that wakes the thread's watches on every message published there.
-    /// It wakes them once as soon as it is subscribed, so that a change made before the
-    /// subscription took effect is read by the waiter's next read.
+    /// A client's watch: a core NATS subscription on the thread's tree, one per thread and
+    /// kept while a watch of the thread is open, that wakes the thread's watches on every
+    /// message published there. A new subscription wakes them once as soon as the server has
+    /// it, so that a change made before it took effect is seen by the waiter's next read.
     fn watch_from_client(&self, thread: &str) -> ThreadWatch {
+        // Registered first: a subscription ending now sees it and stays (see below).
         let watch = self.inner.watches.watch(thread);
         let Ok(runtime) = tokio::runtime::Handle::try_current() else {
             return watch;
         };
+        {
+            let Ok(mut subscribed) = self.inner.subscribed.lock() else {
+                return watch;
+            };
+            if !subscribed.insert(thread.to_owned()) {
+                return watch;
+            }
+        }
         let weak: Weak<Inner> = std::sync::Arc::downgrade(&self.inner);
         let subject = Key::tree(self.prefix(), thread);
         let thread = thread.to_owned();
         let client = self.inner.client.clone();
+        let dropped = self.inner.dropped.clone();
         runtime.spawn(async move {
-            let Ok(mut subscription) = client.subscribe(subject).await else {
+            let subscription = async {
+                let subscription = client.subscribe(subject).await.ok()?;
+                client.flush().await.ok()?;
+                Some(subscription)
+            };
+            let mut subscription = tokio::select! {
+                s = subscription => s,
+                () = dropped.notified() => None,
+            };
+            // Ends the subscription unless a watch of the thread is still open; decided under
+            // the lock a new watch takes to find a subscription.
+            let end = |weak: &Weak<Inner>| {
+                let Some(inner) = weak.upgrade() else {
+                    return true;
+                };
+                let Ok(mut subscribed) = inner.subscribed.lock() else {
+                    return true;
+                };
+                if inner.watches.threads().contains(&thread) {
+                    return false;
+                }
+                subscribed.remove(&thread);
+                true
+            };
+            let Some(sub) = subscription.as_mut() else {
+                if let Some(inner) = weak.upgrade()
+                    && let Ok(mut subscribed) = inner.subscribed.lock()
+                {
+                    subscribed.remove(&thread);
+                }
                 return;
             };
-            let _ = client.flush().await;
-            let open = |weak: &Weak<Inner>| {
-                weak.upgrade()
-                    .is_some_and(|inner| inner.watches.threads().contains(&thread))
-            };
-            match weak.upgrade() {
-                Some(inner) => inner.watches.notify(&thread),
-                None => return,
-            }
-            while subscription.next().await.is_some() {
-                let Some(inner) = weak.upgrade() else { return };
+            if let Some(inner) = weak.upgrade() {
                 inner.watches.notify(&thread);
-                drop(inner);
-                if !open(&weak) {
+            }
+            loop {
+                let gone = dropped.notified();
+                tokio::pin!(gone);
+                gone.as_mut().enable();
+                if weak.strong_count() == 0 {
+                    return;
+                }
+                let next = tokio::select! {
+                    next = sub.next() => next,
+                    () = gone => None,
+                };
+                if next.is_none() {
+                    if let Some(inner) = weak.upgrade()
+                        && let Ok(mut subscribed) = inner.subscribed.lock()
+                    {
+                        subscribed.remove(&thread);
+                    }
+                    return;
+                }
+                if let Some(inner) = weak.upgrade() {
+                    inner.watches.notify(&thread);
+                }
+                if end(&weak) {
                     return;
                 }
             }

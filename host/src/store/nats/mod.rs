@@ -228,6 +228,10 @@ struct Inner {
     /// The thread watches of this instance (woken by the watcher, and by this instance's
     /// own writes).
     watches: crate::store::inbox::Watches,
+    /// The threads a client's watch subscription follows now (see `inbox`).
+    subscribed: Mutex<std::collections::HashSet<String>>,
+    /// Fired when the instance is dropped: ends a client's watch subscriptions.
+    dropped: Arc<Notify>,
     watcher_restarts: AtomicU64,
     /// Asks the watcher to recreate its consumer from its position (a barrier timed out).
     resync: Arc<Notify>,
@@ -245,6 +249,7 @@ struct Inner {
 
 impl Drop for Inner {
     fn drop(&mut self) {
+        self.dropped.notify_waiters();
         if let Ok(mut watcher) = self.watcher.lock()
             && let Some(task) = watcher.take()
         {
@@ -309,6 +314,8 @@ impl NatsStore {
             applied: Notify::new(),
             signal: Arc::new(Notify::new()),
             watches: crate::store::inbox::Watches::default(),
+            subscribed: Mutex::new(std::collections::HashSet::new()),
+            dropped: Arc::new(Notify::new()),
             watcher_restarts: AtomicU64::new(0),
             resync: Arc::new(Notify::new()),
             barrier_calls: AtomicU64::new(0),
