@@ -657,3 +657,270 @@ mod nats_archive {
         NatsStore::delete_stream(&config(prefix)).await.unwrap();
     }
 }
+
+/// The thread inbox on NATS (store/nats/inbox.rs), as hosts and as clients: sends, acks,
+/// discards, follow-ups at send and at settlement, purge, and watches.
+mod nats_inbox {
+    use super::*;
+    use homing::store::inbox::{Inbox, MessageFilter, MessageKind, MessageState, NewMessage};
+    use homing::store::{
+        Fence, ListFilter, Mailbox, NewDispatch, RunResult, SequenceStore, Status, StoreError,
+        SystemClock,
+    };
+    use std::sync::Arc;
+    use std::time::Duration;
+
+    fn config(prefix: &str) -> NatsConfig {
+        NatsConfig {
+            urls: vec![server().url()],
+            prefix: prefix.into(),
+            request_timeout: REQUEST_TIMEOUT,
+            ..NatsConfig::default()
+        }
+    }
+
+    async fn open(prefix: &str, host: bool) -> NatsStore {
+        let clock = Arc::new(SystemClock);
+        if host {
+            NatsStore::connect(&config(prefix), clock).await.unwrap()
+        } else {
+            NatsStore::connect_client(&config(prefix), clock)
+                .await
+                .unwrap()
+        }
+    }
+
+    fn steer(text: &str) -> NewMessage {
+        NewMessage::new(MessageKind::Steer, text.as_bytes().to_vec(), "cli")
+    }
+
+    /// Enqueues and claims a dispatch of `agent` on `thread`; its fence.
+    async fn claimed(store: &NatsStore, agent: &str, thread: &str) -> (String, String, Fence) {
+        let d = store
+            .enqueue(NewDispatch::new(agent, thread, "x"))
+            .await
+            .unwrap();
+        let c = store
+            .claim_dispatch(&d.id, "w", 60_000)
+            .await
+            .unwrap()
+            .unwrap();
+        let token = c.token().unwrap().to_owned();
+        (d.id, token, Fence::of(&c).unwrap())
+    }
+
+    async fn follow_ups(store: &NatsStore, thread: &str) -> Vec<homing::store::Dispatch> {
+        store
+            .list(&ListFilter {
+                thread: Some(thread.into()),
+                ..ListFilter::default()
+            })
+            .await
+            .unwrap()
+            .into_iter()
+            .filter(|d| d.metadata.get("enqueued-by").map(String::as_str) == Some("inbox"))
+            .collect()
+    }
+
+    async fn send_ack_discard(host: bool) {
+        let prefix = format!("inbox_basic_{host}");
+        let store = open(&prefix, host).await;
+        let other = open(&prefix, false).await;
+        let (first_id, first_token, fence) = claimed(&store, "a", "t").await;
+        let one = store.send("t", steer("one"), 10).await.unwrap();
+        assert_eq!(one.message.seq, 1);
+        assert!(one.follow_ups.is_empty());
+        let two = other
+            .send("t", steer("two").with_metadata("k", "v"), 10)
+            .await
+            .unwrap();
+        assert_eq!(two.message.seq, 2);
+        store.send("t", steer("three"), 10).await.unwrap();
+        let marks = store.inbox("t").await.unwrap();
+        assert_eq!((marks.latest, marks.pending, marks.followed), (3, 3, 0));
+        assert!(matches!(
+            store.send("t", steer("four"), 3).await,
+            Err(StoreError::Limit(_))
+        ));
+
+        store.append("t", b"before", Some(&fence)).await.unwrap();
+        let at = store.ack_message("t", 2, &fence).await.unwrap();
+        assert_eq!(at, 2);
+        assert_eq!(store.ack_message("t", 2, &fence).await.unwrap(), 2);
+        let entries = store.read("t", 0, 10).await.unwrap();
+        assert_eq!(entries.len(), 2);
+        assert_eq!(entries[0].note, None);
+        assert_eq!(entries[1].data, b"two");
+        let note = entries[1].note.clone().unwrap();
+        assert_eq!((note.seq, note.kind), (2, MessageKind::Steer));
+        assert_eq!(note.metadata.get("k").map(String::as_str), Some("v"));
+        let acked = other.message("t", 2).await.unwrap().unwrap();
+        assert_eq!(acked.state, MessageState::Acked);
+        assert_eq!(acked.acked_by.as_deref(), Some(fence.dispatch.as_str()));
+        assert_eq!(acked.log_seq, Some(2));
+        assert_eq!(acked.payload, b"two");
+
+        match store.ack_message("t", 9, &fence).await {
+            Err(StoreError::Invalid(m)) => assert!(m.starts_with("seq:"), "{m}"),
+            other => panic!("expected Invalid, got {other:?}"),
+        }
+        assert_eq!(other.discard_messages("t", 1).await.unwrap(), 1);
+        match store.ack_message("t", 1, &fence).await {
+            Err(StoreError::Invalid(m)) => assert!(m.starts_with("seq:"), "{m}"),
+            other => panic!("expected Invalid, got {other:?}"),
+        }
+        // Another holder of the thread finds message 2 acked by the first.
+        store
+            .complete(&first_id, &first_token, RunResult::success("ok"))
+            .await
+            .unwrap();
+        let (_, _, second) = claimed(&store, "a", "t").await;
+        match store.ack_message("t", 2, &second).await {
+            Err(StoreError::Duplicate { id, holder }) => {
+                assert_eq!(id, second.dispatch);
+                assert_eq!(holder.as_deref(), Some(fence.dispatch.as_str()));
+            }
+            other => panic!("expected Duplicate, got {other:?}"),
+        }
+        let marks = other.inbox("t").await.unwrap();
+        assert_eq!((marks.latest, marks.pending), (3, 1));
+        let pending = store
+            .messages(
+                "t",
+                &MessageFilter {
+                    state: Some(MessageState::Pending),
+                    ..MessageFilter::default()
+                },
+            )
+            .await
+            .unwrap();
+        assert_eq!(pending.iter().map(|m| m.seq).collect::<Vec<_>>(), vec![3]);
+        let all = other
+            .messages("t", &MessageFilter::default())
+            .await
+            .unwrap();
+        assert_eq!(all.iter().map(|m| m.seq).collect::<Vec<_>>(), vec![1, 2, 3]);
+        assert_eq!(store.pending_total().await.unwrap(), 1);
+        assert_eq!(other.pending_total().await.unwrap(), 1);
+        NatsStore::delete_stream(&config(&prefix)).await.unwrap();
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_host_sends_acks_and_discards() {
+        send_ack_discard(true).await;
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_client_sends_acks_and_discards() {
+        send_ack_discard(false).await;
+    }
+
+    async fn follow_up_at_send_and_settle(host: bool) {
+        let prefix = format!("inbox_follow_{host}");
+        let store = open(&prefix, host).await;
+        let follow =
+            |text: &str| NewMessage::new(MessageKind::FollowUp, text.as_bytes().to_vec(), "cli");
+        // A thread that never ran an agent needs one named.
+        match store.send("idle", follow("hi"), 10).await {
+            Err(StoreError::Invalid(m)) => assert!(m.starts_with("agent:"), "{m}"),
+            other => panic!("expected Invalid, got {other:?}"),
+        }
+        assert_eq!(store.inbox("idle").await.unwrap().latest, 0);
+        let sent = store
+            .send("idle", follow("hi").to_agent("b"), 10)
+            .await
+            .unwrap();
+        assert_eq!(sent.follow_ups.len(), 1);
+        let d = store.load(&sent.follow_ups[0]).await.unwrap().unwrap();
+        assert_eq!((d.agent.as_str(), d.status), ("b", Status::Queued));
+        assert_eq!(d.metadata.get("messages").map(String::as_str), Some("1-1"));
+        assert_eq!(store.inbox("idle").await.unwrap().followed, 1);
+
+        // Settlement (T8) of the last live work answers a steer sent meanwhile.
+        let (id, token, _) = claimed(&store, "a", "t").await;
+        let s = store.send("t", steer("later"), 10).await.unwrap();
+        assert!(s.follow_ups.is_empty());
+        store
+            .complete(&id, &token, RunResult::success("ok"))
+            .await
+            .unwrap();
+        let ups = follow_ups(&store, "t").await;
+        assert_eq!(ups.len(), 1, "{ups:?}");
+        assert_eq!(ups[0].agent, "a");
+        assert_eq!(store.inbox("t").await.unwrap().followed, 1);
+        // The follow-up runs and leaves the message pending: its settlement starts nothing.
+        let c = store
+            .claim_dispatch(&ups[0].id, "w", 60_000)
+            .await
+            .unwrap()
+            .unwrap();
+        store
+            .dead_letter(&c.id, c.token().unwrap(), "boom")
+            .await
+            .unwrap();
+        assert_eq!(follow_ups(&store, "t").await.len(), 1);
+        // A follow-up sent to the now idle thread goes to its last agent.
+        let again = store.send("t", follow("more"), 10).await.unwrap();
+        assert_eq!(again.follow_ups.len(), 1);
+        let d = store.load(&again.follow_ups[0]).await.unwrap().unwrap();
+        assert_eq!(d.agent, "a");
+        assert_eq!(d.metadata.get("messages").map(String::as_str), Some("2-2"));
+        NatsStore::delete_stream(&config(&prefix)).await.unwrap();
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_host_answers_messages_with_follow_ups() {
+        follow_up_at_send_and_settle(true).await;
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_client_answers_messages_with_follow_ups() {
+        follow_up_at_send_and_settle(false).await;
+    }
+
+    /// Purged messages leave the stream; `latest` stays; pending ones are never purged.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn purged_messages_leave_and_latest_stays() {
+        let prefix = "inbox_purge";
+        let store = open(prefix, true).await;
+        for text in ["a", "b", "c"] {
+            store.send("t", steer(text), 10).await.unwrap();
+        }
+        assert_eq!(store.discard_messages("t", 2).await.unwrap(), 2);
+        assert_eq!(store.purge_messages(u64::MAX).await.unwrap(), 2);
+        assert!(store.message("t", 1).await.unwrap().is_none());
+        assert!(store.message("t", 3).await.unwrap().is_some());
+        assert_eq!(store.inbox("t").await.unwrap().latest, 3);
+        assert_eq!(store.discard_messages("t", 3).await.unwrap(), 1);
+        assert_eq!(store.purge_messages(u64::MAX).await.unwrap(), 1);
+        let client = open(prefix, false).await;
+        assert_eq!(client.inbox("t").await.unwrap().latest, 3);
+        assert_eq!(
+            client.send("t", steer("d"), 10).await.unwrap().message.seq,
+            4
+        );
+        drop(store);
+        let restarted = open(prefix, true).await;
+        assert_eq!(restarted.inbox("t").await.unwrap().latest, 4);
+        NatsStore::delete_stream(&config(prefix)).await.unwrap();
+    }
+
+    /// A watch opened before a send from another instance fires, on a host and on a client.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn watches_fire_on_another_instances_send() {
+        let prefix = "inbox_watch";
+        let host = open(prefix, true).await;
+        let client = open(prefix, false).await;
+        let sender = open(prefix, false).await;
+        let mut on_host = host.watch("t");
+        let mut on_client = client.watch("t");
+        sender.send("t", steer("x"), 10).await.unwrap();
+        tokio::time::timeout(Duration::from_secs(10), on_host.changed())
+            .await
+            .expect("the host's watch fires");
+        tokio::time::timeout(Duration::from_secs(10), on_client.changed())
+            .await
+            .expect("the client's watch fires");
+        NatsStore::delete_stream(&config(prefix)).await.unwrap();
+    }
+}
