@@ -1,4 +1,4 @@
-//! The store conformance suite (the contract, docs/contract.md, sections 1 to 4), generic over
+//! The store conformance suite (the contract, docs/contract.md, sections 1 to 4 and 9), generic over
 //! a backend [`Factory`].
 //!
 //! Every test is a `pub async fn name<F: Factory>(factory: &F)` (or a plain `fn` for the property
@@ -30,6 +30,7 @@ use homing::store::{
 pub mod concurrency;
 pub mod dedupe;
 pub mod fencing;
+pub mod inbox;
 pub mod log;
 pub mod mailbox;
 pub mod maintenance;
@@ -539,6 +540,36 @@ macro_rules! suite {
                     append_on_one_instance_is_visible_on_another,
                     failed_append_leaves_earlier_entries_intact,
                     entries_over_the_backends_limit_are_invalid_and_at_it_round_trip,
+                },
+                inbox::{
+                    messages_are_numbered_from_one_without_gaps_per_thread,
+                    messages_stay_pending_across_a_claim_lost_before_the_ack,
+                    a_repeated_ack_by_the_same_dispatch_returns_the_same_entry_and_appends_nothing,
+                    an_ack_of_a_message_acked_by_another_dispatch_is_duplicate_naming_the_first_acker,
+                    an_ack_of_a_missing_or_discarded_message_is_invalid_and_appends_nothing,
+                    an_acked_message_is_appended_to_the_log_with_its_note,
+                    a_refused_ack_appends_nothing_and_leaves_the_message_pending,
+                    an_ack_after_the_lease_ran_out_is_refused_and_the_message_stays_pending,
+                    an_ack_after_an_interrupt_is_stale_epoch_and_supersedes_the_dispatch,
+                    messages_and_watermarks_survive_a_restart,
+                    messages_left_by_a_run_are_handed_to_the_next_run_of_the_thread,
+                    a_follow_up_sent_to_an_idle_thread_starts_one_dispatch_of_its_last_agent,
+                    a_follow_up_naming_an_agent_starts_that_agents_dispatch,
+                    a_steer_sent_to_an_idle_thread_starts_nothing,
+                    a_message_sent_while_a_dispatch_is_live_starts_nothing_at_send,
+                    each_settlement_that_leaves_the_thread_idle_starts_a_follow_up,
+                    a_settlement_with_nothing_uncovered_starts_nothing,
+                    a_nack_that_requeues_starts_no_follow_up,
+                    cancel_and_interrupt_start_no_follow_up,
+                    a_follow_up_run_that_acks_nothing_starts_no_second_follow_up,
+                    messages_naming_different_agents_start_one_follow_up_per_agent,
+                    a_follow_up_to_a_thread_that_never_ran_an_agent_and_names_none_is_invalid,
+                    a_send_over_max_pending_is_limit_and_stores_nothing,
+                    empty_and_oversized_messages_are_invalid_and_store_nothing,
+                    discard_settles_pending_messages_through_a_sequence_and_appends_nothing,
+                    purge_removes_settled_messages_before_the_cutoff_and_never_pending_ones,
+                    racing_sends_and_settlements_leave_no_message_uncovered,
+                    a_watch_made_before_a_send_on_another_instance_fires,
                 },
                 concurrency::{
                     no_dispatch_lost_or_invented_under_concurrent_chaos,
