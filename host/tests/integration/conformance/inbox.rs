@@ -983,6 +983,15 @@ pub async fn cancel_and_interrupt_start_no_follow_up<F: Factory>(factory: &F) {
     assert!(live_on(&s, "p").await.is_empty());
     assert!(follow_ups_on(&s, "p").await.is_empty(), "supersede_claimed");
     assert_eq!(pending(&s, "p").await, vec![1]);
+
+    // The messages wait for the thread's next run: it is handed them, and when it settles
+    // without acking them they are answered by a follow-up.
+    let next = hold(&s, "i", "i3", LEASE).await;
+    assert_eq!(pending(&s, "i").await, vec![1]);
+    s.mailbox.ack("i3", &tok(&next)).await.unwrap();
+    let ups = follow_ups_on(&s, "i").await;
+    assert_eq!(ups.len(), 1, "the next run's settlement answers them");
+    assert_follow_up(&ups[0], AGENT, "i", 1, 1);
 }
 
 /// A follow-up run that acks nothing leaves its messages pending and covered: its settlement
