@@ -69,6 +69,9 @@ pub struct Config {
     pub source: String,
 }
 
+/// The most messages a thread may have pending when `[host] max_inbox` is not set.
+pub const DEFAULT_MAX_INBOX: u64 = 1_000;
+
 /// `[host]`: this host's identity and its maintenance cadence.
 #[derive(Debug, Clone, Deserialize)]
 #[serde(deny_unknown_fields, default)]
@@ -139,7 +142,7 @@ impl Default for HostConfig {
             pooling: Pooling::Auto,
             max_payload: 1 << 20,
             max_message: None,
-            max_inbox: crate::store::inbox::DEFAULT_MAX_INBOX,
+            max_inbox: DEFAULT_MAX_INBOX,
             max_component_size: DEFAULT_MAX_COMPONENT_SIZE,
             log_format: LogFormat::Text,
             tls_ca: None,

@@ -24,8 +24,9 @@ use tokio::sync::watch;
 use super::model::{Fence, MAX_METADATA, bytes_as_text, check_name};
 use super::{StoreError, StoreResult};
 
-/// The most messages a thread may have pending when the host names no limit.
-pub const DEFAULT_MAX_INBOX: u64 = 1_000;
+/// The most messages a thread may have pending when the host names no limit (a setting's
+/// default, so it lives with the config).
+pub use crate::config::DEFAULT_MAX_INBOX;
 
 /// The room a log entry keeps for the note of the message it records: a message's payload may
 /// take a log entry's room less this.
