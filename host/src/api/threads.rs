@@ -109,6 +109,17 @@ struct Follow {
 }
 
 impl Follow {
+    /// Ends the stream after a failed read of `what`: the last event says to reconnect.
+    fn failed(mut self, what: &str, e: &StoreError) -> (Result<Event, Infallible>, Follow) {
+        self.done = true;
+        tracing::warn!(thread = %self.thread, "API log stream, reading the {what}: {e}");
+        let event = Event::default().event("error").data(
+            json!({ "error": "the log could not be read; reconnect with Last-Event-ID" })
+                .to_string(),
+        );
+        (Ok(event), self)
+    }
+
     /// The next event: a buffered entry, else the next read that finds one; `None` once the
     /// stream's time is up or the host stops.
     async fn next(mut self) -> Option<(Result<Event, Infallible>, Follow)> {
@@ -143,15 +154,7 @@ impl Follow {
                     continue;
                 }
                 Ok(_) => {}
-                Err(e) => {
-                    self.done = true;
-                    tracing::warn!(thread = %self.thread, "API log stream: {e}");
-                    let event = Event::default().event("error").data(
-                        json!({ "error": "the log could not be read; reconnect with Last-Event-ID" })
-                            .to_string(),
-                    );
-                    return Some((Ok(event), self));
-                }
+                Err(e) => return Some(self.failed("log", &e)),
             }
             let filter = MessageFilter {
                 state: None,
@@ -165,15 +168,7 @@ impl Follow {
                     continue;
                 }
                 Ok(_) => {}
-                Err(e) => {
-                    self.done = true;
-                    tracing::warn!(thread = %self.thread, "API log stream, inbox: {e}");
-                    let event = Event::default().event("error").data(
-                        json!({ "error": "the log could not be read; reconnect with Last-Event-ID" })
-                            .to_string(),
-                    );
-                    return Some((Ok(event), self));
-                }
+                Err(e) => return Some(self.failed("inbox", &e)),
             }
             let now = tokio::time::Instant::now();
             if now >= self.until || *self.shutdown.borrow() {
