@@ -132,7 +132,11 @@ impl NatsStore {
         }
         // A fenced write after the records, so that none of them is the tree's last message.
         self.run(&[Read::Thread(thread)], |view, _, _| {
-            let rec = view.thread(thread)?;
+            let mut rec = view.thread(thread)?;
+            // The last agent outlives the claimed records that said it.
+            if let Some(agent) = view.last_agent(thread) {
+                rec.agent = Some(agent);
+            }
             Ok(Plan::Write {
                 writes: vec![put_thread(view, thread, rec)?],
                 answer: Ok(()),

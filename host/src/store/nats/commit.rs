@@ -214,12 +214,23 @@ impl NatsStore {
         }
         // An atomic batch is stored contiguously, ending at the acknowledged sequence.
         let first = last_seq.saturating_sub(n as u64 - 1);
+        let mut touched = Vec::new();
+        let watched = self.inner.watches.open() > 0;
         if let Ok(mut view) = self.inner.view.lock() {
             for (i, w) in writes.into_iter().enumerate() {
+                if watched
+                    && let Some(thread) = w.key.thread()
+                    && !touched.iter().any(|t: &String| t == thread)
+                {
+                    touched.push(thread.to_owned());
+                }
                 view.apply_own(first + i as u64, w.record);
             }
         }
         self.inner.applied.notify_waiters();
+        for thread in touched {
+            self.inner.watches.notify(&thread);
+        }
         Ok(())
     }
 

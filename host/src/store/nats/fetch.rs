@@ -58,6 +58,10 @@ pub(super) enum Read<'a> {
     Dispatch(&'a str),
     /// The whole thread of a dispatch.
     ThreadOf(&'a str),
+    /// A thread's record and its inbox messages.
+    Inbox(&'a str),
+    /// The thread record and inbox messages of a dispatch's thread.
+    InboxOf(&'a str),
 }
 
 /// One message of a direct get.
@@ -265,25 +269,40 @@ impl NatsStore {
     }
 
     /// A thread's record and the last message of each of its dispatch subjects, in its tree
-    /// and in the archive.
-    async fn read_thread_records(&self, thread: &str, view: &mut View) -> StoreResult<()> {
+    /// and in the archive (when `dispatches`), and of each of its message subjects (when
+    /// `messages`).
+    async fn read_thread_records(
+        &self,
+        thread: &str,
+        view: &mut View,
+        dispatches: bool,
+        messages: bool,
+    ) -> StoreResult<()> {
         let prefix = self.prefix().to_owned();
         let record = Key::Thread(thread.to_owned()).subject(&prefix);
-        let dispatches = dispatches_of(&prefix, thread);
-        let archived = Key::archive_of(&prefix, thread);
+        let mut filters = Vec::new();
+        if dispatches {
+            filters.push(dispatches_of(&prefix, thread));
+            filters.push(Key::archive_of(&prefix, thread));
+        }
+        if messages {
+            filters.push(Key::messages_of(&prefix, thread));
+        }
+        let mut all = vec![record.clone()];
+        all.extend(filters.iter().cloned());
         let batch = self
-            .get_batch(json!({ "multi_last": [record, dispatches, archived], "batch": PAGE }))
+            .get_batch(json!({ "multi_last": all, "batch": PAGE }))
             .await?;
-        if !batch.too_many {
+        if !batch.too_many && batch.pending == 0 {
             self.apply_batch(view, &batch);
             return Ok(());
         }
-        // More dispatch subjects than one `multi_last` answers: page through them, the tree's
-        // before the archive's.
+        // More subjects than one `multi_last` answers: page through them, the tree's
+        // dispatches before the archive's.
         if let Some((seq, payload)) = self.get_last(&record).await? {
             view.apply_message(&prefix, seq, &record, &payload);
         }
-        for filter in [dispatches, archived] {
+        for filter in filters {
             let mut pages = Vec::new();
             self.scan(Some(&filter), |batch| {
                 pages.extend(
@@ -313,6 +332,9 @@ impl NatsStore {
         // Which threads, and how much of each.
         let mut whole = BTreeSet::new();
         let mut logs = BTreeSet::new();
+        let mut inboxes = BTreeSet::new();
+        let mut found: std::collections::HashMap<&str, Option<String>> =
+            std::collections::HashMap::new();
         let mut records: Vec<(String, String)> = Vec::new();
         let mut touched = BTreeSet::new();
         for read in reads {
@@ -324,20 +346,36 @@ impl NatsStore {
                 Read::Log(t) => {
                     logs.insert(t.to_owned());
                 }
-                Read::Dispatch(id) | Read::ThreadOf(id) => {
-                    let Some(t) = self.thread_of(id, &mut view).await? else {
+                Read::Inbox(t) => {
+                    inboxes.insert(t.to_owned());
+                }
+                Read::Dispatch(id) | Read::ThreadOf(id) | Read::InboxOf(id) => {
+                    let t = match found.get(id) {
+                        Some(t) => t.clone(),
+                        None => {
+                            let t = self.thread_of(id, &mut view).await?;
+                            found.insert(id, t.clone());
+                            t
+                        }
+                    };
+                    let Some(t) = t else {
                         continue;
                     };
-                    if matches!(read, Read::ThreadOf(_)) {
-                        whole.insert(t);
-                    } else {
-                        records.push((t, id.to_owned()));
+                    match read {
+                        Read::ThreadOf(_) => {
+                            whole.insert(t);
+                        }
+                        Read::InboxOf(_) => {
+                            inboxes.insert(t);
+                        }
+                        _ => records.push((t, id.to_owned())),
                     }
                 }
             }
         }
         touched.extend(whole.iter().cloned());
         touched.extend(logs.iter().cloned());
+        touched.extend(inboxes.iter().cloned());
         touched.extend(records.iter().map(|(t, _)| t.clone()));
         // Fences first (see the module).
         let mut fences = Vec::new();
@@ -345,9 +383,17 @@ impl NatsStore {
             fences.push((t.clone(), self.tree_seq(t).await?));
         }
         for t in &whole {
-            self.read_thread_records(t, &mut view).await?;
+            self.read_thread_records(t, &mut view, true, inboxes.contains(t))
+                .await?;
+            view.mark_whole(t);
         }
-        for t in touched.iter().filter(|t| !whole.contains(*t)) {
+        for t in inboxes.iter().filter(|t| !whole.contains(*t)) {
+            self.read_thread_records(t, &mut view, false, true).await?;
+        }
+        for t in touched
+            .iter()
+            .filter(|t| !whole.contains(*t) && !inboxes.contains(*t))
+        {
             let subject = Key::Thread(t.clone()).subject(&prefix);
             if let Some((seq, payload)) = self.get_last(&subject).await? {
                 view.apply_message(&prefix, seq, &subject, &payload);

@@ -1,54 +1,604 @@
-//! The inbox of the NATS backend (the contract, docs/contract.md, section 9). Not served yet:
-//! every operation answers `Unavailable` until the NATS layout of section 8 lands.
+//! The inbox of the NATS backend (the contract, docs/contract.md, section 9).
+//!
+//! Each message is its own record `<p>.th.<thread>.m.<seq>` in its thread's tree (framed like
+//! a dispatch record: its fields as JSON, then the payload; see `keys`), so every inbox write
+//! is fenced by the thread's tree like every other write of the thread, and the watcher
+//! delivers messages with everything else. The watermarks are derived, not counted: `latest`
+//! is the highest message sequence the tree holds (or the thread record's `inbox_archived`,
+//! once purged messages left the tree), `pending` the pending records, and `followed` lives on
+//! the thread record. So each operation is one message or one atomic batch:
+//!
+//! - send (M1): `m.<seq>`; with a follow-up (M4, case a) an atomic batch of `m.<seq>`, each
+//!   follow-up `d.<id>` and the thread record (`inbox_followed`);
+//! - acknowledge (M2): an atomic batch of `e.<log seq>` (the entry, with the message's note)
+//!   and the acked `m.<seq>`, fenced exactly like a fenced append;
+//! - discard (M3): atomic batches of up to [`MAX_BATCH`] `m.*` records;
+//! - a settlement that leaves the thread idle with messages no follow-up covers (M4, case b):
+//!   see [`answer_inbox`], used by the mailbox's holder writes and reclaims.
+//!
+//! A host's view keeps the pending messages' heads (not their payloads) and each thread's last
+//! agent; a message's payload, which never changes, is read with one direct get when an
+//! operation writes the message again. A client reads the thread's message records with its
+//! thread record when an operation decides on them (`fetch`).
+//!
+//! Purging settled messages deletes them from the tree, after a fenced rewrite of the thread
+//! record (which also raises `inbox_archived` to the highest sequence purged, so `latest`
+//! never moves back) so that none of them is the tree's last message: the same three steps the
+//! archiver takes for dispatch records (see `archive`).
+//!
+//! Watches: a host's watcher wakes a thread's watches whenever it applies a record of the
+//! thread's tree, and this instance's own writes wake them at once. A client (no watcher)
+//! subscribes on core NATS to the thread's tree subjects while a watch is open: every write of
+//! the tree is published there, so the subscription is a hint of exactly the right scope.
+
+use std::collections::{BTreeMap, HashMap};
+use std::sync::Weak;
 
 use async_trait::async_trait;
+use futures_util::StreamExt;
+use serde_json::json;
 
-use super::NatsStore;
+use super::commit::{Expect, MAX_BATCH, Plan, Write, plain, put_dispatch_expecting};
+use super::fetch::{PAGE, Read};
+use super::keys::{Key, decode_message, encode_message, encode_thread};
+use super::log::encode_entry;
+use super::view::{MessageHead, Record, ThreadRec, View};
+use super::{Inner, NatsStore};
 use crate::store::inbox::{
-    Inbox, InboxMarks, Message, MessageFilter, NOTE_ROOM, NewMessage, Sent, ThreadWatch,
+    DEFAULT_MESSAGE_PAGE, Inbox, InboxMarks, Message, MessageFilter, MessageKind, MessageState,
+    NOTE_ROOM, NewMessage, Sent, ThreadWatch, follow_up_dispatch, follow_up_targets,
 };
+use crate::store::model::{Dispatch, Status};
+use crate::store::rules::queued_record;
 use crate::store::{Fence, StoreError, StoreResult};
 
-fn not_yet() -> StoreError {
-    StoreError::Unavailable("the NATS backend does not serve thread inboxes yet".into())
+/// Settled messages purged per call at most; the rest go at the next.
+const PURGE_PER_CALL: usize = 100_000;
+
+/// What the M4 hook of a settlement found.
+pub(super) enum Answer {
+    /// Nothing to answer: no message above `followed`, or the thread still has live work.
+    Nothing,
+    /// The view does not hold every dispatch of the thread (a client's read of one record):
+    /// decide again on the whole thread.
+    NeedThread,
+    /// The follow-up dispatches to enqueue and the thread record to write with them.
+    FollowUps(Vec<Dispatch>, ThreadRec),
+}
+
+/// M4, case b: what the settlement of `settled` (already changed by its operation) must write
+/// besides its record so that the inbox of its thread is answered: when the record is no longer
+/// live, the thread has no other live work, and it has pending messages above `followed`, one
+/// follow-up dispatch per target (a message's agent, else the settled dispatch's) and the thread
+/// record with `followed = latest`. Decided from the view alone: with no pending message above
+/// `followed` it looks at nothing else.
+pub(super) fn answer_inbox(view: &View, settled: &Dispatch, now: u64) -> StoreResult<Answer> {
+    if matches!(settled.status, Status::Queued | Status::Claimed) {
+        return Ok(Answer::Nothing);
+    }
+    let thread = &settled.thread;
+    let mut t = view.thread(thread)?;
+    if !view.has_pending_after(thread, t.inbox_followed) {
+        return Ok(Answer::Nothing);
+    }
+    if !view.knows_live(thread) {
+        return Ok(Answer::NeedThread);
+    }
+    if view
+        .live_of(thread)
+        .iter()
+        .any(|s| s.dispatch.id != settled.id)
+    {
+        return Ok(Answer::Nothing);
+    }
+    let uncovered = view.pending_after(thread, t.inbox_followed);
+    let targets = follow_up_targets(
+        uncovered.iter().map(|(n, h)| (*n, h.agent.as_deref())),
+        Some(settled.agent.as_str()),
+    );
+    let follow_ups = targets
+        .into_iter()
+        .map(|(agent, first, last)| {
+            let id = uuid::Uuid::now_v7().to_string();
+            queued_record(
+                &id,
+                &follow_up_dispatch(&agent, thread, first, last),
+                t.epoch,
+                now,
+            )
+        })
+        .collect();
+    t.inbox_followed = view.inbox_marks(thread).latest;
+    Ok(Answer::FollowUps(follow_ups, t))
+}
+
+/// The writes that go after the first of an atomic batch for M4: each follow-up's record and
+/// the thread record, none with an expectation of its own.
+pub(super) fn follow_up_writes(
+    thread: &str,
+    follow_ups: Vec<Dispatch>,
+    rec: ThreadRec,
+) -> StoreResult<Vec<Write>> {
+    let mut writes = Vec::with_capacity(follow_ups.len() + 1);
+    for d in follow_ups {
+        writes.push(put_dispatch_expecting(Expect::None, plain(d))?);
+    }
+    writes.push(Write {
+        key: Key::Thread(thread.to_owned()),
+        expect: Expect::None,
+        payload: encode_thread(&rec)?,
+        record: Record::Thread(thread.to_owned(), rec),
+    });
+    Ok(writes)
+}
+
+/// A write of a message record with the expectation given.
+fn put_message(expect: Expect, message: &Message) -> StoreResult<Write> {
+    let payload = encode_message(message)?;
+    let head = MessageHead::of(message, payload.len());
+    Ok(Write {
+        key: Key::Message(message.thread.clone(), message.seq),
+        expect,
+        payload,
+        record: Record::Message(message.thread.clone(), message.seq, Box::new(head)),
+    })
+}
+
+/// What an acknowledgement decided.
+enum Acked {
+    /// The entry's sequence.
+    At(u64),
+    /// The message's content must be read again (it was sent after it was read).
+    Again,
+}
+
+/// The answer to an acknowledgement of a message that is no longer pending.
+fn settled_answer(
+    thread: &str,
+    seq: u64,
+    fence: &Fence,
+    state: MessageState,
+    acked_by: Option<&str>,
+    log_seq: Option<u64>,
+) -> StoreResult<Acked> {
+    match state {
+        MessageState::Acked => match (acked_by, log_seq) {
+            (Some(by), Some(log_seq)) if by == fence.dispatch => Ok(Acked::At(log_seq)),
+            (by, _) => Err(StoreError::Duplicate {
+                id: fence.dispatch.clone(),
+                holder: Some(by.unwrap_or_default().to_owned()),
+            }),
+        },
+        MessageState::Discarded => Err(StoreError::Invalid(format!(
+            "seq: message {seq} of thread `{}` was discarded",
+            thread.escape_debug()
+        ))),
+        // Not reached: callers pass settled states.
+        MessageState::Pending => Ok(Acked::Again),
+    }
+}
+
+fn no_message(thread: &str, seq: u64) -> StoreError {
+    StoreError::Invalid(format!(
+        "seq: thread `{}` has no message {seq}",
+        thread.escape_debug()
+    ))
+}
+
+impl NatsStore {
+    /// Message `seq` of `thread` as stored now (one direct get).
+    async fn fetch_message(&self, thread: &str, seq: u64) -> StoreResult<Option<Message>> {
+        let key = Key::Message(thread.to_owned(), seq);
+        match self.get_last(&key.subject(self.prefix())).await? {
+            Some((_, payload)) => decode_message(&key, &payload).map(Some),
+            None => Ok(None),
+        }
+    }
+
+    /// The last message of each subject matching `filter`, with its stream sequence: one
+    /// `multi_last` request, or pages of every message when it matches more subjects than one
+    /// such request answers.
+    async fn last_of_each(
+        &self,
+        filter: &str,
+    ) -> StoreResult<HashMap<String, (u64, bytes::Bytes)>> {
+        let mut out: HashMap<String, (u64, bytes::Bytes)> = HashMap::new();
+        let mut keep = |seq: u64, subject: &str, payload: &bytes::Bytes| {
+            if out.get(subject).is_none_or(|(at, _)| *at < seq) {
+                out.insert(subject.to_owned(), (seq, payload.clone()));
+            }
+        };
+        let batch = self
+            .get_batch(json!({ "multi_last": [filter], "batch": PAGE }))
+            .await?;
+        if !batch.too_many && batch.pending == 0 {
+            for got in &batch.messages {
+                keep(got.seq, &got.subject, &got.payload);
+            }
+            return Ok(out);
+        }
+        self.scan(Some(filter), |batch| {
+            for got in &batch.messages {
+                keep(got.seq, &got.subject, &got.payload);
+            }
+        })
+        .await?;
+        Ok(out)
+    }
+
+    /// Every message record of `thread`, by sequence.
+    async fn fetch_messages(&self, thread: &str) -> StoreResult<BTreeMap<u64, Message>> {
+        let prefix = self.prefix().to_owned();
+        let mut out = BTreeMap::new();
+        for (subject, (_, payload)) in self
+            .last_of_each(&Key::messages_of(&prefix, thread))
+            .await?
+        {
+            let Some(key @ Key::Message(..)) = Key::parse(&prefix, &subject) else {
+                continue;
+            };
+            let message = decode_message(&key, &payload)?;
+            out.insert(message.seq, message);
+        }
+        Ok(out)
+    }
+
+    /// A client's watch: a core NATS subscription on the thread's tree, kept while a watch of
+    /// the thread is open, that wakes the thread's watches on every message published there.
+    /// It wakes them once as soon as it is subscribed, so that a change made before the
+    /// subscription took effect is read by the waiter's next read.
+    fn watch_from_client(&self, thread: &str) -> ThreadWatch {
+        let watch = self.inner.watches.watch(thread);
+        let Ok(runtime) = tokio::runtime::Handle::try_current() else {
+            return watch;
+        };
+        let weak: Weak<Inner> = std::sync::Arc::downgrade(&self.inner);
+        let subject = Key::tree(self.prefix(), thread);
+        let thread = thread.to_owned();
+        let client = self.inner.client.clone();
+        runtime.spawn(async move {
+            let Ok(mut subscription) = client.subscribe(subject).await else {
+                return;
+            };
+            let _ = client.flush().await;
+            let open = |weak: &Weak<Inner>| {
+                weak.upgrade()
+                    .is_some_and(|inner| inner.watches.threads().contains(&thread))
+            };
+            match weak.upgrade() {
+                Some(inner) => inner.watches.notify(&thread),
+                None => return,
+            }
+            while subscription.next().await.is_some() {
+                let Some(inner) = weak.upgrade() else { return };
+                inner.watches.notify(&thread);
+                drop(inner);
+                if !open(&weak) {
+                    return;
+                }
+            }
+        });
+        watch
+    }
 }
 
 #[async_trait]
 impl Inbox for NatsStore {
-    async fn send(&self, _thread: &str, _new: NewMessage, _max_pending: u64) -> StoreResult<Sent> {
-        Err(not_yet())
+    async fn send(&self, thread: &str, new: NewMessage, max_pending: u64) -> StoreResult<Sent> {
+        new.validate(thread, self.max_message())?;
+        self.run(&[Read::Thread(thread), Read::Inbox(thread)], |view, now, _| {
+            let marks = view.inbox_marks(thread);
+            if marks.pending >= max_pending {
+                return Ok(Plan::Refuse(Err(StoreError::Limit(format!(
+                    "max_inbox: thread `{}` already has {} pending messages (the limit is {max_pending})",
+                    thread.escape_debug(),
+                    marks.pending
+                )))));
+            }
+            let starts_follow_up =
+                new.kind == MessageKind::FollowUp && view.live_of(thread).is_empty();
+            let last_agent = view.last_agent(thread);
+            if starts_follow_up && new.agent.is_none() && last_agent.is_none() {
+                return Ok(Plan::Refuse(Err(StoreError::Invalid(format!(
+                    "agent: thread `{}` has never run an agent; name the agent to answer this message",
+                    thread.escape_debug()
+                )))));
+            }
+            let seq = marks.latest + 1;
+            let message = Message {
+                thread: thread.to_owned(),
+                seq,
+                kind: new.kind,
+                payload: new.payload.clone(),
+                metadata: new.metadata.clone(),
+                agent: new.agent.clone(),
+                sent_by: new.sent_by.clone(),
+                sent_at: now,
+                state: MessageState::Pending,
+                settled_at: None,
+                acked_by: None,
+                log_seq: None,
+            };
+            let mut writes = vec![put_message(
+                Expect::Thread(view.thread_seq(thread)),
+                &message,
+            )?];
+            let mut follow_ups = Vec::new();
+            if starts_follow_up {
+                let mut t = view.thread(thread)?;
+                let mut uncovered: Vec<(u64, Option<&str>)> = view
+                    .pending_after(thread, t.inbox_followed)
+                    .into_iter()
+                    .map(|(n, h)| (n, h.agent.as_deref()))
+                    .collect();
+                uncovered.push((seq, new.agent.as_deref()));
+                let default = new.agent.as_deref().or(last_agent.as_deref());
+                let mut records = Vec::new();
+                for (agent, first, last) in follow_up_targets(uncovered, default) {
+                    let id = uuid::Uuid::now_v7().to_string();
+                    let new = follow_up_dispatch(&agent, thread, first, last);
+                    follow_ups.push(id.clone());
+                    records.push(queued_record(&id, &new, t.epoch, now));
+                }
+                t.inbox_followed = seq;
+                writes.extend(follow_up_writes(thread, records, t)?);
+            }
+            let wake = !follow_ups.is_empty();
+            Ok(Plan::Write {
+                writes,
+                answer: Ok(Sent {
+                    message,
+                    follow_ups,
+                }),
+                wake,
+            })
+        })
+        .await
     }
 
-    async fn ack_message(&self, _thread: &str, _seq: u64, _fence: &Fence) -> StoreResult<u64> {
-        Err(not_yet())
+    async fn ack_message(&self, thread: &str, seq: u64, fence: &Fence) -> StoreResult<u64> {
+        let reads = [
+            Read::Log(thread),
+            Read::Dispatch(&fence.dispatch),
+            Read::Inbox(thread),
+        ];
+        for _ in 0..8 {
+            // Everything of a message but its state is written once, at send: the content read
+            // here is the one the decision below writes, whatever the view's age. Its state is
+            // decided on the view (fenced by the thread's tree), or, when it is settled here
+            // already, answered from this record: a settled message never changes again.
+            let fetched = self.fetch_message(thread, seq).await?;
+            let out = self
+                .run(&reads, |view, now, _| {
+                    if let Some(plan) = Self::fenced(view, thread, fence, now)? {
+                        return Ok(match plan {
+                            Plan::Done(r) => Plan::Done(r.map(Acked::At)),
+                            Plan::Refuse(r) => Plan::Refuse(r.map(Acked::At)),
+                            Plan::Write {
+                                writes,
+                                answer,
+                                wake,
+                            } => Plan::Write {
+                                writes,
+                                answer: answer.map(Acked::At),
+                                wake,
+                            },
+                        });
+                    }
+                    let head = view.message(thread, seq);
+                    if let Some(h) = head.filter(|h| h.state != MessageState::Pending) {
+                        return Ok(Plan::Done(settled_answer(
+                            thread,
+                            seq,
+                            fence,
+                            h.state,
+                            h.acked_by.as_deref(),
+                            h.log_seq,
+                        )));
+                    }
+                    if let Some(m) = fetched
+                        .as_ref()
+                        .filter(|m| m.state != MessageState::Pending)
+                    {
+                        return Ok(Plan::Done(settled_answer(
+                            thread,
+                            seq,
+                            fence,
+                            m.state,
+                            m.acked_by.as_deref(),
+                            m.log_seq,
+                        )));
+                    }
+                    let message = match (head, &fetched) {
+                        (Some(_), Some(m)) => m,
+                        // Sent after it was read: read it again.
+                        (Some(_), None) => return Ok(Plan::Done(Ok(Acked::Again))),
+                        // Pending on the server but not in this view yet: decide again on
+                        // fresh records.
+                        (None, Some(_)) => return Ok(Plan::Refuse(Ok(Acked::Again))),
+                        (None, None) => return Ok(Plan::Refuse(Err(no_message(thread, seq)))),
+                    };
+                    let log_seq = view.latest(thread) + 1;
+                    let entry = Write {
+                        key: Key::Entry(thread.to_owned(), log_seq),
+                        expect: Expect::Thread(view.thread_seq(thread)),
+                        payload: encode_entry(now, &message.payload, Some(&message.note()))?,
+                        record: Record::Entry(thread.to_owned(), log_seq),
+                    };
+                    let mut acked = message.clone();
+                    acked.state = MessageState::Acked;
+                    acked.settled_at = Some(now);
+                    acked.acked_by = Some(fence.dispatch.clone());
+                    acked.log_seq = Some(log_seq);
+                    Ok(Plan::Write {
+                        writes: vec![entry, put_message(Expect::None, &acked)?],
+                        answer: Ok(Acked::At(log_seq)),
+                        wake: false,
+                    })
+                })
+                .await?;
+            match out {
+                Acked::At(log_seq) => return Ok(log_seq),
+                Acked::Again => continue,
+            }
+        }
+        Err(StoreError::Contention(format!(
+            "message {seq} of thread `{}` kept changing while it was acknowledged",
+            thread.escape_debug()
+        )))
     }
 
-    async fn discard_messages(&self, _thread: &str, _through: u64) -> StoreResult<usize> {
-        Err(not_yet())
+    async fn discard_messages(&self, thread: &str, through: u64) -> StoreResult<usize> {
+        let mut total = 0usize;
+        let mut rounds = 0usize;
+        loop {
+            rounds += 1;
+            if rounds > 64 + through.min(1 << 20) as usize / MAX_BATCH {
+                return Err(StoreError::Contention(format!(
+                    "the inbox of thread `{}` kept changing while it was discarded",
+                    thread.escape_debug()
+                )));
+            }
+            // The messages' content (written once, at send) for the records written again.
+            let contents = self.fetch_messages(thread).await?;
+            // (discarded now, more to do, read again)
+            let (n, more, again) = self
+                .run(&[Read::Inbox(thread)], |view, now, _| {
+                    let doomed: Vec<u64> = view
+                        .pending_after(thread, 0)
+                        .into_iter()
+                        .map(|(n, _)| n)
+                        .take_while(|n| *n <= through)
+                        .collect();
+                    if doomed.is_empty() {
+                        return Ok(Plan::Refuse(Ok((0, false, false))));
+                    }
+                    let more = doomed.len() > MAX_BATCH;
+                    let mut writes = Vec::new();
+                    for n in doomed.into_iter().take(MAX_BATCH) {
+                        let Some(m) = contents.get(&n) else {
+                            return Ok(Plan::Done(Ok((0, true, true))));
+                        };
+                        let mut m = m.clone();
+                        m.state = MessageState::Discarded;
+                        m.settled_at = Some(now);
+                        let expect = if writes.is_empty() {
+                            Expect::Thread(view.thread_seq(thread))
+                        } else {
+                            Expect::None
+                        };
+                        writes.push(put_message(expect, &m)?);
+                    }
+                    let n = writes.len();
+                    Ok(Plan::Write {
+                        writes,
+                        answer: Ok((n, more, false)),
+                        wake: false,
+                    })
+                })
+                .await?;
+            total += n;
+            if !more && !again {
+                return Ok(total);
+            }
+        }
     }
 
-    async fn message(&self, _thread: &str, _seq: u64) -> StoreResult<Option<Message>> {
-        Err(not_yet())
+    async fn message(&self, thread: &str, seq: u64) -> StoreResult<Option<Message>> {
+        self.fetch_message(thread, seq).await
     }
 
-    async fn messages(&self, _thread: &str, _filter: &MessageFilter) -> StoreResult<Vec<Message>> {
-        Err(not_yet())
+    async fn messages(&self, thread: &str, filter: &MessageFilter) -> StoreResult<Vec<Message>> {
+        let limit = if filter.limit == 0 {
+            DEFAULT_MESSAGE_PAGE
+        } else {
+            filter.limit
+        };
+        Ok(self
+            .fetch_messages(thread)
+            .await?
+            .into_values()
+            .filter(|m| m.seq > filter.after && filter.state.is_none_or(|s| s == m.state))
+            .take(limit)
+            .collect())
     }
 
-    async fn inbox(&self, _thread: &str) -> StoreResult<InboxMarks> {
-        Err(not_yet())
+    async fn inbox(&self, thread: &str) -> StoreResult<InboxMarks> {
+        self.read_view(&[Read::Inbox(thread)], |view| view.inbox_marks(thread))
+            .await
     }
 
-    async fn purge_messages(&self, _older_than: u64) -> StoreResult<usize> {
-        Ok(0)
+    async fn purge_messages(&self, older_than: u64) -> StoreResult<usize> {
+        let prefix = self.prefix().to_owned();
+        // Per thread: the highest sequence purged and the stream sequences of the records.
+        let mut doomed: BTreeMap<String, (u64, Vec<u64>)> = BTreeMap::new();
+        let mut count = 0usize;
+        for (subject, (at, payload)) in self.last_of_each(&Key::all_messages(&prefix)).await? {
+            if count >= PURGE_PER_CALL {
+                break;
+            }
+            let Some(key @ Key::Message(..)) = Key::parse(&prefix, &subject) else {
+                continue;
+            };
+            // A damaged record stays where it is.
+            let Ok(m) = decode_message(&key, &payload) else {
+                continue;
+            };
+            if m.state == MessageState::Pending || m.settled_at.is_none_or(|s| s >= older_than) {
+                continue;
+            }
+            let entry = doomed.entry(m.thread).or_default();
+            entry.0 = entry.0.max(m.seq);
+            entry.1.push(at);
+            count += 1;
+        }
+        let mut purged = 0;
+        for (thread, (highest, seqs)) in doomed {
+            // A fenced write after the records, so that none of them is the tree's last
+            // message when it is deleted (see `archive`), which also keeps `latest`.
+            self.run(&[Read::Inbox(&thread)], |view, _, _| {
+                let mut rec = view.thread(&thread)?;
+                rec.inbox_archived = rec.inbox_archived.max(highest);
+                Ok(Plan::Write {
+                    writes: vec![super::commit::put_thread(view, &thread, rec)?],
+                    answer: Ok(()),
+                    wake: false,
+                })
+            })
+            .await?;
+            for seq in seqs {
+                if self.delete_seq(seq).await? {
+                    purged += 1;
+                }
+            }
+        }
+        Ok(purged)
     }
 
     async fn pending_total(&self) -> StoreResult<u64> {
-        Ok(0)
+        if self.follows() {
+            self.barrier().await?;
+            return Ok(self.view()?.pending_total());
+        }
+        let prefix = self.prefix().to_owned();
+        let mut total = 0;
+        for (subject, (_, payload)) in self.last_of_each(&Key::all_messages(&prefix)).await? {
+            if let Some(key @ Key::Message(..)) = Key::parse(&prefix, &subject)
+                && let Ok(Record::Message(_, _, head)) = key.decode(&payload)
+                && head.state == MessageState::Pending
+            {
+                total += 1;
+            }
+        }
+        Ok(total)
     }
 
-    fn watch(&self, _thread: &str) -> ThreadWatch {
-        ThreadWatch::never()
+    fn watch(&self, thread: &str) -> ThreadWatch {
+        if self.follows() {
+            self.inner.watches.watch(thread)
+        } else {
+            self.watch_from_client(thread)
+        }
     }
 
     fn max_message(&self) -> u64 {

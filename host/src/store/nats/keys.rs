@@ -28,7 +28,8 @@ use base64::Engine;
 use base64::engine::general_purpose::URL_SAFE_NO_PAD;
 use bytes::{BufMut, Bytes, BytesMut};
 
-use super::view::{Record, Stored, ThreadRec};
+use super::view::{MessageHead, Record, Stored, ThreadRec};
+use crate::store::inbox::Message;
 use crate::store::{StoreError, StoreResult};
 
 /// One key of the stream.
@@ -40,6 +41,8 @@ pub enum Key {
     Dispatch(String, String),
     /// One log entry: `<p>.th.<thread>.e.<seq>`.
     Entry(String, u64),
+    /// One inbox message: `<p>.th.<thread>.m.<seq>` (see [`encode_message`]).
+    Message(String, u64),
     /// The thread a caller-chosen id belongs to: `<p>.id.<id>`.
     Id(String),
     /// The archived copy of a settled dispatch record, outside its thread's tree:
@@ -73,6 +76,7 @@ impl Key {
             Key::Thread(t) => format!("{prefix}.th.{}.t", enc(t)),
             Key::Dispatch(t, id) => format!("{prefix}.th.{}.d.{}", enc(t), enc(id)),
             Key::Entry(t, seq) => format!("{prefix}.th.{}.e.{seq}", enc(t)),
+            Key::Message(t, seq) => format!("{prefix}.th.{}.m.{seq}", enc(t)),
             Key::Id(id) => format!("{prefix}.id.{}", enc(id)),
             Key::Archive(t, id) => format!("{prefix}.ar.{}.{}", enc(t), enc(id)),
         }
@@ -81,7 +85,7 @@ impl Key {
     /// The thread whose tree holds this key.
     pub fn thread(&self) -> Option<&str> {
         match self {
-            Key::Thread(t) | Key::Dispatch(t, _) | Key::Entry(t, _) => Some(t),
+            Key::Thread(t) | Key::Dispatch(t, _) | Key::Entry(t, _) | Key::Message(t, _) => Some(t),
             Key::Id(_) | Key::Archive(..) => None,
         }
     }
@@ -106,6 +110,16 @@ impl Key {
         format!("{prefix}.th.{}.>", enc(thread))
     }
 
+    /// The subject filter of every message of a thread.
+    pub fn messages_of(prefix: &str, thread: &str) -> String {
+        format!("{prefix}.th.{}.m.*", enc(thread))
+    }
+
+    /// The subject filter of every message of every thread.
+    pub fn all_messages(prefix: &str) -> String {
+        format!("{prefix}.th.*.m.*")
+    }
+
     /// The subject filter of every log entry of a thread.
     pub fn entries_of(prefix: &str, thread: &str) -> String {
         format!("{prefix}.th.{}.e.*", enc(thread))
@@ -122,6 +136,7 @@ impl Key {
                     "t" => Key::Thread(thread),
                     "d" => Key::Dispatch(thread, dec(parts.next()?)?),
                     "e" => Key::Entry(thread, parts.next()?.parse().ok()?),
+                    "m" => Key::Message(thread, parts.next()?.parse().ok()?),
                     _ => return None,
                 }
             }
@@ -141,6 +156,7 @@ impl Key {
             Key::Dispatch(_, id) | Key::Archive(_, id) => format!("dispatches/{id}"),
             Key::Thread(t) => format!("threads/{t}"),
             Key::Entry(t, seq) => format!("log/{t}/{seq}"),
+            Key::Message(t, seq) => format!("messages/{t}/{seq}"),
             Key::Id(id) => format!("ids/{id}"),
         }
     }
@@ -173,6 +189,23 @@ impl Key {
                 Ok(Record::Thread(t, rec))
             }
             Key::Entry(t, seq) => Ok(Record::Entry(t, seq)),
+            Key::Message(t, seq) => {
+                let (head, _) = decode_message_head(payload).map_err(|e| (name.clone(), e))?;
+                if head.seq != seq || head.thread != t {
+                    return Err((
+                        name,
+                        format!(
+                            "the record holds message {} of thread `{}`",
+                            head.seq, head.thread
+                        ),
+                    ));
+                }
+                Ok(Record::Message(
+                    t,
+                    seq,
+                    Box::new(MessageHead::of(&head, payload.len())),
+                ))
+            }
             Key::Id(id) => {
                 let thread =
                     String::from_utf8(payload.to_vec()).map_err(|e| (name, e.to_string()))?;
@@ -272,6 +305,67 @@ fn decode_dispatch(bytes: &[u8]) -> Result<Stored, String> {
         Some(other) => Err(format!("unknown record format (first byte {other:#04x})")),
         None => Err("empty record".to_owned()),
     }
+}
+
+/// The payload of a message record, framed like a dispatch record: the format byte, a `u32`
+/// length and the message as JSON with its payload left empty, then the payload (the rest).
+pub fn encode_message(message: &Message) -> StoreResult<Bytes> {
+    let mut fields = message.clone();
+    fields.payload = Vec::new();
+    let what = || {
+        format!(
+            "message {} of thread `{}`",
+            message.seq,
+            message.thread.escape_debug()
+        )
+    };
+    let header = serde_json::to_vec(&fields)
+        .map_err(|e| StoreError::Invalid(format!("{}: cannot encode: {e}", what())))?;
+    let n = u32::try_from(header.len()).map_err(|_| {
+        StoreError::Invalid(format!("{}: its fields are too large for a record", what()))
+    })?;
+    let mut out = BytesMut::with_capacity(5 + header.len() + message.payload.len());
+    out.put_u8(FRAMED);
+    out.put_u32(n);
+    out.put_slice(&header);
+    out.put_slice(&message.payload);
+    Ok(out.freeze())
+}
+
+/// The fields of a message record (its payload left empty) and where its payload starts.
+fn decode_message_head(bytes: &[u8]) -> Result<(Message, usize), String> {
+    match bytes.first() {
+        Some(&FRAMED) => {
+            let header_len = length_at(bytes, 1)?;
+            let header_end = 5usize.saturating_add(header_len);
+            let header = bytes
+                .get(5..header_end)
+                .ok_or_else(|| format!("record truncated: {header_len} bytes of fields missing"))?;
+            let message: Message = serde_json::from_slice(header).map_err(|e| e.to_string())?;
+            Ok((message, header_end))
+        }
+        Some(other) => Err(format!("unknown record format (first byte {other:#04x})")),
+        None => Err("empty record".to_owned()),
+    }
+}
+
+/// Decodes a whole message record of `key` (a [`Key::Message`]).
+pub fn decode_message(key: &Key, bytes: &[u8]) -> StoreResult<Message> {
+    let corrupt = |reason: String| StoreError::Corrupt {
+        key: key.describe(),
+        reason,
+    };
+    let (mut message, start) = decode_message_head(bytes).map_err(corrupt)?;
+    if let Key::Message(thread, seq) = key
+        && (message.seq != *seq || &message.thread != thread)
+    {
+        return Err(corrupt(format!(
+            "the record holds message {} of thread `{}`",
+            message.seq, message.thread
+        )));
+    }
+    message.payload = bytes.get(start..).unwrap_or_default().to_vec();
+    Ok(message)
 }
 
 /// The payload of a thread record.
@@ -377,12 +471,45 @@ mod tests {
     }
 
     #[test]
+    fn message_records_round_trip_and_the_view_keeps_their_heads() {
+        use crate::store::inbox::{Message, MessageKind, MessageState};
+        let message = Message {
+            thread: "t".into(),
+            seq: 3,
+            kind: MessageKind::FollowUp,
+            payload: vec![0, 255, b'{', 7],
+            metadata: [("k".to_owned(), "v".to_owned())].into(),
+            agent: Some("a".into()),
+            sent_by: "cli".into(),
+            sent_at: 5,
+            state: MessageState::Acked,
+            settled_at: Some(6),
+            acked_by: Some("d".into()),
+            log_seq: Some(9),
+        };
+        let bytes = encode_message(&message).unwrap_or_default();
+        let key = Key::Message("t".into(), 3);
+        assert_eq!(decode_message(&key, &bytes).ok(), Some(message.clone()));
+        let head = match key.clone().decode(&bytes) {
+            Ok(Record::Message(t, 3, head)) if t == "t" => Some(*head),
+            _ => None,
+        };
+        assert_eq!(head, Some(MessageHead::of(&message, bytes.len())));
+        // Another key's record, and damaged records, are corrupt, never a panic.
+        assert!(decode_message(&Key::Message("t".into(), 4), &bytes).is_err());
+        for cut in 0..bytes.len() / 2 {
+            assert!(decode_message(&key, &bytes[..cut]).is_err(), "cut at {cut}");
+        }
+    }
+
+    #[test]
     fn subjects_round_trip_any_name() {
         for name in ["", "a", "thread.with.dots", "sp ace*>", "ünï/cødé", "-_-"] {
             for key in [
                 Key::Thread(name.into()),
                 Key::Dispatch(name.into(), format!("{name}!")),
                 Key::Entry(name.into(), 42),
+                Key::Message(name.into(), 7),
                 Key::Id(name.into()),
                 Key::Archive(name.into(), format!("{name}?")),
             ] {

@@ -17,9 +17,84 @@ use super::commit::{Expect, Plan, Write, put_dispatch, put_thread, settled};
 use super::fetch::Read;
 use super::keys::Key;
 use super::view::Record;
+use crate::store::inbox::MessageNote;
 use crate::store::model::{Fence, LogEntry, Watermarks};
 use crate::store::rules::{self, Fenced, Settle};
 use crate::store::{SequenceStore, StoreError, StoreResult, check_size};
+
+/// The bit of an entry's 8-byte time that says a note follows it (stored times are below
+/// 2^63, so no entry without a note has it).
+const NOTED: u64 = 1 << 63;
+
+/// The payload of a log entry: its time as 8 big-endian bytes, then the data; an entry that
+/// records an inbox message sets the time's top bit and puts a `u32` length and the note's
+/// JSON between the time and the data.
+pub(super) fn encode_entry(
+    now: u64,
+    data: &[u8],
+    note: Option<&MessageNote>,
+) -> StoreResult<Bytes> {
+    let note = note
+        .map(|n| {
+            serde_json::to_vec(n)
+                .map_err(|e| StoreError::Invalid(format!("note: cannot encode: {e}")))
+        })
+        .transpose()?;
+    let mut payload = BytesMut::with_capacity(12 + data.len() + note.as_ref().map_or(0, Vec::len));
+    match note {
+        Some(note) => {
+            let n = u32::try_from(note.len())
+                .map_err(|_| StoreError::Invalid("note: too large for an entry".into()))?;
+            payload.put_u64((now & !NOTED) | NOTED);
+            payload.put_u32(n);
+            payload.put_slice(&note);
+        }
+        None => payload.put_u64(now & !NOTED),
+    }
+    payload.put_slice(data);
+    Ok(payload.freeze())
+}
+
+/// Decodes a log entry's payload (both forms, see [`encode_entry`]).
+pub(super) fn decode_entry(thread: &str, seq: u64, payload: &[u8]) -> StoreResult<LogEntry> {
+    let corrupt = |reason: String| StoreError::Corrupt {
+        key: format!("log/{thread}/{seq}"),
+        reason,
+    };
+    let Some(time) = payload.get(..8).and_then(|b| <[u8; 8]>::try_from(b).ok()) else {
+        return Err(corrupt(format!(
+            "entry of {} bytes has no header",
+            payload.len()
+        )));
+    };
+    let time = u64::from_be_bytes(time);
+    if time & NOTED == 0 {
+        return Ok(LogEntry {
+            seq,
+            data: payload[8..].to_vec(),
+            appended_at: time,
+            note: None,
+        });
+    }
+    let Some(len) = payload.get(8..12).and_then(|b| <[u8; 4]>::try_from(b).ok()) else {
+        return Err(corrupt("entry truncated before its note's length".into()));
+    };
+    let end = usize::try_from(u32::from_be_bytes(len))
+        .ok()
+        .and_then(|n| n.checked_add(12))
+        .ok_or_else(|| corrupt("note length out of range".into()))?;
+    let note = payload
+        .get(12..end)
+        .ok_or_else(|| corrupt("entry truncated inside its note".into()))?;
+    let note: MessageNote =
+        serde_json::from_slice(note).map_err(|e| corrupt(format!("note: {e}")))?;
+    Ok(LogEntry {
+        seq,
+        data: payload.get(end..).unwrap_or_default().to_vec(),
+        appended_at: time & !NOTED,
+        note: Some(note),
+    })
+}
 
 /// The page size of `read` when the caller gives 0.
 const DEFAULT_READ: usize = 1000;
@@ -44,32 +119,10 @@ impl NatsStore {
             None => vec![Read::Log(thread)],
         };
         self.run(&reads, |view, now, _| {
-            if let Some(fence) = fence {
-                let d = view.dispatch(&fence.dispatch)?.map(|s| &s.dispatch);
-                let thread_epoch = match d {
-                    Some(d) => view.thread(&d.thread)?.epoch,
-                    None => 0,
-                };
-                match rules::check_fence(d, thread, fence, thread_epoch, now) {
-                    Fenced::Live => {}
-                    // A fence naming another thread stays wrong however far the view gets.
-                    Fenced::Refuse(e @ StoreError::Invalid(_)) => return Ok(Plan::Done(Err(e))),
-                    Fenced::Refuse(e) => return Ok(Plan::Refuse(Err(e))),
-                    Fenced::Supersede {
-                        record,
-                        token,
-                        error,
-                    } => {
-                        return Ok(Plan::Write {
-                            writes: vec![put_dispatch(
-                                view,
-                                settled(*record, &token, Settle::Supersede),
-                            )?],
-                            answer: Err(error),
-                            wake: true,
-                        });
-                    }
-                }
+            if let Some(fence) = fence
+                && let Some(plan) = Self::fenced(view, thread, fence, now)?
+            {
+                return Ok(plan);
             }
             let latest = view.latest(thread);
             if let Some(expected) = expected
@@ -78,13 +131,10 @@ impl NatsStore {
                 return Ok(Plan::Refuse(Err(StoreError::Conflict { latest })));
             }
             let seq = latest + 1;
-            let mut payload = BytesMut::with_capacity(8 + entry.len());
-            payload.put_u64(now);
-            payload.put_slice(entry);
             let write = Write {
                 key: Key::Entry(thread.to_owned(), seq),
                 expect: Expect::Thread(view.thread_seq(thread)),
-                payload: payload.freeze(),
+                payload: encode_entry(now, entry, None)?,
                 record: Record::Entry(thread.to_owned(), seq),
             };
             Ok(Plan::Write {
@@ -94,6 +144,41 @@ impl NatsStore {
             })
         })
         .await
+    }
+
+    /// The fence check of a fenced write to `thread` (the contract, section 4.4), as a fenced
+    /// append makes it: `None` when the holder is live, else the plan that answers.
+    pub(super) fn fenced<T>(
+        view: &crate::store::nats::view::View,
+        thread: &str,
+        fence: &Fence,
+        now: u64,
+    ) -> StoreResult<Option<Plan<T>>> {
+        let d = view.dispatch(&fence.dispatch)?.map(|s| &s.dispatch);
+        let thread_epoch = match d {
+            Some(d) => view.thread(&d.thread)?.epoch,
+            None => 0,
+        };
+        Ok(
+            match rules::check_fence(d, thread, fence, thread_epoch, now) {
+                Fenced::Live => None,
+                // A fence naming another thread stays wrong however far the view gets.
+                Fenced::Refuse(e @ StoreError::Invalid(_)) => Some(Plan::Done(Err(e))),
+                Fenced::Refuse(e) => Some(Plan::Refuse(Err(e))),
+                Fenced::Supersede {
+                    record,
+                    token,
+                    error,
+                } => Some(Plan::Write {
+                    writes: vec![put_dispatch(
+                        view,
+                        settled(*record, &token, Settle::Supersede),
+                    )?],
+                    answer: Err(error),
+                    wake: true,
+                }),
+            },
+        )
     }
 
     /// Drops the stored entries at or below `cut` (the watermark already says they are gone).
@@ -113,23 +198,6 @@ impl NatsStore {
             "seq": seq + 1,
         }))
         .await
-    }
-
-    fn decode_entry(&self, thread: &str, seq: u64, payload: &Bytes) -> StoreResult<LogEntry> {
-        if payload.len() < 8 {
-            return Err(StoreError::Corrupt {
-                key: format!("log/{thread}/{seq}"),
-                reason: format!("entry of {} bytes has no header", payload.len()),
-            });
-        }
-        let mut at = [0u8; 8];
-        at.copy_from_slice(&payload[..8]);
-        Ok(LogEntry {
-            seq,
-            data: payload[8..].to_vec(),
-            appended_at: u64::from_be_bytes(at),
-            note: None,
-        })
     }
 
     /// The thread's watermarks once the view caught up with the stream.
@@ -214,7 +282,7 @@ impl SequenceStore for NatsStore {
         for item in fetched {
             // A missing entry was trimmed after the watermark was read.
             if let Some((seq, payload)) = item? {
-                out.push(self.decode_entry(thread, seq, &payload)?);
+                out.push(decode_entry(thread, seq, &payload)?);
             }
         }
         Ok(out)
@@ -238,5 +306,38 @@ impl SequenceStore for NatsStore {
 
     fn max_entry(&self) -> u64 {
         self.room().entry
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::store::inbox::MessageKind;
+
+    #[test]
+    fn entries_with_and_without_a_note_round_trip() {
+        let plain = encode_entry(1_700_000_000_000, b"data", None).unwrap_or_default();
+        let back = decode_entry("t", 1, &plain).ok();
+        assert_eq!(back.as_ref().map(|e| e.note.is_none()), Some(true));
+        assert_eq!(
+            back.map(|e| (e.appended_at, e.data)),
+            Some((1_700_000_000_000, b"data".to_vec()))
+        );
+        let note = MessageNote {
+            seq: 4,
+            kind: MessageKind::Steer,
+            metadata: Default::default(),
+            sent_at: 3,
+            sent_by: "cli".into(),
+        };
+        let noted = encode_entry(1_700_000_000_001, b"", Some(&note)).unwrap_or_default();
+        let back = decode_entry("t", 2, &noted).ok();
+        assert_eq!(
+            back.map(|e| (e.appended_at, e.data, e.note)),
+            Some((1_700_000_000_001, Vec::new(), Some(note)))
+        );
+        for cut in 0..12 {
+            assert!(decode_entry("t", 2, &noted[..cut]).is_err(), "cut at {cut}");
+        }
     }
 }

@@ -15,6 +15,7 @@ use super::commit::{
 };
 use super::config::{GROWTH_ROOM, Room};
 use super::fetch::Read;
+use super::inbox::{Answer, answer_inbox, follow_up_writes};
 use super::keys::{FRAME_OVERHEAD, Key};
 use super::view::{Record, Stored, View};
 use crate::store::check_size;
@@ -147,40 +148,121 @@ impl NatsStore {
     }
 
     /// A holder operation: check the claim as the rules say, apply `op` to a live holder's
-    /// record and store it.
+    /// record and store it. A settlement that leaves its thread idle with messages no
+    /// follow-up covers also enqueues the follow-ups (M4, case b; see `inbox`), in the same
+    /// atomic batch.
     async fn holder_write(&self, id: &str, token: &str, op: HolderOp) -> StoreResult<Dispatch> {
         let settles = op.settles();
-        self.run(&[Read::Dispatch(id)], |view, now, _| {
-            match check_holder(view, id, token, settles, now)? {
-                Holder::Repeat(d) => Ok(Plan::Done(Ok(d))),
-                Holder::Refuse(e) => Ok(Plan::Refuse(Err(e))),
-                Holder::Supersede {
-                    record,
-                    token,
-                    error,
-                } => Ok(Plan::Write {
-                    writes: vec![put_dispatch(
-                        view,
-                        settled(record, &token, Settle::Supersede),
-                    )?],
-                    answer: Err(error),
-                    wake: true,
-                }),
-                Holder::Live(mut d) => {
-                    op.clone().apply(&mut d, now);
-                    let stored = match settles {
-                        Some(op) => settled(d.clone(), token, op),
-                        None => plain(d.clone()),
-                    };
-                    Ok(Plan::Write {
-                        writes: vec![put_dispatch(view, stored)?],
-                        answer: Ok(d),
-                        wake: settles.is_some(),
-                    })
-                }
+        // A client reads the thread's messages with the record when the operation settles (a
+        // host's view holds them); it reads the whole thread only when they need answering.
+        let first = [Read::Dispatch(id), Read::InboxOf(id)];
+        let whole = [Read::ThreadOf(id), Read::InboxOf(id)];
+        let reads: [&[Read<'_>]; 2] = match settles {
+            Some(_) => [&first[..], &whole[..]],
+            None => [&first[..1], &first[..1]],
+        };
+        for reads in reads {
+            let out = self
+                .run(reads, |view, now, _| {
+                    match check_holder(view, id, token, settles, now)? {
+                        Holder::Repeat(d) => Ok(Plan::Done(Ok(Some(d)))),
+                        Holder::Refuse(e) => Ok(Plan::Refuse(Err(e))),
+                        Holder::Supersede {
+                            record,
+                            token,
+                            error,
+                        } => Ok(Plan::Write {
+                            writes: vec![put_dispatch(
+                                view,
+                                settled(record, &token, Settle::Supersede),
+                            )?],
+                            answer: Err(error),
+                            wake: true,
+                        }),
+                        Holder::Live(mut d) => {
+                            op.clone().apply(&mut d, now);
+                            let stored = match settles {
+                                Some(op) => settled(d.clone(), token, op),
+                                None => plain(d.clone()),
+                            };
+                            let mut writes = vec![put_dispatch(view, stored)?];
+                            let mut wake = settles.is_some();
+                            if d.status != Status::Claimed {
+                                // T8, T10, T11: answer the inbox when this left the thread
+                                // idle.
+                                match answer_inbox(view, &d, now)? {
+                                    Answer::Nothing => {}
+                                    Answer::NeedThread => return Ok(Plan::Done(Ok(None))),
+                                    Answer::FollowUps(follow_ups, rec) => {
+                                        writes
+                                            .extend(follow_up_writes(&d.thread, follow_ups, rec)?);
+                                        wake = true;
+                                    }
+                                }
+                            }
+                            Ok(Plan::Write {
+                                writes,
+                                answer: Ok(Some(d)),
+                                wake,
+                            })
+                        }
+                    }
+                })
+                .await?;
+            if let Some(d) = out {
+                return Ok(d);
             }
-        })
-        .await
+        }
+        Err(StoreError::Contention(format!(
+            "dispatch {id}: its thread kept changing while it settled"
+        )))
+    }
+}
+
+impl NatsStore {
+    /// T13 for one dispatch whose lease expired, with M4 (case b) when it leaves its thread
+    /// idle with messages no follow-up covers (see [`NatsStore::holder_write`]).
+    async fn reclaim_one(&self, id: &str, now: u64) -> StoreResult<Option<Dispatch>> {
+        let first = [Read::Dispatch(id), Read::InboxOf(id)];
+        let whole = [Read::ThreadOf(id), Read::InboxOf(id)];
+        for reads in [&first[..], &whole[..]] {
+            // (the record to report, decided)
+            let (back, decided) = self
+                .run(reads, |view, _, _| {
+                    let Some(stored) = view.dispatch(id)? else {
+                        return Ok(Plan::Done(Ok((None, true))));
+                    };
+                    let thread_epoch = view.thread(&stored.dispatch.thread)?.epoch;
+                    let verdict = rules::reclaim(stored.dispatch.clone(), thread_epoch, now);
+                    let reported = verdict.reported().cloned();
+                    let d = match verdict {
+                        Reclaim::Live => return Ok(Plan::Done(Ok((None, true)))),
+                        Reclaim::Requeued(d)
+                        | Reclaim::DeadLettered(d)
+                        | Reclaim::Superseded(d) => d,
+                    };
+                    let mut writes = vec![put_dispatch(view, plain(d.clone()))?];
+                    match answer_inbox(view, &d, now)? {
+                        Answer::Nothing => {}
+                        Answer::NeedThread => return Ok(Plan::Done(Ok((None, false)))),
+                        Answer::FollowUps(follow_ups, rec) => {
+                            writes.extend(follow_up_writes(&d.thread, follow_ups, rec)?);
+                        }
+                    }
+                    Ok(Plan::Write {
+                        writes,
+                        answer: Ok((reported, true)),
+                        wake: true,
+                    })
+                })
+                .await?;
+            if decided {
+                return Ok(back);
+            }
+        }
+        Err(StoreError::Contention(format!(
+            "dispatch {id}: its thread kept changing while it was reclaimed"
+        )))
     }
 }
 
@@ -510,28 +592,7 @@ impl Mailbox for NatsStore {
         expired.truncate(limit);
         let mut out = Vec::new();
         for (_, id) in expired {
-            let back = self
-                .run(&[Read::Dispatch(&id)], |view, _, _| {
-                    let Some(stored) = view.dispatch(&id)? else {
-                        return Ok(Plan::Done(Ok(None)));
-                    };
-                    let thread_epoch = view.thread(&stored.dispatch.thread)?.epoch;
-                    let verdict = rules::reclaim(stored.dispatch.clone(), thread_epoch, now);
-                    let reported = verdict.reported().cloned();
-                    let d = match verdict {
-                        Reclaim::Live => return Ok(Plan::Done(Ok(None))),
-                        Reclaim::Requeued(d)
-                        | Reclaim::DeadLettered(d)
-                        | Reclaim::Superseded(d) => d,
-                    };
-                    Ok(Plan::Write {
-                        writes: vec![put_dispatch(view, plain(d))?],
-                        answer: Ok(reported),
-                        wake: true,
-                    })
-                })
-                .await?;
-            out.extend(back);
+            out.extend(self.reclaim_one(&id, now).await?);
         }
         // A host's sweep also moves settled records out of the threads' trees (`archive`).
         // It is upkeep: a failure is reported and retried at the next sweep, never the

@@ -10,7 +10,8 @@
 //! | --- | --- |
 //! | `<p>.th.<thread>.t` | the thread record: epoch, trimmed log watermark |
 //! | `<p>.th.<thread>.d.<id>` | a dispatch record (JSON), or an empty tombstone after purge |
-//! | `<p>.th.<thread>.e.<seq>` | one thread-log entry |
+//! | `<p>.th.<thread>.e.<seq>` | one thread-log entry (with a note when it records a message) |
+//! | `<p>.th.<thread>.m.<seq>` | one inbox message (framed: JSON fields, then the payload) |
 //! | `<p>.id.<id>` | the thread of a caller-chosen id (admits the id once) |
 //! | `<p>.ar.<thread>.<id>` | a settled dispatch record moved out of its thread's tree (`archive`) |
 //!
@@ -79,7 +80,7 @@
 //!   with their expectations and decided again after a conflict.
 //! - `watcher`: the consumer that keeps the view, and the barrier.
 //! - [`view`] and [`keys`]: the projection and the subject and record encoding.
-//! - `mailbox`, `queries` and `log`: the operations. Every holder, fence, claim and reclaim
+//! - `mailbox`, `queries`, `log` and `inbox`: the operations. Every holder, fence, claim and reclaim
 //!   decision in them is the store's rules' (`store::rules`), shared with the embedded backend.
 //!
 //! # Clients read, hosts follow
@@ -224,6 +225,9 @@ struct Inner {
     applied: Notify,
     /// Fired when work may have become claimable.
     signal: Arc<Notify>,
+    /// The thread watches of this instance (woken by the watcher, and by this instance's
+    /// own writes).
+    watches: crate::store::inbox::Watches,
     watcher_restarts: AtomicU64,
     /// Asks the watcher to recreate its consumer from its position (a barrier timed out).
     resync: Arc<Notify>,
@@ -304,6 +308,7 @@ impl NatsStore {
             view: Mutex::new(View::lean()),
             applied: Notify::new(),
             signal: Arc::new(Notify::new()),
+            watches: crate::store::inbox::Watches::default(),
             watcher_restarts: AtomicU64::new(0),
             resync: Arc::new(Notify::new()),
             barrier_calls: AtomicU64::new(0),

@@ -9,11 +9,12 @@
 //! caught up. Refusals read from the view (not found, not claimed) are confirmed the same way:
 //! the caller waits for the view to reach the stream's last sequence and decides again.
 
-use std::collections::{BTreeSet, HashMap, HashSet};
+use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
 
 use serde::{Deserialize, Serialize};
 
 use super::keys::Key;
+use crate::store::inbox::{InboxMarks, Message, MessageKind, MessageState};
 use crate::store::model::{Dispatch, Status};
 use crate::store::rules::Found;
 use crate::store::{StoreError, StoreResult};
@@ -51,6 +52,53 @@ pub struct ThreadRec {
     /// Log entries at or below this are trimmed (the watermark survives a delete).
     #[serde(default)]
     pub trimmed: u64,
+    /// The highest inbox message a follow-up dispatch covers (the contract, section 9.1).
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub inbox_followed: u64,
+    /// The highest inbox message removed from the tree, so that the inbox's `latest` never
+    /// moves back when its last messages are purged.
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub inbox_archived: u64,
+    /// The thread's last agent as last written with the record (the view also learns it from
+    /// the claimed records it applies, see [`View::last_agent`]).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub agent: Option<String>,
+}
+
+fn is_zero(n: &u64) -> bool {
+    *n == 0
+}
+
+/// What the view keeps of an inbox message: everything its decisions read, not its payload
+/// (which one direct get fetches when it is needed).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct MessageHead {
+    /// The sender's choice.
+    pub kind: MessageKind,
+    /// The agent the sender addressed.
+    pub agent: Option<String>,
+    /// Where it is in its life.
+    pub state: MessageState,
+    /// The record's size in bytes.
+    pub size: u64,
+    /// The dispatch that acked it.
+    pub acked_by: Option<String>,
+    /// The log entry its acknowledgement appended.
+    pub log_seq: Option<u64>,
+}
+
+impl MessageHead {
+    /// The head of `message`, whose record takes `size` bytes.
+    pub fn of(message: &Message, size: usize) -> MessageHead {
+        MessageHead {
+            kind: message.kind,
+            agent: message.agent.clone(),
+            state: message.state,
+            size: size as u64,
+            acked_by: message.acked_by.clone(),
+            log_seq: message.log_seq,
+        }
+    }
 }
 
 /// A record and the stream sequence of the message that holds it. `value` is `None` for a
@@ -72,6 +120,8 @@ pub enum Record {
     Thread(String, ThreadRec),
     /// A log entry of a thread (its content is not kept in the view).
     Entry(String, u64),
+    /// An inbox message of a thread, by sequence (its payload is not kept in the view).
+    Message(String, u64, Box<MessageHead>),
     /// The thread of a caller-chosen id.
     Id(String, String),
 }
@@ -79,9 +129,17 @@ pub enum Record {
 impl Record {
     fn thread(&self) -> Option<&str> {
         match self {
-            Record::Dispatch(t, _, _) | Record::Thread(t, _) | Record::Entry(t, _) => Some(t),
+            Record::Dispatch(t, _, _)
+            | Record::Thread(t, _)
+            | Record::Entry(t, _)
+            | Record::Message(t, _, _) => Some(t),
             Record::Id(..) => None,
         }
+    }
+
+    /// The thread whose tree holds the record.
+    pub fn thread_name(&self) -> Option<&str> {
+        self.thread()
     }
 }
 
@@ -115,6 +173,13 @@ struct ThreadState {
     latest: u64,
     /// Queued or claimed dispatches.
     live: BTreeSet<String>,
+    /// The highest inbox message sequence seen.
+    messages_latest: u64,
+    /// Inbox messages by sequence, with the stream sequence of their record: the pending ones
+    /// (a lean view drops the others; a view read for one operation keeps them all).
+    messages: BTreeMap<u64, (u64, MessageHead)>,
+    /// The agent of the record claimed most recently, with the stream sequence it was seen at.
+    last_agent: Option<(u64, String)>,
 }
 
 /// The projection.
@@ -137,6 +202,12 @@ pub struct View {
     markers: HashMap<String, u64>,
     /// The same, by sequence.
     marker_order: BTreeSet<(u64, String)>,
+    /// Settled messages' record sequences, until `pos` passes them (lean views), by stream
+    /// sequence: (stream sequence, thread, message sequence).
+    message_markers: BTreeSet<(u64, String, u64)>,
+    /// Threads whose every dispatch record a view read for one operation holds (a lean view
+    /// holds every live dispatch of every thread).
+    whole: HashSet<String>,
     dispatches: HashMap<String, Entry<Stored>>,
     /// Ids in `dispatches` read from the archive: a record of the tree replaces them whatever
     /// the sequences (see [`View::apply_archived`]).
@@ -190,6 +261,13 @@ impl View {
                 self.markers.remove(&id);
             }
         }
+        while self
+            .message_markers
+            .first()
+            .is_some_and(|(at, _, _)| *at <= self.pos)
+        {
+            self.message_markers.pop_first();
+        }
     }
 
     fn apply_record(&mut self, seq: u64, record: Record) {
@@ -209,6 +287,7 @@ impl View {
                     state.latest = state.latest.max(n);
                 }
             }
+            Record::Message(thread, n, head) => self.apply_message_head(seq, thread, n, *head),
             // A host finds chosen ids on the server when it needs them (an enqueue's write of
             // the id record expects it absent, and reads it after a conflict).
             Record::Id(..) if self.lean => {}
@@ -225,6 +304,30 @@ impl View {
                 );
             }
         }
+    }
+
+    fn apply_message_head(&mut self, seq: u64, thread: String, n: u64, head: MessageHead) {
+        let marked = self
+            .message_markers
+            .range((seq, String::new(), 0)..)
+            .any(|(_, t, m)| *t == thread && *m == n);
+        let Some(state) = self.threads.get_mut(&thread) else {
+            return;
+        };
+        state.messages_latest = state.messages_latest.max(n);
+        if marked || state.messages.get(&n).is_some_and(|(at, _)| *at >= seq) {
+            return;
+        }
+        if self.lean && head.state != MessageState::Pending {
+            // It leaves the view; its marker keeps an older message of it, still on its way,
+            // from bringing it back.
+            state.messages.remove(&n);
+            if seq > self.pos {
+                self.message_markers.insert((seq, thread, n));
+            }
+            return;
+        }
+        state.messages.insert(n, (seq, head));
     }
 
     /// Applies this instance's own write as soon as the server acknowledged it, ahead of the
@@ -350,6 +453,13 @@ impl View {
         let bumped = settled && seq > state.served;
         if bumped {
             state.served = seq;
+        }
+        // The last agent: the agent of the record claimed most recently (a record's message
+        // moves on with its claim, so the latest one of a claimed record says it).
+        if (d.claims > 0 || d.status == Status::Claimed)
+            && state.last_agent.as_ref().is_none_or(|(at, _)| *at < seq)
+        {
+            state.last_agent = Some((seq, d.agent.clone()));
         }
         match d.status {
             Status::Queued => {
@@ -597,6 +707,85 @@ impl View {
             .iter()
             .filter_map(|id| self.dispatches.get(id).and_then(|e| e.value.as_ref()))
             .collect()
+    }
+
+    /// The thread's last agent: of the record claimed most recently that the view applied,
+    /// else as the thread record says.
+    pub fn last_agent(&self, thread: &str) -> Option<String> {
+        let state = self.threads.get(thread)?;
+        state
+            .last_agent
+            .as_ref()
+            .map(|(_, agent)| agent.clone())
+            .or_else(|| state.record.agent.clone())
+    }
+
+    /// The thread's inbox watermarks.
+    pub fn inbox_marks(&self, thread: &str) -> InboxMarks {
+        let Some(state) = self.threads.get(thread) else {
+            return InboxMarks::default();
+        };
+        InboxMarks {
+            latest: state.messages_latest.max(state.record.inbox_archived),
+            pending: state
+                .messages
+                .values()
+                .filter(|(_, h)| h.state == MessageState::Pending)
+                .count() as u64,
+            followed: state.record.inbox_followed,
+        }
+    }
+
+    /// The pending messages of the thread with a sequence above `after`, oldest first.
+    pub fn pending_after(&self, thread: &str, after: u64) -> Vec<(u64, &MessageHead)> {
+        let Some(state) = self.threads.get(thread) else {
+            return Vec::new();
+        };
+        state
+            .messages
+            .range(after.saturating_add(1)..)
+            .filter(|(_, (_, h))| h.state == MessageState::Pending)
+            .map(|(n, (_, h))| (*n, h))
+            .collect()
+    }
+
+    /// Whether the thread has a pending message above `after` (without collecting them).
+    pub fn has_pending_after(&self, thread: &str, after: u64) -> bool {
+        self.threads.get(thread).is_some_and(|state| {
+            state
+                .messages
+                .range(after.saturating_add(1)..)
+                .any(|(_, (_, h))| h.state == MessageState::Pending)
+        })
+    }
+
+    /// The head of message `n` of the thread, if the view holds it (a lean view holds pending
+    /// messages only).
+    pub fn message(&self, thread: &str, n: u64) -> Option<&MessageHead> {
+        self.threads.get(thread)?.messages.get(&n).map(|(_, h)| h)
+    }
+
+    /// Pending messages across every thread.
+    pub fn pending_total(&self) -> u64 {
+        self.threads
+            .values()
+            .map(|s| {
+                s.messages
+                    .values()
+                    .filter(|(_, h)| h.state == MessageState::Pending)
+                    .count() as u64
+            })
+            .sum()
+    }
+
+    /// Records that every dispatch record of `thread` was read into this view.
+    pub fn mark_whole(&mut self, thread: &str) {
+        self.whole.insert(thread.to_owned());
+    }
+
+    /// Whether the view holds every live dispatch of `thread` (a lean view always does).
+    pub fn knows_live(&self, thread: &str) -> bool {
+        self.lean || self.whole.contains(thread)
     }
 
     /// Whether any dispatch is queued or claimed.

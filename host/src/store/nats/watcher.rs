@@ -266,6 +266,7 @@ impl Inner {
             .filter(|key| !matches!(key, Key::Archive(..)))
             .map(|key| key.decode(payload));
         let mut wake = false;
+        let mut touched: Option<String> = None;
         if let Ok(mut view) = self.view.lock() {
             match decoded {
                 Some(Ok(record)) => {
@@ -279,6 +280,9 @@ impl Inner {
                         }
                         _ => false,
                     };
+                    if self.watches.open() > 0 {
+                        touched = record.thread_name().map(str::to_owned);
+                    }
                     view.apply(seq, record);
                 }
                 Some(Err((key, reason))) => view.mark_corrupt(seq, key, reason),
@@ -286,6 +290,9 @@ impl Inner {
             }
         }
         self.applied.notify_waiters();
+        if let Some(thread) = touched {
+            self.watches.notify(&thread);
+        }
         if wake {
             self.signal.notify_waiters();
             self.signal.notify_one();
