@@ -1250,6 +1250,12 @@ struct Committed {
     event: usize,
 }
 
+/// What an ambiguous write may have committed: its data when known, the message it names.
+type MaybeEntry<'a> = (Option<&'a [u8]>, Option<u64>);
+
+/// A write in real time: (thread, seq, not before, before, by an acknowledgement, event).
+type TimedWrite<'a> = (&'a str, u64, u64, u64, bool, usize);
+
 /// The payload of each message, by (thread, seq): what its send stored, or, when the send was
 /// ambiguous, what a read of the message showed.
 fn payloads(events: &[Event]) -> BTreeMap<(&str, u64), &[u8]> {
@@ -1325,12 +1331,11 @@ fn check_logs(c: &mut Checker<'_>) {
     // Per thread: committed entries, what ambiguous writes may have committed (data when known,
     // the message named), trims.
     let mut appends: BTreeMap<&str, BTreeMap<u64, Committed>> = BTreeMap::new();
-    let mut ambiguous: BTreeMap<&str, Vec<(Option<&[u8]>, Option<u64>)>> = BTreeMap::new();
+    let mut ambiguous: BTreeMap<&str, Vec<MaybeEntry<'_>>> = BTreeMap::new();
     let mut trimmed: BTreeSet<&str> = BTreeSet::new();
     // Observations of `latest`: (thread, lower bound, event, exact).
     let mut seen: Vec<(&str, u64, usize, bool)> = Vec::new();
-    // Commits in real time: (thread, seq, not before, before, by an acknowledgement, event).
-    let mut commits: Vec<(&str, u64, u64, u64, bool, usize)> = Vec::new();
+    let mut commits: Vec<TimedWrite<'_>> = Vec::new();
     for (i, e) in events.iter().enumerate() {
         let commit = match (&e.op, &e.outcome) {
             (Op::Append { thread, data, .. }, Outcome::Seq(seq)) => {
@@ -1428,7 +1433,7 @@ fn check_logs(c: &mut Checker<'_>) {
         }
     }
     // Real-time order: a write that returned before another began got the lower sequence.
-    let mut by_thread: BTreeMap<&str, Vec<(&str, u64, u64, u64, bool, usize)>> = BTreeMap::new();
+    let mut by_thread: BTreeMap<&str, Vec<TimedWrite<'_>>> = BTreeMap::new();
     for commit in commits {
         by_thread.entry(commit.0).or_default().push(commit);
     }
@@ -1839,6 +1844,9 @@ mod checker_tests {
         }
     }
 
+    /// A message a read shows: (seq, payload, acked by and log entry).
+    type Shown<'a> = (u64, &'a str, Option<(&'a str, u64)>);
+
     /// Builds histories with explicit times: each call takes [at, at + 1] and the store clock
     /// reads `clock` throughout.
     #[derive(Default)]
@@ -2021,12 +2029,7 @@ mod checker_tests {
         }
 
         /// A read of every message of `thread`: (seq, payload, acked by and log entry).
-        fn messages(
-            &mut self,
-            at: u64,
-            thread: &str,
-            shown: &[(u64, &str, Option<(&str, u64)>)],
-        ) -> &mut Self {
+        fn messages(&mut self, at: u64, thread: &str, shown: &[Shown<'_>]) -> &mut Self {
             let v = shown
                 .iter()
                 .map(|(seq, payload, acked)| {
