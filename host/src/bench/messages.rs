@@ -42,7 +42,8 @@ pub(super) async fn messages(target: &Target, n: usize) -> anyhow::Result<Vec<Fi
             let mut after = 0;
             for _ in 0..n {
                 let until = Instant::now() + Duration::from_secs(30);
-                let Some(m) = wait_next(&store, THREAD, after, until, std::future::pending()).await?
+                let Some(m) =
+                    wait_next(&store, THREAD, after, until, std::future::pending()).await?
                 else {
                     bail!("no message arrived within 30 s");
                 };

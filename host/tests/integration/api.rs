@@ -812,11 +812,23 @@ async fn inbox_routes(backend: Backend) {
     let (status, _) = send(json!({ "payload": "hi" }), READER).await;
     assert_eq!(status, 403, "a reader may not send");
     let (status, body) = send(json!({ "payload": "", "kind": "steer" }), PRODUCER).await;
-    assert_eq!((status, body["field"].as_str()), (400, Some("payload")), "{body}");
+    assert_eq!(
+        (status, body["field"].as_str()),
+        (400, Some("payload")),
+        "{body}"
+    );
     let (status, body) = send(json!({ "payload": "hi", "agent": "nobody" }), PRODUCER).await;
-    assert_eq!((status, body["field"].as_str()), (404, Some("agent")), "{body}");
+    assert_eq!(
+        (status, body["field"].as_str()),
+        (404, Some("agent")),
+        "{body}"
+    );
     let (status, body) = send(json!({ "payload": "hi", "kind": "shout" }), PRODUCER).await;
-    assert_eq!((status, body["field"].as_str()), (400, Some("kind")), "{body}");
+    assert_eq!(
+        (status, body["field"].as_str()),
+        (400, Some("kind")),
+        "{body}"
+    );
     let (status, body) = send(json!({ "payload": "hi" }), PRODUCER).await;
     assert_eq!(
         (status, body["field"].as_str()),
@@ -825,7 +837,11 @@ async fn inbox_routes(backend: Backend) {
     );
     let big = "x".repeat(65 * 1024);
     let (status, body) = send(json!({ "payload": big, "kind": "steer" }), PRODUCER).await;
-    assert_eq!((status, body["field"].as_str()), (413, Some("payload")), "{body}");
+    assert_eq!(
+        (status, body["field"].as_str()),
+        (413, Some("payload")),
+        "{body}"
+    );
     let (status, list) = api.get("/v1/threads/m/messages").await;
     assert_eq!(status, 200);
     assert_eq!(list["messages"], json!([]), "nothing was stored: {list}");
@@ -839,9 +855,17 @@ async fn inbox_routes(backend: Backend) {
         .await
         .unwrap();
     assert_eq!(response.status(), 200);
-    let (status, body) = send(json!({ "payload": "first", "kind": "steer", "metadata": { "k": "v" } }), PRODUCER).await;
+    let (status, body) = send(
+        json!({ "payload": "first", "kind": "steer", "metadata": { "k": "v" } }),
+        PRODUCER,
+    )
+    .await;
     assert_eq!((status, body["seq"].as_u64()), (201, Some(1)), "{body}");
-    assert_eq!(body["follow_ups"], json!([]), "a steer to an idle thread starts nothing");
+    assert_eq!(
+        body["follow_ups"],
+        json!([]),
+        "a steer to an idle thread starts nothing"
+    );
     let mut stream = response.bytes_stream();
     let mut text = String::new();
     while !text.contains("event: message") && !text.contains("event:message") {
@@ -860,11 +884,18 @@ async fn inbox_routes(backend: Backend) {
     assert_eq!(status, 201, "{body}");
     let follow_up = body["follow_ups"][0].as_str().unwrap().to_owned();
     let d = api.wait_terminal(&follow_up).await;
-    assert_eq!((d["agent"].as_str(), d["status"].as_str()), (Some("echo"), Some("acked")), "{d}");
+    assert_eq!(
+        (d["agent"].as_str(), d["status"].as_str()),
+        (Some("echo"), Some("acked")),
+        "{d}"
+    );
     assert_eq!(d["metadata"]["messages"], "1-2", "{d}");
     let (_, list) = api.get("/v1/threads/m/messages?state=pending").await;
     assert_eq!(list["messages"].as_array().unwrap().len(), 2, "{list}");
-    assert_eq!(list["inbox"], json!({ "latest": 2, "pending": 2, "followed": 2 }));
+    assert_eq!(
+        list["inbox"],
+        json!({ "latest": 2, "pending": 2, "followed": 2 })
+    );
     assert_eq!(list["messages"][0]["metadata"]["k"], "v");
     assert_eq!(list["messages"][0]["sent_by"], "api:producer");
     let (status, _) = api.get("/v1/threads/m/messages?state=lost").await;
@@ -876,14 +907,22 @@ async fn inbox_routes(backend: Backend) {
         assert_eq!(status, 201);
     }
     let (status, body) = send(json!({ "payload": "5", "kind": "steer" }), PRODUCER).await;
-    assert_eq!((status, body["limit"].as_str()), (429, Some("max_inbox")), "{body}");
+    assert_eq!(
+        (status, body["limit"].as_str()),
+        (429, Some("max_inbox")),
+        "{body}"
+    );
 
     // Discarding is an operator's.
     let path = "/v1/threads/m/messages/discard";
     let (status, _) = api.post(path, PRODUCER, json!({ "through": 2 })).await;
     assert_eq!(status, 403);
     let (status, body) = api.post(path, OPERATOR, json!({ "through": 2 })).await;
-    assert_eq!((status, body["discarded"].as_u64()), (200, Some(2)), "{body}");
+    assert_eq!(
+        (status, body["discarded"].as_u64()),
+        (200, Some(2)),
+        "{body}"
+    );
     let (_, list) = api.get("/v1/threads/m/messages?state=discarded").await;
     assert_eq!(list["messages"].as_array().unwrap().len(), 2, "{list}");
 }

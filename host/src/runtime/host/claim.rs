@@ -26,8 +26,8 @@ use crate::claim::{self, ClaimHandle};
 use crate::runtime::bindings::{DispatchInfo, EnqueueRequest, GuestError, StopReason};
 use crate::runtime::bindings::{mailbox, types};
 use crate::store::{Dispatch, Message, MessageKind, RunResult};
-use crate::work::messages;
 use crate::telemetry::{MESSAGE_DELIVERY, MESSAGES_ACKED};
+use crate::work::messages;
 
 impl From<claim::StopReason> for StopReason {
     fn from(reason: claim::StopReason) -> Self {
