@@ -209,13 +209,24 @@ async fn chaos(backend: Backend, size: ChaosSize) {
         });
     }
 
-    // The sender: messages into the inboxes of the first threads while the workers run.
+    // The sender: messages into the inboxes of the first threads while the workers run, spread
+    // over production (so the run takes no longer than without them).
     let sender = {
-        let (hosts, history, counts) = (hosts.clone(), history.clone(), counts.clone());
+        let (hosts, history, counts, produced) = (
+            hosts.clone(),
+            history.clone(),
+            counts.clone(),
+            produced.clone(),
+        );
         let (n, message_threads) = (size.messages, size.message_threads);
+        let total = size.producers * size.per_producer;
         let mut rng = Rng::new(seed ^ 33);
         tokio::spawn(async move {
             for i in 0..n {
+                while produced.load(Ordering::Relaxed) < total * i / n {
+                    assert!(Instant::now() < deadline, "sender: production stalled");
+                    tokio::time::sleep(Duration::from_millis(1)).await;
+                }
                 let slot = usize::try_from(rng.below(hosts.slots.len() as u64)).unwrap();
                 let rec = history.recorder(hosts.get(slot), format!("sender@h{slot}"));
                 let thread = format!("t{}", rng.below(message_threads as u64));
@@ -231,8 +242,6 @@ async fn chaos(backend: Backend, size: ChaosSize) {
                     Err(StoreError::Limit(_)) => counts.refused.fetch_add(1, Ordering::Relaxed),
                     Err(err) => panic!("send to {thread}: {err}"),
                 };
-                // The sending rate (pacing, not synchronisation).
-                tokio::time::sleep(Duration::from_millis(2)).await;
             }
         })
     };
