@@ -9,8 +9,12 @@
 //!
 //! - `chaos_*`: producers, workers that start/append/complete/ack/nack/dead-letter/abandon/pause at
 //!   random, a sweeper advancing the clock and reclaiming, an interrupter, a log reader, and hosts
-//!   dropped and reopened mid-run; the work drains and the checker finds nothing lost,
-//!   invented, duplicated, stale or overwritten.
+//!   dropped and reopened mid-run; a sender sends messages into some threads' inboxes while the
+//!   workers run, and workers acknowledge the pending messages they read through their claims
+//!   (some twice, some after their lease ran out); the work drains (with the follow-up
+//!   dispatches the store enqueued for messages left pending) and the checker finds nothing
+//!   lost, invented, duplicated, stale or overwritten, no message lost or acknowledged twice,
+//!   and the log in acknowledgement order.
 //! - `ack_races_reclaim_*`: a holder's ack racing a sweep of the same expired claim; exactly one
 //!   wins and a terminal state stays terminal.
 //! - `hot_thread_*`: 10,000 dispatches queued on one thread next to 100 lone threads; every lone
@@ -25,9 +29,11 @@ use std::sync::{Arc, Mutex, OnceLock};
 use std::time::{Duration, Instant};
 
 use homing::store::embedded::EmbeddedStore;
+use homing::store::inbox::{DEFAULT_MAX_INBOX, FOLLOW_UP_BY};
 use homing::store::nats::{NatsConfig, NatsStore};
 use homing::store::{
-    Clock, Fence, ManualClock, NewDispatch, RunResult, SharedClock, Status, Store, StoreError,
+    Clock, Fence, ManualClock, MessageFilter, MessageKind, MessageState, NewDispatch, NewMessage,
+    RunResult, SharedClock, Status, Store, StoreError,
 };
 use tokio::sync::Barrier;
 use tokio::task::JoinSet;
@@ -144,6 +150,19 @@ struct ChaosSize {
     threads: usize,
     restarts: usize,
     interrupts: usize,
+    /// Messages sent, into the first `message_threads` threads.
+    messages: usize,
+    message_threads: usize,
+}
+
+/// What the message part of a chaos run did.
+#[derive(Default)]
+struct MessageCounts {
+    sent: AtomicUsize,
+    refused: AtomicUsize,
+    acked: AtomicUsize,
+    repeated: AtomicUsize,
+    late: AtomicUsize,
 }
 
 async fn chaos(backend: Backend, size: ChaosSize) {
@@ -158,6 +177,7 @@ async fn chaos(backend: Backend, size: ChaosSize) {
     let hosts = Arc::new(Hosts { slots });
     let lease: u64 = 5_000;
     let produced = Arc::new(AtomicUsize::new(0));
+    let counts = Arc::new(MessageCounts::default());
     let stop = Arc::new(AtomicBool::new(false));
     let deadline = Instant::now() + Duration::from_secs(if soak() { 600 } else { 90 });
 
@@ -189,12 +209,55 @@ async fn chaos(backend: Backend, size: ChaosSize) {
         });
     }
 
+    // The sender: messages into the inboxes of the first threads while the workers run, spread
+    // over production (so the run takes no longer than without them).
+    let sender = {
+        let (hosts, history, counts, produced) = (
+            hosts.clone(),
+            history.clone(),
+            counts.clone(),
+            produced.clone(),
+        );
+        let (n, message_threads) = (size.messages, size.message_threads);
+        let total = size.producers * size.per_producer;
+        let mut rng = Rng::new(seed ^ 33);
+        tokio::spawn(async move {
+            for i in 0..n {
+                while produced.load(Ordering::Relaxed) < total * i / n {
+                    assert!(Instant::now() < deadline, "sender: production stalled");
+                    tokio::time::sleep(Duration::from_millis(1)).await;
+                }
+                let slot = usize::try_from(rng.below(hosts.slots.len() as u64)).unwrap();
+                let rec = history.recorder(hosts.get(slot), format!("sender@h{slot}"));
+                let thread = format!("t{}", rng.below(message_threads as u64));
+                let kind = if rng.below(4) == 0 {
+                    MessageKind::FollowUp
+                } else {
+                    MessageKind::Steer
+                };
+                let new =
+                    NewMessage::new(kind, format!("m{i} to {thread}"), "chaos").to_agent(AGENT);
+                match rec.send(&thread, new, DEFAULT_MAX_INBOX).await {
+                    Ok(_) => counts.sent.fetch_add(1, Ordering::Relaxed),
+                    Err(StoreError::Limit(_)) => counts.refused.fetch_add(1, Ordering::Relaxed),
+                    Err(err) => panic!("send to {thread}: {err}"),
+                };
+            }
+        })
+    };
+
     // Workers.
     let mut workers = JoinSet::new();
     for h in 0..size.hosts {
         for w in 0..size.workers_per_host {
-            let (hosts, history, stop, clock) =
-                (hosts.clone(), history.clone(), stop.clone(), clock.clone());
+            let (hosts, history, stop, clock, counts) = (
+                hosts.clone(),
+                history.clone(),
+                stop.clone(),
+                clock.clone(),
+                counts.clone(),
+            );
+            let message_threads = size.message_threads;
             let mut rng = Rng::new(seed ^ ((h * 100 + w) as u64 + 1000));
             workers.spawn(async move {
                 let mut handled = 0usize;
@@ -214,7 +277,20 @@ async fn chaos(backend: Backend, size: ChaosSize) {
                         continue;
                     };
                     handled += 1;
-                    work_once(&rec, &d, lease, &mut rng, &clock, &stop).await;
+                    let inbox = d
+                        .thread
+                        .strip_prefix('t')
+                        .and_then(|n| n.parse::<usize>().ok())
+                        .is_some_and(|n| n < message_threads);
+                    let work = Work {
+                        rec: &rec,
+                        lease,
+                        clock: &clock,
+                        stop: &stop,
+                        inbox,
+                        counts: &counts,
+                    };
+                    work.once(&d, &mut rng).await;
                 }
                 handled
             });
@@ -288,6 +364,7 @@ async fn chaos(backend: Backend, size: ChaosSize) {
     };
     let backend = restarter.await;
     join_all(producers).await;
+    sender.await.unwrap();
 
     // Drain: every admitted dispatch terminal.
     let probe = backend.open(&clock).await;
@@ -309,10 +386,14 @@ async fn chaos(backend: Backend, size: ChaosSize) {
 
     // A last read of every thread log, then the check.
     let last = history.recorder(probe.clone(), "final");
+    let mut by_state = std::collections::BTreeMap::new();
     for t in 0..size.threads {
         let thread = format!("t{t}");
         last.read(&thread, 0, 100_000).await.unwrap();
         last.marks(&thread).await.unwrap();
+        for m in last.all_messages(&thread, 100).await.unwrap() {
+            *by_state.entry(m.state.as_str()).or_insert(0usize) += 1;
+        }
     }
     let finals = history::snapshot(&probe).await;
     let report = history.check(&finals, Expect::Drained);
@@ -320,98 +401,191 @@ async fn chaos(backend: Backend, size: ChaosSize) {
     for d in &finals {
         *by_status.entry(d.status).or_insert(0usize) += 1;
     }
-    eprintln!("chaos: {handled} claims handled, {sweeps} sweeps, final {by_status:?}; {report}");
+    let follow_ups = finals
+        .iter()
+        .filter(|d| d.metadata.get(FOLLOW_UP_BY.0).map(String::as_str) == Some(FOLLOW_UP_BY.1))
+        .count();
+    let c = &counts;
+    eprintln!(
+        "chaos: {handled} claims handled, {sweeps} sweeps, final {by_status:?}; messages: {} \
+         sent, {} refused, {} acknowledgements accepted, {} repeats, {} late ones refused, \
+         {follow_ups} follow-ups, final {by_state:?}; {report}",
+        c.sent.load(Ordering::Relaxed),
+        c.refused.load(Ordering::Relaxed),
+        c.acked.load(Ordering::Relaxed),
+        c.repeated.load(Ordering::Relaxed),
+        c.late.load(Ordering::Relaxed),
+    );
     report.assert_clean();
     assert_eq!(
         report.count(history::Class::Ok),
-        size.producers * size.per_producer
+        size.producers * size.per_producer + follow_ups
     );
+    assert_eq!(
+        by_state.values().sum::<usize>(),
+        c.sent.load(Ordering::Relaxed),
+        "every message sent is stored"
+    );
+    if size.messages > 0 {
+        assert!(
+            c.acked.load(Ordering::Relaxed) > 0,
+            "no message was acknowledged"
+        );
+    }
     for d in &finals {
         assert!(d.status.is_terminal(), "{d:?}");
     }
 }
 
-/// One claimed dispatch, handled by a random path of its lifecycle.
-async fn work_once(
-    rec: &Recorder,
-    d: &homing::store::Dispatch,
+/// What a chaos worker handles a claim with.
+struct Work<'a> {
+    rec: &'a Recorder,
     lease: u64,
-    rng: &mut Rng,
-    clock: &Arc<ManualClock>,
-    stop: &AtomicBool,
-) {
-    let token = d.token().unwrap().to_owned();
-    let fence = Fence::of(d).unwrap();
-    let id = d.id.as_str();
-    let roll = rng.below(100);
-    if d.started_at.is_none() {
-        let r = rec.start(id, &token).await;
-        if !holder_ok("start", &r) {
-            return;
+    clock: &'a Arc<ManualClock>,
+    stop: &'a AtomicBool,
+    /// Whether the claim's thread is sent messages.
+    inbox: bool,
+    counts: &'a MessageCounts,
+}
+
+impl Work<'_> {
+    /// One claimed dispatch, handled by a random path of its lifecycle.
+    async fn once(&self, d: &homing::store::Dispatch, rng: &mut Rng) {
+        let (rec, lease, clock, stop) = (self.rec, self.lease, self.clock, self.stop);
+        let token = d.token().unwrap().to_owned();
+        let fence = Fence::of(d).unwrap();
+        let id = d.id.as_str();
+        let roll = rng.below(100);
+        if d.started_at.is_none() {
+            let r = rec.start(id, &token).await;
+            if !holder_ok("start", &r) {
+                return;
+            }
         }
-    }
-    let appended = rec
-        .append(
-            &d.thread,
-            format!("start {id} {token}").as_bytes(),
-            Some(&fence),
-        )
-        .await;
-    if let Err(err) = &appended {
-        assert!(fenced(err), "append: {err}");
-    }
-    match roll {
-        0..35 => {
-            let _ = rec
-                .append(&d.thread, format!("end {id}").as_bytes(), Some(&fence))
-                .await;
-            let r = rec.complete(id, &token, RunResult::success(id)).await;
-            holder_ok("complete", &r);
+        let appended = rec
+            .append(
+                &d.thread,
+                format!("start {id} {token}").as_bytes(),
+                Some(&fence),
+            )
+            .await;
+        if let Err(err) = &appended {
+            assert!(fenced(err), "append: {err}");
         }
-        35..50 => {
-            let r = rec.result(id, &token, RunResult::success("r")).await;
-            if holder_ok("result", &r) {
+        // The messages pending on the thread, some acknowledged now (the clock moves on
+        // meanwhile: a lease may run out between the read and an acknowledgement).
+        let pending = if self.inbox && rng.below(3) != 0 {
+            self.pending(&d.thread).await
+        } else {
+            Vec::new()
+        };
+        for &seq in &pending {
+            if rng.below(4) != 0 && !self.ack_message(&d.thread, seq, &fence, rng).await {
+                break;
+            }
+        }
+        match roll {
+            0..35 => {
+                let _ = rec
+                    .append(&d.thread, format!("end {id}").as_bytes(), Some(&fence))
+                    .await;
+                let r = rec.complete(id, &token, RunResult::success(id)).await;
+                holder_ok("complete", &r);
+            }
+            35..50 => {
+                let r = rec.result(id, &token, RunResult::success("r")).await;
+                if holder_ok("result", &r) {
+                    let r = rec.ack(id, &token).await;
+                    if holder_ok("ack", &r) {
+                        // A retry after a lost reply: idempotent.
+                        let again = rec.ack(id, &token).await;
+                        assert!(again.is_ok(), "a repeated ack failed: {again:?}");
+                    }
+                }
+            }
+            50..65 => {
+                let retry_at = clock.now_ms() + rng.below(300);
+                let r = rec.nack(id, &token, retry_at, "chaos nack").await;
+                holder_ok("nack", &r);
+            }
+            65..70 => {
+                let r = rec.dead_letter(id, &token, "chaos dead letter").await;
+                holder_ok("dead_letter", &r);
+            }
+            70..80 => {
+                // Crash: abandon the claim; the sweeper reclaims it once the lease runs out.
+            }
+            80..90 => {
+                // Pause past the lease, then write late: whatever the store accepts, the checker
+                // judges.
+                let until = d.claim.as_ref().unwrap().lease_until;
+                while clock.now_ms() <= until && !stop.load(Ordering::Relaxed) {
+                    tokio::time::sleep(Duration::from_millis(1)).await;
+                }
+                let r = rec
+                    .append(&d.thread, format!("late {id}").as_bytes(), Some(&fence))
+                    .await;
+                assert!(r.is_err(), "an append after the lease ran out was accepted");
+                // A message acknowledged late (or a late repeat of one acknowledged above).
+                if let Some(&seq) = pending.first() {
+                    let r = rec.ack_message(&d.thread, seq, &fence).await;
+                    assert!(
+                        r.is_err(),
+                        "an acknowledgement after the lease ran out was accepted: {r:?}"
+                    );
+                    self.counts.late.fetch_add(1, Ordering::Relaxed);
+                }
                 let r = rec.ack(id, &token).await;
-                if holder_ok("ack", &r) {
-                    // A retry after a lost reply: idempotent.
-                    let again = rec.ack(id, &token).await;
-                    assert!(again.is_ok(), "a repeated ack failed: {again:?}");
+                holder_ok("late ack", &r);
+            }
+            _ => {
+                let r = rec.extend(id, &token, lease).await.expect("extend");
+                if r {
+                    let r = rec.complete(id, &token, RunResult::success("x")).await;
+                    holder_ok("complete after extend", &r);
                 }
             }
         }
-        50..65 => {
-            let retry_at = clock.now_ms() + rng.below(300);
-            let r = rec.nack(id, &token, retry_at, "chaos nack").await;
-            holder_ok("nack", &r);
-        }
-        65..70 => {
-            let r = rec.dead_letter(id, &token, "chaos dead letter").await;
-            holder_ok("dead_letter", &r);
-        }
-        70..80 => {
-            // Crash: abandon the claim; the sweeper reclaims it once the lease runs out.
-        }
-        80..90 => {
-            // Pause past the lease, then write late: whatever the store accepts, the checker
-            // judges.
-            let until = d.claim.as_ref().unwrap().lease_until;
-            while clock.now_ms() <= until && !stop.load(Ordering::Relaxed) {
-                tokio::time::sleep(Duration::from_millis(1)).await;
+    }
+
+    /// The first few pending messages of `thread`.
+    async fn pending(&self, thread: &str) -> Vec<u64> {
+        let filter = MessageFilter {
+            state: Some(MessageState::Pending),
+            after: 0,
+            limit: 4,
+        };
+        let messages = self
+            .rec
+            .messages(thread, &filter)
+            .await
+            .expect("read pending messages");
+        messages.iter().map(|m| m.seq).collect()
+    }
+
+    /// Acknowledges message `seq` through the claim (sometimes twice); whether the claim still
+    /// holds.
+    async fn ack_message(&self, thread: &str, seq: u64, fence: &Fence, rng: &mut Rng) -> bool {
+        let log_seq = match self.rec.ack_message(thread, seq, fence).await {
+            Ok(log_seq) => log_seq,
+            Err(err) if fenced(&err) => return false,
+            // Acked by another dispatch: the checker judges whether that could be.
+            Err(StoreError::Duplicate { .. }) => return true,
+            Err(err) => panic!("ack_message {thread} {seq}: {err}"),
+        };
+        self.counts.acked.fetch_add(1, Ordering::Relaxed);
+        if rng.below(4) == 0 {
+            // A retry after a lost reply: the same entry.
+            match self.rec.ack_message(thread, seq, fence).await {
+                Ok(again) => {
+                    assert_eq!(again, log_seq, "a repeated acknowledgement moved");
+                    self.counts.repeated.fetch_add(1, Ordering::Relaxed);
+                }
+                Err(err) if fenced(&err) => return false,
+                Err(err) => panic!("repeated ack_message {thread} {seq}: {err}"),
             }
-            let r = rec
-                .append(&d.thread, format!("late {id}").as_bytes(), Some(&fence))
-                .await;
-            assert!(r.is_err(), "an append after the lease ran out was accepted");
-            let r = rec.ack(id, &token).await;
-            holder_ok("late ack", &r);
         }
-        _ => {
-            let r = rec.extend(id, &token, lease).await.expect("extend");
-            if r {
-                let r = rec.complete(id, &token, RunResult::success("x")).await;
-                holder_ok("complete after extend", &r);
-            }
-        }
+        true
     }
 }
 
@@ -425,6 +599,8 @@ fn chaos_size() -> ChaosSize {
             threads: 40,
             restarts: 10,
             interrupts: 40,
+            messages: 1_500,
+            message_threads: 12,
         }
     } else {
         ChaosSize {
@@ -435,6 +611,8 @@ fn chaos_size() -> ChaosSize {
             threads: 12,
             restarts: 3,
             interrupts: 6,
+            messages: 120,
+            message_threads: 4,
         }
     }
 }

@@ -14,14 +14,37 @@
 //! - **stale-write**: a holder write (start, result, settle, lease extension, fenced append) was
 //!   accepted although its claim was already superseded: the dispatch was claimed again or
 //!   reclaimed, the holder had settled it otherwise, the thread was interrupted (guarantee 7),
-//!   or, for an append, the lease had run out.
+//!   or, for an append or a message's acknowledgement (fenced alike, M2), the lease had run out.
+//!   A dispatch the store enqueued itself (an inbox follow-up, M4: an id a send returned, or a
+//!   record with metadata `enqueued-by=inbox` on a thread that was sent a message) is expected,
+//!   not unexpected, and is judged like an enqueued one.
 //! - **overwritten**: a terminal state a call returned did not stay terminal (a later claim
 //!   took the dispatch, or the final state differs).
 //!
 //! Thread logs: a watermark read after another observation of it never shows a smaller value
 //! (**backwards**); a read never shows an entry while a committed entry below it is missing,
 //! never misses an entry committed before the read started, and never shows content other
-//! than what was committed at that sequence (**out-of-order**).
+//! than what was committed at that sequence (**out-of-order**); an append or acknowledgement
+//! that returned before another began got the lower sequence (**out-of-order**, or
+//! **ack-order** when an acknowledgement is involved). A message's acknowledgement commits the
+//! entry at the sequence it returned, holding the message's payload and a note with its
+//! sequence (**ack-order** otherwise); its repeats by the same dispatch commit nothing new.
+//!
+//! Inbox messages (section 9 of the contract):
+//!
+//! - **message lost**: a send returned a sequence, and a read of the messages that began after
+//!   it does not show it (below the page's end; a read of pending ones may miss it only if an
+//!   acknowledgement or discard of it may have been accepted), shows other content, shows it
+//!   pending after an acknowledgement of it returned, or discarded with no discard that could
+//!   have done it; or a read shows a message no send could have stored.
+//! - **acked twice**: two dispatches' acknowledgements of one message both succeeded; one
+//!   dispatch's returned two log sequences; reads of the log show two entries naming one message,
+//!   or an entry naming it other than the one its acknowledgement returned; a message read as
+//!   acked names a dispatch that never acknowledged it or another log entry.
+//!
+//! The message checks judge reads: a run checks that nothing was lost by reading every
+//! thread's messages and log at the end. `purge_messages` is not recorded (a purged message
+//! would count as lost).
 //!
 //! # Soundness
 //!
@@ -40,9 +63,11 @@ use std::fmt;
 use std::sync::{Arc, Mutex};
 use std::time::Instant;
 
+use homing::store::inbox::{DEFAULT_MESSAGE_PAGE, FOLLOW_UP_BY};
 use homing::store::{
-    Dispatch, Fence, Interrupt, ListCursor, ListFilter, LogEntry, NewDispatch, RunResult, Status,
-    Store, StoreError, StoreResult, Watermarks,
+    Dispatch, Fence, Interrupt, ListCursor, ListFilter, LogEntry, Message, MessageFilter,
+    MessageState, NewDispatch, NewMessage, RunResult, Sent, Status, Store, StoreError, StoreResult,
+    Watermarks,
 };
 
 /// What a holder call did.
@@ -115,6 +140,23 @@ pub enum Op {
     Marks { thread: String },
     /// `trim` or `delete` (disables the completeness check of reads on that thread).
     Trim { thread: String },
+    /// `send` of a message with this payload.
+    Send { thread: String, payload: Vec<u8> },
+    /// `ack_message` of message `seq` through a claim's fence.
+    AckMessage {
+        thread: String,
+        seq: u64,
+        fence: Fence,
+    },
+    /// `discard_messages(thread, through)`.
+    Discard { thread: String, through: u64 },
+    /// `messages(thread, filter)`, with the page size the store applied.
+    Messages {
+        thread: String,
+        state: Option<MessageState>,
+        after: u64,
+        limit: usize,
+    },
 }
 
 /// What a call returned.
@@ -136,6 +178,12 @@ pub enum Outcome {
     Entries(Vec<LogEntry>),
     /// The watermarks read.
     Marks(Watermarks),
+    /// What a send stored.
+    Sent(Box<Sent>),
+    /// The messages a read returned.
+    Messages(Vec<Message>),
+    /// How many messages a discard settled.
+    Count(usize),
     /// The call failed.
     Failed(StoreError),
 }
@@ -196,6 +244,16 @@ pub struct Report {
     pub backwards: usize,
     /// Thread-log entries seen out of order, missing or with the wrong content.
     pub out_of_order: usize,
+    /// Inbox messages a send stored that a read missed, showed with other content or in a
+    /// state no call explains (an acknowledgement lost, a discard no one made, one never sent).
+    pub messages_lost: usize,
+    /// Inbox messages acknowledged by two dispatches, recorded in the log twice or at another
+    /// entry than their acknowledgement returned.
+    pub acked_twice: usize,
+    /// Log entries out of real-time order (an acknowledgement or append that returned before
+    /// another began got the higher sequence), and message entries without the message's
+    /// payload or note.
+    pub ack_order: usize,
     /// One line per finding.
     pub findings: Vec<String>,
     /// Calls recorded.
@@ -213,6 +271,9 @@ impl Report {
         self.dispatches.values().all(|c| *c == Class::Ok)
             && self.backwards == 0
             && self.out_of_order == 0
+            && self.messages_lost == 0
+            && self.acked_twice == 0
+            && self.ack_order == 0
     }
 
     /// Fails the test with the findings unless everything was ok.
@@ -226,7 +287,8 @@ impl fmt::Display for Report {
         write!(
             f,
             "{} calls, {} dispatches: ok {}, lost {}, unexpected {}, duplicated {}, stale-write {}, \
-             overwritten {}; log: backwards {}, out-of-order {}",
+             overwritten {}; log: backwards {}, out-of-order {}; messages: lost {}, acked twice \
+             {}, out of acknowledgement order {}",
             self.events,
             self.dispatches.len(),
             self.count(Class::Ok),
@@ -236,7 +298,10 @@ impl fmt::Display for Report {
             self.count(Class::StaleWrite),
             self.count(Class::Overwritten),
             self.backwards,
-            self.out_of_order
+            self.out_of_order,
+            self.messages_lost,
+            self.acked_twice,
+            self.ack_order
         )?;
         for line in self.findings.iter().take(30) {
             write!(f, "\n  {line}")?;
@@ -613,6 +678,94 @@ impl Recorder {
         )
         .await
     }
+    /// `send` (an inbox message).
+    pub async fn send(&self, thread: &str, new: NewMessage, max_pending: u64) -> StoreResult<Sent> {
+        let inbox = &self.store.inbox;
+        let op = Op::Send {
+            thread: thread.into(),
+            payload: new.payload.clone(),
+        };
+        self.call(
+            op,
+            || inbox.send(thread, new.clone(), max_pending),
+            |s: &Sent| Outcome::Sent(Box::new(s.clone())),
+        )
+        .await
+    }
+
+    /// `ack_message` through the claim `fence`.
+    pub async fn ack_message(&self, thread: &str, seq: u64, fence: &Fence) -> StoreResult<u64> {
+        let inbox = &self.store.inbox;
+        let op = Op::AckMessage {
+            thread: thread.into(),
+            seq,
+            fence: fence.clone(),
+        };
+        self.call(
+            op,
+            || inbox.ack_message(thread, seq, fence),
+            |s: &u64| Outcome::Seq(*s),
+        )
+        .await
+    }
+
+    /// `discard_messages`.
+    pub async fn discard(&self, thread: &str, through: u64) -> StoreResult<usize> {
+        let inbox = &self.store.inbox;
+        let op = Op::Discard {
+            thread: thread.into(),
+            through,
+        };
+        self.call(
+            op,
+            || inbox.discard_messages(thread, through),
+            |n: &usize| Outcome::Count(*n),
+        )
+        .await
+    }
+
+    /// `messages`.
+    pub async fn messages(
+        &self,
+        thread: &str,
+        filter: &MessageFilter,
+    ) -> StoreResult<Vec<Message>> {
+        let inbox = &self.store.inbox;
+        let op = Op::Messages {
+            thread: thread.into(),
+            state: filter.state,
+            after: filter.after,
+            limit: if filter.limit == 0 {
+                DEFAULT_MESSAGE_PAGE
+            } else {
+                filter.limit
+            },
+        };
+        self.call(
+            op,
+            || inbox.messages(thread, filter),
+            |v: &Vec<Message>| Outcome::Messages(v.clone()),
+        )
+        .await
+    }
+
+    /// Every message of `thread`, a page of `page` at a time (each page recorded).
+    pub async fn all_messages(&self, thread: &str, page: usize) -> StoreResult<Vec<Message>> {
+        let mut out: Vec<Message> = Vec::new();
+        loop {
+            let filter = MessageFilter {
+                state: None,
+                after: out.last().map_or(0, |m| m.seq),
+                limit: page,
+            };
+            let got = self.messages(thread, &filter).await?;
+            let n = got.len();
+            out.extend(got);
+            if n < page {
+                return Ok(out);
+            }
+        }
+    }
 }
 
 /// Every dispatch stored, for the final state of a check.
@@ -696,6 +849,13 @@ fn short(outcome: &Outcome) -> String {
             v.iter().map(|d| (&d.id, d.status)).collect::<Vec<_>>()
         ),
         Outcome::Entries(v) => format!("entries {:?}", v.iter().map(|e| e.seq).collect::<Vec<_>>()),
+        Outcome::Sent(s) => format!("message {} follow-ups {:?}", s.message.seq, s.follow_ups),
+        Outcome::Messages(v) => format!(
+            "messages {:?}",
+            v.iter()
+                .map(|m| format!("{} {} {:?}", m.seq, m.state, m.acked_by))
+                .collect::<Vec<_>>()
+        ),
         other => format!("{other:?}"),
     }
 }
@@ -752,10 +912,51 @@ pub fn check(events: &[Event], final_state: &[Dispatch], expect: Expect) -> Repo
             }
         }
     }
+    // Follow-up dispatches the store enqueues itself for pending messages (M4): the ids a send
+    // returned, and records with the follow-up metadata on a thread that was sent a message.
+    let sent_threads: BTreeSet<&str> = events
+        .iter()
+        .filter_map(|e| match &e.op {
+            Op::Send { thread, .. } => Some(thread.as_str()),
+            _ => None,
+        })
+        .collect();
+    let is_follow_up = |d: &Dispatch| {
+        d.metadata.get(FOLLOW_UP_BY.0).map(String::as_str) == Some(FOLLOW_UP_BY.1)
+            && sent_threads.contains(d.thread.as_str())
+    };
+    for e in events {
+        if let (Op::Send { thread, .. }, Outcome::Sent(sent)) = (&e.op, &e.outcome) {
+            for id in &sent.follow_ups {
+                enqueued.insert(id.clone(), thread.clone());
+            }
+        }
+        let mut note = |d: &Dispatch| {
+            if is_follow_up(d) {
+                enqueued
+                    .entry(d.id.clone())
+                    .or_insert_with(|| d.thread.clone());
+            }
+        };
+        match &e.outcome {
+            Outcome::Record(d) => note(d),
+            Outcome::Reclaimed(v) => v.iter().for_each(note),
+            _ => {}
+        }
+    }
+    for d in final_state {
+        if is_follow_up(d) {
+            enqueued
+                .entry(d.id.clone())
+                .or_insert_with(|| d.thread.clone());
+        }
+    }
     for id in enqueued.keys() {
         c.report.dispatches.insert(id.clone(), Class::Ok);
     }
-    let known = |id: &str| enqueued.contains_key(id) || maybe_enqueued.contains(id);
+    let known = |d: &Dispatch| {
+        enqueued.contains_key(&d.id) || maybe_enqueued.contains(&d.id) || is_follow_up(d)
+    };
 
     // Claims.
     let mut helds: Vec<Held> = Vec::new();
@@ -774,7 +975,7 @@ pub fn check(events: &[Event], final_state: &[Dispatch], expect: Expect) -> Repo
             );
             continue;
         };
-        if !known(&d.id) {
+        if !known(d) {
             c.flag(
                 &d.id,
                 Class::Unexpected,
@@ -823,6 +1024,7 @@ pub fn check(events: &[Event], final_state: &[Dispatch], expect: Expect) -> Repo
                     token.is_none() || token.as_deref() == Some(held.token.as_str())
                 }
                 (Op::Append { fence: Some(f), .. }, o) if f.token == held.token => !o.ok(),
+                (Op::AckMessage { fence, .. }, o) if fence.token == held.token => !o.ok(),
                 (Op::Reclaim { now }, outcome) => {
                     let (low, _) = lease_bounds(events, &held, e.start);
                     let returned = match outcome {
@@ -893,6 +1095,8 @@ pub fn check(events: &[Event], final_state: &[Dispatch], expect: Expect) -> Repo
             (Op::Holder { token, kind, .. }, o) if o.ok() => (token.as_str(), Some(*kind), false),
             (Op::Supersede { token: Some(t), .. }, o) if o.ok() => (t.as_str(), None, false),
             (Op::Append { fence: Some(f), .. }, o) if o.ok() => (f.token.as_str(), None, true),
+            // An acknowledgement is fenced exactly as an append is (M2).
+            (Op::AckMessage { fence, .. }, o) if o.ok() => (fence.token.as_str(), None, true),
             _ => continue,
         };
         let Some(held) = by_token.get(token).copied() else {
@@ -1024,7 +1228,7 @@ pub fn check(events: &[Event], final_state: &[Dispatch], expect: Expect) -> Repo
         }
     }
     for d in final_state {
-        if !known(&d.id) {
+        if !known(d) {
             c.flag(
                 &d.id,
                 Class::Unexpected,
@@ -1034,44 +1238,157 @@ pub fn check(events: &[Event], final_state: &[Dispatch], expect: Expect) -> Repo
     }
 
     check_logs(&mut c);
+    check_messages(&mut c);
     c.report
 }
 
-/// The thread-log checks: watermarks never go back; reads show committed entries in order,
-/// completely and with their content.
+/// A log entry a call committed: its content when known, the message its note names (set for
+/// an entry an acknowledgement wrote) and the call.
+struct Committed {
+    data: Option<Vec<u8>>,
+    note: Option<u64>,
+    event: usize,
+}
+
+/// What an ambiguous write may have committed: its data when known, the message it names.
+type MaybeEntry<'a> = (Option<&'a [u8]>, Option<u64>);
+
+/// A write in real time: (thread, seq, not before, before, by an acknowledgement, event).
+type TimedWrite<'a> = (&'a str, u64, u64, u64, bool, usize);
+
+/// The payload of each message, by (thread, seq): what its send stored, or, when the send was
+/// ambiguous, what a read of the message showed.
+fn payloads(events: &[Event]) -> BTreeMap<(&str, u64), &[u8]> {
+    let mut out: BTreeMap<(&str, u64), &[u8]> = BTreeMap::new();
+    for e in events {
+        if let (Op::Send { thread, payload }, Outcome::Sent(s)) = (&e.op, &e.outcome) {
+            out.entry((thread.as_str(), s.message.seq))
+                .or_insert(payload.as_slice());
+        }
+    }
+    for e in events {
+        if let (Op::Messages { thread, .. }, Outcome::Messages(v)) = (&e.op, &e.outcome) {
+            for m in v {
+                out.entry((thread.as_str(), m.seq))
+                    .or_insert(m.payload.as_slice());
+            }
+        }
+    }
+    out
+}
+
+/// The acknowledgements of one message by one dispatch: a first one and its repeats (through
+/// any claim of that dispatch), which all answer one log entry.
+#[derive(Debug)]
+struct AckGroup<'a> {
+    thread: &'a str,
+    seq: u64,
+    dispatch: &'a str,
+    /// The log sequences the successful calls returned, with their events.
+    returned: Vec<(u64, usize)>,
+    /// The earliest start of a call that may have taken effect (a success or an ambiguous
+    /// failure): the entry was not committed before it.
+    first_start: u64,
+    /// The earliest end of a success: the entry was committed before it.
+    first_end: Option<u64>,
+}
+
+/// Every acknowledgement that may have taken effect, by (thread, message, dispatch).
+fn ack_groups(events: &[Event]) -> BTreeMap<(&str, u64, &str), AckGroup<'_>> {
+    let mut out: BTreeMap<(&str, u64, &str), AckGroup<'_>> = BTreeMap::new();
+    for (i, e) in events.iter().enumerate() {
+        let Op::AckMessage { thread, seq, fence } = &e.op else {
+            continue;
+        };
+        if !(e.outcome.ok() || e.outcome.ambiguous()) {
+            continue;
+        }
+        let g = out
+            .entry((thread.as_str(), *seq, fence.dispatch.as_str()))
+            .or_insert_with(|| AckGroup {
+                thread,
+                seq: *seq,
+                dispatch: &fence.dispatch,
+                returned: Vec::new(),
+                first_start: u64::MAX,
+                first_end: None,
+            });
+        g.first_start = g.first_start.min(e.start);
+        if let Outcome::Seq(log_seq) = e.outcome {
+            g.returned.push((log_seq, i));
+            g.first_end = Some(g.first_end.map_or(e.end, |end| end.min(e.end)));
+        }
+    }
+    out
+}
+
+/// The thread-log checks: watermarks never go back; reads show committed entries (appended, or
+/// written by a message's acknowledgement) in order, completely and with their content; a
+/// write that returned before another began has the lower sequence.
 fn check_logs(c: &mut Checker<'_>) {
     let events = c.events;
-    // Per thread: committed appends (seq -> (data, event)), ambiguous append data, trims.
-    let mut appends: BTreeMap<&str, BTreeMap<u64, (Vec<u8>, usize)>> = BTreeMap::new();
-    let mut ambiguous: BTreeMap<&str, Vec<&[u8]>> = BTreeMap::new();
+    let payloads = payloads(events);
+    // Per thread: committed entries, what ambiguous writes may have committed (data when known,
+    // the message named), trims.
+    let mut appends: BTreeMap<&str, BTreeMap<u64, Committed>> = BTreeMap::new();
+    let mut ambiguous: BTreeMap<&str, Vec<MaybeEntry<'_>>> = BTreeMap::new();
     let mut trimmed: BTreeSet<&str> = BTreeSet::new();
     // Observations of `latest`: (thread, lower bound, event, exact).
     let mut seen: Vec<(&str, u64, usize, bool)> = Vec::new();
+    let mut commits: Vec<TimedWrite<'_>> = Vec::new();
     for (i, e) in events.iter().enumerate() {
-        match (&e.op, &e.outcome) {
+        let commit = match (&e.op, &e.outcome) {
             (Op::Append { thread, data, .. }, Outcome::Seq(seq)) => {
-                if let Some((_, j)) = appends
-                    .entry(thread)
-                    .or_default()
-                    .insert(*seq, (data.clone(), i))
-                {
-                    c.report.out_of_order += 1;
-                    let why = format!(
-                        "thread {thread}: sequence {seq} given twice: {} and {}",
-                        c.describe(j),
-                        c.describe(i)
-                    );
-                    c.report.findings.push(why);
-                }
+                commits.push((thread, *seq, e.start, e.end, false, i));
+                Some((
+                    thread,
+                    *seq,
+                    Committed {
+                        data: Some(data.clone()),
+                        note: None,
+                        event: i,
+                    },
+                ))
+            }
+            (Op::AckMessage { thread, seq: m, .. }, Outcome::Seq(seq)) => {
                 seen.push((thread, *seq, i, false));
+                // A repeat answers the entry the first acknowledgement committed.
+                let repeat = appends
+                    .get(thread.as_str())
+                    .and_then(|t| t.get(seq))
+                    .is_some_and(|k| k.note == Some(*m));
+                (!repeat).then(|| {
+                    (
+                        thread,
+                        *seq,
+                        Committed {
+                            data: payloads.get(&(thread.as_str(), *m)).map(|p| p.to_vec()),
+                            note: Some(*m),
+                            event: i,
+                        },
+                    )
+                })
             }
             (Op::Append { thread, data, .. }, o) if o.ambiguous() => {
-                ambiguous.entry(thread).or_default().push(data);
+                ambiguous
+                    .entry(thread)
+                    .or_default()
+                    .push((Some(data.as_slice()), None));
+                None
+            }
+            (Op::AckMessage { thread, seq: m, .. }, o) if o.ambiguous() => {
+                let data = payloads.get(&(thread.as_str(), *m)).copied();
+                ambiguous.entry(thread).or_default().push((data, Some(*m)));
+                None
             }
             (Op::Trim { thread }, _) => {
                 trimmed.insert(thread);
+                None
             }
-            (Op::Latest { thread }, Outcome::Seq(seq)) => seen.push((thread, *seq, i, true)),
+            (Op::Latest { thread }, Outcome::Seq(seq)) => {
+                seen.push((thread, *seq, i, true));
+                None
+            }
             (Op::Marks { thread }, Outcome::Marks(m)) => {
                 if !(m.reserved >= m.latest && m.latest >= m.trimmed) {
                     c.report.backwards += 1;
@@ -1082,13 +1399,63 @@ fn check_logs(c: &mut Checker<'_>) {
                     c.report.findings.push(why);
                 }
                 seen.push((thread, m.latest, i, true));
+                None
             }
             (Op::Read { thread, .. }, Outcome::Entries(v)) => {
                 if let Some(last) = v.last() {
                     seen.push((thread, last.seq, i, false));
                 }
+                None
             }
-            _ => {}
+            _ => None,
+        };
+        let Some((thread, seq, committed)) = commit else {
+            continue;
+        };
+        if committed.note.is_none() {
+            seen.push((thread, seq, i, false));
+        }
+        if let Some(k) = appends.entry(thread).or_default().insert(seq, committed) {
+            c.report.out_of_order += 1;
+            let why = format!(
+                "thread {thread}: sequence {seq} given twice: {} and {}",
+                c.describe(k.event),
+                c.describe(i)
+            );
+            c.report.findings.push(why);
+        }
+    }
+    // Each acknowledgement's entry is committed once, after its first attempt began and before
+    // its first success returned.
+    for g in ack_groups(events).values() {
+        if let (Some(&(seq, i)), Some(end)) = (g.returned.first(), g.first_end) {
+            commits.push((g.thread, seq, g.first_start, end, true, i));
+        }
+    }
+    // Real-time order: a write that returned before another began got the lower sequence.
+    let mut by_thread: BTreeMap<&str, Vec<TimedWrite<'_>>> = BTreeMap::new();
+    for commit in commits {
+        by_thread.entry(commit.0).or_default().push(commit);
+    }
+    for writes in by_thread.values() {
+        for &(thread, sx, _, ex, ax, ix) in writes {
+            for &(_, sy, by, _, ay, iy) in writes {
+                if ex >= by || sx <= sy {
+                    continue;
+                }
+                let why = format!(
+                    "thread {thread}: entry {sx} was committed by {} which returned before {} \
+                     began, which committed entry {sy}",
+                    c.describe(ix),
+                    c.describe(iy)
+                );
+                if ax || ay {
+                    c.report.ack_order += 1;
+                } else {
+                    c.report.out_of_order += 1;
+                }
+                c.report.findings.push(why);
+            }
         }
     }
     // Watermarks: an exact reading never shows less than anything seen before it began.
@@ -1124,26 +1491,47 @@ fn check_logs(c: &mut Checker<'_>) {
         };
         let committed = appends.get(thread.as_str());
         let mut problems: Vec<String> = Vec::new();
+        let mut ack_problems: Vec<String> = Vec::new();
         let mut prev = *after;
         for entry in entries {
             if entry.seq <= prev {
                 problems.push(format!("entry {} after {prev}", entry.seq));
             }
             prev = entry.seq;
+            let note = entry.note.as_ref().map(|n| n.seq);
             match committed.and_then(|m| m.get(&entry.seq)) {
-                Some((data, _)) if *data != entry.data => {
-                    problems.push(format!(
-                        "entry {} has content other than committed",
-                        entry.seq
-                    ));
+                Some(k) => {
+                    let data_differs = k.data.as_ref().is_some_and(|d| *d != entry.data);
+                    if data_differs || k.note != note {
+                        let why = format!(
+                            "entry {} has content other than committed (note {note:?}, \
+                             committed {:?})",
+                            entry.seq, k.note
+                        );
+                        if k.note.is_some() {
+                            ack_problems.push(why);
+                        } else {
+                            problems.push(why);
+                        }
+                    }
                 }
-                Some(_) => {}
                 None => {
-                    let maybe = ambiguous
-                        .get(thread.as_str())
-                        .is_some_and(|v| v.contains(&entry.data.as_slice()));
+                    let maybe = ambiguous.get(thread.as_str()).is_some_and(|v| {
+                        v.iter().any(|(data, n)| {
+                            *n == note && (n.is_some() || *data == Some(entry.data.as_slice()))
+                        })
+                    });
                     if !maybe {
                         problems.push(format!("entry {} was never appended", entry.seq));
+                    } else if let Some(m) = note
+                        && payloads
+                            .get(&(thread.as_str(), m))
+                            .is_some_and(|p| *p != entry.data.as_slice())
+                    {
+                        ack_problems.push(format!(
+                            "entry {} names message {m} but holds other data than its payload",
+                            entry.seq
+                        ));
                     }
                 }
             }
@@ -1154,18 +1542,20 @@ fn check_logs(c: &mut Checker<'_>) {
             let shown: BTreeSet<u64> = entries.iter().map(|e| e.seq).collect();
             let top = entries.last().map_or(*after, |e| e.seq);
             let full = entries.len() >= *limit;
-            for (seq, (_, j)) in committed.range(after + 1..) {
+            for (seq, k) in committed.range(after + 1..) {
                 // Below an entry shown, every committed entry must be shown too (in-order
                 // visibility); an entry committed before the read began must be shown unless the
                 // page was full.
-                let must = *seq < top || (!full && events[*j].end < e.start);
+                let must = *seq < top || (!full && events[k.event].end < e.start);
                 if must && !shown.contains(seq) {
                     problems.push(format!("committed entry {seq} missing"));
                 }
             }
         }
+        c.report.out_of_order += problems.len();
+        c.report.ack_order += ack_problems.len();
+        problems.extend(ack_problems);
         if !problems.is_empty() {
-            c.report.out_of_order += problems.len();
             let why = format!(
                 "thread {thread}: {}: {}",
                 problems.join(", "),
@@ -1176,12 +1566,250 @@ fn check_logs(c: &mut Checker<'_>) {
     }
 }
 
+/// The inbox checks: every message a send stored is kept with its payload (pending, acked or
+/// discarded, never back to pending); at most one dispatch acknowledges it, and the log names
+/// it in one entry, the one its acknowledgement returned.
+fn check_messages(c: &mut Checker<'_>) {
+    let events = c.events;
+    let groups = ack_groups(events);
+    let mut lost: Vec<String> = Vec::new();
+    let mut twice: Vec<String> = Vec::new();
+    // Sends: definite ((thread, seq) -> (payload, event)) and ambiguous (payloads per thread).
+    let mut sent: BTreeMap<(&str, u64), (&[u8], usize)> = BTreeMap::new();
+    let mut maybe_sent: BTreeMap<&str, Vec<&[u8]>> = BTreeMap::new();
+    for (i, e) in events.iter().enumerate() {
+        match (&e.op, &e.outcome) {
+            (Op::Send { thread, payload }, Outcome::Sent(s)) => {
+                let key = (thread.as_str(), s.message.seq);
+                if let Some(&(_, j)) = sent.get(&key) {
+                    lost.push(format!(
+                        "thread {thread}: message {} given twice: {} and {}",
+                        s.message.seq,
+                        c.describe(j),
+                        c.describe(i)
+                    ));
+                } else {
+                    sent.insert(key, (payload, i));
+                }
+            }
+            (Op::Send { thread, payload }, o) if o.ambiguous() => {
+                maybe_sent.entry(thread).or_default().push(payload);
+            }
+            _ => {}
+        }
+    }
+    // Successful acknowledgements, per message and dispatch.
+    let mut acked: BTreeMap<(&str, u64), BTreeMap<&str, &AckGroup<'_>>> = BTreeMap::new();
+    for g in groups.values() {
+        let returned: BTreeSet<u64> = g.returned.iter().map(|r| r.0).collect();
+        if returned.len() > 1 {
+            let calls: Vec<String> = g.returned.iter().map(|r| c.describe(r.1)).collect();
+            twice.push(format!(
+                "thread {}: dispatch {} acked message {} at log entries {returned:?}: {}",
+                g.thread,
+                g.dispatch,
+                g.seq,
+                calls.join(" and ")
+            ));
+        }
+        if !returned.is_empty() {
+            acked
+                .entry((g.thread, g.seq))
+                .or_default()
+                .insert(g.dispatch, g);
+        }
+    }
+    for ((thread, seq), by) in &acked {
+        if by.len() > 1 {
+            let calls: Vec<String> = by.values().map(|g| c.describe(g.returned[0].1)).collect();
+            twice.push(format!(
+                "thread {thread}: message {seq} acked by {} dispatches: {}",
+                by.len(),
+                calls.join(" and ")
+            ));
+        }
+    }
+    // The log: the entries naming each message, as reads showed them.
+    let mut named: BTreeMap<(&str, u64), BTreeMap<u64, usize>> = BTreeMap::new();
+    for (i, e) in events.iter().enumerate() {
+        if let (Op::Read { thread, .. }, Outcome::Entries(v)) = (&e.op, &e.outcome) {
+            for entry in v {
+                if let Some(n) = &entry.note {
+                    named
+                        .entry((thread.as_str(), n.seq))
+                        .or_default()
+                        .entry(entry.seq)
+                        .or_insert(i);
+                }
+            }
+        }
+    }
+    for ((thread, m), entries) in &named {
+        if entries.len() > 1 {
+            twice.push(format!(
+                "thread {thread}: log entries {:?} all name message {m}",
+                entries.keys().collect::<Vec<_>>()
+            ));
+        }
+        let Some(by) = acked.get(&(*thread, *m)) else {
+            continue;
+        };
+        let returned: BTreeSet<u64> = by
+            .values()
+            .flat_map(|g| g.returned.iter().map(|r| r.0))
+            .collect();
+        for (seq, i) in entries {
+            if !returned.contains(seq) {
+                twice.push(format!(
+                    "thread {thread}: log entry {seq} names message {m}, whose acknowledgement \
+                     returned {returned:?}: {}",
+                    c.describe(*i)
+                ));
+            }
+        }
+    }
+    // Whether message `seq` may have left `pending` by a call that began before `before`.
+    let may_settle = |thread: &str, seq: u64, before: u64| {
+        events.iter().any(|e| {
+            let settles = match &e.op {
+                Op::AckMessage {
+                    thread: t, seq: s, ..
+                } => t == thread && *s == seq,
+                Op::Discard { thread: t, through } => t == thread && *through >= seq,
+                _ => false,
+            };
+            settles && e.start < before && (e.outcome.ok() || e.outcome.ambiguous())
+        })
+    };
+    // Reads of messages.
+    for (i, e) in events.iter().enumerate() {
+        let (
+            Op::Messages {
+                thread,
+                state,
+                after,
+                limit,
+            },
+            Outcome::Messages(shown),
+        ) = (&e.op, &e.outcome)
+        else {
+            continue;
+        };
+        let mut problems: Vec<String> = Vec::new();
+        let mut ack_problems: Vec<String> = Vec::new();
+        for m in shown {
+            match sent.get(&(thread.as_str(), m.seq)) {
+                Some((payload, _)) if *payload != m.payload.as_slice() => {
+                    problems.push(format!("message {} has other content than sent", m.seq));
+                }
+                Some(_) => {}
+                None => {
+                    let maybe = maybe_sent
+                        .get(thread.as_str())
+                        .is_some_and(|v| v.contains(&m.payload.as_slice()));
+                    if !maybe {
+                        problems.push(format!("message {} was never sent", m.seq));
+                    }
+                }
+            }
+            let by = acked.get(&(thread.as_str(), m.seq));
+            let acked_before = by
+                .and_then(|by| by.values().filter_map(|g| g.first_end).min())
+                .is_some_and(|end| end < e.start);
+            match m.state {
+                MessageState::Pending if acked_before => {
+                    problems.push(format!(
+                        "message {} pending after its acknowledgement returned",
+                        m.seq
+                    ));
+                }
+                MessageState::Pending => {}
+                MessageState::Acked => {
+                    let holder = m.acked_by.as_deref().unwrap_or_default();
+                    match groups.get(&(thread.as_str(), m.seq, holder)) {
+                        None => ack_problems.push(format!(
+                            "message {} acked by `{holder}`, which never acknowledged it",
+                            m.seq
+                        )),
+                        Some(g) if !g.returned.is_empty() => {
+                            if !g.returned.iter().any(|r| Some(r.0) == m.log_seq) {
+                                ack_problems.push(format!(
+                                    "message {} recorded at log entry {:?}, its acknowledgement \
+                                     returned {:?}",
+                                    m.seq,
+                                    m.log_seq,
+                                    g.returned.iter().map(|r| r.0).collect::<Vec<_>>()
+                                ));
+                            }
+                        }
+                        Some(_) => {}
+                    }
+                    if let Some(by) = by
+                        && let Some(other) = by.keys().find(|d| **d != holder)
+                    {
+                        ack_problems.push(format!(
+                            "message {} recorded as acked by `{holder}`, but `{other}`'s \
+                             acknowledgement of it succeeded",
+                            m.seq
+                        ));
+                    }
+                }
+                MessageState::Discarded => {
+                    if acked_before || !may_settle(thread, m.seq, e.end) {
+                        problems.push(format!(
+                            "message {} discarded, but no discard of it could have been \
+                             accepted",
+                            m.seq
+                        ));
+                    }
+                }
+            }
+        }
+        // Completeness: a message whose send returned before the read began is shown, unless
+        // the page was full below it (or, in a read of pending messages, it may have left
+        // `pending`).
+        let on_page: BTreeSet<u64> = shown.iter().map(|m| m.seq).collect();
+        let top = shown.last().map_or(*after, |m| m.seq);
+        let full = shown.len() >= *limit;
+        for (&(_, seq), &(_, j)) in
+            sent.range((thread.as_str(), after.saturating_add(1))..=(thread.as_str(), u64::MAX))
+        {
+            if on_page.contains(&seq) || events[j].end >= e.start || (full && seq > top) {
+                continue;
+            }
+            let must = match state {
+                None => true,
+                Some(MessageState::Pending) => !may_settle(thread, seq, e.end),
+                Some(_) => false,
+            };
+            if must {
+                problems.push(format!("message {seq} missing"));
+            }
+        }
+        c.report.messages_lost += problems.len();
+        c.report.acked_twice += ack_problems.len();
+        problems.extend(ack_problems);
+        if !problems.is_empty() {
+            let why = format!(
+                "thread {thread}: {}: {}",
+                problems.join(", "),
+                c.describe(i)
+            );
+            c.report.findings.push(why);
+        }
+    }
+    c.report.messages_lost += lost.len();
+    c.report.acked_twice += twice.len();
+    c.report.findings.extend(lost);
+    c.report.findings.extend(twice);
+}
+
 #[cfg(test)]
 mod checker_tests {
     //! The checker must be able to fail: each test feeds it a bad history and expects the class.
 
     use super::*;
-    use homing::store::Claim;
+    use homing::store::{Claim, MessageKind};
 
     const T: u64 = 1_000_000;
 
@@ -1215,6 +1843,9 @@ mod checker_tests {
             completed_at: status.is_terminal().then_some(T),
         }
     }
+
+    /// A message a read shows: (seq, payload, acked by and log entry).
+    type Shown<'a> = (u64, &'a str, Option<(&'a str, u64)>);
 
     /// Builds histories with explicit times: each call takes [at, at + 1] and the store clock
     /// reads `clock` throughout.
@@ -1346,6 +1977,103 @@ mod checker_tests {
                 Op::Read {
                     thread: thread.into(),
                     after,
+                    limit: 100,
+                },
+                Outcome::Entries(v),
+            )
+        }
+
+        fn send(&mut self, at: u64, thread: &str, payload: &str, seq: u64) -> &mut Self {
+            self.send_with(at, thread, payload, seq, &[])
+        }
+
+        fn send_with(
+            &mut self,
+            at: u64,
+            thread: &str,
+            payload: &str,
+            seq: u64,
+            follow_ups: &[&str],
+        ) -> &mut Self {
+            let sent = Sent {
+                message: message(thread, seq, payload, MessageState::Pending, None),
+                follow_ups: follow_ups.iter().map(|s| (*s).to_owned()).collect(),
+            };
+            self.at(
+                at,
+                Op::Send {
+                    thread: thread.into(),
+                    payload: payload.as_bytes().to_vec(),
+                },
+                Outcome::Sent(Box::new(sent)),
+            )
+        }
+
+        fn ack_message(
+            &mut self,
+            at: u64,
+            thread: &str,
+            seq: u64,
+            fence: Fence,
+            outcome: Outcome,
+        ) -> &mut Self {
+            self.at(
+                at,
+                Op::AckMessage {
+                    thread: thread.into(),
+                    seq,
+                    fence,
+                },
+                outcome,
+            )
+        }
+
+        /// A read of every message of `thread`: (seq, payload, acked by and log entry).
+        fn messages(&mut self, at: u64, thread: &str, shown: &[Shown<'_>]) -> &mut Self {
+            let v = shown
+                .iter()
+                .map(|(seq, payload, acked)| {
+                    let state = if acked.is_some() {
+                        MessageState::Acked
+                    } else {
+                        MessageState::Pending
+                    };
+                    message(thread, *seq, payload, state, *acked)
+                })
+                .collect();
+            self.at(
+                at,
+                Op::Messages {
+                    thread: thread.into(),
+                    state: None,
+                    after: 0,
+                    limit: 100,
+                },
+                Outcome::Messages(v),
+            )
+        }
+
+        /// A read of the log whose entries may name a message: (seq, data, message).
+        fn read_noted(
+            &mut self,
+            at: u64,
+            thread: &str,
+            entries: &[(u64, &str, Option<u64>)],
+        ) -> &mut Self {
+            let v = entries
+                .iter()
+                .map(|(seq, data, note)| LogEntry {
+                    seq: *seq,
+                    data: data.as_bytes().to_vec(),
+                    appended_at: T,
+                    note: note.map(|m| message(thread, m, data, MessageState::Acked, None).note()),
+                })
+                .collect();
+            self.at(
+                at,
+                Op::Read {
+                    thread: thread.into(),
+                    after: 0,
                     limit: 100,
                 },
                 Outcome::Entries(v),
@@ -1637,5 +2365,309 @@ mod checker_tests {
         let mut b = Build::new();
         b.append(1, "t", "a", None, 1).append(2, "t", "b", None, 1);
         assert_eq!(b.check(&[]).out_of_order, 1);
+    }
+
+    fn message(
+        thread: &str,
+        seq: u64,
+        payload: &str,
+        state: MessageState,
+        acked: Option<(&str, u64)>,
+    ) -> Message {
+        Message {
+            thread: thread.into(),
+            seq,
+            kind: MessageKind::Steer,
+            payload: payload.as_bytes().to_vec(),
+            metadata: BTreeMap::new(),
+            agent: None,
+            sent_by: "test".into(),
+            sent_at: T,
+            state,
+            settled_at: acked.map(|_| T),
+            acked_by: acked.map(|(by, _)| by.to_owned()),
+            log_seq: acked.map(|(_, seq)| seq),
+        }
+    }
+
+    fn follow_up(id: &str, thread: &str, status: Status, token: Option<&str>) -> Dispatch {
+        let mut d = record(id, thread, status, token, T + 100);
+        d.metadata
+            .insert(FOLLOW_UP_BY.0.into(), FOLLOW_UP_BY.1.into());
+        d
+    }
+
+    #[test]
+    fn a_clean_inbox_history_is_ok() {
+        let mut b = Build::new();
+        b.enqueue(1, "d1", "t")
+            .send(2, "t", "hello", 1)
+            .claim(3, "d1", "t", "k1", T + 100)
+            .ack_message(4, "t", 1, fence("d1", "k1"), Outcome::Seq(1))
+            .ack_message(5, "t", 1, fence("d1", "k1"), Outcome::Seq(1)) // a repeat
+            .append(6, "t", "x", Some(fence("d1", "k1")), 2)
+            .ack(7, "d1", "t", "k1")
+            // Sent to the idle thread: the store enqueues a follow-up that acks it.
+            .send_with(8, "t", "again", 2, &["f1"]);
+        b.at(
+            9,
+            Op::Claim {
+                agent: "agent".into(),
+            },
+            Outcome::Record(Box::new(follow_up("f1", "t", Status::Claimed, Some("k2")))),
+        )
+        .ack_message(10, "t", 2, fence("f1", "k2"), Outcome::Seq(3))
+        // Another dispatch may not ack message 1 again: refused, fine.
+        .ack_message(
+            11,
+            "t",
+            1,
+            fence("f1", "k2"),
+            Outcome::Failed(StoreError::Duplicate {
+                id: "f1".into(),
+                holder: Some("d1".into()),
+            }),
+        )
+        .ack(12, "f1", "t", "k2")
+        .send(13, "t", "later", 3)
+        .messages(
+            14,
+            "t",
+            &[
+                (1, "hello", Some(("d1", 1))),
+                (2, "again", Some(("f1", 3))),
+                (3, "later", None),
+            ],
+        )
+        .read_noted(
+            15,
+            "t",
+            &[(1, "hello", Some(1)), (2, "x", None), (3, "again", Some(2))],
+        );
+        // f2 answers message 3: enqueued by the store when f1 settled, seen only at the end.
+        let report = b.check(&[
+            fin("d1", "t", Status::Acked),
+            follow_up("f1", "t", Status::Acked, None),
+            follow_up("f2", "t", Status::Queued, None),
+        ]);
+        report.assert_clean();
+        assert_eq!(report.count(Class::Ok), 3, "{report}");
+    }
+
+    #[test]
+    fn catches_a_lost_message() {
+        // Message 2 missing from a read that began after its send returned.
+        let mut b = Build::new();
+        b.send(1, "t", "a", 1)
+            .send(2, "t", "b", 2)
+            .messages(3, "t", &[(1, "a", None)]);
+        let report = b.check(&[]);
+        assert_eq!(report.messages_lost, 1, "{report}");
+        assert!(!report.clean());
+        // Other content, a message never sent, two sends given one sequence.
+        let mut b = Build::new();
+        b.send(1, "t", "a", 1).send(2, "t", "b", 1).messages(
+            3,
+            "t",
+            &[(1, "a", None), (2, "forged", None)],
+        );
+        assert_eq!(b.check(&[]).messages_lost, 2, "{}", b.check(&[]));
+        let mut b = Build::new();
+        b.send(1, "t", "a", 1)
+            .messages(2, "t", &[(1, "torn", None)]);
+        assert_eq!(b.check(&[]).messages_lost, 1);
+        // Back to pending after an acknowledgement returned.
+        let mut b = Build::new();
+        b.enqueue(1, "d1", "t")
+            .send(2, "t", "a", 1)
+            .claim(3, "d1", "t", "k1", T + 100)
+            .ack_message(4, "t", 1, fence("d1", "k1"), Outcome::Seq(1))
+            .messages(5, "t", &[(1, "a", None)]);
+        let report = b.check(&[fin("d1", "t", Status::Claimed)]);
+        assert_eq!(report.messages_lost, 1, "{report}");
+        // A read of pending messages may miss one whose acknowledgement ran concurrently, but
+        // not one no call could have settled.
+        let mut b = Build::new();
+        b.send(1, "t", "a", 1).send(2, "t", "b", 2).at(
+            3,
+            Op::Messages {
+                thread: "t".into(),
+                state: Some(MessageState::Pending),
+                after: 0,
+                limit: 100,
+            },
+            Outcome::Messages(vec![message("t", 2, "b", MessageState::Pending, None)]),
+        );
+        assert_eq!(b.check(&[]).messages_lost, 1);
+        // A full page says nothing of what lies above it.
+        let mut b = Build::new();
+        b.send(1, "t", "a", 1).send(2, "t", "b", 2).at(
+            3,
+            Op::Messages {
+                thread: "t".into(),
+                state: None,
+                after: 0,
+                limit: 1,
+            },
+            Outcome::Messages(vec![message("t", 1, "a", MessageState::Pending, None)]),
+        );
+        b.check(&[]).assert_clean();
+    }
+
+    #[test]
+    fn catches_a_message_acked_twice() {
+        // Two dispatches' acknowledgements of one message both succeeded, and the log shows
+        // two entries naming it.
+        let mut b = Build::new();
+        b.enqueue(1, "d1", "t")
+            .enqueue(2, "d2", "t")
+            .send(3, "t", "a", 1)
+            .claim(4, "d1", "t", "k1", T + 100)
+            .ack_message(5, "t", 1, fence("d1", "k1"), Outcome::Seq(1))
+            .ack(6, "d1", "t", "k1")
+            .claim(7, "d2", "t", "k2", T + 100)
+            .ack_message(8, "t", 1, fence("d2", "k2"), Outcome::Seq(2))
+            .ack(9, "d2", "t", "k2")
+            .read_noted(10, "t", &[(1, "a", Some(1)), (2, "a", Some(1))]);
+        let report = b.check(&[fin("d1", "t", Status::Acked), fin("d2", "t", Status::Acked)]);
+        assert_eq!(report.acked_twice, 2, "{report}");
+        assert!(!report.clean());
+        // A repeat by the same dispatch answering another entry.
+        let mut b = Build::new();
+        b.enqueue(1, "d1", "t")
+            .send(2, "t", "a", 1)
+            .claim(3, "d1", "t", "k1", T + 100)
+            .ack_message(4, "t", 1, fence("d1", "k1"), Outcome::Seq(1))
+            .ack_message(5, "t", 1, fence("d1", "k1"), Outcome::Seq(2));
+        let report = b.check(&[fin("d1", "t", Status::Claimed)]);
+        assert_eq!(report.acked_twice, 1, "{report}");
+        // The message record names a dispatch that never acknowledged it, and another entry.
+        let mut b = Build::new();
+        b.enqueue(1, "d1", "t")
+            .send(2, "t", "a", 1)
+            .claim(3, "d1", "t", "k1", T + 100)
+            .ack_message(4, "t", 1, fence("d1", "k1"), Outcome::Seq(1))
+            .messages(5, "t", &[(1, "a", Some(("d9", 1)))]);
+        let report = b.check(&[fin("d1", "t", Status::Claimed)]);
+        assert_eq!(report.acked_twice, 2, "{report}");
+        let mut b = Build::new();
+        b.enqueue(1, "d1", "t")
+            .send(2, "t", "a", 1)
+            .claim(3, "d1", "t", "k1", T + 100)
+            .ack_message(4, "t", 1, fence("d1", "k1"), Outcome::Seq(1))
+            .messages(5, "t", &[(1, "a", Some(("d1", 7)))]);
+        let report = b.check(&[fin("d1", "t", Status::Claimed)]);
+        assert_eq!(report.acked_twice, 1, "{report}");
+    }
+
+    #[test]
+    fn catches_acknowledgements_out_of_order() {
+        // The first acknowledgement returned before the second began, yet got the later entry.
+        let mut b = Build::new();
+        b.enqueue(1, "d1", "t")
+            .send(2, "t", "a", 1)
+            .send(3, "t", "b", 2)
+            .claim(4, "d1", "t", "k1", T + 100)
+            .ack_message(5, "t", 1, fence("d1", "k1"), Outcome::Seq(2))
+            .ack_message(6, "t", 2, fence("d1", "k1"), Outcome::Seq(1));
+        let report = b.check(&[fin("d1", "t", Status::Claimed)]);
+        assert_eq!(report.ack_order, 1, "{report}");
+        assert!(!report.clean());
+        // Concurrent acknowledgements may commit in either order.
+        let mut b = Build::new();
+        b.enqueue(1, "d1", "t")
+            .send(2, "t", "a", 1)
+            .send(3, "t", "b", 2)
+            .claim(4, "d1", "t", "k1", T + 100);
+        for (start, end, m, seq) in [(50, 70, 1, 2), (55, 65, 2, 1)] {
+            b.events.push(Event {
+                actor: format!("w{m}"),
+                start,
+                end,
+                clock_before: T,
+                clock_after: T,
+                op: Op::AckMessage {
+                    thread: "t".into(),
+                    seq: m,
+                    fence: fence("d1", "k1"),
+                },
+                outcome: Outcome::Seq(seq),
+            });
+        }
+        b.check(&[fin("d1", "t", Status::Claimed)]).assert_clean();
+        // An append that returned first with the later entry counts too.
+        let mut b = Build::new();
+        b.enqueue(1, "d1", "t")
+            .send(2, "t", "a", 1)
+            .claim(3, "d1", "t", "k1", T + 100)
+            .append(4, "t", "x", Some(fence("d1", "k1")), 2)
+            .ack_message(5, "t", 1, fence("d1", "k1"), Outcome::Seq(1));
+        assert_eq!(b.check(&[fin("d1", "t", Status::Claimed)]).ack_order, 1);
+        // The entry an acknowledgement returned without the message's payload or note.
+        let mut b = Build::new();
+        b.enqueue(1, "d1", "t")
+            .send(2, "t", "a", 1)
+            .send(3, "t", "b", 2)
+            .claim(4, "d1", "t", "k1", T + 100)
+            .ack_message(5, "t", 1, fence("d1", "k1"), Outcome::Seq(1))
+            .ack_message(6, "t", 2, fence("d1", "k1"), Outcome::Seq(2))
+            .read_noted(7, "t", &[(1, "torn", Some(1)), (2, "b", None)]);
+        let report = b.check(&[fin("d1", "t", Status::Claimed)]);
+        assert_eq!(report.ack_order, 2, "{report}");
+    }
+
+    #[test]
+    fn catches_a_late_message_acknowledgement() {
+        // The lease ran out: a fenced acknowledgement must be refused, like an append.
+        let mut b = Build::new();
+        b.enqueue(1, "d1", "t")
+            .send(2, "t", "a", 1)
+            .claim(3, "d1", "t", "k1", T + 100);
+        b.clock(T + 101)
+            .ack_message(4, "t", 1, fence("d1", "k1"), Outcome::Seq(1));
+        let report = b.check(&[fin("d1", "t", Status::Claimed)]);
+        assert_eq!(report.dispatches["d1"], Class::StaleWrite, "{report}");
+        // After a takeover by a reclaim and a new claim.
+        let mut b = Build::new();
+        b.enqueue(1, "d1", "t")
+            .send(2, "t", "a", 1)
+            .claim(3, "d1", "t", "k1", T + 100);
+        b.clock(T + 200)
+            .reclaim(4, T + 200, &[("d1", "t")])
+            .claim(5, "d1", "t", "k2", T + 300)
+            .clock(T + 50) // whatever the clock says, the claim is gone
+            .ack_message(6, "t", 1, fence("d1", "k1"), Outcome::Seq(1));
+        let report = b.check(&[fin("d1", "t", Status::Claimed)]);
+        assert_eq!(report.dispatches["d1"], Class::StaleWrite, "{report}");
+        // After the holder settled the dispatch.
+        let mut b = Build::new();
+        b.enqueue(1, "d1", "t")
+            .send(2, "t", "a", 1)
+            .claim(3, "d1", "t", "k1", T + 100)
+            .ack(4, "d1", "t", "k1")
+            .ack_message(5, "t", 1, fence("d1", "k1"), Outcome::Seq(1));
+        let report = b.check(&[fin("d1", "t", Status::Acked)]);
+        assert_eq!(report.dispatches["d1"], Class::StaleWrite, "{report}");
+    }
+
+    #[test]
+    fn follow_ups_are_expected_only_where_messages_were_sent() {
+        // Follow-up metadata on a thread no one sent a message to: invented.
+        let mut b = Build::new();
+        b.send(1, "t", "a", 1);
+        let report = b.check(&[follow_up("f9", "u", Status::Queued, None)]);
+        assert_eq!(report.dispatches["f9"], Class::Unexpected, "{report}");
+        // A follow-up a send returned, missing at the end: lost.
+        let mut b = Build::new();
+        b.send_with(1, "t", "a", 1, &["f1"]);
+        let report = b.check(&[]);
+        assert_eq!(report.dispatches["f1"], Class::Lost, "{report}");
+        // Drained: one still live at the end is lost too.
+        let drained = check(
+            &b.events,
+            &[follow_up("f1", "t", Status::Queued, None)],
+            Expect::Drained,
+        );
+        assert_eq!(drained.dispatches["f1"], Class::Lost, "{drained}");
     }
 }
