@@ -4,6 +4,13 @@
 //
 // Each message is kept in the thread log, the agent's only memory: a later dispatch on the
 // same thread, on any host, reads it back.
+//
+// To be steered while it runs (`homing thread send THREAD --kind steer --payload "..."`), a
+// long run reads its thread's inbox between steps and acknowledges what it takes, which
+// appends the message to the thread log:
+//
+//   const message = claim.nextMessage(200);
+//   if (message) { claim.ackMessage(message.seq); /* change course with message.text */ }
 
 import { HomingError, exportAgent, info, warn } from 'homing-guest';
 import { claimNext } from 'homing-guest/agent';

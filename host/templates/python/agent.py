@@ -5,6 +5,15 @@ host). `run` returns when `claim_next` gives `None`.
 Each message is kept in the thread log, the agent's only memory: a later dispatch on the same
 thread, on any host, reads it back.
 
+To be steered while it runs (`homing thread send THREAD --kind steer --payload "..."`), a long
+run reads its thread's inbox between steps and acknowledges what it takes, which appends the
+message to the thread log:
+
+    message = claim.next_message(0.2)
+    if message is not None:
+        claim.ack_message(message.seq)
+        # change course with message.text
+
 Import every module at the top: the component is a snapshot taken after the imports ran.
 """
 

@@ -4,6 +4,17 @@
 //!
 //! Each message is kept in the thread log, the agent's only memory: a later dispatch on the
 //! same thread, on any host, reads it back.
+//!
+//! To be steered while it runs (`homing thread send THREAD --kind steer --payload "..."`), a
+//! long run reads its thread's inbox between steps and acknowledges what it takes, which
+//! appends the message to the thread log:
+//!
+//! ```ignore
+//! if let Some(message) = claim.next_message(std::time::Duration::from_millis(200))? {
+//!     claim.ack_message(message.seq)?;
+//!     // change course with message.text()
+//! }
+//! ```
 
 use homing_guest::{Agent, Claim, Error, claim_next};
 
