@@ -65,7 +65,7 @@ pub(super) async fn messages(target: &Target, n: usize) -> anyhow::Result<Vec<Fi
         let Some(got) = got_rx.recv().await else {
             break;
         };
-        latencies.push(got.saturating_duration_since(sent).as_secs_f64() * 1e3);
+        latencies.push(got.saturating_duration_since(sent).as_secs_f64() * 1e6);
     }
     listener.await.context("the listener stopped")??;
     drop(sender);
@@ -79,7 +79,7 @@ pub(super) async fn messages(target: &Target, n: usize) -> anyhow::Result<Vec<Fi
     ))
 }
 
-/// The p50 figure (with min and max) and the p99 of `samples` in milliseconds.
+/// The p50 figure (with min and max) and the p99 of `samples` in microseconds.
 fn percentiles(name: &str, mut samples: Vec<f64>) -> Vec<Figure> {
     samples.sort_by(|a, b| a.total_cmp(b));
     let n = samples.len();
@@ -87,11 +87,11 @@ fn percentiles(name: &str, mut samples: Vec<f64>) -> Vec<Figure> {
         .get((n * 99 / 100).min(n.saturating_sub(1)))
         .copied()
         .unwrap_or(0.0);
-    let mut p50 = figure(format!("{name} p50"), "ms", samples);
+    let mut p50 = figure(format!("{name} p50"), "µs", samples);
     p50.samples = n;
     let p99 = Figure {
         scenario: format!("{name} p99"),
-        unit: "ms",
+        unit: "µs",
         median: p99,
         min: p99,
         max: p99,
