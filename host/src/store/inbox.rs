@@ -21,7 +21,7 @@ use async_trait::async_trait;
 use serde::{Deserialize, Serialize};
 use tokio::sync::watch;
 
-use super::model::{Fence, MAX_METADATA, bytes_as_text, check_name};
+use super::model::{Fence, bytes_as_text, check_metadata, check_name};
 use super::{StoreError, StoreResult};
 
 /// The most messages a thread may have pending when the host names no limit (a setting's
@@ -190,26 +190,6 @@ impl NewMessage {
     }
 }
 
-/// Checks a small string map: keys are names, keys and values together at most `max` bytes.
-///
-/// # Errors
-///
-/// A sentence naming `metadata`.
-pub fn check_metadata(metadata: &BTreeMap<String, String>, max: usize) -> Result<(), String> {
-    let mut total = 0usize;
-    for (key, value) in metadata {
-        check_name("metadata", key)?;
-        total = total.saturating_add(key.len() + value.len());
-    }
-    if total > max.min(MAX_METADATA) {
-        return Err(format!(
-            "metadata: its keys and values take {total} bytes; at most {} are kept",
-            max.min(MAX_METADATA)
-        ));
-    }
-    Ok(())
-}
-
 /// A stored message (section 9.1 of the contract).
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Message {
@@ -368,30 +348,16 @@ pub trait Inbox: Send + Sync + fmt::Debug + 'static {
 /// A registration for changes to one thread ([`Inbox::watch`]).
 #[derive(Debug)]
 pub struct ThreadWatch {
-    rx: Option<watch::Receiver<u64>>,
-    _count: Option<WatchCount>,
+    rx: watch::Receiver<u64>,
+    _count: WatchCount,
 }
 
 impl ThreadWatch {
-    /// A watch that never fires (a backend that cannot watch: the waiter relies on its own
-    /// deadline and re-reads).
-    pub fn never() -> ThreadWatch {
-        ThreadWatch {
-            rx: None,
-            _count: None,
-        }
-    }
-
     /// Resolves once the thread may have changed since the watch was made or last fired.
     pub async fn changed(&mut self) {
-        match &mut self.rx {
-            Some(rx) => {
-                if rx.changed().await.is_err() {
-                    // The registry went away with its store: nothing will ever fire.
-                    std::future::pending::<()>().await;
-                }
-            }
-            None => std::future::pending::<()>().await,
+        if self.rx.changed().await.is_err() {
+            // The registry went away with its store: nothing will ever fire.
+            std::future::pending::<()>().await;
         }
     }
 }
@@ -431,8 +397,8 @@ impl Watches {
             .subscribe();
         self.open.fetch_add(1, Ordering::SeqCst);
         ThreadWatch {
-            rx: Some(rx),
-            _count: Some(WatchCount(self.open.clone())),
+            rx,
+            _count: WatchCount(self.open.clone()),
         }
     }
 
@@ -470,24 +436,6 @@ impl Watches {
                 tx.send_modify(|n| *n = n.wrapping_add(1));
             }
         }
-    }
-
-    /// Wakes every watch (a change whose threads are not known: another process wrote).
-    pub fn notify_all(&self) {
-        if self.open() == 0 {
-            return;
-        }
-        let mut senders = self
-            .senders
-            .lock()
-            .unwrap_or_else(|poisoned| poisoned.into_inner());
-        senders.retain(|_, tx| {
-            if tx.receiver_count() == 0 {
-                return false;
-            }
-            tx.send_modify(|n| *n = n.wrapping_add(1));
-            true
-        });
     }
 }
 

@@ -508,16 +508,7 @@ impl NewDispatch {
             }
             check_text("dedupe_key", key)?;
         }
-        let mut metadata = 0usize;
-        for (key, value) in &self.metadata {
-            check_name("metadata", key)?;
-            metadata = metadata.saturating_add(key.len() + value.len());
-        }
-        if metadata > MAX_METADATA {
-            return Err(format!(
-                "metadata: its keys and values take {metadata} bytes; at most {MAX_METADATA} are kept"
-            ));
-        }
+        check_metadata(&self.metadata, MAX_METADATA)?;
         if self.max_attempts == 0 {
             return Err("max_attempts must be at least 1".into());
         }
@@ -529,6 +520,26 @@ impl NewDispatch {
         }
         Ok(())
     }
+}
+
+/// Checks a small string map (a dispatch's or a message's metadata): keys are names, keys
+/// and values together at most `max` bytes.
+///
+/// # Errors
+///
+/// A sentence starting with `metadata`.
+pub fn check_metadata(metadata: &BTreeMap<String, String>, max: usize) -> Result<(), String> {
+    let mut total = 0usize;
+    for (key, value) in metadata {
+        check_name("metadata", key)?;
+        total = total.saturating_add(key.len() + value.len());
+    }
+    if total > max {
+        return Err(format!(
+            "metadata: its keys and values take {total} bytes; at most {max} are kept"
+        ));
+    }
+    Ok(())
 }
 
 /// Ids, agent and thread names, run ids, dedupe keys and metadata keys are bounded so keys

@@ -22,7 +22,7 @@ use rusqlite::{Connection, OptionalExtension, Row, params};
 use super::lanes::{insert_queued, thread_row};
 use super::log::{check_fence, marks, push_entry};
 use super::rows::db;
-use super::{BUSY_TIMEOUT, EmbeddedStore, Inner, MAX_VALUE, sql_error};
+use super::{EmbeddedStore, Inner, MAX_VALUE};
 use crate::store::inbox::{
     DEFAULT_MESSAGE_PAGE, Inbox, InboxMarks, Message, MessageFilter, MessageKind, MessageState,
     NOTE_ROOM, NewMessage, Sent, ThreadWatch, follow_up_dispatch, follow_up_targets,
@@ -457,11 +457,7 @@ fn thread_marks(conn: &Connection, thread: &str) -> rusqlite::Result<Marks> {
 /// watches of the threads they changed. It reads nothing while no watch is open, and one
 /// pragma per [`CHANGE_POLL`] while nothing changes.
 pub(super) fn start_change_poller(path: &Path, store: Weak<Inner>) -> StoreResult<()> {
-    let location = path.display().to_string();
-    let conn = Connection::open(path)
-        .map_err(|e| StoreError::Unavailable(format!("cannot open {location}: {e}")))?;
-    conn.busy_timeout(BUSY_TIMEOUT)
-        .map_err(|e| sql_error(&location, e))?;
+    let (conn, _) = super::side_connection(path)?;
     std::thread::Builder::new()
         .name("homing-watch".into())
         .spawn(move || {

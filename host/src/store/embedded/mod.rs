@@ -578,17 +578,24 @@ impl EmbeddedStore {
     }
 }
 
+/// A connection of its own to the file at `path` for a background thread (the checkpointer,
+/// the change poller), and the file's name for messages.
+fn side_connection(path: &Path) -> StoreResult<(Connection, String)> {
+    let location = path.display().to_string();
+    let conn = Connection::open(path)
+        .map_err(|e| StoreError::Unavailable(format!("cannot open {location}: {e}")))?;
+    conn.busy_timeout(BUSY_TIMEOUT)
+        .map_err(|e| sql_error(&location, e))?;
+    Ok((conn, location))
+}
+
 /// How often the background checkpointer copies the WAL into the database file.
 pub const CHECKPOINT_INTERVAL: Duration = Duration::from_millis(250);
 
 /// Runs passive WAL checkpoints on a connection of its own until the store is dropped. A
 /// passive checkpoint never blocks writers; it copies what no reader still needs.
 fn start_checkpointer(path: &Path, store: std::sync::Weak<Inner>) -> StoreResult<()> {
-    let location = path.display().to_string();
-    let conn = Connection::open(path)
-        .map_err(|e| StoreError::Unavailable(format!("cannot open {location}: {e}")))?;
-    conn.busy_timeout(BUSY_TIMEOUT)
-        .map_err(|e| sql_error(&location, e))?;
+    let (conn, location) = side_connection(path)?;
     std::thread::Builder::new()
         .name("homing-checkpoint".into())
         .spawn(move || {
