@@ -900,6 +900,20 @@ async fn inbox_routes(backend: Backend) {
     assert_eq!(list["messages"][0]["sent_by"], "api:producer");
     let (status, _) = api.get("/v1/threads/m/messages?state=lost").await;
     assert_eq!(status, 400);
+    // The metrics count the sends (by the agent addressed) and the follow-up this host ran.
+    let m = api.metrics().await;
+    assert_eq!(
+        sample(&m, "homing_messages_sent_total", &[("agent", "none")]),
+        1.0
+    );
+    assert_eq!(
+        sample(&m, "homing_messages_sent_total", &[("agent", "echo")]),
+        1.0
+    );
+    assert_eq!(
+        sample(&m, "homing_follow_ups_total", &[("agent", "echo")]),
+        1.0
+    );
 
     // `[host] max_inbox = 4`: the fifth pending message is refused with 429 naming the limit.
     for text in ["3", "4"] {
