@@ -59,6 +59,9 @@ pub struct ApiConfig {
     /// Whether `/metrics` answers without a token (for a scraper that cannot send one); by
     /// default it needs a token of any role, as Prometheus sends with `authorization`.
     pub public_metrics: bool,
+    /// The base URL people and webhooks reach this API at (`https://homing.example.com`):
+    /// waitpoint callback URLs start with it. No callback URLs when absent.
+    pub public_url: Option<String>,
 }
 
 impl Default for ApiConfig {
@@ -77,6 +80,7 @@ impl Default for ApiConfig {
             max_streams_per_token: 64,
             dashboard: true,
             public_metrics: false,
+            public_url: None,
         }
     }
 }
@@ -262,7 +266,16 @@ impl ApiConfig {
         if self.max_body == Some(0) {
             return Err("[api] max_body: must be more than 0".into());
         }
+        if let Some(url) = &self.public_url {
+            check_public_url(url)?;
+        }
         Ok(())
+    }
+
+    /// The callback URL that completes waitpoint `id` with `token`, when `public_url` is set.
+    pub fn callback_url(&self, id: &str, token: &str) -> Option<String> {
+        let base = self.public_url.as_deref()?.trim_end_matches('/');
+        Some(format!("{base}/v1/waitpoints/{id}/complete?token={token}"))
     }
 
     /// The body cap in force: `max_body`, or room for a `max_payload` payload in base64 plus
@@ -277,6 +290,28 @@ impl ApiConfig {
     }
 }
 
+/// `public_url` is `http(s)://host[:port][/path]`: no query, fragment or credentials, since
+/// callback URLs append to it.
+fn check_public_url(url: &str) -> Result<(), String> {
+    let bad = |why: &str| Err(format!("[api] public_url: `{}` {why}", url.escape_debug()));
+    let Ok(uri) = url.parse::<http::Uri>() else {
+        return bad("is not a URL");
+    };
+    if !matches!(uri.scheme_str(), Some("http" | "https")) {
+        return bad("must start with http:// or https://");
+    }
+    let Some(authority) = uri.authority() else {
+        return bad("names no host");
+    };
+    if authority.as_str().contains('@') {
+        return bad("must not carry credentials");
+    }
+    if uri.query().is_some() || url.contains('#') {
+        return bad("must not have a query or a fragment");
+    }
+    Ok(())
+}
+
 #[cfg(test)]
 mod tests {
     #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
@@ -285,6 +320,29 @@ mod tests {
 
     fn parse(text: &str) -> Result<Config, String> {
         Config::parse(text, "homing.toml", Path::new("/etc/homing")).map_err(|e| e.to_string())
+    }
+
+    #[test]
+    fn public_url_is_a_base_for_callback_urls() {
+        let config = parse("[api]\npublic_url = \"https://homing.example.com/base/\"\n").unwrap();
+        assert_eq!(
+            config.api.callback_url("w1", "hwp_t").as_deref(),
+            Some("https://homing.example.com/base/v1/waitpoints/w1/complete?token=hwp_t")
+        );
+        assert_eq!(parse("").unwrap().api.callback_url("w1", "t"), None);
+        for (bad, why) in [
+            ("ftp://x", "http:// or https://"),
+            ("https://x/?a=1", "no query"),
+            ("https://x/#f", "fragment"),
+            ("https://u:p@x", "credentials"),
+            ("not a url", "not a URL"),
+        ] {
+            let e = parse(&format!("[api]\npublic_url = \"{bad}\"\n")).unwrap_err();
+            assert!(
+                e.contains("[api] public_url") && e.contains(why),
+                "{bad}: {e}"
+            );
+        }
     }
 
     #[test]

@@ -72,6 +72,10 @@ pub struct Config {
 /// The most messages a thread may have pending when `[host] max_inbox` is not set.
 pub const DEFAULT_MAX_INBOX: u64 = 1_000;
 
+/// How many times a dispatch may come back from waiting when its plugin's `max_resumes` is
+/// not set.
+pub const DEFAULT_MAX_RESUMES: u32 = 100;
+
 /// `[host]`: this host's identity and its maintenance cadence.
 #[derive(Debug, Clone, Deserialize)]
 #[serde(deny_unknown_fields, default)]
@@ -218,6 +222,14 @@ pub struct PluginConfig {
     /// Agents this plugin may enqueue follow-up work to.
     #[serde(default)]
     pub enqueue_to: Vec<String>,
+    /// How many times one dispatch may come back from waiting on its waitpoints; a suspend
+    /// past it is refused (`denied`).
+    #[serde(default = "default_max_resumes")]
+    pub max_resumes: u32,
+}
+
+fn default_max_resumes() -> u32 {
+    DEFAULT_MAX_RESUMES
 }
 
 fn default_concurrency() -> u32 {
@@ -420,6 +432,9 @@ impl Config {
             }
             if plugin.max_attempts == 0 {
                 return Err(format!("{}: must be at least 1", key("max_attempts")));
+            }
+            if plugin.max_resumes == 0 {
+                return Err(format!("{}: must be at least 1", key("max_resumes")));
             }
             if plugin.reuse_instance == 0 {
                 return Err(format!("{}: must be at least 1", key("reuse_instance")));

@@ -78,6 +78,7 @@ pub mod inbox;
 pub mod model;
 pub mod nats;
 pub(crate) mod rules;
+pub mod waitpoints;
 
 use std::fmt::Debug;
 use std::sync::Arc;
@@ -97,6 +98,9 @@ pub use model::{
     StatusCount, Watermarks,
 };
 pub use rules::MAX_ERROR_TEXT;
+pub use waitpoints::{
+    Created, NewWaitpoint, Settlement, Waitpoint, WaitpointFilter, WaitpointState, Waitpoints,
+};
 
 /// The `last_error` recorded when a lease runs out on a dispatch's last attempt.
 pub const REASON_LEASE_EXPIRED_AT_MAX: &str = "lease expired; max attempts reached";
@@ -188,11 +192,12 @@ pub trait Mailbox: Send + Sync + Debug + 'static {
     /// `record_result` and `ack` in one step.
     async fn complete(&self, id: &str, token: &str, result: RunResult) -> StoreResult<Dispatch>;
 
-    /// Cancels a queued dispatch. `None` when it is missing or not queued.
+    /// Cancels a queued or waiting dispatch (a waiting one frees its thread; its pending
+    /// waitpoints are cancelled). `None` when it is missing or neither.
     async fn cancel(&self, id: &str) -> StoreResult<Option<Dispatch>>;
 
-    /// Bumps the thread's epoch, supersedes its queued dispatches with `reason`, and reports the
-    /// claimed one (still claimed; its next holder write is fenced).
+    /// Bumps the thread's epoch, supersedes its queued and waiting dispatches with `reason`
+    /// (cancelling the waiting one's waitpoints), and reports the claimed one (still claimed; its next holder write is fenced).
     async fn interrupt(&self, thread: &str, reason: &str) -> StoreResult<Interrupt>;
 
     /// Supersedes a claimed dispatch: by its holder (`token` given and matching) or by the control
@@ -233,7 +238,7 @@ pub trait Mailbox: Send + Sync + Debug + 'static {
     /// How many dispatches each agent has in each status (zero rows omitted).
     async fn counts(&self) -> StoreResult<Vec<StatusCount>>;
 
-    /// [`Mailbox::counts`] of the live statuses only (queued and claimed), at a cost bounded
+    /// [`Mailbox::counts`] of the live statuses only (queued, claimed, waiting), at a cost bounded
     /// by live work rather than by what the store retains: what the sweeper reads for the
     /// queue gauges on every sweep.
     async fn live_counts(&self) -> StoreResult<Vec<StatusCount>>;
@@ -247,7 +252,7 @@ pub trait Mailbox: Send + Sync + Debug + 'static {
     /// Threads with at least one queued dispatch, sorted.
     async fn queued_threads(&self) -> StoreResult<Vec<String>>;
 
-    /// Whether any dispatch is queued or claimed (for `homing run --until-idle`).
+    /// Whether any dispatch is queued, claimed or waiting (for `homing run --until-idle`).
     async fn has_live_work(&self) -> StoreResult<bool>;
 
     /// A signal fired when work may have become claimable (enqueue, settle, reclaim). Workers
@@ -332,6 +337,8 @@ pub struct Store {
     pub log: Arc<dyn SequenceStore>,
     /// The threads' inboxes.
     pub inbox: Arc<dyn Inbox>,
+    /// The dispatches' waitpoints.
+    pub waitpoints: Arc<dyn Waitpoints>,
     /// The clock both read.
     pub clock: SharedClock,
 }

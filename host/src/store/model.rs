@@ -26,6 +26,9 @@ pub enum Status {
     Queued,
     /// Held by one claim token until the lease runs out.
     Claimed,
+    /// Suspended by its holder until one of its waitpoints leaves `pending`: no claim, no
+    /// lease; its thread stays busy.
+    Waiting,
     /// Delivered and settled by its holder.
     Acked,
     /// Withdrawn by the control plane before anyone claimed it.
@@ -38,9 +41,10 @@ pub enum Status {
 
 impl Status {
     /// Every status, in lifecycle order.
-    pub const ALL: [Status; 6] = [
+    pub const ALL: [Status; 7] = [
         Status::Queued,
         Status::Claimed,
+        Status::Waiting,
         Status::Acked,
         Status::Cancelled,
         Status::Superseded,
@@ -49,7 +53,7 @@ impl Status {
 
     /// Terminal states never change again; only purge removes them.
     pub fn is_terminal(self) -> bool {
-        !matches!(self, Status::Queued | Status::Claimed)
+        !matches!(self, Status::Queued | Status::Claimed | Status::Waiting)
     }
 
     /// The stable lowercase name used in storage, the CLI and JSON.
@@ -57,6 +61,7 @@ impl Status {
         match self {
             Status::Queued => "queued",
             Status::Claimed => "claimed",
+            Status::Waiting => "waiting",
             Status::Acked => "acked",
             Status::Cancelled => "cancelled",
             Status::Superseded => "superseded",
@@ -80,7 +85,7 @@ impl FromStr for Status {
             .find(|status| status.as_str() == s || (s == "dead-letter" && *status == Status::DeadLetter))
             .ok_or_else(|| {
                 format!(
-                    "unknown status `{s}` (expected one of queued, claimed, acked, cancelled, superseded, dead_letter)"
+                    "unknown status `{s}` (expected one of queued, claimed, waiting, acked, cancelled, superseded, dead_letter)"
                 )
             })
     }
@@ -244,18 +249,19 @@ impl Dispatch {
             ));
         }
         match self.status {
-            Status::Queued => {
+            Status::Queued | Status::Waiting => {
+                let status = self.status;
                 if self.claim.is_some() {
-                    return Err(format!("queued dispatch {} carries a claim", self.id));
+                    return Err(format!("{status} dispatch {} carries a claim", self.id));
                 }
                 if self.result.is_some() || self.started_at.is_some() {
                     return Err(format!(
-                        "queued dispatch {} carries a run projection",
+                        "{status} dispatch {} carries a run projection",
                         self.id
                     ));
                 }
                 if self.completed_at.is_some() {
-                    return Err(format!("queued dispatch {} has completed_at", self.id));
+                    return Err(format!("{status} dispatch {} has completed_at", self.id));
                 }
             }
             Status::Claimed => {

@@ -432,8 +432,9 @@ impl Inbox for EmbeddedStore {
     }
 }
 
-/// What the poller compares per watched thread: its inbox marks, holder, epoch and log head.
-type Marks = (u64, u64, u64, Option<String>, u64);
+/// What the poller compares per watched thread: its inbox marks, holder, epoch, log head and
+/// pending waitpoints.
+type Marks = (u64, u64, u64, Option<String>, u64, u64);
 
 fn thread_marks(conn: &Connection, thread: &str) -> rusqlite::Result<Marks> {
     let t = conn
@@ -450,7 +451,8 @@ fn thread_marks(conn: &Connection, thread: &str) -> rusqlite::Result<Marks> {
         .query_row(params![thread], |row| row.get(0))
         .optional()?
         .unwrap_or(0);
-    Ok((t.0, t.1, t.2, t.3, latest))
+    let waiting = super::waitpoints::pending_on_thread(conn, thread)?;
+    Ok((t.0, t.1, t.2, t.3, latest, waiting))
 }
 
 /// Starts the thread that notices other processes' writes to the file at `path` and wakes the

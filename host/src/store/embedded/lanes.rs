@@ -11,6 +11,7 @@ use crate::store::StoreResult;
 use crate::store::inbox::InboxMarks;
 use crate::store::model::{Dispatch, NewDispatch};
 use crate::store::rules::{Reclaim, Settle, clamp, queued_record};
+use crate::store::waitpoints::{BY_DISPATCH_ENDED, BY_INTERRUPT};
 
 /// Per-thread scheduling state.
 #[derive(Debug, Default)]
@@ -193,6 +194,7 @@ pub(super) fn store_superseded(
 ) -> StoreResult<()> {
     let settled = token.map(|token| (token, Settle::Supersede.as_str()));
     rows::store(tx, record, false, settled)?;
+    super::waitpoints::end_waitpoints(tx, &record.id, BY_INTERRUPT, record.updated_at)?;
     release_thread(tx, &record.thread, &record.id)?;
     refresh_lane(tx, &record.agent, &record.thread)
 }
@@ -238,6 +240,9 @@ pub(super) fn store_reclaim(
         }
         Reclaim::Requeued(d) | Reclaim::DeadLettered(d) => {
             rows::store(tx, &d, d.status == crate::store::Status::Queued, None)?;
+            if d.status.is_terminal() {
+                super::waitpoints::end_waitpoints(tx, &d.id, BY_DISPATCH_ENDED, now)?;
+            }
             release_thread(tx, &d.thread, &d.id)?;
             refresh_lane(tx, &d.agent, &d.thread)?;
             super::inbox::answer_inbox(tx, &d.thread, Some(&d.agent), now)?;

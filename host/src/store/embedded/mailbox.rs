@@ -22,6 +22,7 @@ use crate::store::model::{
 use crate::store::rules::{
     self, Holder, HolderOp, SupersedeClaimed, Take, clamp, lease_extended, lease_live, same_content,
 };
+use crate::store::waitpoints::{BY_DISPATCH_ENDED, BY_INTERRUPT};
 use crate::store::{Mailbox, StoreError, StoreResult};
 
 /// The page size of `list` and `list_terminal` when the caller gives 0.
@@ -111,6 +112,7 @@ impl EmbeddedStore {
                     Some(row) => thread_row(tx, &row.dispatch.thread)?,
                     None => Default::default(),
                 };
+                let made = row.as_ref().map_or(0, |row| row.waitpoints);
                 let found = row.as_ref().map(rows::StoredRow::found);
                 match rules::check_holder(found, &id, &token, settles, t.epoch, now) {
                     Holder::Repeat(d) => Ok((d, false)),
@@ -130,6 +132,9 @@ impl EmbeddedStore {
                         if d.status != Status::Claimed {
                             release_thread(tx, &d.thread, &d.id)?;
                         }
+                        // W4: a terminal settlement cancels the waitpoints still pending;
+                        // the row's counter says whether there can be any.
+                        super::waitpoints::on_terminal(tx, &d, made, now)?;
                         if d.status == Status::Queued {
                             refresh_lane(tx, &d.agent, &d.thread)?;
                         }
@@ -256,6 +261,8 @@ impl Mailbox for EmbeddedStore {
                 let mut reclaimed = false;
                 if let Some(holder) = &t.holder {
                     match rows::load(tx, holder)?.map(|row| row.dispatch) {
+                        // A waiting dispatch keeps its thread's turn.
+                        Some(h) if h.status == Status::Waiting => return Ok((None, false)),
                         Some(h) if h.status == Status::Claimed => {
                             if lease_live(&h, now) {
                                 return Ok((None, false));
@@ -341,22 +348,33 @@ impl Mailbox for EmbeddedStore {
     async fn cancel(&self, id: &str) -> StoreResult<Option<Dispatch>> {
         let id = id.to_owned();
 
-        self.write(move |tx, now| {
-            let id = id.as_str();
+        let out = self
+            .write(move |tx, now| {
+                let id = id.as_str();
 
-            let Some(row) = rows::load(tx, id)? else {
-                return Ok(None);
-            };
-            let mut d = row.dispatch;
-            if d.status != Status::Queued {
-                return Ok(None);
-            }
-            rules::terminate(&mut d, Status::Cancelled, now, None);
-            rows::store(tx, &d, false, None)?;
-            refresh_lane(tx, &d.agent, &d.thread)?;
-            Ok(Some(d))
-        })
-        .await
+                let Some(row) = rows::load(tx, id)? else {
+                    return Ok(None);
+                };
+                let mut d = row.dispatch;
+                if !matches!(d.status, Status::Queued | Status::Waiting) {
+                    return Ok(None);
+                }
+                rules::terminate(&mut d, Status::Cancelled, now, None);
+                rows::store(tx, &d, false, None)?;
+                if row.waitpoints > 0 {
+                    super::waitpoints::end_waitpoints(tx, &d.id, BY_DISPATCH_ENDED, now)?;
+                }
+                // A waiting dispatch held its thread: the thread's other lanes may run now.
+                release_thread(tx, &d.thread, &d.id)?;
+                refresh_lane(tx, &d.agent, &d.thread)?;
+                Ok(Some(d))
+            })
+            .await?;
+        if let Some(d) = &out {
+            self.signal();
+            self.inner.watches.notify(&d.thread);
+        }
+        Ok(out)
     }
 
     async fn interrupt(&self, thread: &str, reason: &str) -> StoreResult<Interrupt> {
@@ -364,46 +382,66 @@ impl Mailbox for EmbeddedStore {
         let thread = thread.to_owned();
         let reason = reason.to_owned();
 
-        let out = self.write(move |tx, now| {
-let thread = thread.as_str();
-let reason = reason.as_str();
+        let out = self
+            .write(move |tx, now| {
+                let thread = thread.as_str();
+                let reason = reason.as_str();
 
-            ensure_thread(tx, thread)?;
-            let epoch = tx
-                .prepare_cached("UPDATE threads SET epoch = epoch + 1 WHERE thread = ?1 RETURNING epoch")
-                .map_err(db)?
-                .query_row(params![thread], |row| row.get::<_, u64>(0))
-                .map_err(db)?;
-            let superseded: Vec<String> = {
-                let mut stmt = tx
+                ensure_thread(tx, thread)?;
+                let epoch = tx
+                    .prepare_cached(
+                        "UPDATE threads SET epoch = epoch + 1 WHERE thread = ?1 RETURNING epoch",
+                    )
+                    .map_err(db)?
+                    .query_row(params![thread], |row| row.get::<_, u64>(0))
+                    .map_err(db)?;
+                let superseded: Vec<String> = {
+                    let mut stmt = tx
                     .prepare_cached(
                         "UPDATE dispatches SET status = 'superseded', ready = 0, last_error = ?2, \
-                         completed_at = ?3, updated_at = ?3 WHERE thread = ?1 AND status = 'queued' RETURNING id",
+                         completed_at = ?3, updated_at = ?3 WHERE thread = ?1 \
+                         AND status IN ('queued', 'waiting') RETURNING id",
                     )
                     .map_err(db)?;
-                let ids = stmt
-                    .query_map(params![thread, reason, now], |row| row.get::<_, String>(0))
+                    let ids = stmt
+                        .query_map(params![thread, reason, now], |row| row.get::<_, String>(0))
+                        .map_err(db)?;
+                    ids.collect::<Result<_, _>>().map_err(db)?
+                };
+                tx.prepare_cached("DELETE FROM lanes WHERE thread = ?1")
+                    .map_err(db)?
+                    .execute(params![thread])
                     .map_err(db)?;
-                ids.collect::<Result<_, _>>().map_err(db)?
-            };
-            tx.prepare_cached("DELETE FROM lanes WHERE thread = ?1")
-                .map_err(db)?
-                .execute(params![thread])
-                .map_err(db)?;
-            let active = match thread_row(tx, thread)?.holder {
-                Some(holder) => rows::load(tx, &holder)?
-                    .map(|row| row.dispatch)
-                    .filter(|d| d.status == Status::Claimed),
-                None => None,
-            };
-            let mut superseded = superseded;
-            superseded.sort();
-            Ok(Interrupt {
-                epoch,
-                active,
-                superseded,
+                let holder = thread_row(tx, thread)?.holder;
+                let active = match &holder {
+                    Some(holder) => rows::load(tx, holder)?
+                        .map(|row| row.dispatch)
+                        .filter(|d| d.status == Status::Claimed),
+                    None => None,
+                };
+                // A waiting holder was just superseded: free the thread, and cancel the waitpoints
+                // of every dispatch the interrupt ended.
+                if let Some(holder) = &holder
+                    && active.is_none()
+                {
+                    release_thread(tx, thread, holder)?;
+                }
+                super::waitpoints::end_thread_waitpoints(
+                    tx,
+                    thread,
+                    active.as_ref().map(|d| d.id.as_str()),
+                    BY_INTERRUPT,
+                    now,
+                )?;
+                let mut superseded = superseded;
+                superseded.sort();
+                Ok(Interrupt {
+                    epoch,
+                    active,
+                    superseded,
+                })
             })
-        }).await?;
+            .await?;
         self.signal();
         self.inner.watches.notify(&thread_name);
         Ok(out)
@@ -477,16 +515,29 @@ let reason = reason.as_str();
 
     async fn purge_terminal(&self, older_than: u64) -> StoreResult<usize> {
         self.write(move |tx, _| {
-            let purged = tx
-                .prepare_cached(
-                    "DELETE FROM dispatches INDEXED BY dispatches_completed \
-                     WHERE completed_at IS NOT NULL AND completed_at < ?1 \
-                     AND status IN ('acked', 'cancelled', 'superseded', 'dead_letter')",
-                )
-                .map_err(db)?
-                .execute(params![clamp(older_than)])
-                .map_err(db)?;
-            Ok(purged)
+            // A purged dispatch takes its waitpoints with it (T16).
+            let purged: Vec<(String, u32)> = {
+                let mut stmt = tx
+                    .prepare_cached(
+                        "DELETE FROM dispatches INDEXED BY dispatches_completed \
+                         WHERE completed_at IS NOT NULL AND completed_at < ?1 \
+                         AND status IN ('acked', 'cancelled', 'superseded', 'dead_letter') \
+                         RETURNING id, waitpoints",
+                    )
+                    .map_err(db)?;
+                let rows = stmt
+                    .query_map(params![clamp(older_than)], |row| {
+                        Ok((row.get(0)?, row.get(1)?))
+                    })
+                    .map_err(db)?;
+                rows.collect::<Result<_, _>>().map_err(db)?
+            };
+            for (id, made) in &purged {
+                if *made > 0 {
+                    super::waitpoints::delete_waitpoints(tx, id)?;
+                }
+            }
+            Ok(purged.len())
         })
         .await
     }

@@ -54,6 +54,7 @@ mod lanes;
 mod log;
 mod mailbox;
 mod rows;
+mod waitpoints;
 mod writer;
 
 use std::path::{Path, PathBuf};
@@ -515,6 +516,7 @@ impl EmbeddedStore {
             mailbox: Arc::new(self.clone()),
             log: Arc::new(self.clone()),
             inbox: Arc::new(self.clone()),
+            waitpoints: Arc::new(self.clone()),
             clock: self.inner.clock.clone(),
         }
     }

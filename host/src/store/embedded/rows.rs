@@ -13,7 +13,7 @@ use crate::store::{StoreError, StoreResult};
 pub(super) const COLUMNS: &str = "id, agent, thread, run_id, payload, metadata, priority, available_at, \
     dedupe_key, max_attempts, attempt, epoch, status, claim_token, claimed_by, lease_until, started_at, \
     result_status, result_output, result_error, last_error, created_at, updated_at, completed_at, \
-    settled_token, settled_op, claims, resumes";
+    settled_token, settled_op, claims, resumes, waitpoints";
 
 /// The columns a list row selects, in the order [`decode_row`] reads them: no payload and no
 /// output, only their sizes (`octet_length` reads a value's size from the record's header, not
@@ -29,6 +29,8 @@ pub(super) struct StoredRow {
     pub dispatch: Dispatch,
     pub settled_token: Option<String>,
     pub settled_op: Option<String>,
+    /// How many waitpoints the dispatch created (so a settlement knows whether to look).
+    pub waitpoints: u32,
 }
 
 impl StoredRow {
@@ -119,6 +121,7 @@ pub(super) fn decode(row: &Row<'_>) -> StoreResult<StoredRow> {
         dispatch,
         settled_token: row.get(24).map_err(field)?,
         settled_op: row.get(25).map_err(field)?,
+        waitpoints: row.get(28).map_err(field)?,
     })
 }
 

@@ -153,6 +153,7 @@ mod log;
 mod mailbox;
 mod queries;
 pub mod view;
+mod waitpoints;
 mod watcher;
 
 use std::fmt;
@@ -411,7 +412,8 @@ impl NatsStore {
         Store {
             mailbox: shared.clone(),
             log: shared.clone(),
-            inbox: shared,
+            inbox: shared.clone(),
+            waitpoints: shared,
             clock,
         }
     }

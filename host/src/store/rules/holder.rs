@@ -24,6 +24,8 @@ pub(crate) enum Settle {
     DeadLetter,
     /// A supersede by the holder (or of the holder's claim, by a stale-epoch write).
     Supersede,
+    /// `suspend` (waiting, or queued again at once).
+    Suspend,
 }
 
 impl Settle {
@@ -34,6 +36,7 @@ impl Settle {
             Settle::Nack => "nack",
             Settle::DeadLetter => "dead_letter",
             Settle::Supersede => "supersede",
+            Settle::Suspend => "suspend",
         }
     }
 }
