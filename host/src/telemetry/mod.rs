@@ -80,6 +80,13 @@ pub const MESSAGE_DELIVERY: &str = "homing_message_delivery_seconds";
 pub const MESSAGES_PENDING: &str = "homing_messages_pending";
 /// Follow-up dispatches the inbox started, counted when a host first claims one: `agent`.
 pub const FOLLOW_UPS: &str = "homing_follow_ups_total";
+/// Waitpoints guests created: `agent`.
+pub const WAITPOINTS_CREATED: &str = "homing_waitpoints_created_total";
+/// Waitpoints that left `pending` through this host (a completion, a cancel, a timeout its
+/// sweeper applied): `agent`, `state`.
+pub const WAITPOINTS_SETTLED: &str = "homing_waitpoints_settled_total";
+/// From a waitpoint's creation to its settlement: `agent`.
+pub const WAITPOINT_WAIT: &str = "homing_waitpoint_wait_seconds";
 
 /// Histogram buckets of every `_seconds` histogram: 50 µs to 5 min.
 const BUCKETS: &[f64] = &[
@@ -158,6 +165,19 @@ fn describe() {
         FOLLOW_UPS,
         "Follow-up dispatches the inbox started, counted at their first claim, by agent."
     );
+    describe_counter!(
+        WAITPOINTS_CREATED,
+        "Waitpoints created by guests, by agent."
+    );
+    describe_counter!(
+        WAITPOINTS_SETTLED,
+        "Waitpoints that left pending through this host, by agent and state."
+    );
+    describe_histogram!(
+        WAITPOINT_WAIT,
+        Unit::Seconds,
+        "From a waitpoint's creation to its settlement, by agent."
+    );
     describe_counter!(LEASE_RENEWALS, "Leases renewed while guests ran.");
     describe_counter!(LEASES_LOST, "Claims lost while their guest ran.");
     describe_counter!(RECLAIMS, "Expired leases reclaimed by this host's sweeper.");
@@ -224,6 +244,21 @@ pub fn instance_start(agent: &str, took: Duration) {
 /// A guest call that trapped or was cut short.
 pub fn guest_trap(agent: &str, kind: &'static str) {
     counter!(GUEST_TRAPS, "agent" => agent.to_owned(), "kind" => kind).increment(1);
+}
+
+/// A guest created a waitpoint.
+pub fn waitpoint_created(agent: &str) {
+    counter!(WAITPOINTS_CREATED, "agent" => agent.to_owned()).increment(1);
+}
+
+/// A waitpoint left `pending` through this host: counted by state, its wait recorded.
+pub fn waitpoint_settled(w: &crate::store::Waitpoint) {
+    counter!(WAITPOINTS_SETTLED, "agent" => w.agent.clone(), "state" => w.state.as_str())
+        .increment(1);
+    if let Some(at) = w.settled_at {
+        histogram!(WAITPOINT_WAIT, "agent" => w.agent.clone())
+            .record(at.saturating_sub(w.created_at) as f64 / 1000.0);
+    }
 }
 
 /// A lease renewed.

@@ -12,12 +12,14 @@
 //! - `request`: a request for a new dispatch, and the attempts it gets;
 //! - `ops`: cancel and retry;
 //! - `wait`: waiting until a dispatch is terminal;
-//! - `messages`: sending a message into a thread's inbox and waiting for its acknowledgement.
+//! - `messages`: sending a message into a thread's inbox and waiting for its acknowledgement;
+//! - `waiting`: a guest waiting in place for a waitpoint to settle.
 
 pub mod messages;
 mod ops;
 mod request;
 mod wait;
+pub mod waiting;
 
 pub use ops::{OpError, cancel, retry};
 pub use request::{Attempts, Request};
