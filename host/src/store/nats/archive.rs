@@ -141,14 +141,20 @@ impl NatsStore {
                 let to = Key::ArchivedWaitpoint(thread.to_owned(), w.id).subject(&prefix);
                 // A waitpoint of an ended dispatch never changes; one that left the tree was
                 // moved by another host.
-                if self.copy_out(&own, w.seq, to, w.payload, ttl.as_deref()).await? {
+                if self
+                    .copy_out(&own, w.seq, to, w.payload, ttl.as_deref())
+                    .await?
+                {
                     moved.push(w.seq);
                 }
             }
             let own = Key::Dispatch(thread.to_owned(), r.id.clone()).subject(&prefix);
             let to = Key::Archive(thread.to_owned(), r.id.clone()).subject(&prefix);
             // Not copied: the record changed or left the tree since it was read.
-            if self.copy_out(&own, r.seq, to, r.payload, ttl.as_deref()).await? {
+            if self
+                .copy_out(&own, r.seq, to, r.payload, ttl.as_deref())
+                .await?
+            {
                 copied.push((r.seq, moved));
             }
         }
@@ -222,11 +228,9 @@ impl NatsStore {
                 continue;
             };
             if let Ok(Record::Waitpoint(_, id, w)) = key.decode(&payload) {
-                out.entry(w.dispatch).or_default().push(TreeWaitpoint {
-                    seq,
-                    id,
-                    payload,
-                });
+                out.entry(w.dispatch)
+                    .or_default()
+                    .push(TreeWaitpoint { seq, id, payload });
             }
         }
         Ok(out)

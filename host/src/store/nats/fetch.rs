@@ -205,11 +205,7 @@ impl NatsStore {
 
     /// The thread a dispatch id belongs to: the id index of a caller-chosen id, else the one
     /// dispatch subject of that id in any thread. `None` when no record of it exists.
-    pub(super) async fn thread_of(
-        &self,
-        id: &str,
-        view: &mut View,
-    ) -> StoreResult<Option<String>> {
+    pub(super) async fn thread_of(&self, id: &str, view: &mut View) -> StoreResult<Option<String>> {
         let prefix = self.prefix().to_owned();
         let index = Key::Id(id.to_owned()).subject(&prefix);
         if let Some((seq, payload)) = self.get_last(&index).await? {

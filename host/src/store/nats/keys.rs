@@ -632,6 +632,50 @@ mod tests {
     }
 
     #[test]
+    fn waitpoint_records_round_trip_with_and_without_a_result() {
+        use crate::store::waitpoints::{Waitpoint, WaitpointState};
+        let pending = Waitpoint {
+            id: "w1".into(),
+            dispatch: "d1".into(),
+            thread: "t".into(),
+            agent: "a".into(),
+            name: "approve".into(),
+            state: WaitpointState::Pending,
+            token_digests: vec!["ab".repeat(32)],
+            metadata: [("k".to_owned(), "v".to_owned())].into(),
+            timeout_at: 9,
+            result: None,
+            settled_by: None,
+            created_at: 1,
+            settled_at: None,
+            created_claim: 1,
+        };
+        let mut empty = pending.clone();
+        empty.state = WaitpointState::Completed;
+        empty.result = Some(Vec::new());
+        let mut binary = empty.clone();
+        binary.result = Some(vec![0, 255, b'{', 7]);
+        let key = Key::Waitpoint("t".into(), "w1".into());
+        for w in [pending, empty, binary] {
+            let bytes = encode_waitpoint(&w).unwrap_or_default();
+            assert_eq!(decode_waitpoint_of(&key, &bytes).ok(), Some(w.clone()));
+            let archived = Key::ArchivedWaitpoint("t".into(), "w1".into());
+            assert_eq!(decode_waitpoint_of(&archived, &bytes).ok(), Some(w.clone()));
+            // Another key's record, and damaged records, are corrupt, never a panic.
+            assert!(decode_waitpoint_of(&Key::Waitpoint("t".into(), "w2".into()), &bytes).is_err());
+            for cut in 0..bytes
+                .len()
+                .saturating_sub(w.result.as_ref().map_or(0, Vec::len))
+            {
+                assert!(
+                    decode_waitpoint_of(&key, &bytes[..cut]).is_err(),
+                    "cut at {cut}"
+                );
+            }
+        }
+    }
+
+    #[test]
     fn subjects_round_trip_any_name() {
         for name in ["", "a", "thread.with.dots", "sp ace*>", "ünï/cødé", "-_-"] {
             for key in [

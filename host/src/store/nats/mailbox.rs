@@ -172,10 +172,7 @@ impl NatsStore {
                             token,
                             error,
                         } => Ok(Plan::Write {
-                            writes: put_dispatch(
-                                view,
-                                settled(record, &token, Settle::Supersede),
-                            )?,
+                            writes: put_dispatch(view, settled(record, &token, Settle::Supersede))?,
                             answer: Err(error),
                             wake: true,
                         }),

@@ -517,6 +517,12 @@ impl NatsStore {
         self.inner.view.lock().map_or(0, |v| v.records())
     }
 
+    /// How many waitpoint records this instance's view holds (a host's: those of its live
+    /// work).
+    pub fn view_waitpoints(&self) -> usize {
+        self.inner.view.lock().map_or(0, |v| v.waitpoint_count())
+    }
+
     /// How many times the watcher had to restart its consumer.
     pub fn watcher_restarts(&self) -> u64 {
         self.inner.watcher_restarts.load(Ordering::Relaxed)

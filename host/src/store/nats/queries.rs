@@ -195,7 +195,10 @@ impl NatsStore {
     ) -> StoreResult<Vec<T>> {
         let mut page = Page::<T>::new(filter);
         match &filter.thread {
-            None => self.each_dispatch(|_, _, s| page.offer(&s.dispatch)).await?,
+            None => {
+                self.each_dispatch(|_, _, s| page.offer(&s.dispatch))
+                    .await?
+            }
             Some(thread) => {
                 let view = self.snapshot(&[Read::Thread(thread)]).await?;
                 view.all().for_each(|s| page.offer(&s.dispatch));

@@ -275,6 +275,11 @@ impl View {
         self.dispatches.len()
     }
 
+    /// How many waitpoint records the view holds.
+    pub fn waitpoint_count(&self) -> usize {
+        self.waitpoints.len()
+    }
+
     /// How many threads the view holds.
     pub fn thread_count(&self) -> usize {
         self.threads.len()
@@ -987,7 +992,8 @@ impl View {
             .filter(|h| h.waitpoint.dispatch == dispatch)
             .collect();
         out.sort_by(|a, b| {
-            (a.waitpoint.created_at, &a.waitpoint.id).cmp(&(b.waitpoint.created_at, &b.waitpoint.id))
+            (a.waitpoint.created_at, &a.waitpoint.id)
+                .cmp(&(b.waitpoint.created_at, &b.waitpoint.id))
         });
         out
     }

@@ -27,7 +27,9 @@ use std::collections::{BTreeMap, HashSet};
 use async_trait::async_trait;
 
 use super::NatsStore;
-use super::commit::{Expect, Plan, Write, put_dispatch, put_dispatch_expecting, put_waitpoint, settled};
+use super::commit::{
+    Expect, Plan, Write, put_dispatch, put_dispatch_expecting, put_waitpoint, settled,
+};
 use super::fetch::Read;
 use super::keys::{Key, decode_waitpoint_of};
 use super::mailbox::check_holder;
@@ -141,7 +143,9 @@ impl NatsStore {
     ) -> StoreResult<Settlement> {
         self.run(&[Read::Waitpoint(id)], |view, now, _| {
             let Some(held) = view.waitpoint(id)? else {
-                return Ok(Plan::Refuse(Err(StoreError::NotFound { id: id.to_owned() })));
+                return Ok(Plan::Refuse(Err(StoreError::NotFound {
+                    id: id.to_owned(),
+                })));
             };
             if !held.whole {
                 return Ok(read_whole());
@@ -268,7 +272,11 @@ impl NatsStore {
 
     /// The fenced dispatch's record as the view has it, once the fence holds: `Err(plan)` is
     /// the fence's answer (a refusal, or the supersede of a stale holder).
-    fn fenced_record<T>(view: &View, fence: &Fence, now: u64) -> StoreResult<Result<Dispatch, Plan<T>>> {
+    fn fenced_record<T>(
+        view: &View,
+        fence: &Fence,
+        now: u64,
+    ) -> StoreResult<Result<Dispatch, Plan<T>>> {
         let thread = match view.dispatch(&fence.dispatch)? {
             Some(s) => s.dispatch.thread.clone(),
             None => String::new(),
@@ -341,8 +349,7 @@ impl Waitpoints for NatsStore {
                 return Ok(Plan::Refuse(Ok(false)));
             };
             let w = &held.waitpoint;
-            if w.dispatch != d.id || !w.is_pending() || w.token_digests.len() >= MAX_TOKEN_DIGESTS
-            {
+            if w.dispatch != d.id || !w.is_pending() || w.token_digests.len() >= MAX_TOKEN_DIGESTS {
                 return Ok(Plan::Done(Ok(false)));
             }
             let mut w = w.clone();
@@ -502,7 +509,9 @@ impl Waitpoints for NatsStore {
         } else if self.follows() && filter.state == Some(WaitpointState::Pending) {
             // A host's view holds every pending waitpoint, whole.
             self.barrier().await?;
-            self.view()?.pending_waitpoints().for_each(|w| page.offer(w));
+            self.view()?
+                .pending_waitpoints()
+                .for_each(|w| page.offer(w));
         } else {
             self.each_waitpoint(|w| page.offer(w)).await?;
         }
