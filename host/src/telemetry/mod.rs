@@ -165,7 +165,10 @@ fn describe() {
         FOLLOW_UPS,
         "Follow-up dispatches the inbox started, counted at their first claim, by agent."
     );
-    describe_counter!(WAITPOINTS_CREATED, "Waitpoints created by guests, by agent.");
+    describe_counter!(
+        WAITPOINTS_CREATED,
+        "Waitpoints created by guests, by agent."
+    );
     describe_counter!(
         WAITPOINTS_SETTLED,
         "Waitpoints that left pending through this host, by agent and state."
