@@ -12,12 +12,15 @@
 //! - `request`: a request for a new dispatch, and the attempts it gets;
 //! - `ops`: cancel and retry;
 //! - `wait`: waiting until a dispatch is terminal;
-//! - `messages`: sending a message into a thread's inbox and waiting for its acknowledgement.
+//! - `messages`: sending a message into a thread's inbox and waiting for its acknowledgement;
+//! - `waitpoints`: completing and cancelling waitpoints (the token check, the store call, the
+//!   metric), and how a reader sees one.
 
 pub mod messages;
 mod ops;
 mod request;
 mod wait;
+pub mod waitpoints;
 
 pub use ops::{OpError, cancel, retry};
 pub use request::{Attempts, Request};
