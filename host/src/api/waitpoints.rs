@@ -218,7 +218,11 @@ async fn completion(
         None => match work::authorize(&state.store, id, &presented).await {
             Ok(_) => Completer::Token,
             Err(WaitpointError::Unauthorized) => {
-                return Err(match configured.first() {
+                // Only when every token presented is a configured one (of a smaller role) is
+                // it a matter of role; a candidate for the waitpoint's own that matched
+                // nothing is an invalid token, counted, whatever came with it.
+                let all_configured = configured.len() == presented.len();
+                return Err(match configured.first().filter(|_| all_configured) {
                     Some((name, role)) => auth::refused(
                         "role",
                         &method,
