@@ -11,7 +11,7 @@ use std::path::Path;
 use std::sync::Arc;
 
 use axum::extract::{Request, State};
-use axum::http::header;
+use axum::http::{HeaderMap, Method, header};
 use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
 use sha2::{Digest, Sha256};
@@ -102,15 +102,68 @@ fn refuse(
     error: ApiError,
     name: Option<&str>,
 ) -> Response {
+    refused(reason, request.method(), request.uri().path(), error, name)
+}
+
+/// Counts and logs a refusal of a request for `method` and `path` (never its query string, nor
+/// a token), naming the token when it was a known one, and answers it with `error`.
+pub(super) fn refused(
+    reason: &'static str,
+    method: &Method,
+    path: &str,
+    error: ApiError,
+    name: Option<&str>,
+) -> Response {
     metrics::counter!(API_REFUSALS, "reason" => reason).increment(1);
     warn!(
-        method = %request.method(),
-        path = %request.uri().path(),
+        %method,
+        path = %path,
         token = name.unwrap_or("-"),
         status = error.status().as_u16(),
         "API request refused: {reason}"
     );
     error.into_response()
+}
+
+/// The bearer token of `Authorization`, if the header carries one.
+pub(super) fn bearer(headers: &HeaderMap) -> Option<&str> {
+    headers
+        .get(header::AUTHORIZATION)
+        .and_then(|value| value.to_str().ok())
+        .and_then(|value| {
+            let (scheme, token) = value.split_once(' ')?;
+            scheme.eq_ignore_ascii_case("bearer").then(|| token.trim())
+        })
+}
+
+/// The answer to an invalid token from `client`: 401, counted toward the client's
+/// invalid-token limit; past it, 429 with `Retry-After` (logged once per run of failures).
+pub(super) fn invalid(
+    state: &ApiState,
+    client: ClientAddr,
+    method: &Method,
+    path: &str,
+    error: ApiError,
+) -> Response {
+    match state.failures.fail(client) {
+        Failed::Counted => refused("invalid", method, path, error, None),
+        Failed::Limited { retry_after, first } => {
+            metrics::counter!(API_REFUSALS, "reason" => "throttled").increment(1);
+            if first {
+                warn!(
+                    %client,
+                    %method,
+                    path = %path,
+                    "API requests refused: too many invalid tokens from this address; wrong ones are answered 429 until they stop"
+                );
+            }
+            ApiError::too_many(
+                format!("too many invalid tokens from this address; retry in {retry_after} s"),
+                retry_after,
+            )
+            .into_response()
+        }
+    }
 }
 
 /// The middleware of a `/v1` route that needs `role`.
@@ -119,16 +172,7 @@ pub(super) async fn require(
     mut request: Request,
     next: Next,
 ) -> Response {
-    let presented = request
-        .headers()
-        .get(header::AUTHORIZATION)
-        .and_then(|value| value.to_str().ok())
-        .and_then(|value| {
-            let (scheme, token) = value.split_once(' ')?;
-            scheme
-                .eq_ignore_ascii_case("bearer")
-                .then(|| token.trim().as_bytes().to_vec())
-        });
+    let presented = bearer(request.headers()).map(|token| token.as_bytes().to_vec());
     let Some(presented) = presented else {
         return refuse(
             "missing",
@@ -143,30 +187,13 @@ pub(super) async fn require(
             .get::<ClientAddr>()
             .copied()
             .unwrap_or(ClientAddr::UNKNOWN);
-        return match state.failures.fail(client) {
-            Failed::Counted => refuse(
-                "invalid",
-                &request,
-                ApiError::unauthenticated("the bearer token is not valid"),
-                None,
-            ),
-            Failed::Limited { retry_after, first } => {
-                metrics::counter!(API_REFUSALS, "reason" => "throttled").increment(1);
-                if first {
-                    warn!(
-                        %client,
-                        method = %request.method(),
-                        path = %request.uri().path(),
-                        "API requests refused: too many invalid tokens from this address; wrong ones are answered 429 until they stop"
-                    );
-                }
-                ApiError::too_many(
-                    format!("too many invalid tokens from this address; retry in {retry_after} s"),
-                    retry_after,
-                )
-                .into_response()
-            }
-        };
+        return invalid(
+            &state,
+            client,
+            request.method(),
+            request.uri().path(),
+            ApiError::unauthenticated("the bearer token is not valid"),
+        );
     };
     if token.role < role {
         let error = ApiError::forbidden(format!(

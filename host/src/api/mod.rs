@@ -10,6 +10,13 @@
 //! | `GET /v1/threads/{thread}/log` | reader | a page of the thread's log |
 //! | `GET /v1/threads/{thread}/log/stream` | reader | the log as server-sent events, following |
 //! | `POST /v1/threads/{thread}/interrupt` | operator | interrupt the thread |
+//! | `POST /v1/threads/{thread}/messages` | producer | send a message into the thread's inbox |
+//! | `GET /v1/threads/{thread}/messages` | reader | a page of the thread's messages |
+//! | `POST /v1/threads/{thread}/messages/discard` | operator | discard pending messages |
+//! | `GET /v1/waitpoints` | reader | a page of waitpoints, by thread, dispatch and state |
+//! | `GET /v1/waitpoints/{id}` | reader | one waitpoint |
+//! | `POST /v1/waitpoints/{id}/complete` | the waitpoint's token, or operator | complete it with the body |
+//! | `POST /v1/waitpoints/{id}/cancel` | operator | cancel a pending waitpoint |
 //! | `GET /v1/agents` | reader | plugins: world, limits, grants, queue counts |
 //! | `GET /v1/openapi.json` | reader | the description of all of the above |
 //! | `GET /metrics` | reader | Prometheus metrics (no token with `[api] public_metrics`) |
@@ -18,7 +25,8 @@
 //! The table of [`routes`] is the one place a `/v1` route and its role are named: the router
 //! is built from it, and a test checks `openapi.json` against it. Every `/v1` request passes
 //! [`auth`] (a bearer token of the route's role, compared in constant time; invalid ones
-//! limited per client address), then takes a slot of `[api] max_concurrent` (after the token,
+//! limited per client address) but the waitpoint completion, which checks its tokens itself
+//! with the same limits (see `waitpoints`), then takes a slot of `[api] max_concurrent` (after the token,
 //! so that clients without one cannot take them all), under a time limit; bodies are read up
 //! to `[api] max_body` and must arrive within `[api] body_timeout`. Connections are counted
 //! per client address at accept, and event streams while they are open (see `limits`).
@@ -28,7 +36,7 @@
 //! - `auth`: tokens and the middleware;
 //! - `limits`: connections and failed tokens per client address, streams, the body timer;
 //! - `error`: [`ApiError`] and how store errors map to statuses;
-//! - `dispatches`, `threads`, `agents`, `health`: the handlers (what they do with work, the
+//! - `dispatches`, `threads`, `waitpoints`, `agents`, `health`: the handlers (what they do with work, the
 //!   CLI and guests do too, through [`crate::work`]);
 //! - `view`: the JSON shape of a dispatch (no claim token);
 //! - `dashboard`: the operators' web pages at `/` (unless `[api] dashboard = false`), behind
@@ -43,6 +51,7 @@ mod health;
 mod limits;
 mod threads;
 mod view;
+mod waitpoints;
 
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -105,6 +114,9 @@ pub(crate) struct Route {
     pub method: Method,
     pub path: &'static str,
     pub role: Role,
+    /// The handler checks its tokens itself (the waitpoint completion: a waitpoint's own
+    /// token, or a token of `role`); the bearer check of `/v1` is left out.
+    pub own_auth: bool,
     handler: MethodRouter<Arc<ApiState>>,
 }
 
@@ -114,6 +126,7 @@ pub(crate) fn routes() -> Vec<Route> {
         method,
         path,
         role,
+        own_auth: false,
         handler,
     };
     vec![
@@ -183,6 +196,33 @@ pub(crate) fn routes() -> Vec<Route> {
             Role::Operator,
             post(threads::discard),
         ),
+        route(
+            Method::GET,
+            "/v1/waitpoints",
+            Role::Reader,
+            get(waitpoints::list),
+        ),
+        route(
+            Method::GET,
+            "/v1/waitpoints/{id}",
+            Role::Reader,
+            get(waitpoints::show),
+        ),
+        Route {
+            own_auth: true,
+            ..route(
+                Method::POST,
+                "/v1/waitpoints/{id}/complete",
+                Role::Operator,
+                post(waitpoints::complete),
+            )
+        },
+        route(
+            Method::POST,
+            "/v1/waitpoints/{id}/cancel",
+            Role::Operator,
+            post(waitpoints::cancel),
+        ),
         route(Method::GET, "/v1/agents", Role::Reader, get(agents::list)),
         route(Method::GET, "/v1/openapi.json", Role::Reader, get(openapi)),
     ]
@@ -202,14 +242,19 @@ fn router(state: Arc<ApiState>) -> Router {
         method,
         path,
         role,
+        own_auth,
         handler,
     } in routes()
     {
-        tracing::debug!(%method, path, %role, "API route");
-        let handler = handler.route_layer(axum::middleware::from_fn_with_state(
-            (state.clone(), role),
-            auth::require,
-        ));
+        tracing::debug!(%method, path, %role, own_auth, "API route");
+        let handler = if own_auth {
+            handler
+        } else {
+            handler.route_layer(axum::middleware::from_fn_with_state(
+                (state.clone(), role),
+                auth::require,
+            ))
+        };
         v1 = v1.route(path, handler);
     }
     if state.config.api.dashboard {

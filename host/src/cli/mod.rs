@@ -3,7 +3,7 @@
 //! store named by the config; read commands print a table for people or JSON with `--json`.
 //!
 //! - this module: the commands, the entry point, `homing run`, opening the store;
-//! - `work`: `homing enqueue`, `homing dispatch ...`, `homing thread ...`;
+//! - `work`: `homing enqueue`, `homing dispatch ...`, `homing thread ...`, `homing waitpoint ...`;
 //! - `inspect`: `homing config check`, `homing plugin inspect`;
 //! - `new`, `build`: `homing new` and `homing build`, writing and building agents.
 
@@ -31,7 +31,7 @@ use crate::store::{Store, SystemClock};
 use crate::supervisor::Supervisor;
 
 pub use inspect::{ConfigCommand, PluginCommand};
-pub use work::{DispatchCommand, EnqueueArgs, SendArgs, ThreadCommand};
+pub use work::{DispatchCommand, EnqueueArgs, SendArgs, ThreadCommand, WaitpointCommand};
 
 /// Homing: a host for sandboxed AI-agent plugins.
 #[derive(Debug, Parser)]
@@ -68,6 +68,9 @@ pub enum Command {
     /// Interrupts threads and reads their logs.
     #[command(subcommand)]
     Thread(ThreadCommand),
+    /// Lists, shows, completes and cancels waitpoints (as an operator).
+    #[command(subcommand)]
+    Waitpoint(WaitpointCommand),
     /// Checks configuration.
     #[command(subcommand)]
     Config(ConfigCommand),
@@ -326,6 +329,7 @@ async fn execute(cli: Cli) -> anyhow::Result<()> {
         Command::Run { until_idle } => run(config, store.clone(), until_idle).await,
         Command::Dispatch(command) => work::dispatch(&config, &store, command).await,
         Command::Thread(command) => work::thread(&config, &store, command).await,
+        Command::Waitpoint(command) => work::waitpoint(&config, &store, command).await,
         Command::Enqueue(_)
         | Command::Config(_)
         | Command::Plugin(_)

@@ -1,5 +1,6 @@
-//! The commands on the work in a store: `homing enqueue`, `homing dispatch ...` and
-//! `homing thread ...`, and how they print dispatches and log entries.
+//! The commands on the work in a store: `homing enqueue`, `homing dispatch ...`,
+//! `homing thread ...` and `homing waitpoint ...`, and how they print dispatches, log entries
+//! and waitpoints.
 
 use std::path::PathBuf;
 use std::time::Duration;
@@ -13,9 +14,10 @@ use crate::input::read_capped;
 use crate::store::model::check_name;
 use crate::store::{
     Dispatch, ListCursor, ListFilter, LogEntry, MessageFilter, MessageKind, MessageState,
-    NewDispatch, NewMessage, Status, Store, StoreError,
+    NewDispatch, NewMessage, Status, Store, StoreError, Waitpoint, WaitpointFilter, WaitpointState,
 };
 use crate::work::messages::{self, SendError};
+use crate::work::waitpoints::{self, WaitpointError, parse_cursor};
 use crate::work::{self, Attempts, OpError, Request};
 
 /// `homing enqueue`.
@@ -74,7 +76,8 @@ pub enum DispatchCommand {
         /// Only this thread.
         #[arg(long)]
         thread: Option<String>,
-        /// Only this status (queued, claimed, acked, cancelled, superseded, dead_letter).
+        /// Only this status (queued, claimed, waiting, acked, cancelled, superseded,
+        /// dead_letter).
         #[arg(long)]
         status: Option<Status>,
         /// Page size.
@@ -101,7 +104,7 @@ pub enum DispatchCommand {
         #[arg(long)]
         json: bool,
     },
-    /// Cancels a queued dispatch.
+    /// Cancels a queued or waiting dispatch.
     Cancel {
         /// The id.
         id: String,
@@ -172,6 +175,59 @@ pub enum ThreadCommand {
         /// The last sequence to discard.
         #[arg(long)]
         through: u64,
+    },
+}
+
+/// `homing waitpoint ...`. The CLI acts with an operator's authority (whoever can read the
+/// config can open its store): it completes and cancels any waitpoint, recorded as `cli`.
+#[derive(Debug, Subcommand)]
+pub enum WaitpointCommand {
+    /// Lists waitpoints, oldest first.
+    List {
+        /// Only this thread.
+        #[arg(long)]
+        thread: Option<String>,
+        /// Only this dispatch.
+        #[arg(long)]
+        dispatch: Option<String>,
+        /// Only this state: pending, completed, timed_out or cancelled.
+        #[arg(long)]
+        state: Option<String>,
+        /// Page size.
+        #[arg(long, default_value_t = 100)]
+        limit: usize,
+        /// Start after this cursor (printed under a full page as `next page: --after ...`).
+        #[arg(long, value_name = "CURSOR")]
+        after: Option<String>,
+        /// JSON output.
+        #[arg(long)]
+        json: bool,
+    },
+    /// Shows one waitpoint (never its token).
+    Show {
+        /// The id.
+        id: String,
+        /// JSON output.
+        #[arg(long)]
+        json: bool,
+    },
+    /// Completes a pending waitpoint with a result; its waiting dispatch resumes. Exit 1,
+    /// naming its state, when it is not pending.
+    Complete {
+        /// The id.
+        id: String,
+        /// The result text (else `--payload-file`, else standard input).
+        #[arg(long, conflicts_with = "payload_file")]
+        payload: Option<String>,
+        /// A file holding the result.
+        #[arg(long)]
+        payload_file: Option<PathBuf>,
+    },
+    /// Cancels a pending waitpoint; its waiting dispatch resumes and reads `cancelled`. Exit 1,
+    /// naming its state, when it is not pending.
+    Cancel {
+        /// The id.
+        id: String,
     },
 }
 
@@ -393,10 +449,26 @@ pub(super) async fn dispatch(
             let Some(d) = store.mailbox.load(&id).await? else {
                 return Err(OpError::NotFound(id).into());
             };
+            let waiting_on = store.waitpoints.waitpoints_of(&id).await?;
             if json {
-                println!("{}", serde_json::to_string_pretty(&d)?);
+                let mut shown = serde_json::to_value(&d)?;
+                if let Some(map) = shown.as_object_mut() {
+                    map.insert(
+                        "waitpoints".into(),
+                        waiting_on.iter().map(waitpoints::view).collect(),
+                    );
+                }
+                println!("{}", serde_json::to_string_pretty(&shown)?);
             } else {
                 print_dispatch(&d);
+                for w in &waiting_on {
+                    println!(
+                        "waitpoint:    {} {} ({})",
+                        text(&w.name),
+                        w.state,
+                        text(&w.id)
+                    );
+                }
             }
         }
         DispatchCommand::Cancel { id } => {
@@ -510,6 +582,144 @@ pub(super) async fn thread(
                     println!("{}", entry_line(&entry));
                 }
             }
+        }
+    }
+    Ok(())
+}
+
+/// A refused completion or cancellation as the CLI reports it: exit 3 for an unknown id, 1
+/// naming the state of a waitpoint that is not pending, 2 for a result over the limit.
+fn waitpoint_error(e: WaitpointError) -> anyhow::Error {
+    match e {
+        WaitpointError::NotFound(id) => {
+            coded(Exit::NotFound, format!("no waitpoint `{}`", text(&id)))
+        }
+        // The CLI checks no token; kept for completeness.
+        e @ WaitpointError::Unauthorized => coded(Exit::Failure, e.to_string()),
+        WaitpointError::Settled(w) => {
+            let when = w
+                .settled_at
+                .map_or_else(String::new, |at| format!(" at {at}"));
+            let by = w
+                .settled_by
+                .as_deref()
+                .map_or_else(String::new, |by| format!(" by {}", text(by)));
+            coded(
+                Exit::Failure,
+                format!(
+                    "waitpoint {} is {}{when}{by}: it is no longer pending",
+                    text(&w.id),
+                    w.state
+                ),
+            )
+        }
+        e @ WaitpointError::TooLarge { .. } => coded(Exit::Invalid, e.to_string()),
+        WaitpointError::Store(e) => e.into(),
+    }
+}
+
+pub(super) async fn waitpoint(
+    config: &Config,
+    store: &Store,
+    command: WaitpointCommand,
+) -> anyhow::Result<()> {
+    match command {
+        WaitpointCommand::List {
+            thread,
+            dispatch,
+            state,
+            limit,
+            after,
+            json,
+        } => {
+            for (flag, value) in [("--thread", &thread), ("--dispatch", &dispatch)] {
+                if let Some(value) = value {
+                    name(flag, value)?;
+                }
+            }
+            let state = state
+                .map(|s| {
+                    s.parse::<WaitpointState>()
+                        .map_err(|e| coded(Exit::Invalid, format!("--state: {e}")))
+                })
+                .transpose()?;
+            let after = after
+                .map(|c| {
+                    parse_cursor(&c).map_err(|e| coded(Exit::Invalid, format!("--after: {e}")))
+                })
+                .transpose()?;
+            let filter = WaitpointFilter {
+                thread,
+                dispatch,
+                state,
+                after,
+                limit,
+            };
+            let found = store.waitpoints.list_waitpoints(&filter).await?;
+            if json {
+                let shown: Vec<_> = found.iter().map(waitpoints::view).collect();
+                println!("{}", serde_json::to_string_pretty(&shown)?);
+            } else {
+                println!(
+                    "{:<36}  {:<9}  {:<36}  {:<20}  NAME",
+                    "ID", "STATE", "DISPATCH", "THREAD"
+                );
+                for w in &found {
+                    println!(
+                        "{:<36}  {:<9}  {:<36}  {:<20}  {}",
+                        text(&w.id),
+                        w.state,
+                        text(&w.dispatch),
+                        text(&w.thread),
+                        text(&w.name)
+                    );
+                }
+                if found.len() == filter.page()
+                    && let Some(last) = found.last()
+                {
+                    println!("next page: --after {}", text(&waitpoints::cursor(last)));
+                }
+            }
+        }
+        WaitpointCommand::Show { id, json } => {
+            name("id", &id)?;
+            let Some(w) = store.waitpoints.waitpoint(&id).await? else {
+                return Err(waitpoint_error(WaitpointError::NotFound(id)));
+            };
+            if json {
+                println!("{}", serde_json::to_string_pretty(&waitpoints::view(&w))?);
+            } else {
+                print_waitpoint(&w);
+            }
+        }
+        WaitpointCommand::Complete {
+            id,
+            payload,
+            payload_file,
+        } => {
+            name("id", &id)?;
+            let cap = waitpoints::max_result(config, store);
+            let limit = "[host] max_payload";
+            let result = match (&payload, &payload_file) {
+                (Some(text), _) => read_capped(text.as_bytes(), cap, "the result", limit)?,
+                (None, Some(file)) => {
+                    let source = std::fs::File::open(file)
+                        .with_context(|| format!("--payload-file {}", file.display()))?;
+                    read_capped(source, cap, "the result", limit)?
+                }
+                (None, None) => read_capped(std::io::stdin().lock(), cap, "the result", limit)?,
+            };
+            let w = waitpoints::complete(store, config, &id, result, waitpoints::BY_CLI)
+                .await
+                .map_err(waitpoint_error)?;
+            println!("{} completed", text(&w.id));
+        }
+        WaitpointCommand::Cancel { id } => {
+            name("id", &id)?;
+            let w = waitpoints::cancel(store, &id, waitpoints::BY_CLI)
+                .await
+                .map_err(waitpoint_error)?;
+            println!("{} cancelled", text(&w.id));
         }
     }
     Ok(())
@@ -715,6 +925,27 @@ fn print_table(rows: &[Dispatch]) {
             d.max_attempts,
             result
         );
+    }
+}
+
+fn print_waitpoint(w: &Waitpoint) {
+    println!("id:           {}", text(&w.id));
+    println!("name:         {}", text(&w.name));
+    println!("state:        {}", w.state);
+    println!("dispatch:     {}", text(&w.dispatch));
+    println!("thread:       {}", text(&w.thread));
+    println!("agent:        {}", text(&w.agent));
+    for (k, v) in &w.metadata {
+        println!("meta:         {}={}", text(k), text(v));
+    }
+    println!("created at:   {} (claim {})", w.created_at, w.created_claim);
+    println!("times out at: {}", w.timeout_at);
+    if let Some(at) = w.settled_at {
+        let by = w.settled_by.as_deref().unwrap_or("-");
+        println!("settled at:   {at} by {}", text(by));
+    }
+    if let Some(result) = &w.result {
+        println!("result:       {}", printable(result));
     }
 }
 

@@ -25,11 +25,11 @@ pub enum OpError {
     Store(#[from] StoreError),
 }
 
-/// Cancels a queued dispatch.
+/// Cancels a queued or waiting dispatch (a waiting one's pending waitpoints are cancelled with it).
 ///
 /// # Errors
 ///
-/// [`OpError::NotFound`], [`OpError::WrongState`] when it is not queued, or the store's error.
+/// [`OpError::NotFound`], [`OpError::WrongState`] when it is neither queued nor waiting, or the store's error.
 pub async fn cancel(store: &Store, id: &str) -> Result<Dispatch, OpError> {
     if let Some(d) = store.mailbox.cancel(id).await? {
         return Ok(d);
@@ -38,7 +38,7 @@ pub async fn cancel(store: &Store, id: &str) -> Result<Dispatch, OpError> {
         Some(d) => Err(OpError::WrongState {
             id: id.to_owned(),
             status: d.status,
-            hint: "only queued dispatches can be cancelled (interrupt its thread to stop a running one)",
+            hint: "only queued or waiting dispatches can be cancelled (interrupt its thread to stop a running one)",
         }),
         None => Err(OpError::NotFound(id.to_owned())),
     }

@@ -208,7 +208,7 @@ impl Api {
     }
 
     /// The metrics page, as `name{labels}` → value.
-    async fn metrics(&self) -> BTreeMap<String, f64> {
+    pub(crate) async fn metrics(&self) -> BTreeMap<String, f64> {
         let response = self
             .client
             .get(self.url("/metrics"))
@@ -254,7 +254,7 @@ fn parse_metrics(text: &str) -> BTreeMap<String, f64> {
 }
 
 /// The sample of `name` whose labels include every `k="v"` of `labels`.
-fn sample(metrics: &BTreeMap<String, f64>, name: &str, labels: &[(&str, &str)]) -> f64 {
+pub(crate) fn sample(metrics: &BTreeMap<String, f64>, name: &str, labels: &[(&str, &str)]) -> f64 {
     metrics
         .iter()
         .filter(|(key, _)| {

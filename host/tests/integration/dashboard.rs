@@ -7,7 +7,9 @@
 //! token, a post without the CSRF token or from another origin, and a reader's post are
 //! refused and change nothing; failed logins are rate-limited. A producer sends a message from
 //! a thread's page (listed as pending, stored, escaped); a reader has no send box and its post
-//! is refused; sends the host refuses come back saying why. Each test saves screenshots
+//! is refused; sends the host refuses come back saying why. An operator approves and rejects
+//! waitpoints on the Waiting page, where their metadata shows as text; a reader has no buttons
+//! and its decision is refused. Each test saves screenshots
 //! under `<target>/dashboard-screenshots/` (and `docs/dashboard/` with
 //! `HOMING_DASHBOARD_DOCS=1`).
 
@@ -139,7 +141,7 @@ async fn pages_show_what_the_store_holds_and_escape_it() {
         .await;
     let store = queue_counts(&api).await;
     for agent in ["echo", "sandbox", "flaky"] {
-        for status in ["queued", "claimed", "dead_letter", "acked"] {
+        for status in ["queued", "claimed", "waiting", "dead_letter", "acked"] {
             let shown = browser
                 .text(&format!(
                     "#agents tr[data-agent='{agent}'] td[data-col='{status}']"
@@ -894,5 +896,253 @@ async fn a_producer_sends_a_message_from_the_thread_page() {
         page.contains("Not sent: the thread&#39;s inbox is full")
             || page.contains("Not sent: the thread's inbox is full"),
         "the refusal is shown"
+    );
+}
+
+/// Posts a waitpoint's Approve or Reject as the raw client would: the status and where it
+/// goes back to.
+async fn decide_form(
+    api: &Api,
+    client: &reqwest::Client,
+    cookie: &str,
+    id: &str,
+    decision: &str,
+    form: &[(&str, &str)],
+) -> (u16, String) {
+    let r = client
+        .post(api.url(&format!("/waitpoints/{id}/{decision}")))
+        .header(header::COOKIE, cookie)
+        .header(header::ORIGIN, &api.base)
+        .form(form)
+        .send()
+        .await
+        .unwrap();
+    let location = r
+        .headers()
+        .get(header::LOCATION)
+        .map(|v| v.to_str().unwrap().to_owned())
+        .unwrap_or_default();
+    (r.status().as_u16(), location)
+}
+
+async fn waitpoint_record(api: &Api, id: &str) -> Value {
+    let (status, w) = api.get(&format!("/v1/waitpoints/{id}")).await;
+    assert_eq!(status, 200, "{w}");
+    w
+}
+
+/// The Waiting page: an operator sees the pending waitpoints with their metadata (as text),
+/// approves one and rejects another; each is completed with its decision and its dispatch
+/// resumes. A reader sees the page without buttons and its post is refused; a post without
+/// the CSRF token is refused; a decision on a settled waitpoint comes back saying so. The
+/// dispatch list filters by `waiting`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_operator_approves_and_rejects_waitpoints_on_the_waiting_page() {
+    use crate::waitpoints::Seeder;
+    let api = start().await;
+    let seeder = Seeder::open(api.env.path());
+    let script = "<script>alert(1)</script>";
+    let approve = seeder
+        .waiting(
+            "deploy",
+            &[(
+                "approve-deploy",
+                600_000,
+                &[("question", script), ("amount", "42 <b>€</b>")],
+            )],
+        )
+        .await;
+    let reject = seeder
+        .waiting("refund", &[("approve-refund", 600_000, &[])])
+        .await;
+
+    let browser = Browser::start(1280, 900).await;
+    browser.login(&api.base, OPERATOR).await;
+    // The overview counts the waiting dispatches; the nav leads to the page.
+    browser
+        .wait_text(
+            "#agents tr[data-agent='approver'] td[data-col='waiting']",
+            "waiting count",
+            |t| t == "2",
+        )
+        .await;
+    browser.click("header nav a[href='/waiting']").await;
+    browser.wait_path("/waiting").await;
+    let row = |id: &str| format!("#waitpoints tr[data-waitpoint='{id}']");
+    assert_eq!(browser.count("#waitpoints tr[data-waitpoint]").await, 2);
+    let shown = browser.text(&row(approve.id(0))).await.unwrap();
+    assert!(
+        shown.contains("approve-deploy")
+            && shown.contains("deploy")
+            && shown.contains(&approve.dispatch),
+        "{shown}"
+    );
+    assert_eq!(
+        browser
+            .text(&format!("{} dl.metadata dd", row(approve.id(0))))
+            .await
+            .as_deref(),
+        Some("42 <b>€</b>"),
+        "metadata shown as written (keys in order: amount first)"
+    );
+    assert!(shown.contains(script), "the script is text: {shown}");
+    assert_eq!(
+        browser
+            .eval("return document.querySelectorAll('main script, main b').length")
+            .await,
+        0,
+        "the metadata made no element"
+    );
+    assert!(
+        browser.client.get_alert_text().await.is_err(),
+        "a dialog opened"
+    );
+    browser.screenshot("waiting").await;
+
+    browser
+        .click(&format!("{} button.approve", row(approve.id(0))))
+        .await;
+    browser.wait_path("/waiting?notice=approved").await;
+    assert_eq!(
+        browser.text("p.notice").await.as_deref(),
+        Some("Approved: the waitpoint is completed and its dispatch resumes.")
+    );
+    assert_eq!(
+        browser.count(&row(approve.id(0))).await,
+        0,
+        "no longer waiting"
+    );
+    let w = waitpoint_record(&api, approve.id(0)).await;
+    assert_eq!(
+        (w["state"].as_str(), w["settled_by"].as_str()),
+        (Some("completed"), Some("operator:operator")),
+        "{w}"
+    );
+    let result: Value = serde_json::from_str(w["result"].as_str().unwrap()).unwrap();
+    assert_eq!(result, json!({ "approved": true }));
+    let (_, d) = api
+        .get(&format!("/v1/dispatches/{}", approve.dispatch))
+        .await;
+    assert_eq!(
+        (d["status"].as_str(), d["resumes"].as_u64()),
+        (Some("queued"), Some(1)),
+        "{d}"
+    );
+
+    browser
+        .click(&format!("{} button.reject", row(reject.id(0))))
+        .await;
+    browser.wait_path("/waiting?notice=rejected").await;
+    let w = waitpoint_record(&api, reject.id(0)).await;
+    let result: Value = serde_json::from_str(w["result"].as_str().unwrap()).unwrap();
+    assert_eq!(
+        (w["state"].as_str(), result),
+        (Some("completed"), json!({ "approved": false }))
+    );
+    assert_eq!(browser.count("#waitpoints tr[data-waitpoint]").await, 0);
+    browser.close().await;
+
+    // A reader sees the list but no buttons, and its decision is refused.
+    let late = seeder
+        .waiting("later", &[("approve-later", 600_000, &[("k", script)])])
+        .await;
+    let client = raw_client();
+    let (reader, reader_csrf) = session(&api, &client, READER).await;
+    let page = client
+        .get(api.url("/waiting"))
+        .header(header::COOKIE, &reader)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(page.status(), 200);
+    let body = page.text().await.unwrap();
+    assert!(
+        body.contains(&format!("data-waitpoint=\"{}\"", late.id(0)))
+            && !body.contains("button class=\"approve\"")
+            && !body.contains("/approve"),
+        "the reader's page"
+    );
+    assert!(
+        body.contains("&lt;script&gt;alert(1)&lt;/script&gt;") && !body.contains(script),
+        "escaped in the markup"
+    );
+    let (status, _) = decide_form(
+        &api,
+        &client,
+        &reader,
+        late.id(0),
+        "approve",
+        &[("csrf", &reader_csrf)],
+    )
+    .await;
+    assert_eq!(status, 403, "a reader's decision");
+    // An operator's post without the CSRF token is refused; nothing changes.
+    let (operator, csrf) = session(&api, &client, OPERATOR).await;
+    let (status, _) = decide_form(&api, &client, &operator, late.id(0), "approve", &[]).await;
+    assert_eq!(status, 403, "without the CSRF token");
+    assert_eq!(waitpoint_record(&api, late.id(0)).await["state"], "pending");
+    // A decision on a settled waitpoint, or an unknown one, comes back saying so.
+    let (status, location) = decide_form(
+        &api,
+        &client,
+        &operator,
+        approve.id(0),
+        "reject",
+        &[("csrf", &csrf)],
+    )
+    .await;
+    assert_eq!(
+        (status, location.as_str()),
+        (303, "/waiting?notice=waitpoint-settled")
+    );
+    let (status, location) = decide_form(
+        &api,
+        &client,
+        &operator,
+        "no-such",
+        "approve",
+        &[("csrf", &csrf)],
+    )
+    .await;
+    assert_eq!(
+        (status, location.as_str()),
+        (303, "/waiting?notice=waitpoint-missing")
+    );
+    let w = waitpoint_record(&api, approve.id(0)).await;
+    let result: Value = serde_json::from_str(w["result"].as_str().unwrap()).unwrap();
+    assert_eq!(
+        result,
+        json!({ "approved": true }),
+        "the first decision stays"
+    );
+
+    // The dispatch list filters by waiting; the dispatch page names its waitpoints.
+    let page = client
+        .get(api.url("/dispatches?status=waiting"))
+        .header(header::COOKIE, &operator)
+        .send()
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    assert!(
+        page.contains(&format!("data-id=\"{}\"", late.dispatch))
+            && !page.contains(&format!("data-id=\"{}\"", approve.dispatch)),
+        "only the waiting dispatch is listed"
+    );
+    let page = client
+        .get(api.url(&format!("/dispatches/{}", late.dispatch)))
+        .header(header::COOKIE, &operator)
+        .send()
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    assert!(
+        page.contains(&format!("data-waitpoint=\"{}\"", late.id(0)))
+            && page.contains("approve-later"),
+        "the dispatch page lists its waitpoint"
     );
 }

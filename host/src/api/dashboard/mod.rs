@@ -6,9 +6,10 @@
 //! | page | shows |
 //! | --- | --- |
 //! | `/` | per agent: queued, claimed, retrying, dead letters, oldest queued, settled per minute over 15 minutes; the hosts seen; refreshes itself |
-//! | `/dispatches` | the list, filtered by agent, status, thread or id; priority or newest order; paged |
-//! | `/dispatches/{id}` | payload, result, metadata, attempts, timeline; cancel, retry, interrupt |
+//! | `/dispatches` | the list, filtered by agent, status (`waiting` too), thread or id; priority or newest order; paged |
+//! | `/dispatches/{id}` | payload, result, metadata, attempts, timeline, waitpoints; cancel, retry, interrupt |
 //! | `/threads/{thread}` | the thread's log, following new entries, its inbox and pending messages, and its dispatches; interrupt; the send box |
+//! | `/waiting` | pending waitpoints with their metadata; approve or reject each |
 //! | `/dead-letters` | dead letters, select and retry |
 //! | `/agents` | world, limits, grants (names, never values), the SHA-256 of the component it runs |
 //!

@@ -17,6 +17,7 @@ pub(super) const SHOW_BYTES: usize = 256 << 10;
 pub(super) enum Nav {
     Overview,
     Dispatches,
+    Waiting,
     DeadLetters,
     Agents,
     None,
@@ -47,6 +48,7 @@ pub(super) fn page(title: &str, nav: Nav, session: Option<&Session>, body: Marku
                         nav aria-label="Main" {
                             (link("/", "Overview", Nav::Overview))
                             (link("/dispatches", "Dispatches", Nav::Dispatches))
+                            (link("/waiting", "Waiting", Nav::Waiting))
                             (link("/dead-letters", "Dead letters", Nav::DeadLetters))
                             (link("/agents", "Agents", Nav::Agents))
                         }
@@ -299,6 +301,21 @@ pub(super) fn notice(name: Option<&str>, n: Option<&str>) -> Markup {
             true,
         ),
         Some("message-refused") => ("Not sent: the store refused the message.".to_owned(), true),
+        Some("approved") => (
+            "Approved: the waitpoint is completed and its dispatch resumes.".to_owned(),
+            false,
+        ),
+        Some("rejected") => (
+            "Rejected: the waitpoint is completed and its dispatch resumes.".to_owned(),
+            false,
+        ),
+        Some("waitpoint-settled") => (
+            "Not done: the waitpoint was no longer pending (completed, cancelled or timed out)."
+                .to_owned(),
+            true,
+        ),
+        Some("waitpoint-missing") => ("Not done: no such waitpoint.".to_owned(), true),
+        Some("waitpoint-refused") => ("Not done: the store refused the result.".to_owned(), true),
         _ => return html! {},
     };
     if error {

@@ -1,5 +1,6 @@
-//! `/dispatches/{id}`: one dispatch (payload, result, metadata, attempts, a timeline), and the
-//! actions on it: cancel, retry (and interrupting its thread, posted to the thread's page).
+//! `/dispatches/{id}`: one dispatch (payload, result, metadata, attempts, a timeline, its
+//! waitpoints), and the actions on it: cancel, retry (and interrupting its thread, posted to
+//! the thread's page).
 
 use axum::Form;
 use axum::extract::rejection::{FormRejection, QueryRejection};
@@ -16,12 +17,14 @@ use super::{
     Acting, ActionForm, Dashboard, PageError, PageState, Params, action_form, name, not_found,
     params, respond, see_other,
 };
-use crate::store::{Dispatch, Status};
+use crate::store::{Dispatch, Status, Waitpoint, WaitpointState};
 use crate::work;
 
 /// What the page of a dispatch shows.
 struct DispatchPage {
     r: Dispatch,
+    /// Its waitpoints, oldest first.
+    waitpoints: Vec<Waitpoint>,
     now: u64,
     /// What happened when, oldest first.
     timeline: Vec<(u64, String)>,
@@ -71,11 +74,22 @@ async fn read(d: &Dashboard, id: &str) -> Result<DispatchPage, PageError> {
     }
     timeline.push((r.updated_at, "last changed".into()));
     timeline.sort_by_key(|(t, _)| *t);
-    Ok(DispatchPage { r, now, timeline })
+    let waitpoints = d.api.store.waitpoints.waitpoints_of(id).await?;
+    Ok(DispatchPage {
+        r,
+        waitpoints,
+        now,
+        timeline,
+    })
 }
 
 fn render(page: &DispatchPage, p: &Params, session: &Session) -> Markup {
-    let DispatchPage { r, now, timeline } = page;
+    let DispatchPage {
+        r,
+        waitpoints,
+        now,
+        timeline,
+    } = page;
     let now = *now;
     let href = dispatch_href(&r.id);
     let live = !r.status.is_terminal();
@@ -100,7 +114,7 @@ fn render(page: &DispatchPage, p: &Params, session: &Session) -> Markup {
             }
             @if session.operator() {
                 div.actions {
-                    @if r.status == Status::Queued {
+                    @if matches!(r.status, Status::Queued | Status::Waiting) {
                         form method="post" action={ (href) "/cancel" } {
                             (csrf(session))
                             button.danger #cancel type="submit" { "Cancel" }
@@ -127,6 +141,38 @@ fn render(page: &DispatchPage, p: &Params, session: &Session) -> Markup {
                 @if let Some(e) = &r.last_error { " The last error: " q { (e) } }
             }
             p.muted { "The store keeps the latest attempt of a dispatch (holder, start, error), not each one." }
+            @if !waitpoints.is_empty() {
+                h2 { "Waitpoints" }
+                div.scroll {
+                    table #dispatch-waitpoints {
+                        thead { tr {
+                            th scope="col" { "Name" } th scope="col" { "State" } th scope="col" { "Created" }
+                            th scope="col" { "Times out or settled" }
+                        } }
+                        tbody {
+                            @for w in waitpoints {
+                                tr data-waitpoint=(w.id) {
+                                    td { (w.name) br; span.mono.muted { (w.id) } }
+                                    td { (w.state.as_str()) }
+                                    td { (when(w.created_at, now)) " (claim " (w.created_claim) ")" }
+                                    td {
+                                        @match (w.state, w.settled_at) {
+                                            (WaitpointState::Pending, _) | (_, None) => { "times out " (when(w.timeout_at, now)) }
+                                            (_, Some(at)) => {
+                                                (when(at, now))
+                                                @if let Some(by) = &w.settled_by { " by " span.mono { (by) } }
+                                            }
+                                        }
+                                    }
+                                }
+                            }
+                        }
+                    }
+                }
+                @if waitpoints.iter().any(Waitpoint::is_pending) {
+                    p { a href="/waiting" { "Pending waitpoints are decided on the Waiting page." } }
+                }
+            }
             h2 { "Timeline" }
             ol.timeline {
                 @for (t, what) in timeline { li { (when(*t, now)) " — " (what) } }

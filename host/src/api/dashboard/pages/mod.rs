@@ -10,6 +10,7 @@
 //! - `dispatch`: `/dispatches/{id}`, with its cancel and retry;
 //! - `thread`: `/threads/{thread}`, with its interrupt and its send box (messages);
 //! - `dead_letters`: `/dead-letters`, with retrying the selected;
+//! - `waiting`: `/waiting`, the pending waitpoints, with approving and rejecting each;
 //! - `agents`: `/agents`;
 //! - `login`: `/login` and `/logout`;
 //! - this module: the route table, and what the pages share: the session of a page and of an
@@ -22,6 +23,7 @@ mod dispatches;
 mod login;
 mod overview;
 mod thread;
+mod waiting;
 
 use std::sync::Arc;
 
@@ -72,6 +74,9 @@ pub(super) fn routes() -> Router<Arc<Dashboard>> {
         .route("/threads/{thread}/messages", post(thread::send))
         .route("/dead-letters", get(dead_letters::page))
         .route("/dead-letters/retry", post(dead_letters::retry_selected))
+        .route("/waiting", get(waiting::page))
+        .route("/waitpoints/{id}/approve", post(waiting::approve))
+        .route("/waitpoints/{id}/reject", post(waiting::reject))
         .route("/agents", get(agents::page))
 }
 

@@ -16,7 +16,8 @@ use crate::store::{ListFilter, Status};
 /// One agent's row on the overview.
 struct AgentRow {
     name: String,
-    counts: [u64; 6],
+    /// By status, in the order of [`Status::ALL`].
+    counts: [u64; Status::ALL.len()],
     retrying: u64,
     oldest: Option<u64>,
     scanned_all: bool,
@@ -27,7 +28,8 @@ fn count_of(row: &AgentRow, status: Status) -> u64 {
     Status::ALL
         .iter()
         .position(|s| *s == status)
-        .map_or(0, |i| row.counts[i])
+        .and_then(|i| row.counts.get(i).copied())
+        .unwrap_or(0)
 }
 
 /// What the overview shows.
@@ -76,7 +78,7 @@ async fn read(d: &Dashboard) -> Result<Overview, PageError> {
     let mut rows = Vec::new();
     for name in names {
         let mut row = AgentRow {
-            counts: [0; 6],
+            counts: [0; Status::ALL.len()],
             retrying: 0,
             oldest: None,
             scanned_all: true,
@@ -84,8 +86,12 @@ async fn read(d: &Dashboard) -> Result<Overview, PageError> {
             name,
         };
         for c in counts.iter().filter(|c| c.agent == row.name) {
-            if let Some(i) = Status::ALL.iter().position(|s| *s == c.status) {
-                row.counts[i] = c.count;
+            if let Some(slot) = Status::ALL
+                .iter()
+                .position(|s| *s == c.status)
+                .and_then(|i| row.counts.get_mut(i))
+            {
+                *slot = c.count;
             }
         }
         if count_of(&row, Status::Queued) > 0 {
@@ -133,6 +139,7 @@ fn render(o: &Overview) -> Markup {
                         th scope="col" { "Agent" }
                         th.num scope="col" { "Queued" }
                         th.num scope="col" { "Claimed" }
+                        th.num scope="col" { "Waiting" }
                         th.num scope="col" { "Retrying" }
                         th.num scope="col" { "Dead letters" }
                         th.num scope="col" { "Acked" }
@@ -145,6 +152,7 @@ fn render(o: &Overview) -> Markup {
                                 th scope="row" { a href={ "/dispatches?agent=" (encode(&row.name)) } { (row.name) } }
                                 td.num data-col="queued" data-label="Queued" { a href={ "/dispatches?agent=" (encode(&row.name)) "&status=queued" } { (count_of(row, Status::Queued)) } }
                                 td.num data-col="claimed" data-label="Claimed" { (count_of(row, Status::Claimed)) }
+                                td.num data-col="waiting" data-label="Waiting" { a href={ "/dispatches?agent=" (encode(&row.name)) "&status=waiting" } { (count_of(row, Status::Waiting)) } }
                                 td.num data-col="retrying" data-label="Retrying" { (row.retrying) @if !row.scanned_all { "+" } }
                                 td.num data-col="dead_letter" data-label="Dead letters" { a href={ "/dead-letters?agent=" (encode(&row.name)) } { (count_of(row, Status::DeadLetter)) } }
                                 td.num data-col="acked" data-label="Acked" { (count_of(row, Status::Acked)) }
