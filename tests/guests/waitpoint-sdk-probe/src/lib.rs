@@ -1,4 +1,5 @@
-//! `waitpoint-probe`: waits on waitpoints on demand, for the waitpoints' end-to-end tests.
+//! `waitpoint-sdk-probe`: waits on waitpoints through the Rust SDK's helpers (`wait_for_with`,
+//! `await_waitpoint`), for the guest-side waitpoint tests (`host/tests/integration/waitpoints.rs`).
 //!
 //! The payload is a command:
 //!
