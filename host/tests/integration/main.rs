@@ -19,6 +19,8 @@
 //! - `dashboard`: the web dashboard of a real `homing run`, in a headless Chromium ([`browser`]);
 //! - `e2e`, `polyglot`: the `homing` binary with real components;
 //! - `inbox`: a thread's inbox end to end: messages that wake, steer and outlive a run;
+//! - `waiting`: waitpoints end to end, host side: waiters that hold no worker, restarts, a host
+//!   killed before suspending, two NATS hosts;
 //! - `outbound_http`: guests' HTTP(S) requests, allow-list, address rules, TLS, caps, secrets;
 //! - `outbound_guests`: outbound HTTP and variables from Rust, Python and JavaScript guests and
 //!   the assistant example, against local servers on the loopback address;
@@ -64,3 +66,4 @@ mod outbound_http;
 mod polyglot;
 mod process_faults;
 mod traces;
+mod waiting;
