@@ -306,6 +306,15 @@ fn timeout(claim: &Claim) -> Result<Duration, String> {
     }
 }
 
+/// At most `max` bytes of `text`, cut at a character boundary.
+fn prefix(text: &str, max: usize) -> &str {
+    let mut end = text.len().min(max);
+    while !text.is_char_boundary(end) {
+        end -= 1;
+    }
+    &text[..end]
+}
+
 fn seconds(d: Duration) -> String {
     let s = d.as_secs_f64();
     if s >= 3600.0 {
@@ -333,21 +342,31 @@ impl Handler for Approval {
         let call = match &earlier {
             Some(w) => ToolCall::from_waitpoint(w)?,
             None => match model.plan(&request)? {
-                Some(call) => call,
-                None => {
+                Some(call) if call.tool == "add" => call,
+                other => {
+                    // Nothing this agent could run: no person is asked.
+                    let why = match other {
+                        Some(call) => format!(
+                            "the model asked for `{}`, a tool it does not have",
+                            call.tool
+                        ),
+                        None => "the model asked for no tool".to_owned(),
+                    };
                     claim.append(format!("request: {request}"))?;
-                    claim.append("the model asked for no tool; nothing to approve")?;
-                    return Ok(b"nothing to approve: the model asked for no tool".to_vec());
+                    claim.append(format!("{why}; nothing to approve"))?;
+                    return Ok(format!("nothing to approve: {why}").into_bytes());
                 }
             },
         };
 
         let timeout = timeout(claim)?;
+        // What the person sees: the call, and the request (its first KiB: a waitpoint's
+        // metadata is capped at 16 KiB).
         let metadata = [
             ("tool", call.tool.as_str()),
             ("arguments", call.arguments.as_str()),
             ("call_id", call.id.as_str()),
-            ("request", request.as_str()),
+            ("request", prefix(&request, 1024)),
         ];
         let log = Log::read(claim)?;
         let wait =
