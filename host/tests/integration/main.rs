@@ -21,6 +21,9 @@
 //! - `inbox`: a thread's inbox end to end: messages that wake, steer and outlive a run;
 //! - `waiting`: waitpoints end to end, host side: waiters that hold no worker, restarts, a host
 //!   killed before suspending, two NATS hosts;
+//! - `waitpoints`: runs that wait for a person or a webhook: Rust, Python and JavaScript guests
+//!   and the approval example suspended, completed from outside (token, CLI, API) or timed
+//!   out, and resumed;
 //! - `outbound_http`: guests' HTTP(S) requests, allow-list, address rules, TLS, caps, secrets;
 //! - `outbound_guests`: outbound HTTP and variables from Rust, Python and JavaScript guests and
 //!   the assistant example, against local servers on the loopback address;
@@ -67,3 +70,4 @@ mod polyglot;
 mod process_faults;
 mod traces;
 mod waiting;
+mod waitpoints;

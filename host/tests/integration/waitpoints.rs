@@ -241,7 +241,10 @@ fn rust_guest_suspends_on_a_waitpoint_and_resumes_with_its_completion() {
 
     // Suspended: waiting, no claim held, one claim so far and no resume yet.
     let d = env.wait_status(&by_token, "waiting", Duration::from_secs(60));
-    assert!(d["claim"].is_null(), "a waiting dispatch holds no claim: {d}");
+    assert!(
+        d["claim"].is_null(),
+        "a waiting dispatch holds no claim: {d}"
+    );
     assert_eq!(d["attempt"], 0, "{d}");
     let notification = notified.wait(&env, "approve", Duration::from_secs(10));
     let (id, token, url) = check_notification(&notification, port);
@@ -301,7 +304,10 @@ fn rust_guest_suspends_on_a_waitpoint_and_resumes_with_its_completion() {
     assert_eq!(env.show(&in_place)["status"], "claimed");
     env.ok(&["waitpoint", "complete", &quick, "--payload", "now"]);
     let d = env.wait_status(&in_place, "acked", Duration::from_secs(60));
-    assert_eq!(d["result"]["output"], "quick completed in place: now", "{d}");
+    assert_eq!(
+        d["result"]["output"], "quick completed in place: now",
+        "{d}"
+    );
     assert!(d["resumes"].is_null() || d["resumes"] == 0, "{d}");
 
     assert_no_token_leaked(&env, "t1", &[&token]);
@@ -381,7 +387,10 @@ fn polyglot_guest_suspends_on_a_waitpoint_and_resumes(agent: &str) {
     assert!(d["claim"].is_null(), "{d}");
     let notification = notified.wait(&env, "approve", Duration::from_secs(10));
     let (id, token, _) = check_notification(&notification, port);
-    assert_eq!(waitpoints_of(&env, &by_token)[0]["metadata"]["asked-by"], "agent");
+    assert_eq!(
+        waitpoints_of(&env, &by_token)[0]["metadata"]["asked-by"],
+        "agent"
+    );
     let complete = format!("http://127.0.0.1:{port}/v1/waitpoints/{id}/complete");
     // Another waitpoint's token does not complete this one.
     let (status, _) = post_raw(&complete, Some("hwp_not-this-waitpoints-token"), "no");
@@ -426,7 +435,10 @@ fn polyglot_guest_suspends_on_a_waitpoint_and_resumes(agent: &str) {
         .map(|e| serde_json::from_str(e["data"].as_str().unwrap()).unwrap())
         .collect();
     assert_eq!(turns.len(), 2, "{turns:?}");
-    assert_eq!(turns[1]["content"], "approve completed by token: yes please");
+    assert_eq!(
+        turns[1]["content"],
+        "approve completed by token: yes please"
+    );
     assert_eq!(notified.all().len(), 1, "one token handed out");
     assert_no_token_leaked(&env, "t1", &[&token]);
 }
