@@ -132,10 +132,11 @@ async function waitTurn(claim, arg, message) {
   const wait = await claim.waitFor(name, timeoutMs, { 'asked-by': claim.agent }, { onToken });
   if (wait.suspended) return undefined;
   const who = wait.waitpoint.settledBy ?? '?';
+  const after = `after ${claim.resumes} resume(s)`;
   let reply;
-  if (wait.completed) reply = `${name} completed by ${who}: ${wait.text}`;
-  else if (wait.state === 'cancelled') reply = `${name} cancelled by ${who}`;
-  else reply = `${name} ${wait.state}`;
+  if (wait.completed) reply = `${name} completed by ${who} ${after}: ${wait.text}`;
+  else if (wait.state === 'cancelled') reply = `${name} cancelled by ${who} ${after}`;
+  else reply = `${name} ${wait.state} ${after}`;
   return record(claim, 'wait-for', message, reply);
 }
 

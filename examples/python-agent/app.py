@@ -30,7 +30,8 @@ history has them as user turns) and reply `inbox: #<seq> <kind> <text> [(from <m
 `wait-for` ends the run without a reply while the waitpoint is pending (the dispatch waits,
 holding no worker); whoever completes it (`homing waitpoint complete ID --payload ...`, the
 API, the dashboard) resumes the dispatch, which runs again from the start and replies
-`<name> completed by <who>: <text>`, `<name> timed-out` or `<name> cancelled by <who>`. With a
+`<name> completed by <who> after <n> resume(s): <text>`, `<name> timed-out after ...` or
+`<name> cancelled by <who> after ...`. With a
 `notify-url` (it needs `allowed_outbound_hosts`), the waitpoint's token and callback URL are
 POSTed there as JSON (`{"waitpoint", "name", "token", "callback_url"}`) when the host hands them
 out, so that whoever receives them can complete it; they are never logged.
@@ -171,11 +172,12 @@ def wait_for_person(claim: Claim, arg: str) -> Optional[str]:
     if wait.suspended:
         return None
     who = wait.waitpoint.settled_by or "?"
+    after = f"after {claim.resumes} resume(s)"
     if wait.completed:
-        return f"{name} completed by {who}: {wait.text}"
+        return f"{name} completed by {who} {after}: {wait.text}"
     if wait.state == "cancelled":
-        return f"{name} cancelled by {who}"
-    return f"{name} {wait.state}"
+        return f"{name} cancelled by {who} {after}"
+    return f"{name} {wait.state} {after}"
 
 
 def run_tool(claim: Claim, tool: str, arg: str, message: str, history: list) -> str:

@@ -282,6 +282,12 @@ export class Claim {
   /** Failed attempts before this one (0 on the first run). */
   get attempt() { return this.info.attempt; }
   get maxAttempts() { return this.info.maxAttempts; }
+  /** How many times the dispatch has been claimed, this claim included (1 on its first run):
+   * retries and resumes each add one. */
+  get claims() { return this.info.claims; }
+  /** How many times the dispatch came back from waiting on its waitpoints (0 until it first
+   * suspends). A resume is not a failed attempt. */
+  get resumes() { return this.info.resumes; }
   get priority() { return this.info.priority; }
 
   /** The payload as UTF-8 text; throws `HomingError('invalid')` when it is not. */

@@ -394,6 +394,18 @@ class Claim:
         return self.info.max_attempts
 
     @property
+    def claims(self) -> int:
+        """How many times the dispatch has been claimed, this claim included (1 on its first
+        run): retries and resumes each add one."""
+        return self.info.claims
+
+    @property
+    def resumes(self) -> int:
+        """How many times the dispatch came back from waiting on its waitpoints (0 until it
+        first suspends). A resume is not a failed attempt."""
+        return self.info.resumes
+
+    @property
     def priority(self) -> int:
         return self.info.priority
 

@@ -399,7 +399,7 @@ fn polyglot_guest_suspends_on_a_waitpoint_and_resumes(agent: &str) {
     assert_eq!(status, 200, "{answer}");
     let d = env.wait_status(&by_token, "acked", Duration::from_secs(60));
     assert_eq!(
-        d["result"]["output"], "approve completed by token: yes please",
+        d["result"]["output"], "approve completed by token after 1 resume(s): yes please",
         "{d}"
     );
     assert_eq!(d["attempt"], 0, "{d}");
@@ -407,7 +407,10 @@ fn polyglot_guest_suspends_on_a_waitpoint_and_resumes(agent: &str) {
 
     // Timed out: the resumed run reads it.
     let d = env.wait_status(&timed_out, "acked", Duration::from_secs(60));
-    assert_eq!(d["result"]["output"], "late timed-out", "{d}");
+    assert_eq!(
+        d["result"]["output"], "late timed-out after 1 resume(s)",
+        "{d}"
+    );
 
     // An operator's token completes any waitpoint.
     env.wait_status(&by_operator, "waiting", Duration::from_secs(60));
@@ -423,7 +426,8 @@ fn polyglot_guest_suspends_on_a_waitpoint_and_resumes(agent: &str) {
     assert_eq!(status, 200, "{answer}");
     let d = env.wait_status(&by_operator, "acked", Duration::from_secs(60));
     assert_eq!(
-        d["result"]["output"], "review completed by operator:ops: {\"approved\": true}",
+        d["result"]["output"],
+        "review completed by operator:ops after 1 resume(s): {\"approved\": true}",
         "{d}"
     );
 
@@ -437,7 +441,7 @@ fn polyglot_guest_suspends_on_a_waitpoint_and_resumes(agent: &str) {
     assert_eq!(turns.len(), 2, "{turns:?}");
     assert_eq!(
         turns[1]["content"],
-        "approve completed by token: yes please"
+        "approve completed by token after 1 resume(s): yes please"
     );
     assert_eq!(notified.all().len(), 1, "one token handed out");
     assert_no_token_leaked(&env, "t1", &[&token]);
