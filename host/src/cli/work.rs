@@ -364,7 +364,7 @@ pub(super) async fn enqueue(
     }
     match d.status {
         Status::Acked => Ok(()),
-        Status::Queued | Status::Claimed => Err(coded(
+        Status::Queued | Status::Claimed | Status::Waiting => Err(coded(
             Exit::TimedOut,
             format!(
                 "dispatch {} is still {} after {timeout:?} (--timeout)",
