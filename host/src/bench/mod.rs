@@ -22,6 +22,7 @@ mod outbound;
 mod scale;
 mod scenarios;
 mod target;
+mod waitpoints;
 
 use std::path::PathBuf;
 
@@ -117,6 +118,9 @@ pub enum Scenario {
     Outbound,
     /// Inbox messages: send to delivery to a waiting claim, p50 and p99.
     Messages,
+    /// Waitpoints: completion to running again, p50 and p99; a host's memory with many
+    /// dispatches waiting (run only when named: it starts host processes).
+    Waitpoints,
 }
 
 /// What `homing bench` was asked.
@@ -145,7 +149,10 @@ pub struct BenchArgs {
 
 impl BenchArgs {
     fn wants(&self, scenario: Scenario) -> bool {
-        if matches!(scenario, Scenario::Scale | Scenario::Outbound) {
+        if matches!(
+            scenario,
+            Scenario::Scale | Scenario::Outbound | Scenario::Waitpoints
+        ) {
             return self.only.contains(&scenario);
         }
         self.only.is_empty() || self.only.contains(&scenario)
@@ -263,6 +270,14 @@ pub async fn run(args: &BenchArgs) -> anyhow::Result<()> {
         if args.wants(Scenario::Messages) {
             let n = if args.quick { 100 } else { 1_000 };
             figures.extend(messages::messages(target, n).await?);
+        }
+        if args.wants(Scenario::Waitpoints) {
+            let (n, waiting) = if args.quick {
+                (50, 2_000)
+            } else {
+                (300, 10_000)
+            };
+            figures.extend(waitpoints::waitpoints(target, echo, n, waiting).await?);
         }
     }
     if args.json {

@@ -39,7 +39,7 @@ const CHUNK: u64 = 20_000;
 const FIRST_CLAIM_DEADLINE: Duration = Duration::from_secs(600);
 
 /// A store of the scenario: its `[store]` section, and the handle the bench fills it with.
-enum Place {
+pub(super) enum Place {
     Embedded {
         path: PathBuf,
         store: EmbeddedStore,
@@ -51,7 +51,7 @@ enum Place {
 }
 
 impl Place {
-    async fn new(target: &Target, dir: &Path, size: u64) -> anyhow::Result<Place> {
+    pub(super) async fn new(target: &Target, dir: &Path, size: u64) -> anyhow::Result<Place> {
         match target.nats_url() {
             None => {
                 let path = dir.join("scale.db");
@@ -77,14 +77,14 @@ impl Place {
         }
     }
 
-    fn store(&self) -> Store {
+    pub(super) fn store(&self) -> Store {
         match self {
             Place::Embedded { store, .. } => store.store(),
             Place::Nats { store, .. } => store.clone().into_store(),
         }
     }
 
-    fn toml(&self) -> String {
+    pub(super) fn toml(&self) -> String {
         match self {
             Place::Embedded { path, .. } => {
                 format!("[store]\nbackend = \"embedded\"\npath = {path:?}\n")
@@ -105,7 +105,7 @@ impl Place {
         Ok(())
     }
 
-    async fn remove(self) {
+    pub(super) async fn remove(self) {
         if let Place::Nats { config, store } = self {
             store.close().await;
             let _ = NatsStore::delete_stream(&config).await;
@@ -131,7 +131,7 @@ fn acked(from: u64, n: u64, now: u64) -> Vec<Dispatch> {
 
 /// The milliseconds `homing` takes to run `args` against `config` (it must succeed), and
 /// what it printed.
-fn timed(homing: &Path, config: &Path, args: &[&str]) -> anyhow::Result<(f64, String)> {
+pub(super) fn timed(homing: &Path, config: &Path, args: &[&str]) -> anyhow::Result<(f64, String)> {
     let start = Instant::now();
     let out = Command::new(homing)
         .arg("--config")
@@ -153,7 +153,7 @@ fn timed(homing: &Path, config: &Path, args: &[&str]) -> anyhow::Result<(f64, St
 }
 
 /// A process's resident memory in MiB, from `/proc`.
-fn resident_mib(pid: u32) -> Option<f64> {
+pub(super) fn resident_mib(pid: u32) -> Option<f64> {
     let status = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
     let line = status.lines().find(|l| l.starts_with("VmRSS:"))?;
     let kib: f64 = line.split_whitespace().nth(1)?.parse().ok()?;
@@ -161,7 +161,7 @@ fn resident_mib(pid: u32) -> Option<f64> {
 }
 
 /// Kills the child when dropped, so a failed measurement leaves no host running.
-struct Child(std::process::Child);
+pub(super) struct Child(pub(super) std::process::Child);
 
 impl Drop for Child {
     fn drop(&mut self) {

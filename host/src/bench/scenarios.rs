@@ -193,6 +193,7 @@ pub(super) async fn handle_calls(
             control: Default::default(),
             enqueued: 0,
             handed: 0,
+            tokens: Vec::new(),
             lease: None,
             span: tracing::Span::none(),
         };

@@ -56,6 +56,8 @@ pub struct ClaimHandle {
     pub enqueued: u32,
     /// The highest inbox sequence handed to the guest through this claim (`next-message`).
     pub handed: u64,
+    /// The waitpoints this claim handed a completion token for (one per waitpoint and claim).
+    pub tokens: Vec<String>,
     /// Keeps the lease alive until dropped.
     pub lease: Option<LeaseGuard>,
     /// The attempt's `homing.dispatch` span: open while the claim is held.
@@ -128,6 +130,7 @@ pub fn hold(claimer: &Claimer<'_>, dispatch: Dispatch) -> ClaimHandle {
         control,
         enqueued: 0,
         handed: 0,
+        tokens: Vec::new(),
         lease: Some(lease),
         span,
     }

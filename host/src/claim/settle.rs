@@ -28,6 +28,8 @@ pub enum Settlement {
     DeadLettered,
     /// superseded: its thread was interrupted while it ran.
     Superseded,
+    /// suspended to wait on its waitpoints (waiting, or queued again at once).
+    Suspended,
 }
 
 impl Settlement {
@@ -38,6 +40,7 @@ impl Settlement {
             Settlement::Nacked => "nacked",
             Settlement::DeadLettered => "dead-lettered",
             Settlement::Superseded => "superseded",
+            Settlement::Suspended => "suspended",
         }
     }
 }
@@ -139,6 +142,26 @@ impl ClaimHandle {
             .instrument(self.span.clone())
             .await;
         self.settled_by(Settlement::Superseded, out)
+    }
+
+    /// Suspends the dispatch to wait on its waitpoints (T17): the store makes it `waiting`,
+    /// or queues it again at once when one of them left `pending` during this run. Either way
+    /// the claim ends here: no lease, no instance, no worker is kept for it.
+    ///
+    /// # Errors
+    ///
+    /// `Limit` past `max_resumes`, `Invalid` with nothing to wait on, or a holder refusal.
+    pub async fn suspend(
+        &mut self,
+        store: &Store,
+        max_resumes: u32,
+    ) -> Result<Dispatch, StoreError> {
+        let out = store
+            .waitpoints
+            .suspend(&self.dispatch.id, &self.token, max_resumes)
+            .instrument(self.span.clone())
+            .await;
+        self.settled_by(Settlement::Suspended, out)
     }
 
     /// Records a successful settlement (on the handle and its span) and stops renewing the

@@ -274,8 +274,7 @@ impl ApiConfig {
 
     /// The callback URL that completes waitpoint `id` with `token`, when `public_url` is set.
     pub fn callback_url(&self, id: &str, token: &str) -> Option<String> {
-        let base = self.public_url.as_deref()?.trim_end_matches('/');
-        Some(format!("{base}/v1/waitpoints/{id}/complete?token={token}"))
+        Some(callback_url(self.public_url.as_deref()?, id, token))
     }
 
     /// The body cap in force: `max_body`, or room for a `max_payload` payload in base64 plus
@@ -288,6 +287,12 @@ impl ApiConfig {
                 .saturating_add(64 << 10)
         })
     }
+}
+
+/// The URL under `public_url` that completes waitpoint `id` with `token`.
+pub fn callback_url(public_url: &str, id: &str, token: &str) -> String {
+    let base = public_url.trim_end_matches('/');
+    format!("{base}/v1/waitpoints/{id}/complete?token={token}")
 }
 
 /// `public_url` is `http(s)://host[:port][/path]`: no query, fragment or credentials, since

@@ -341,6 +341,24 @@ pub trait Waitpoints: Send + Sync + fmt::Debug + 'static {
     fn max_result(&self) -> u64;
 }
 
+/// The prefix of every completion token (so a leaked one is recognisable as Homing's).
+pub const TOKEN_PREFIX: &str = "hwp_";
+
+/// A fresh completion token: [`TOKEN_PREFIX`] and 32 random bytes, base64url.
+///
+/// # Errors
+///
+/// When the system's random source fails.
+pub fn mint_token() -> StoreResult<String> {
+    use base64::Engine;
+    let mut bytes = [0u8; 32];
+    getrandom::fill(&mut bytes).map_err(|e| {
+        StoreError::Unavailable(format!("no randomness for a waitpoint token: {e}"))
+    })?;
+    let encoded = base64::engine::general_purpose::URL_SAFE_NO_PAD.encode(bytes);
+    Ok(format!("{TOKEN_PREFIX}{encoded}"))
+}
+
 /// The hex SHA-256 digest of a completion token: what the store keeps of it.
 pub fn token_digest(token: &str) -> String {
     hex(&Sha256::digest(token.as_bytes()))

@@ -142,6 +142,7 @@ impl Supervisor {
                 hosts: config.host.hosts.clone(),
                 max_payload: config.host.max_payload,
                 shutdown: shutdown.clone(),
+                public_url: config.api.public_url.clone(),
             });
             let path = config.resolve(&plugin_config.path);
             let plugin = runtime.load_plugin(ctx, &path)?;
@@ -319,6 +320,23 @@ async fn sweep_loop(
             }
             Ok(_) => {}
             Err(e) => warn!("reclaim failed: {e}"),
+        }
+        // Waitpoints past their timeout: each times out once whichever host's sweeper gets
+        // there first; a dispatch waiting on one is queued again.
+        match store
+            .waitpoints
+            .time_out_waitpoints(now, RECLAIM_BATCH)
+            .await
+        {
+            Ok(timed_out) => {
+                for w in &timed_out {
+                    telemetry::waitpoint_settled(w);
+                }
+                if !timed_out.is_empty() {
+                    info!(count = timed_out.len(), "timed out waitpoints");
+                }
+            }
+            Err(e) => warn!("timing out waitpoints failed: {e}"),
         }
         if !store.mailbox.expires_settled() {
             match store

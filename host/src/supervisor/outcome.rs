@@ -17,6 +17,8 @@ pub enum Outcome {
     DeadLettered,
     /// Its thread was interrupted while it ran.
     Superseded,
+    /// The guest suspended it to wait on its waitpoints.
+    Suspended,
     /// The handler returned and the host completed it.
     Completed,
     /// The handler failed or trapped and the host nacked it for a retry.
@@ -43,6 +45,7 @@ impl Outcome {
             Outcome::Nacked => "nacked",
             Outcome::DeadLettered => "dead-lettered",
             Outcome::Superseded => "superseded",
+            Outcome::Suspended => "suspended",
             Outcome::Completed => "completed",
             Outcome::Retrying => "retrying",
             Outcome::LeaseLost => "lease-lost",
@@ -58,7 +61,11 @@ impl Outcome {
     pub fn failed(self) -> bool {
         !matches!(
             self,
-            Outcome::Acked | Outcome::Completed | Outcome::Superseded | Outcome::RunReturned
+            Outcome::Acked
+                | Outcome::Completed
+                | Outcome::Superseded
+                | Outcome::Suspended
+                | Outcome::RunReturned
         )
     }
 }
@@ -70,6 +77,7 @@ impl From<Settlement> for Outcome {
             Settlement::Nacked => Outcome::Nacked,
             Settlement::DeadLettered => Outcome::DeadLettered,
             Settlement::Superseded => Outcome::Superseded,
+            Settlement::Suspended => Outcome::Suspended,
         }
     }
 }
@@ -91,6 +99,7 @@ mod tests {
             Settlement::Nacked,
             Settlement::DeadLettered,
             Settlement::Superseded,
+            Settlement::Suspended,
         ] {
             assert_eq!(Outcome::from(s).as_str(), s.as_str());
         }

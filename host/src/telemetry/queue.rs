@@ -10,7 +10,7 @@ use crate::store::{ListCursor, ListFilter, Status, Store, StoreResult};
 /// The statuses the depth gauge reports: live work. Settled work is counted as it settles
 /// (`homing_dispatches_finished_total`); counting what the store retains on every sweep would
 /// read every retained record each time on NATS.
-const LIVE: [Status; 2] = [Status::Queued, Status::Claimed];
+const LIVE: [Status; 3] = [Status::Queued, Status::Claimed, Status::Waiting];
 
 /// Sets the queue gauges of `agents` (each live status, zeros included) from the store, at a
 /// cost bounded by live work.

@@ -14,12 +14,14 @@
 //! - `wait`: waiting until a dispatch is terminal;
 //! - `messages`: sending a message into a thread's inbox and waiting for its acknowledgement;
 //! - `waitpoints`: completing and cancelling waitpoints (the token check, the store call, the
-//!   metric), and how a reader sees one.
+//!   metric), and how a reader sees one;
+//! - `waiting`: a guest waiting in place for a waitpoint to settle.
 
 pub mod messages;
 mod ops;
 mod request;
 mod wait;
+pub mod waiting;
 pub mod waitpoints;
 
 pub use ops::{OpError, cancel, retry};

@@ -859,6 +859,7 @@ mod found {
             tls_ca: Vec::new(),
             hosts: Default::default(),
             shutdown: Default::default(),
+            public_url: None,
         });
         let mut guest = GuestState::new(
             WasiCtxBuilder::new().build(),

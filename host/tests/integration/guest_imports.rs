@@ -46,6 +46,7 @@ fn fixture(plugin_toml: &str) -> Fixture {
         tls_ca: Vec::new(),
         hosts: Default::default(),
         shutdown: shutdown.clone(),
+        public_url: Some("https://homing.example.com".into()),
     });
     Fixture {
         clock,
@@ -658,6 +659,215 @@ async fn next_message_and_ack_message_read_and_settle_the_thread_inbox() {
     drop(claim);
 }
 
+/// `waitpoint` creates once per name and hands the token (and its callback URL) to the call
+/// that created it only; `await-waitpoint` is woken by a completion; `suspend` ends the claim
+/// (the dispatch waits, holding no claim) and later writes through it are refused; a resumed
+/// run finds its waitpoints with their results and a fresh token for a pending one.
+#[tokio::test]
+async fn waitpoints_are_created_once_awaited_and_suspended_on() {
+    use homing::runtime::bindings::types::WaitpointState;
+    use homing::store::waitpoints::token_digest;
+    let f = fixture("max_resumes = 2");
+    let mut guest = f.guest();
+    let (rep, claim) = f.claim(&mut guest, "t").await;
+
+    let bad = guest.suspend(borrow(rep)).await.unwrap();
+    assert!(
+        matches!(bad, Err(GuestError::Invalid(_))),
+        "nothing to wait on: {bad:?}"
+    );
+    for (name, timeout) in [(" ", 1_000), ("x", 0), ("x", 31 * 24 * 3_600_000)] {
+        let refused = guest
+            .waitpoint(borrow(rep), name.into(), timeout, vec![])
+            .await
+            .unwrap();
+        assert!(
+            matches!(refused, Err(GuestError::Invalid(_))),
+            "{name:?} {timeout}: {refused:?}"
+        );
+    }
+
+    let meta = vec![("tool".to_owned(), "send_email".to_owned())];
+    let first = guest
+        .waitpoint(borrow(rep), "approve".into(), 60_000, meta.clone())
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(first.state, WaitpointState::Pending);
+    assert_eq!(first.metadata, meta);
+    let token = first
+        .token
+        .clone()
+        .expect("the creating call gets the token");
+    assert!(token.starts_with("hwp_") && token.len() > 40, "{token}");
+    assert_eq!(
+        first.callback_url.as_deref(),
+        Some(
+            format!(
+                "https://homing.example.com/v1/waitpoints/{}/complete?token={token}",
+                first.id
+            )
+            .as_str()
+        )
+    );
+    let stored = f
+        .store
+        .waitpoints
+        .waitpoint(&first.id)
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(
+        stored.token_digests,
+        vec![token_digest(&token)],
+        "only the digest is stored"
+    );
+    let again = guest
+        .waitpoint(borrow(rep), "approve".into(), 5, vec![])
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(
+        (again.id.as_str(), again.token.as_deref()),
+        (first.id.as_str(), None)
+    );
+    assert_eq!(again.timeout_at, first.timeout_at, "returned unchanged");
+
+    // A short wait in place, woken by a completion.
+    let other = guest
+        .waitpoint(borrow(rep), "quick".into(), 60_000, vec![])
+        .await
+        .unwrap()
+        .unwrap();
+    let store = f.store.clone();
+    let quick = other.id.clone();
+    let (woken, ()) = tokio::join!(
+        guest.await_waitpoint(borrow(rep), other.id.clone(), 20_000),
+        async move {
+            tokio::task::yield_now().await;
+            store
+                .waitpoints
+                .complete_waitpoint(&quick, b"yes".to_vec(), "test")
+                .await
+                .unwrap();
+        }
+    );
+    let woken = woken.unwrap().unwrap();
+    assert_eq!(
+        (woken.state, woken.completion.as_deref()),
+        (WaitpointState::Completed, Some(b"yes".as_slice()))
+    );
+    let unknown = guest
+        .await_waitpoint(borrow(rep), "nope".into(), 0)
+        .await
+        .unwrap();
+    assert!(
+        matches!(unknown, Err(GuestError::Invalid(_))),
+        "{unknown:?}"
+    );
+    let listed = guest.waitpoints(borrow(rep)).await.unwrap().unwrap();
+    assert_eq!(
+        listed.iter().map(|w| w.name.as_str()).collect::<Vec<_>>(),
+        ["approve", "quick"]
+    );
+    assert!(
+        listed.iter().all(|w| w.token.is_none()),
+        "no token in a list"
+    );
+
+    // "quick" settled during this run: the suspend resumes at once (queued, one resume).
+    guest.suspend(borrow(rep)).await.unwrap().unwrap();
+    let d = f.store.mailbox.load(&claim.id).await.unwrap().unwrap();
+    assert_eq!((d.status, d.resumes, d.attempt), (Status::Queued, 1, 0));
+    let after = guest.append(borrow(rep), b"late".to_vec()).await.unwrap();
+    assert!(matches!(after, Err(GuestError::LostClaim(_))), "{after:?}");
+
+    // The resumed run: a fresh token for the pending waitpoint, then a real wait.
+    f.clock.advance(10);
+    let rep2 = {
+        let c: ClaimHandle = homing::claim::claim_for(&f.ctx.claimer())
+            .await
+            .unwrap()
+            .unwrap();
+        assert_eq!(
+            (c.dispatch.id.as_str(), c.dispatch.claims),
+            (claim.id.as_str(), 2)
+        );
+        guest.table().push(c).unwrap().rep()
+    };
+    let found = guest
+        .waitpoint(borrow(rep2), "approve".into(), 60_000, vec![])
+        .await
+        .unwrap()
+        .unwrap();
+    let fresh = found
+        .token
+        .clone()
+        .expect("a later run gets a fresh token for a pending waitpoint");
+    assert_ne!(fresh, token);
+    let digests = f
+        .store
+        .waitpoints
+        .waitpoint(&first.id)
+        .await
+        .unwrap()
+        .unwrap()
+        .token_digests;
+    assert_eq!(
+        digests,
+        vec![token_digest(&token), token_digest(&fresh)],
+        "both tokens stay valid"
+    );
+    let once = guest
+        .waitpoint(borrow(rep2), "approve".into(), 60_000, vec![])
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(once.token, None, "one fresh token per claim");
+    guest.suspend(borrow(rep2)).await.unwrap().unwrap();
+    let d = f.store.mailbox.load(&claim.id).await.unwrap().unwrap();
+    assert_eq!((d.status, d.resumes), (Status::Waiting, 1));
+    assert!(
+        f.store
+            .mailbox
+            .claim("agent", "w", LEASE_MS)
+            .await
+            .unwrap()
+            .is_none(),
+        "a waiting dispatch is not claimed"
+    );
+
+    // The completion resumes it; the next run reads the result. A third suspend would pass
+    // `max_resumes = 2`.
+    f.clock.advance(10);
+    f.store
+        .waitpoints
+        .complete_waitpoint(&first.id, b"{\"approved\": true}".to_vec(), "token")
+        .await
+        .unwrap();
+    let claim3: ClaimHandle = homing::claim::claim_for(&f.ctx.claimer())
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!((claim3.dispatch.resumes, claim3.dispatch.claims), (2, 3));
+    let rep3 = guest.table().push(claim3).unwrap().rep();
+    let all = guest.waitpoints(borrow(rep3)).await.unwrap().unwrap();
+    assert_eq!(
+        all[0].completion.as_deref(),
+        Some(b"{\"approved\": true}".as_slice())
+    );
+    let _ = guest
+        .waitpoint(borrow(rep3), "third".into(), 60_000, vec![])
+        .await
+        .unwrap()
+        .unwrap();
+    let capped = guest.suspend(borrow(rep3)).await.unwrap();
+    assert!(
+        matches!(&capped, Err(GuestError::Denied(m)) if m.contains("max_resumes")),
+        "{capped:?}"
+    );
+}
+
 /// The calls `homing:agent@0.2.0` adds for features this host does not serve yet answer
 /// `denied` naming the call; the steps answer as `journal = "off"` does (nothing stored, nothing
 /// found) and still check their input; `info` counts the claim; a concurrency key is refused.
@@ -672,22 +882,6 @@ async fn the_0_2_0_calls_of_features_not_served_yet_are_denied_by_name() {
         Err(GuestError::Denied(text)) => assert!(text.contains(call), "{call}: {text}"),
         other => panic!("{call}: expected denied, got {other:?}"),
     };
-    named(
-        guest
-            .waitpoint(borrow(rep), "approve".into(), 1_000, vec![])
-            .await
-            .unwrap()
-            .map(|w| w.id),
-        "waitpoint",
-    );
-    named(
-        guest
-            .suspend(borrow(rep))
-            .await
-            .unwrap()
-            .map(|()| String::new()),
-        "suspend",
-    );
     named(
         guest
             .emit(borrow(rep), b"tok".to_vec())

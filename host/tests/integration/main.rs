@@ -21,6 +21,8 @@
 //! - `inbox`: a thread's inbox end to end: messages that wake, steer and outlive a run;
 //! - `waitpoints`: waitpoints through the API and the CLI of a real `homing run` (the
 //!   dashboard's Waiting page is in `dashboard`);
+//! - `waiting`: waitpoints end to end, host side: waiters that hold no worker, restarts, a host
+//!   killed before suspending, two NATS hosts;
 //! - `outbound_http`: guests' HTTP(S) requests, allow-list, address rules, TLS, caps, secrets;
 //! - `outbound_guests`: outbound HTTP and variables from Rust, Python and JavaScript guests and
 //!   the assistant example, against local servers on the loopback address;
@@ -66,4 +68,5 @@ mod outbound_http;
 mod polyglot;
 mod process_faults;
 mod traces;
+mod waiting;
 mod waitpoints;

@@ -25,9 +25,12 @@ use super::policy::{MAX_ENQUEUES_PER_CLAIM, MAX_READ, MAX_STEP_KEY, guest_error}
 use crate::claim::{self, ClaimHandle};
 use crate::runtime::bindings::{DispatchInfo, EnqueueRequest, GuestError, StopReason};
 use crate::runtime::bindings::{mailbox, types};
-use crate::store::{Dispatch, Message, MessageKind, RunResult};
+use crate::store::waitpoints::{mint_token, token_digest};
+use crate::store::{
+    Dispatch, Message, MessageKind, NewWaitpoint, RunResult, Waitpoint, WaitpointState,
+};
 use crate::telemetry::{MESSAGE_DELIVERY, MESSAGES_ACKED};
-use crate::work::messages;
+use crate::work::{messages, waiting};
 
 impl From<claim::StopReason> for StopReason {
     fn from(reason: claim::StopReason) -> Self {
@@ -37,6 +40,33 @@ impl From<claim::StopReason> for StopReason {
             claim::StopReason::Shutdown => StopReason::Shutdown,
             claim::StopReason::Deadline => StopReason::Deadline,
         }
+    }
+}
+
+/// A stored waitpoint as a claim sees it: never its digests; its token and callback URL only
+/// when this call handed one out.
+fn wit_waitpoint(
+    w: Waitpoint,
+    token: Option<String>,
+    callback_url: Option<String>,
+) -> types::Waitpoint {
+    types::Waitpoint {
+        id: w.id,
+        name: w.name,
+        state: match w.state {
+            WaitpointState::Pending => types::WaitpointState::Pending,
+            WaitpointState::Completed => types::WaitpointState::Completed,
+            WaitpointState::TimedOut => types::WaitpointState::TimedOut,
+            WaitpointState::Cancelled => types::WaitpointState::Cancelled,
+        },
+        timeout_at: w.timeout_at,
+        completion: w.result,
+        settled_at: w.settled_at,
+        settled_by: w.settled_by,
+        metadata: w.metadata.into_iter().collect(),
+        created_at: w.created_at,
+        token,
+        callback_url,
     }
 }
 
@@ -69,6 +99,21 @@ pub fn dispatch_info(d: &Dispatch) -> DispatchInfo {
 }
 
 impl GuestState {
+    /// When a wait of `wait_ms` in a host call ends, and whether the dispatch's deadline cut
+    /// it short: it ends a second before the deadline, so the guest has time to act.
+    fn wait_until(&self, wait_ms: u32) -> (Instant, bool) {
+        let started = Instant::now();
+        let mut until = started + Duration::from_millis(u64::from(wait_ms));
+        let cut = self
+            .deadline
+            .map(|deadline| deadline.checked_sub(DEADLINE_MARGIN).unwrap_or(started));
+        let by_deadline = cut.is_some_and(|cut| cut < until);
+        if let Some(cut) = cut.filter(|_| by_deadline) {
+            until = cut;
+        }
+        (until, by_deadline)
+    }
+
     /// The claim behind `handle`; a handle not in the table traps the guest.
     fn claim(&self, handle: &Resource<ClaimHandle>) -> wasmtime::Result<&ClaimHandle> {
         Ok(self.table.get(handle)?)
@@ -374,16 +419,7 @@ impl mailbox::HostClaim for GuestState {
         let agent = claim.dispatch.agent.clone();
         let control = claim.control.clone();
         let after = claim.handed;
-        let started = Instant::now();
-        let mut until = started + Duration::from_millis(u64::from(wait_ms));
-        // The wait ends a second before the dispatch's deadline, so the guest has time to act.
-        let cut = self
-            .deadline
-            .map(|deadline| deadline.checked_sub(DEADLINE_MARGIN).unwrap_or(started));
-        let by_deadline = cut.is_some_and(|cut| cut < until);
-        if let Some(cut) = cut.filter(|_| by_deadline) {
-            until = cut;
-        }
+        let (until, by_deadline) = self.wait_until(wait_ms);
         let store = self.plugin.store.clone();
         match messages::wait_next(&store, &thread, after, until, control.stopped()).await {
             Err(e) => Ok(Err(guest_error(e))),
@@ -429,38 +465,122 @@ impl mailbox::HostClaim for GuestState {
     async fn waitpoint(
         &mut self,
         handle: Resource<ClaimHandle>,
-        _name: String,
-        _timeout_ms: u64,
-        _metadata: Vec<(String, String)>,
+        name: String,
+        timeout_ms: u64,
+        metadata: Vec<(String, String)>,
     ) -> wasmtime::Result<Result<types::Waitpoint, GuestError>> {
-        self.claim(&handle)?;
-        Ok(Err(not_yet("waitpoint")))
+        let claim = self.claim(&handle)?;
+        if let Some(refusal) = refuse_write(claim) {
+            return Ok(Err(refusal));
+        }
+        let fence = claim.fence();
+        let claims = claim.dispatch.claims;
+        let agent = claim.dispatch.agent.clone();
+        let given = claim.tokens.clone();
+        let token = match mint_token() {
+            Ok(token) => token,
+            Err(e) => return Ok(Err(guest_error(e))),
+        };
+        let new = NewWaitpoint {
+            name,
+            timeout_ms,
+            metadata: metadata.into_iter().collect(),
+            token_digest: token_digest(&token),
+        };
+        let store = &self.plugin.store;
+        let created = match store.waitpoints.create_waitpoint(&fence, new).await {
+            Ok(created) => created,
+            Err(e) => return Ok(Err(guest_error(e))),
+        };
+        let mut w = created.waitpoint;
+        // A token is handed once per waitpoint and claim: to the run that created it, and to
+        // the first look of each later run that finds it still pending (its earlier token may
+        // have been lost with the run that made it; both stay valid).
+        let handed = if created.created {
+            crate::telemetry::waitpoint_created(&agent);
+            true
+        } else {
+            w.is_pending()
+                && w.created_claim != claims
+                && !given.contains(&w.id)
+                && matches!(
+                    store
+                        .waitpoints
+                        .add_token(&fence, &w.id, &token_digest(&token))
+                        .await,
+                    Ok(true)
+                )
+        };
+        let token = handed.then_some(token);
+        if token.is_some() {
+            self.claim_mut(&handle)?.tokens.push(w.id.clone());
+        }
+        w.token_digests.clear();
+        let url = token.as_deref().and_then(|token| {
+            let base = self.plugin.public_url.as_deref()?;
+            Some(crate::config::api::callback_url(base, &w.id, token))
+        });
+        Ok(Ok(wit_waitpoint(w, token, url)))
     }
 
     async fn waitpoints(
         &mut self,
         handle: Resource<ClaimHandle>,
     ) -> wasmtime::Result<Result<Vec<types::Waitpoint>, GuestError>> {
-        self.claim(&handle)?;
-        Ok(Err(not_yet("waitpoints")))
+        let id = self.claim(&handle)?.dispatch.id.clone();
+        let out = self.plugin.store.waitpoints.waitpoints_of(&id).await;
+        Ok(out
+            .map(|all| {
+                all.into_iter()
+                    .map(|w| wit_waitpoint(w, None, None))
+                    .collect()
+            })
+            .map_err(guest_error))
     }
 
     async fn await_waitpoint(
         &mut self,
         handle: Resource<ClaimHandle>,
-        _id: String,
-        _wait_ms: u32,
+        id: String,
+        wait_ms: u32,
     ) -> wasmtime::Result<Result<types::Waitpoint, GuestError>> {
-        self.claim(&handle)?;
-        Ok(Err(not_yet("await-waitpoint")))
+        let claim = self.claim(&handle)?;
+        if let Some(refusal) = refuse_write(claim) {
+            return Ok(Err(refusal));
+        }
+        let dispatch = claim.dispatch.id.clone();
+        let thread = claim.dispatch.thread.clone();
+        let control = claim.control.clone();
+        let (until, by_deadline) = self.wait_until(wait_ms);
+        let store = self.plugin.store.clone();
+        let out =
+            waiting::wait_settled(&store, &thread, &dispatch, &id, until, control.stopped()).await;
+        match out {
+            Err(e) => Ok(Err(guest_error(e))),
+            Ok(w) => {
+                if w.is_pending()
+                    && by_deadline
+                    && Instant::now() >= until
+                    && control.stop_reason().is_none()
+                {
+                    control.request_stop(claim::StopReason::Deadline);
+                }
+                Ok(Ok(wit_waitpoint(w, None, None)))
+            }
+        }
     }
 
     async fn suspend(
         &mut self,
         handle: Resource<ClaimHandle>,
     ) -> wasmtime::Result<Result<(), GuestError>> {
-        self.claim(&handle)?;
-        Ok(Err(not_yet("suspend")))
+        let max_resumes = self.plugin.config.max_resumes;
+        let claim = self.table.get_mut(&handle)?;
+        if let Some(refusal) = refuse_write(claim) {
+            return Ok(Err(refusal));
+        }
+        let out = claim.suspend(&self.plugin.store, max_resumes).await;
+        Ok(out.map(drop).map_err(guest_error))
     }
 
     async fn step_get(

@@ -78,6 +78,8 @@ pub struct PluginContext {
     pub hosts: std::collections::BTreeMap<String, std::net::IpAddr>,
     /// Set when the host is shutting down.
     pub shutdown: Arc<AtomicBool>,
+    /// `[api] public_url`: the base of waitpoint callback URLs.
+    pub public_url: Option<String>,
 }
 
 impl PluginContext {
@@ -97,6 +99,7 @@ impl PluginContext {
             tls_ca: Vec::new(),
             hosts: Default::default(),
             shutdown: Default::default(),
+            public_url: None,
         }
     }
 

@@ -37,6 +37,7 @@ pub mod maintenance;
 pub mod model;
 pub mod ordering;
 pub mod records;
+pub mod waitpoints;
 
 /// Makes fresh, empty backends and opens instances on them.
 ///
@@ -244,8 +245,12 @@ pub fn assert_shape(dispatch: &Dispatch) {
         panic!("shape rule broken: {err}\n{dispatch:#?}");
     }
     match dispatch.status {
-        Status::Queued => {
+        Status::Queued | Status::Waiting => {
             assert!(dispatch.claim.is_none(), "queued with claim: {dispatch:#?}");
+            assert!(
+                dispatch.started_at.is_none(),
+                "queued with started_at: {dispatch:#?}"
+            );
             assert!(
                 dispatch.result.is_none(),
                 "queued with result: {dispatch:#?}"
@@ -570,6 +575,22 @@ macro_rules! suite {
                     purge_removes_settled_messages_before_the_cutoff_and_never_pending_ones,
                     racing_sends_and_settlements_leave_no_message_uncovered,
                     a_watch_made_before_a_send_on_another_instance_fires,
+                },
+                waitpoints::{
+                    creating_a_waitpoint_twice_by_name_returns_the_first,
+                    creating_a_waitpoint_is_fenced_checked_and_capped,
+                    a_suspended_dispatch_waits_holding_its_thread_and_nothing_else,
+                    a_completion_resumes_the_waiting_dispatch_keeping_its_id_and_attempts,
+                    a_completion_before_the_suspend_resumes_at_once,
+                    a_suspend_past_max_resumes_is_limit,
+                    the_first_of_concurrent_completions_wins_on_every_instance,
+                    timeouts_fire_once_whoever_sweeps_and_beat_a_late_completion,
+                    an_operator_cancel_resumes_and_settles_once,
+                    interrupt_and_cancel_of_a_waiting_dispatch_cancel_its_waitpoints,
+                    a_terminal_settlement_cancels_pending_waitpoints,
+                    a_rerun_after_a_lost_lease_finds_the_same_waitpoint,
+                    waitpoints_list_by_filter_and_go_with_their_dispatch,
+                    a_watch_fires_when_a_waitpoint_settles_on_another_instance,
                 },
                 concurrency::{
                     no_dispatch_lost_or_invented_under_concurrent_chaos,

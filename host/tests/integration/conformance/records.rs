@@ -21,6 +21,7 @@ pub async fn status_terminality_matches_spec<F: Factory>(_factory: &F) {
     }
     assert!(!Status::Queued.is_terminal());
     assert!(!Status::Claimed.is_terminal());
+    assert!(!Status::Waiting.is_terminal());
 }
 
 /// Every status value survives its text and JSON forms.
@@ -28,6 +29,7 @@ pub async fn status_names_round_trip_through_text_and_json<F: Factory>(_factory:
     let names = [
         "queued",
         "claimed",
+        "waiting",
         "acked",
         "cancelled",
         "superseded",
@@ -199,9 +201,24 @@ async fn one_of_each_status(s: &Store) -> Vec<(Status, String)> {
         .dead_letter("s-dead", &tok(&c), "gave up")
         .await
         .unwrap();
+    put_on(s, "t-waiting", "s-waiting").await;
+    let c = claim_id(s, "s-waiting").await;
+    let new = homing::store::NewWaitpoint {
+        name: "approve".into(),
+        timeout_ms: 60_000,
+        metadata: Default::default(),
+        token_digest: homing::store::waitpoints::token_digest("hwp_test"),
+    };
+    let fence = homing::store::Fence::of(&c).unwrap();
+    s.waitpoints.create_waitpoint(&fence, new).await.unwrap();
+    s.waitpoints
+        .suspend("s-waiting", &tok(&c), 100)
+        .await
+        .unwrap();
     vec![
         (Status::Queued, "s-queued".into()),
         (Status::Claimed, "s-claimed".into()),
+        (Status::Waiting, "s-waiting".into()),
         (Status::Acked, "s-acked".into()),
         (Status::Cancelled, "s-cancelled".into()),
         (Status::Superseded, "s-superseded".into()),
