@@ -337,7 +337,7 @@ mod tests {
         assert_eq!(parse("").unwrap().api.callback_url("w1", "t"), None);
         for (bad, why) in [
             ("ftp://x", "http:// or https://"),
-            ("https://x/?a=1", "no query"),
+            ("https://x/?a=1", "a query"),
             ("https://x/#f", "fragment"),
             ("https://u:p@x", "credentials"),
             ("not a url", "not a URL"),
