@@ -9,6 +9,10 @@
 // and `wait <n> [ms]` read the thread's inbox (messages sent with `homing thread send`),
 // acknowledge each into the log (the history has them as user turns) and reply with them; a
 // dispatch the host enqueued to answer messages (`enqueued-by=inbox`) is an `inbox` turn.
+// `wait-for <name> [ms] [notify-url]` waits for a person: it creates the waitpoint `<name>` and
+// suspends the run; the resumed run (after `homing waitpoint complete`, the API or the
+// dashboard) replies with what became of it. With a `notify-url`, the waitpoint's token and
+// callback URL are POSTed there when the host hands them out (never logged).
 //
 // StarlingMonkey has no file system, environment or socket API of its own, so the `read`,
 // `env` and `connect` tools call the WASI imports of the `tool-agent` world
@@ -49,6 +53,7 @@ function respond(claim) {
   const history = claim.readLogAll().map(turn);
 
   if (tool === 'http') return httpTurn(claim, arg, message);
+  if (tool === 'wait-for') return waitTurn(claim, arg, message);
 
   let reply;
   if (tool === 'flaky') {
@@ -97,6 +102,42 @@ async function httpTurn(claim, arg, message) {
     reply = `tool http failed: ${e && e.message ? e.message : e}`;
   }
   return record(claim, 'http', message, reply);
+}
+
+/** The `wait-for <name> [ms] [notify-url]` turn: `undefined` once the run is suspended (the
+ * claim is over; the resumed run replies), else the reply naming what became of the
+ * waitpoint. With a notify URL the hand-out is a `fetch`, so `waitFor` returns a promise. */
+async function waitTurn(claim, arg, message) {
+  const [name, ms, notify] = arg.split(/\s+/).filter((w) => w);
+  const timeoutMs = ms === undefined ? 3600000 : Number(ms);
+  if (name === undefined || !Number.isInteger(timeoutMs)) {
+    return record(claim, 'wait-for', message, 'tool wait-for failed: expected <name> [ms] [notify-url]');
+  }
+  const onToken = async (waitpoint) => {
+    info(`waitpoint ${name} (${waitpoint.id}) waits for a person`);
+    if (notify === undefined) return;
+    const response = await fetch(notify, {
+      method: 'POST',
+      headers: { 'content-type': 'application/json' },
+      body: JSON.stringify({
+        waitpoint: waitpoint.id,
+        name: waitpoint.name,
+        token: waitpoint.token,
+        callback_url: waitpoint.callbackUrl ?? null,
+      }),
+    });
+    // A throw here nacks the dispatch, and the retry hands out a fresh token.
+    if (response.status >= 300) throw new Error(`the notify URL answered ${response.status}`);
+  };
+  const wait = await claim.waitFor(name, timeoutMs, { 'asked-by': claim.agent }, { onToken });
+  if (wait.suspended) return undefined;
+  const who = wait.waitpoint.settledBy ?? '?';
+  const after = `after ${claim.resumes} resume(s)`;
+  let reply;
+  if (wait.completed) reply = `${name} completed by ${who} ${after}: ${wait.text}`;
+  else if (wait.state === 'cancelled') reply = `${name} cancelled by ${who} ${after}`;
+  else reply = `${name} ${wait.state} ${after}`;
+  return record(claim, 'wait-for', message, reply);
 }
 
 /** A log entry as a turn: an acknowledged inbox message is the user's; the rest are the JSON

@@ -18,6 +18,7 @@ can pick the conversation up: the log is its only memory. The reply is the dispa
 | `flaky <n>` | a tool that is unavailable for its first `n` attempts: the agent nacks |
 | `inbox` | acknowledges the messages pending in the thread's inbox and replies with them |
 | `wait <n> [ms]` | waits for up to `n` inbox messages (up to `ms`, default 10000, for each), acknowledging each |
+| `wait-for <name> [ms] [notify-url]` | waits for a person: creates the waitpoint `<name>` (timing out after `ms`, default 3600000) and suspends; the resumed run replies with what became of it |
 | anything else | a reply that counts the turns |
 
 Messages sent to the thread (`homing thread send`) reach the agent through its inbox: `inbox`
@@ -25,6 +26,15 @@ and `wait` read them, acknowledge each (which appends it to the thread log, so t
 history has them as user turns) and reply `inbox: #<seq> <kind> <text> [(from <meta from>)];
 ...`, or `inbox: nothing`. A dispatch the host enqueued to answer messages (metadata
 `enqueued-by=inbox`, an empty payload) is an `inbox` turn.
+
+`wait-for` ends the run without a reply while the waitpoint is pending (the dispatch waits,
+holding no worker); whoever completes it (`homing waitpoint complete ID --payload ...`, the
+API, the dashboard) resumes the dispatch, which runs again from the start and replies
+`<name> completed by <who> after <n> resume(s): <text>`, `<name> timed-out after ...` or
+`<name> cancelled by <who> after ...`. With a
+`notify-url` (it needs `allowed_outbound_hosts`), the waitpoint's token and callback URL are
+POSTed there as JSON (`{"waitpoint", "name", "token", "callback_url"}`) when the host hands them
+out, so that whoever receives them can complete it; they are never logged.
 
 A tool that fails (denied by the sandbox, say) is reported in the reply, as an assistant would
 tell its user; only an unavailable tool gives the dispatch back for a retry. The same protocol
@@ -36,6 +46,7 @@ is implemented in JavaScript by `examples/js-agent`.
 import datetime
 import json
 import os
+from typing import Optional
 
 from componentize_py_types import Err
 from wit_world.imports import instance_network, network, tcp_create_socket
@@ -61,7 +72,15 @@ def handle(claim: Claim):
     arg = arg.strip()
     history = [turn(e) for e in claim.read_log_all()]
 
-    if tool == "flaky":
+    if tool == "wait-for":
+        try:
+            reply = wait_for_person(claim, arg)
+        except ToolError as e:
+            reply = f"tool {tool} failed: {e}"
+        if reply is None:
+            # Suspended: the claim is over; the resumed run replies.
+            return None
+    elif tool == "flaky":
         needed = int(arg or "1")
         if claim.attempt < needed:
             # Before anything is written: the retry starts from the same log.
@@ -115,6 +134,50 @@ def read_inbox(claim: Claim, arg: str, wait: bool) -> str:
         for m in claim.messages():
             take(m)
     return "inbox: " + ("; ".join(read) if read else "nothing")
+
+
+def wait_for_person(claim: Claim, arg: str) -> Optional[str]:
+    """`wait-for <name> [ms] [notify-url]`: `None` once the run is suspended, else the reply
+    naming what became of the waitpoint."""
+    words = arg.split()
+    if not words:
+        raise ToolError("expected <name> [ms] [notify-url]")
+    name = words[0]
+    try:
+        timeout_ms = int(words[1]) if len(words) > 1 else 3_600_000
+    except ValueError:
+        raise ToolError(f"{words[1]}: expected milliseconds") from None
+    notify = words[2] if len(words) > 2 else None
+
+    def hand_out(waitpoint: homing_guest.Waitpoint) -> None:
+        homing_guest.info(f"waitpoint {name} ({waitpoint.id}) waits for a person")
+        if notify is None:
+            return
+        body = json.dumps(
+            {
+                "waitpoint": waitpoint.id,
+                "name": waitpoint.name,
+                "token": waitpoint.token,
+                "callback_url": waitpoint.callback_url,
+            }
+        )
+        response = http.request(
+            "POST", notify, headers=[("content-type", "application/json")], body=body, timeout=10
+        )
+        if response.status >= 300:
+            # Raised out of the handler: a nack, and the retry hands out a fresh token.
+            raise RuntimeError(f"the notify URL answered {response.status}")
+
+    wait = claim.wait_for(name, timeout_ms, {"asked-by": claim.agent}, on_token=hand_out)
+    if wait.suspended:
+        return None
+    who = wait.waitpoint.settled_by or "?"
+    after = f"after {claim.resumes} resume(s)"
+    if wait.completed:
+        return f"{name} completed by {who} {after}: {wait.text}"
+    if wait.state == "cancelled":
+        return f"{name} cancelled by {who} {after}"
+    return f"{name} {wait.state} {after}"
 
 
 def run_tool(claim: Claim, tool: str, arg: str, message: str, history: list) -> str:

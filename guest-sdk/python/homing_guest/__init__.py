@@ -4,9 +4,10 @@ The shape follows the Rust SDK (`homing-guest`): a handler is a function of a `C
 call exports it. A `Claim` reads the dispatch (`id`, `thread`, `payload`, `text`, `attempt`,
 `metadata`), settles it (`complete`, `ack`, `nack`, `dead_letter`), writes and reads the thread
 log (`append`, `append_expected`, `read_log`, `read_log_all`, `log_latest`), reads and
-acknowledges the thread's inbox (`next_message`, `messages`, `ack_message`) and enqueues
-follow-ups (`enqueue`). Host refusals raise `HomingError`, whose `kind` is the WIT `error` case
-(`"lost-claim"`, `"conflict"`, ...); stop on `error.claim_is_gone()`.
+acknowledges the thread's inbox (`next_message`, `messages`, `ack_message`), waits for people
+and webhooks (`wait_for`; under it `waitpoint`, `waitpoints`, `await_waitpoint`, `suspend`) and
+enqueues follow-ups (`enqueue`). Host refusals raise `HomingError`, whose `kind` is the WIT
+`error` case (`"lost-claim"`, `"conflict"`, ...); stop on `error.claim_is_gone()`.
 
     import homing_guest
 
@@ -32,6 +33,7 @@ imports ran, and the component has no Python files to import from later.
 from __future__ import annotations
 
 import datetime
+import json
 import traceback
 from typing import Callable, Iterable, Iterator, List, Optional, Tuple, Union
 
@@ -56,10 +58,13 @@ __all__ = [
     "LogEntry",
     "Message",
     "MessageNote",
+    "Wait",
+    "Waitpoint",
     "claim_next",
     "enqueue",
     "export_agent",
     "export_handler",
+    "wait_for",
     "trace",
     "debug",
     "info",
@@ -128,6 +133,17 @@ def _lookup(pairs, key: str) -> Optional[str]:
         if k == key:
             return v
     return None
+
+
+def _timeout_ms(timeout: Union[int, datetime.timedelta]) -> int:
+    """Whole milliseconds of a waitpoint timeout given in milliseconds or as a `timedelta`."""
+    if isinstance(timeout, datetime.timedelta):
+        return max(int(timeout.total_seconds() * 1000), 0)
+    return max(int(timeout), 0)
+
+
+def _pairs(metadata: Union[dict, Iterable[Tuple[str, str]], None]) -> List[Tuple[str, str]]:
+    return list(metadata.items()) if isinstance(metadata, dict) else list(metadata or [])
 
 
 def _wait_ms(wait: Union[int, float, datetime.timedelta]) -> int:
@@ -219,6 +235,118 @@ class Message:
         return f"Message(seq={self.seq}, kind={self.kind!r}, body={self.body!r})"
 
 
+class Waitpoint:
+    """A waitpoint of the dispatch: `id` (as the API, the CLI and the dashboard name it),
+    `name`, `state` (`"pending"`, `"completed"`, `"timed-out"` or `"cancelled"`), `timeout_at`,
+    `created_at` and `settled_at` (Unix ms, store clock), `completion` (the bytes a completion
+    sent, else `None`), `settled_by` (`"token"`, `"operator:<name>"`, `"cli"`, `"timeout"`,
+    `"interrupt"`, `"dispatch-ended"`, or `None`) and its metadata (`metadata(key)`,
+    `metadata_pairs`).
+
+    `token` is the bearer token that completes this waitpoint and no other, and `callback_url`
+    the URL that carries it (when the host's `[api] public_url` is set); both are `None` except
+    in the answer of the call that created the waitpoint (or of a later run's first call that
+    found it still pending). Hand them to whoever will complete the waitpoint; never log them.
+    `repr()` leaves them out."""
+
+    __slots__ = (
+        "id",
+        "name",
+        "state",
+        "timeout_at",
+        "completion",
+        "settled_at",
+        "settled_by",
+        "metadata_pairs",
+        "created_at",
+        "token",
+        "callback_url",
+    )
+
+    def __init__(self, raw):
+        self.id: str = raw.id
+        self.name: str = raw.name
+        self.state: str = _kind(raw.state)
+        self.timeout_at: int = raw.timeout_at
+        self.completion: Optional[bytes] = raw.completion
+        self.settled_at: Optional[int] = raw.settled_at
+        self.settled_by: Optional[str] = raw.settled_by
+        self.metadata_pairs: List[Tuple[str, str]] = list(raw.metadata)
+        self.created_at: int = raw.created_at
+        self.token: Optional[str] = raw.token
+        self.callback_url: Optional[str] = raw.callback_url
+
+    @property
+    def pending(self) -> bool:
+        """Whether it still waits for a completion, a cancellation or its timeout."""
+        return self.state == "pending"
+
+    @property
+    def text(self) -> Optional[str]:
+        """What the completion sent, as UTF-8 text; `None` when it was not completed or the
+        bytes are not text."""
+        if self.completion is None:
+            return None
+        try:
+            return self.completion.decode()
+        except UnicodeDecodeError:
+            return None
+
+    def json(self):
+        """What the completion sent, parsed as JSON (the dashboard's buttons send
+        `{"approved": true}` or `{"approved": false}`); raises `HomingError("invalid", ...)`
+        when it was not completed or is not JSON."""
+        if self.completion is None:
+            raise HomingError("invalid", f"waitpoint {self.name} is {self.state}, not completed")
+        try:
+            return json.loads(self.completion)
+        except ValueError as e:
+            raise HomingError("invalid", f"waitpoint {self.name}: completion is not JSON: {e}") from None
+
+    def metadata(self, key: str) -> Optional[str]:
+        """The metadata value under `key`, if it was created with one."""
+        return _lookup(self.metadata_pairs, key)
+
+    def __repr__(self) -> str:
+        return f"Waitpoint(id={self.id!r}, name={self.name!r}, state={self.state!r})"
+
+
+class Wait:
+    """What `Claim.wait_for` found. `suspended` is true when the waitpoint is still pending and
+    the run is suspended: return from the handler at once (the return value is ignored; the
+    handler runs again from its start once the waitpoint is settled). Otherwise `state` is
+    `"completed"`, `"timed-out"` or `"cancelled"`, and `waitpoint` is the settled waitpoint
+    (`completion`, `text` and `json()` read what a completion sent)."""
+
+    __slots__ = ("suspended", "waitpoint")
+
+    def __init__(self, waitpoint: Waitpoint, suspended: bool):
+        self.waitpoint = waitpoint
+        self.suspended = suspended
+
+    @property
+    def state(self) -> str:
+        return self.waitpoint.state
+
+    @property
+    def completed(self) -> bool:
+        return self.waitpoint.state == "completed"
+
+    @property
+    def completion(self) -> Optional[bytes]:
+        return self.waitpoint.completion
+
+    @property
+    def text(self) -> Optional[str]:
+        return self.waitpoint.text
+
+    def json(self):
+        return self.waitpoint.json()
+
+    def __repr__(self) -> str:
+        return f"Wait(suspended={self.suspended}, waitpoint={self.waitpoint!r})"
+
+
 class Claim:
     """A dispatch this guest holds: what it is, and the calls that act on it. The dispatch info
     is read once, when the claim is wrapped."""
@@ -264,6 +392,18 @@ class Claim:
     @property
     def max_attempts(self) -> int:
         return self.info.max_attempts
+
+    @property
+    def claims(self) -> int:
+        """How many times the dispatch has been claimed, this claim included (1 on its first
+        run): retries and resumes each add one."""
+        return self.info.claims
+
+    @property
+    def resumes(self) -> int:
+        """How many times the dispatch came back from waiting on its waitpoints (0 until it
+        first suspends). A resume is not a failed attempt."""
+        return self.info.resumes
 
     @property
     def priority(self) -> int:
@@ -366,6 +506,86 @@ class Claim:
         acked it, `"lost-claim"`, `"interrupted"`."""
         return _host(self._raw.ack_message, seq)
 
+    # Waitpoints.
+    def waitpoint(
+        self,
+        name: str,
+        timeout_ms: Union[int, datetime.timedelta],
+        metadata: Union[dict, Iterable[Tuple[str, str]], None] = None,
+    ) -> Waitpoint:
+        """The waitpoint `name` of this dispatch, created if it does not exist yet: pending,
+        timing out `timeout_ms` from now (milliseconds or a `timedelta`; 1 ms to 30 days), with
+        `metadata` (shown to operators). A retried or resumed run gets the one it created
+        before, in its current state. Its `token` is set only when this call created it (or is
+        a later run's first look at it while pending). Raises `HomingError` (`"invalid"` for a
+        bad name, timeout or metadata; `"denied"` past 256 waitpoints; `"lost-claim"`,
+        `"interrupted"`)."""
+        raw = _host(self._raw.waitpoint, name, _timeout_ms(timeout_ms), _pairs(metadata))
+        return Waitpoint(raw)
+
+    def waitpoints(self) -> List[Waitpoint]:
+        """Every waitpoint of this dispatch, oldest first, without tokens."""
+        return [Waitpoint(w) for w in _host(self._raw.waitpoints)]
+
+    def await_waitpoint(
+        self, id: str, wait: Union[int, float, datetime.timedelta] = 0
+    ) -> Waitpoint:
+        """Waits in place until waitpoint `id` (its id, not its name) leaves pending, up to
+        `wait` (seconds, or a `timedelta`), and returns it as it then is: still pending when
+        the time ran out or the host wants the guest to stop. Holds the worker: for answers
+        expected within seconds; `suspend` is for longer waits. Raises `HomingError`
+        (`"invalid"` when `id` is not a waitpoint of this dispatch, `"lost-claim"`,
+        `"interrupted"`)."""
+        return Waitpoint(_host(self._raw.await_waitpoint, id, _wait_ms(wait)))
+
+    def suspend(self) -> None:
+        """Ends this run without finishing the dispatch: it becomes `waiting`, holding no
+        worker, and is claimed again (a resume, not a new attempt) once one of its waitpoints
+        leaves pending; the resumed run starts from the beginning of the handler. Return from
+        the handler next (its return value is ignored); every later call through this claim
+        raises `"lost-claim"`. Raises `HomingError` (`"invalid"` when nothing is pending,
+        `"denied"` past `max_resumes`)."""
+        _host(self._raw.suspend)
+
+    def wait_for(
+        self,
+        name: str,
+        timeout_ms: Union[int, datetime.timedelta],
+        metadata: Union[dict, Iterable[Tuple[str, str]], None] = None,
+        on_token: Optional[Callable[[Waitpoint], None]] = None,
+    ) -> Wait:
+        """Waits for the waitpoint `name` without holding a worker: creates it (or finds it
+        again on a resumed or retried run) and, while it is pending, suspends the run. Returns
+        a `Wait`: when `wait.suspended`, return from the handler at once; the handler runs
+        again from its start once the waitpoint is completed, times out or is cancelled, and
+        the same call then returns its outcome.
+
+            wait = claim.wait_for("approve", 3_600_000, {"tool": "send_email"})
+            if wait.suspended:
+                return None
+            if wait.completed and wait.json().get("approved"):
+                ...
+
+        `on_token(waitpoint)` is called, before the run suspends, whenever the host hands out
+        a token (`waitpoint.token`, `waitpoint.callback_url`): when the waitpoint is created,
+        and on a later run's first call that finds it still pending. The claim is live there:
+        send the token to whoever will complete the waitpoint; never log it. An exception from
+        `on_token` propagates and the run does not suspend (raised out of the handler, it
+        nacks the dispatch: the retry gets a fresh token). Without `on_token` the token is
+        dropped and an operator completes the waitpoint (dashboard, CLI, API)."""
+        waitpoint = self.waitpoint(name, timeout_ms, metadata)
+        if waitpoint.token is not None and on_token is not None:
+            on_token(waitpoint)
+        # The token is handed out (or dropped) here, never kept in the answer.
+        waitpoint.token = None
+        waitpoint.callback_url = None
+        if not waitpoint.pending:
+            return Wait(waitpoint, suspended=False)
+        # A completion landing between the look above and this call is not lost: the host
+        # resumes the dispatch at once.
+        self.suspend()
+        return Wait(waitpoint, suspended=True)
+
     # Follow-up work.
     def enqueue(self, agent: str, payload: Bytes, **options) -> str:
         """Enqueues a follow-up to `agent` (on this thread unless `thread=` says otherwise);
@@ -387,7 +607,7 @@ def _request(
     dedupe_key: Optional[str] = None,
     max_attempts: Optional[int] = None,
 ):
-    pairs = list(metadata.items()) if isinstance(metadata, dict) else list(metadata or [])
+    pairs = _pairs(metadata)
     return _types.EnqueueRequest(
         agent=agent,
         thread=thread,
@@ -400,6 +620,17 @@ def _request(
         # Concurrency keys are refused by hosts that do not limit runs by them yet.
         concurrency_key=None,
     )
+
+
+def wait_for(
+    claim: Claim,
+    name: str,
+    timeout_ms: Union[int, datetime.timedelta],
+    metadata: Union[dict, Iterable[Tuple[str, str]], None] = None,
+    on_token: Optional[Callable[[Waitpoint], None]] = None,
+) -> Wait:
+    """`claim.wait_for(name, timeout_ms, metadata, on_token)`."""
+    return claim.wait_for(name, timeout_ms, metadata, on_token)
 
 
 def enqueue(agent: str, thread: str, payload: Bytes, **options) -> str:

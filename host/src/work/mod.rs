@@ -13,9 +13,9 @@
 //! - `ops`: cancel and retry;
 //! - `wait`: waiting until a dispatch is terminal;
 //! - `messages`: sending a message into a thread's inbox and waiting for its acknowledgement;
+//! - `waiting`: a guest waiting in place for a waitpoint to settle;
 //! - `waitpoints`: completing and cancelling waitpoints (the token check, the store call, the
-//!   metric), and how a reader sees one;
-//! - `waiting`: a guest waiting in place for a waitpoint to settle.
+//!   metric), and how a reader sees one.
 
 pub mod messages;
 mod ops;

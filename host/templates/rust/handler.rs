@@ -4,6 +4,22 @@
 //!
 //! Each message is kept in the thread log, the agent's only memory: a later dispatch on the
 //! same thread, on any host, reads it back.
+//!
+//! To wait for a person (an approval, say) without holding a worker, wait on a waitpoint: while
+//! it is pending the run is suspended and `handle` returns at once; once someone answers (the
+//! dashboard's Approve and Reject buttons, `homing waitpoint complete ID --payload ...`) or the
+//! timeout passes, `handle` runs again from the top and the same call returns the outcome. What
+//! ran before it runs again too: keep its results in the thread log and skip what is done.
+//!
+//! ```ignore
+//! use homing_guest::Wait;
+//! let timeout = std::time::Duration::from_secs(3600);
+//! match claim.wait_for("approve", timeout, &[("action", "deploy")])? {
+//!     Wait::Suspended => return Ok(Vec::new()),
+//!     Wait::Completed(answer) => { /* answer.text(): `{"approved": true}` from the dashboard */ }
+//!     Wait::TimedOut(_) | Wait::Cancelled(_) => { /* nobody approved it */ }
+//! }
+//! ```
 
 use homing_guest::{Claim, Handler};
 

@@ -19,10 +19,13 @@
 //! - `dashboard`: the web dashboard of a real `homing run`, in a headless Chromium ([`browser`]);
 //! - `e2e`, `polyglot`: the `homing` binary with real components;
 //! - `inbox`: a thread's inbox end to end: messages that wake, steer and outlive a run;
-//! - `waitpoints`: waitpoints through the API and the CLI of a real `homing run` (the
-//!   dashboard's Waiting page is in `dashboard`);
 //! - `waiting`: waitpoints end to end, host side: waiters that hold no worker, restarts, a host
 //!   killed before suspending, two NATS hosts;
+//! - `waitpoints`: waitpoints through the API and the CLI of a real `homing run` (the
+//!   dashboard's Waiting page is in `dashboard`);
+//! - `waitpoint_guests`: runs that wait for a person or a webhook: Rust, Python and JavaScript guests
+//!   and the approval example suspended, completed from outside (token, CLI, API) or timed
+//!   out, and resumed;
 //! - `outbound_http`: guests' HTTP(S) requests, allow-list, address rules, TLS, caps, secrets;
 //! - `outbound_guests`: outbound HTTP and variables from Rust, Python and JavaScript guests and
 //!   the assistant example, against local servers on the loopback address;
@@ -69,4 +72,5 @@ mod polyglot;
 mod process_faults;
 mod traces;
 mod waiting;
+mod waitpoint_guests;
 mod waitpoints;

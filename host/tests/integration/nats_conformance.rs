@@ -924,3 +924,504 @@ mod nats_inbox {
         NatsStore::delete_stream(&config(prefix)).await.unwrap();
     }
 }
+
+/// Waitpoints and the `waiting` status on NATS (store/nats/waitpoints.rs), across hosts and
+/// clients, with the archive and a restart.
+mod nats_waitpoints {
+    use super::*;
+    use homing::store::nats::keys::Key;
+    use homing::store::waitpoints::{BY_DISPATCH_ENDED, BY_INTERRUPT, BY_TIMEOUT, token_digest};
+    use homing::store::{
+        Dispatch, Fence, Inbox, ListFilter, Mailbox, NewDispatch, NewWaitpoint, RunResult,
+        Settlement, Status, SystemClock, Waitpoint, WaitpointFilter, WaitpointState, Waitpoints,
+    };
+    use std::collections::BTreeMap;
+    use std::sync::Arc;
+    use std::time::{Duration, Instant};
+
+    fn config(prefix: &str) -> NatsConfig {
+        NatsConfig {
+            urls: vec![server().url()],
+            prefix: prefix.into(),
+            request_timeout: REQUEST_TIMEOUT,
+            settled_ttl: Some(Duration::from_secs(3600)),
+            archive_after: Duration::ZERO,
+            ..NatsConfig::default()
+        }
+    }
+
+    async fn host(prefix: &str) -> NatsStore {
+        NatsStore::connect(&config(prefix), Arc::new(SystemClock))
+            .await
+            .unwrap()
+    }
+
+    async fn client(prefix: &str) -> NatsStore {
+        NatsStore::connect_client(&config(prefix), Arc::new(SystemClock))
+            .await
+            .unwrap()
+    }
+
+    /// The time the stores read (a system clock).
+    fn now() -> u64 {
+        let since = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .unwrap();
+        u64::try_from(since.as_millis()).unwrap()
+    }
+
+    fn new_wp(name: &str, timeout_ms: u64) -> NewWaitpoint {
+        NewWaitpoint {
+            name: name.into(),
+            timeout_ms,
+            metadata: BTreeMap::from([("why".to_owned(), name.to_owned())]),
+            token_digest: token_digest(&format!("hwp_{name}")),
+        }
+    }
+
+    /// Enqueues `id` of agent `a` on `thread` and claims it by id, recording its start.
+    async fn claimed(store: &NatsStore, thread: &str, id: &str) -> Dispatch {
+        store
+            .enqueue(NewDispatch::new("a", thread, id).with_id(id))
+            .await
+            .unwrap();
+        let d = store
+            .claim_dispatch(id, "w", 60_000)
+            .await
+            .unwrap()
+            .unwrap();
+        store.record_start(id, d.token().unwrap()).await.unwrap()
+    }
+
+    async fn create(store: &NatsStore, d: &Dispatch, name: &str, timeout_ms: u64) -> Waitpoint {
+        let fence = Fence::of(d).unwrap();
+        store
+            .create_waitpoint(&fence, new_wp(name, timeout_ms))
+            .await
+            .unwrap()
+            .waitpoint
+    }
+
+    async fn suspend(store: &NatsStore, d: &Dispatch) -> Dispatch {
+        store.suspend(&d.id, d.token().unwrap(), 100).await.unwrap()
+    }
+
+    /// The sequence of the last message of any subject matching `filter`, if any.
+    async fn last_seq(prefix: &str, filter: &str) -> Option<u64> {
+        let client = async_nats::connect(server().url()).await.unwrap();
+        let body = serde_json::json!({ "last_by_subj": filter }).to_string();
+        let reply = client
+            .request(format!("$JS.API.DIRECT.GET.{prefix}"), body.into())
+            .await
+            .unwrap();
+        if reply.status.is_some_and(|s| s.as_u16() == 404) {
+            return None;
+        }
+        let seq = reply.headers.as_ref().and_then(|h| h.get("Nats-Sequence"));
+        Some(seq.unwrap().as_str().parse().unwrap())
+    }
+
+    /// A waiting dispatch keeps its thread from every other host and client until one of its
+    /// waitpoints is completed; completions racing on two hosts and a client have one winner;
+    /// a client completes what a host created, and the host's watch of the thread fires.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+    async fn a_waiting_thread_is_held_everywhere_and_one_completion_wins() {
+        let prefix = "wp_race";
+        let (a, b, c) = (host(prefix).await, host(prefix).await, client(prefix).await);
+        let d = claimed(&a, "t", "d1").await;
+        let w = create(&a, &d, "approve", 600_000).await;
+        assert_eq!(suspend(&a, &d).await.status, Status::Waiting);
+        b.enqueue(NewDispatch::new("a", "t", "s").with_id("sibling"))
+            .await
+            .unwrap();
+        for store in [&a, &b, &c] {
+            assert!(store.claim("a", "w2", 60_000).await.unwrap().is_none());
+            for id in ["d1", "sibling"] {
+                assert!(
+                    store
+                        .claim_dispatch(id, "w2", 60_000)
+                        .await
+                        .unwrap()
+                        .is_none()
+                );
+            }
+            assert!(store.has_live_work().await.unwrap());
+        }
+        let counts = c.live_counts().await.unwrap();
+        assert!(
+            counts
+                .iter()
+                .any(|r| r.status == Status::Waiting && r.count == 1),
+            "{counts:?}"
+        );
+
+        let race = |store: NatsStore, result: &'static str| {
+            let id = w.id.clone();
+            async move {
+                store
+                    .complete_waitpoint(&id, result.as_bytes().to_vec(), "token")
+                    .await
+                    .unwrap()
+            }
+        };
+        let answers = tokio::join!(
+            race(a.clone(), "from a"),
+            race(b.clone(), "from b"),
+            race(c.clone(), "from c"),
+        );
+        let answers = [answers.0, answers.1, answers.2];
+        let winners: Vec<&Waitpoint> = answers
+            .iter()
+            .filter_map(|s| match s {
+                Settlement::Settled(w) => Some(w),
+                Settlement::Already(_) => None,
+            })
+            .collect();
+        assert_eq!(winners.len(), 1, "{answers:?}");
+        for s in &answers {
+            assert_eq!(s.waitpoint().result, winners[0].result);
+            assert_eq!(s.waitpoint().state, WaitpointState::Completed);
+        }
+        let resumed = b.load("d1").await.unwrap().unwrap();
+        assert_eq!((resumed.status, resumed.resumes), (Status::Queued, 1));
+        // The resumed dispatch runs before its younger sibling, on any host.
+        let again = b.claim("a", "w2", 60_000).await.unwrap().unwrap();
+        assert_eq!((again.id.as_str(), again.claims), ("d1", 2));
+        b.complete("d1", again.token().unwrap(), RunResult::success("ok"))
+            .await
+            .unwrap();
+        assert_eq!(
+            a.claim("a", "w3", 60_000).await.unwrap().unwrap().id,
+            "sibling"
+        );
+
+        // A client completes a waitpoint a host created; the host's watch fires.
+        let d2 = claimed(&a, "u", "d2").await;
+        let w2 = create(&a, &d2, "approve", 600_000).await;
+        suspend(&a, &d2).await;
+        let mut watch = a.watch("u");
+        match c.complete_waitpoint(&w2.id, vec![0xff, 0], "token").await {
+            Ok(Settlement::Settled(done)) => assert_eq!(done.result, Some(vec![0xff, 0])),
+            other => panic!("expected Settled, got {other:?}"),
+        }
+        tokio::time::timeout(Duration::from_secs(30), watch.changed())
+            .await
+            .expect("the host's watch fires");
+        assert_eq!(a.load("d2").await.unwrap().unwrap().status, Status::Queued);
+        assert_eq!(
+            a.waitpoint(&w2.id).await.unwrap().unwrap().result,
+            Some(vec![0xff, 0])
+        );
+        for store in [&a, &b, &c] {
+            store.close().await;
+        }
+        NatsStore::delete_stream(&config(prefix)).await.unwrap();
+    }
+
+    /// Two hosts and a client sweeping at once time every due waitpoint out exactly once,
+    /// whatever its dispatch (waiting, claimed, queued again after a nack); each waiting one
+    /// resumes once; waitpoints not due stay pending.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+    async fn sweeping_hosts_time_each_waitpoint_out_once() {
+        let prefix = "wp_sweep";
+        let (a, b, c) = (host(prefix).await, host(prefix).await, client(prefix).await);
+        let mut due = Vec::new();
+        let mut later = Vec::new();
+        for i in 0..8 {
+            let d = claimed(&a, &format!("t{i}"), &format!("d{i}")).await;
+            for j in 0..3 {
+                due.push(create(&a, &d, &format!("w{j}"), 1).await.id);
+            }
+            later.push(create(&a, &d, "later", 600_000).await.id);
+            match i % 3 {
+                0 => {
+                    suspend(&a, &d).await;
+                }
+                1 => {
+                    a.nack(&d.id, d.token().unwrap(), now() + 600_000, "again")
+                        .await
+                        .unwrap();
+                }
+                _ => {}
+            }
+        }
+        let at = now() + 60_000;
+        let (x, y, z) = tokio::join!(
+            a.time_out_waitpoints(at, 1000),
+            b.time_out_waitpoints(at, 1000),
+            c.time_out_waitpoints(at, 1000),
+        );
+        let mut timed_out: Vec<String> = [x.unwrap(), y.unwrap(), z.unwrap()]
+            .into_iter()
+            .flatten()
+            .map(|w| {
+                assert_eq!(
+                    (w.state, w.settled_by.as_deref(), w.settled_at),
+                    (WaitpointState::TimedOut, Some(BY_TIMEOUT), Some(at))
+                );
+                w.id
+            })
+            .collect();
+        timed_out.sort();
+        due.sort();
+        assert_eq!(timed_out, due, "each due waitpoint timed out once");
+        for store in [&a, &b, &c] {
+            assert!(
+                store
+                    .time_out_waitpoints(at, 1000)
+                    .await
+                    .unwrap()
+                    .is_empty()
+            );
+            for id in &later {
+                assert!(store.waitpoint(id).await.unwrap().unwrap().is_pending());
+            }
+        }
+        for i in 0..8 {
+            let d = c.load(&format!("d{i}")).await.unwrap().unwrap();
+            let want = match i % 3 {
+                0 => (Status::Queued, 1),
+                1 => (Status::Queued, 0),
+                _ => (Status::Claimed, 0),
+            };
+            assert_eq!((d.status, d.resumes), want, "d{i}");
+        }
+        for store in [&a, &b, &c] {
+            store.close().await;
+        }
+        NatsStore::delete_stream(&config(prefix)).await.unwrap();
+    }
+
+    /// A client's interrupt of a thread whose dispatch waits supersedes it and the queued
+    /// ones, cancels their pending waitpoints (one left by an earlier run of a queued
+    /// dispatch too) and frees the thread; the hosts' views let the waitpoints go.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+    async fn a_clients_interrupt_of_a_waiting_thread_frees_it() {
+        let prefix = "wp_interrupt";
+        let (a, b, c) = (host(prefix).await, host(prefix).await, client(prefix).await);
+        let q1 = claimed(&a, "t", "q1").await;
+        let left = create(&a, &q1, "left", 600_000).await;
+        a.nack("q1", q1.token().unwrap(), now(), "again")
+            .await
+            .unwrap();
+        a.enqueue(NewDispatch::new("a", "t", "q2").with_id("q2"))
+            .await
+            .unwrap();
+        let d1 = claimed(&a, "t", "d1").await;
+        let w1 = create(&a, &d1, "one", 600_000).await;
+        let w2 = create(&a, &d1, "two", 600_000).await;
+        suspend(&a, &d1).await;
+        b.load("d1").await.unwrap();
+        assert_eq!(b.view_waitpoints(), 3);
+
+        let out = c.interrupt("t", "stop").await.unwrap();
+        assert_eq!(out.superseded, ["d1", "q1", "q2"]);
+        assert!(out.active.is_none());
+        for store in [&a, &b, &c] {
+            for w in [&left, &w1, &w2] {
+                let w = store.waitpoint(&w.id).await.unwrap().unwrap();
+                assert_eq!(
+                    (w.state, w.settled_by.as_deref()),
+                    (WaitpointState::Cancelled, Some(BY_INTERRUPT))
+                );
+            }
+            assert_eq!(
+                store.load("d1").await.unwrap().unwrap().status,
+                Status::Superseded
+            );
+        }
+        assert_eq!((a.view_waitpoints(), b.view_waitpoints()), (0, 0));
+        a.enqueue(NewDispatch::new("a", "t", "n").with_id("newer"))
+            .await
+            .unwrap();
+        assert_eq!(
+            b.claim("a", "w", 60_000).await.unwrap().unwrap().id,
+            "newer"
+        );
+        // A cancel of a waiting dispatch frees its thread too.
+        let d3 = claimed(&b, "u", "d3").await;
+        let w3 = create(&b, &d3, "x", 600_000).await;
+        suspend(&b, &d3).await;
+        assert!(c.cancel("d3").await.unwrap().is_some());
+        let w3 = a.waitpoint(&w3.id).await.unwrap().unwrap();
+        assert_eq!(w3.settled_by.as_deref(), Some(BY_DISPATCH_ENDED));
+        b.enqueue(NewDispatch::new("a", "u", "n").with_id("after"))
+            .await
+            .unwrap();
+        assert_eq!(
+            a.claim("a", "w", 60_000).await.unwrap().unwrap().id,
+            "after"
+        );
+        for store in [&a, &b, &c] {
+            store.close().await;
+        }
+        NatsStore::delete_stream(&config(prefix)).await.unwrap();
+    }
+
+    /// Sweeps until `n` records were archived in all.
+    async fn archive_all(store: &NatsStore, n: usize) {
+        let deadline = Instant::now() + Duration::from_secs(60);
+        let mut archived = 0;
+        while archived < n {
+            assert!(Instant::now() < deadline, "archived {archived} of {n}");
+            archived += store.archive_settled(now()).await.unwrap();
+        }
+    }
+
+    /// What a reader sees of the waitpoints of `d1`.
+    async fn seen(store: &NatsStore, ids: &[String]) -> Vec<String> {
+        let mut out = Vec::new();
+        for id in ids {
+            out.push(format!("{:?}", store.waitpoint(id).await.unwrap()));
+        }
+        out.push(format!("{:?}", store.waitpoints_of("d1").await.unwrap()));
+        for filter in [
+            WaitpointFilter::default(),
+            WaitpointFilter {
+                thread: Some("t".into()),
+                ..WaitpointFilter::default()
+            },
+            WaitpointFilter {
+                state: Some(WaitpointState::Completed),
+                ..WaitpointFilter::default()
+            },
+        ] {
+            out.push(format!(
+                "{:?}",
+                store.list_waitpoints(&filter).await.unwrap()
+            ));
+        }
+        out
+    }
+
+    /// The waitpoints of an archived dispatch leave its tree with it and read as before, by
+    /// id, by dispatch and in lists, on a host, a client and a restarted host; a late
+    /// completion is `Already`; a purge removes them with the dispatch, archived or not.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+    async fn archived_waitpoints_read_as_they_did_in_their_tree() {
+        let prefix = "wp_archive";
+        let (a, c) = (host(prefix).await, client(prefix).await);
+        let d = claimed(&a, "t", "d1").await;
+        let done = create(&a, &d, "done", 600_000).await;
+        let open = create(&a, &d, "open", 600_000).await;
+        let binary: Vec<u8> = (0..=255u8).collect();
+        c.complete_waitpoint(&done.id, binary.clone(), "token")
+            .await
+            .unwrap();
+        a.complete("d1", d.token().unwrap(), RunResult::success("ok"))
+            .await
+            .unwrap();
+        let ids = vec![done.id.clone(), open.id.clone()];
+        let before = seen(&a, &ids).await;
+        assert_eq!(seen(&c, &ids).await, before);
+        let open_now = a.waitpoint(&open.id).await.unwrap().unwrap();
+        assert_eq!(open_now.settled_by.as_deref(), Some(BY_DISPATCH_ENDED));
+        assert_eq!(
+            a.view_waitpoints(),
+            0,
+            "an ended dispatch's waitpoints leave the view"
+        );
+
+        archive_all(&a, 1).await;
+        for w in [&done, &open] {
+            let tree = Key::Waitpoint("t".into(), w.id.clone()).subject(prefix);
+            let archived = Key::ArchivedWaitpoint("t".into(), w.id.clone()).subject(prefix);
+            assert_eq!(last_seq(prefix, &tree).await, None, "left its tree");
+            assert!(last_seq(prefix, &archived).await.is_some(), "archived");
+        }
+        assert_eq!(seen(&a, &ids).await, before);
+        assert_eq!(seen(&c, &ids).await, before);
+        let restarted = host(prefix).await;
+        assert_eq!(seen(&restarted, &ids).await, before);
+        match c
+            .complete_waitpoint(&done.id, b"late".to_vec(), "token")
+            .await
+        {
+            Ok(Settlement::Already(w)) => assert_eq!(w.result, Some(binary)),
+            other => panic!("expected Already, got {other:?}"),
+        }
+        assert!(matches!(
+            restarted.cancel_waitpoint(&open.id, "cli").await,
+            Ok(Settlement::Already(_))
+        ));
+
+        // A second dispatch purged from its tree, and the archived one, take theirs along.
+        let d2 = claimed(&a, "t", "d2").await;
+        let w = create(&a, &d2, "x", 600_000).await;
+        a.dead_letter("d2", d2.token().unwrap(), "no")
+            .await
+            .unwrap();
+        assert_eq!(a.purge_terminal(u64::MAX).await.unwrap(), 2);
+        for store in [&a, &c, &restarted] {
+            for id in [&done.id, &open.id, &w.id] {
+                assert_eq!(store.waitpoint(id).await.unwrap(), None);
+            }
+            assert!(store.waitpoints_of("d2").await.unwrap().is_empty());
+            assert!(
+                store
+                    .list_waitpoints(&WaitpointFilter::default())
+                    .await
+                    .unwrap()
+                    .is_empty()
+            );
+        }
+        for store in [&a, &c, &restarted] {
+            store.close().await;
+        }
+        NatsStore::delete_stream(&config(prefix)).await.unwrap();
+    }
+
+    /// A host started on a stream whose trees hold waitpoints of ended dispatches (not yet
+    /// archived) and of a waiting one keeps only the latter: the waiting dispatch holds its
+    /// thread there too, and its sweep times the waitpoint out and resumes it.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+    async fn a_starting_host_keeps_the_waitpoints_of_live_work_only() {
+        let prefix = "wp_start";
+        let a = host(prefix).await;
+        for i in 0..5 {
+            let d = claimed(&a, &format!("t{i}"), &format!("d{i}")).await;
+            let w = create(&a, &d, "x", 600_000).await;
+            if i % 2 == 0 {
+                a.complete_waitpoint(&w.id, b"ok".to_vec(), "token")
+                    .await
+                    .unwrap();
+            }
+            a.complete(&d.id, d.token().unwrap(), RunResult::success("ok"))
+                .await
+                .unwrap();
+        }
+        let d = claimed(&a, "live", "waiting").await;
+        let w = create(&a, &d, "x", 1).await;
+        suspend(&a, &d).await;
+        a.enqueue(NewDispatch::new("a", "live", "s").with_id("sibling"))
+            .await
+            .unwrap();
+        assert_eq!(a.view_waitpoints(), 1);
+        a.close().await;
+
+        let b = host(prefix).await;
+        assert_eq!((b.view_waitpoints(), b.view_records()), (1, 2));
+        assert!(b.claim("a", "w", 60_000).await.unwrap().is_none());
+        // Its timeout (1 ms) passed while the host started.
+        let out = b.time_out_waitpoints(now(), 10).await.unwrap();
+        assert_eq!(out.iter().map(|x| x.id.clone()).collect::<Vec<_>>(), [w.id]);
+        let resumed = b.claim("a", "w", 60_000).await.unwrap().unwrap();
+        assert_eq!((resumed.id.as_str(), resumed.resumes), ("waiting", 1));
+        // Its run finds the timed-out waitpoint by name.
+        let again = b
+            .create_waitpoint(&Fence::of(&resumed).unwrap(), new_wp("x", 600_000))
+            .await
+            .unwrap();
+        assert!(!again.created && again.waitpoint.state == WaitpointState::TimedOut);
+        let listed = b
+            .list(&ListFilter {
+                statuses: vec![Status::Waiting],
+                ..ListFilter::default()
+            })
+            .await
+            .unwrap();
+        assert!(listed.is_empty());
+        b.close().await;
+        NatsStore::delete_stream(&config(prefix)).await.unwrap();
+    }
+}

@@ -450,13 +450,13 @@ fn js_agent_requests_without_a_grant_are_denied() {
 // The assistant example against the stand-in model server
 
 /// The stand-in model server (`examples/assistant/stand_in_model.py`), killed when dropped.
-struct StandIn {
+pub(crate) struct StandIn {
     child: Child,
-    url: String,
+    pub(crate) url: String,
 }
 
 impl StandIn {
-    fn start(api_key: &str) -> StandIn {
+    pub(crate) fn start(api_key: &str) -> StandIn {
         let mut child = Command::new("python3")
             .arg(root().join("examples/assistant/stand_in_model.py"))
             .args(["--api-key", api_key])

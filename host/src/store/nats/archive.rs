@@ -17,13 +17,19 @@
 //! 3. It deletes the tree's message at the sequence read, and only that one (never a newer
 //!    message of the subject).
 //!
+//! A record that says its dispatch has waitpoints (`Stored::waitpoints`, set by the write that
+//! ended it) takes them along: one read of the thread's waitpoint subjects finds them, each is
+//! copied to `<p>.aw.<thread>.<id>` (expecting its own subject in the tree as read, with the
+//! same TTL) before the record is, and deleted from the tree (after step 2) before the record
+//! is. A crash in between leaves the record in its tree, and the next pass moves what is left.
+//!
 //! A crash between steps leaves a record in both places; readers prefer the tree's (see
 //! `fetch`), and the next pass finishes the move. Several hosts archiving one thread at once
 //! copy the same bytes, and the second delete finds nothing.
 //!
 //! [`NatsConfig::archive_after`]: super::NatsConfig::archive_after
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashMap};
 use std::sync::atomic::Ordering;
 
 use async_nats::HeaderMap;
@@ -45,6 +51,15 @@ struct Settled {
     id: String,
     completed_at: Option<u64>,
     /// The message as read (copied byte for byte).
+    payload: Bytes,
+    /// Whether the record says its dispatch has waitpoints.
+    waitpoints: bool,
+}
+
+/// A waitpoint of a thread's tree, as read for the archiver.
+struct TreeWaitpoint {
+    seq: u64,
+    id: String,
     payload: Bytes,
 }
 
@@ -89,6 +104,7 @@ impl NatsStore {
                 seq: got.seq,
                 id,
                 completed_at: d.completed_at,
+                waitpoints: stored.waitpoints,
                 payload: got.payload,
             });
         }
@@ -107,24 +123,39 @@ impl NatsStore {
         now: u64,
     ) -> StoreResult<usize> {
         let prefix = self.prefix().to_owned();
-        let mut copied = Vec::new();
+        let mut waitpoints = if records.iter().any(|r| r.waitpoints) {
+            self.tree_waitpoints(thread).await?
+        } else {
+            HashMap::new()
+        };
+        // Per record moved: its sequence, and its waitpoints' sequences in the tree.
+        let mut copied: Vec<(u64, Vec<u64>)> = Vec::new();
         for r in records {
-            let mut headers = HeaderMap::new();
-            let own = Key::Dispatch(thread.to_owned(), r.id.clone()).subject(&prefix);
-            headers.insert("Nats-Expected-Last-Subject-Sequence", r.seq.to_string());
-            headers.insert("Nats-Expected-Last-Subject-Sequence-Subject", own);
-            if let Some(retention) = self.inner.retention_secs {
+            let ttl = self.inner.retention_secs.map(|retention| {
                 let age = r.completed_at.map_or(0, |at| now.saturating_sub(at) / 1000);
-                let left = retention.saturating_sub(age).max(1);
-                headers.insert("Nats-TTL", format!("{left}s"));
+                format!("{}s", retention.saturating_sub(age).max(1))
+            });
+            let mut moved = Vec::new();
+            for w in waitpoints.remove(&r.id).unwrap_or_default() {
+                let own = Key::Waitpoint(thread.to_owned(), w.id.clone()).subject(&prefix);
+                let to = Key::ArchivedWaitpoint(thread.to_owned(), w.id).subject(&prefix);
+                // A waitpoint of an ended dispatch never changes; one that left the tree was
+                // moved by another host.
+                if self
+                    .copy_out(&own, w.seq, to, w.payload, ttl.as_deref())
+                    .await?
+                {
+                    moved.push(w.seq);
+                }
             }
-            let subject = Key::Archive(thread.to_owned(), r.id.clone()).subject(&prefix);
-            let reply = self.request(subject, r.payload, headers).await?;
-            match stored_seq(&reply) {
-                Ok(_) => copied.push(r.seq),
-                // The record changed or left the tree since it was read.
-                Err(CommitError::Conflict) => {}
-                Err(CommitError::Store(e)) => return Err(e),
+            let own = Key::Dispatch(thread.to_owned(), r.id.clone()).subject(&prefix);
+            let to = Key::Archive(thread.to_owned(), r.id.clone()).subject(&prefix);
+            // Not copied: the record changed or left the tree since it was read.
+            if self
+                .copy_out(&own, r.seq, to, r.payload, ttl.as_deref())
+                .await?
+            {
+                copied.push((r.seq, moved));
             }
         }
         if copied.is_empty() {
@@ -145,11 +176,63 @@ impl NatsStore {
         })
         .await?;
         let mut deleted = 0;
-        for seq in copied {
+        for (seq, moved) in copied {
+            // The waitpoints first: a record still in its tree is moved again by the next pass.
+            for w in moved {
+                self.delete_seq(w).await?;
+            }
             if self.delete_seq(seq).await? {
                 deleted += 1;
             }
         }
         Ok(deleted)
+    }
+
+    /// Copies the message at `seq` of the tree subject `own` to `to` (outside the tree), only
+    /// if `own` still ends at `seq`, with `ttl` as its `Nats-TTL`. Returns whether it copied.
+    async fn copy_out(
+        &self,
+        own: &str,
+        seq: u64,
+        to: String,
+        payload: Bytes,
+        ttl: Option<&str>,
+    ) -> StoreResult<bool> {
+        let mut headers = HeaderMap::new();
+        headers.insert("Nats-Expected-Last-Subject-Sequence", seq.to_string());
+        headers.insert("Nats-Expected-Last-Subject-Sequence-Subject", own);
+        if let Some(ttl) = ttl {
+            headers.insert("Nats-TTL", ttl);
+        }
+        let reply = self.request(to, payload, headers).await?;
+        match stored_seq(&reply) {
+            Ok(_) => Ok(true),
+            Err(CommitError::Conflict) => Ok(false),
+            Err(CommitError::Store(e)) => Err(e),
+        }
+    }
+
+    /// The waitpoints of `thread`'s tree by dispatch, as stored now (a damaged record stays
+    /// where it is).
+    async fn tree_waitpoints(
+        &self,
+        thread: &str,
+    ) -> StoreResult<HashMap<String, Vec<TreeWaitpoint>>> {
+        let prefix = self.prefix().to_owned();
+        let mut out: HashMap<String, Vec<TreeWaitpoint>> = HashMap::new();
+        for (subject, (seq, payload)) in self
+            .last_of_each(&Key::waitpoints_of(&prefix, thread))
+            .await?
+        {
+            let Some(key @ Key::Waitpoint(..)) = Key::parse(&prefix, &subject) else {
+                continue;
+            };
+            if let Ok(Record::Waitpoint(_, id, w)) = key.decode(&payload) {
+                out.entry(w.dispatch)
+                    .or_default()
+                    .push(TreeWaitpoint { seq, id, payload });
+            }
+        }
+        Ok(out)
     }
 }

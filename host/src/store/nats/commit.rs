@@ -11,9 +11,12 @@ use bytes::Bytes;
 use super::NatsStore;
 use super::fetch::Read;
 use super::jetstream::stored_seq;
-use super::keys::{Key, encode_dispatch, encode_thread};
+use super::keys::{Key, encode_dispatch, encode_thread, encode_waitpoint};
 use super::view::{Record, Stored, ThreadRec, View};
-use crate::store::model::Dispatch;
+use crate::store::model::{Dispatch, Status};
+use crate::store::waitpoints::{
+    BY_DISPATCH_ENDED, BY_INTERRUPT, Waitpoint, WaitpointState, settle,
+};
 use crate::store::{StoreError, StoreResult};
 
 /// What a write expects of the stream before it.
@@ -88,10 +91,60 @@ pub(super) enum CommitError {
     Store(StoreError),
 }
 
-/// A write of a dispatch record, fenced by its thread's tree.
-pub(super) fn put_dispatch(view: &View, stored: Stored) -> StoreResult<Write> {
-    let expect = Expect::Thread(view.thread_seq(&stored.dispatch.thread));
-    put_dispatch_expecting(expect, stored)
+/// The writes that store a dispatch record, fenced by its thread's tree: the record alone,
+/// or, when it ends a dispatch that has waitpoints, the batch of [`record_writes`].
+pub(super) fn put_dispatch(view: &View, stored: Stored) -> StoreResult<Vec<Write>> {
+    let thread = stored.dispatch.thread.clone();
+    let mut writes = record_writes(view, stored)?;
+    fence_first(view, &thread, &mut writes);
+    Ok(writes)
+}
+
+/// Gives the first of `writes` the expectation of `thread`'s tree (the batch's fence).
+pub(super) fn fence_first(view: &View, thread: &str, writes: &mut [Write]) {
+    if let Some(first) = writes.first_mut() {
+        first.expect = Expect::Thread(view.thread_seq(thread));
+    }
+}
+
+/// The writes that store a dispatch record inside a batch (none with an expectation): the
+/// record alone, unless it ends a dispatch that has waitpoints. Then its pending waitpoints
+/// are cancelled in the same batch (W4, `interrupt` for a supersede, else `dispatch-ended`),
+/// written *before* the record, so that in the stream every write of a waitpoint precedes the
+/// record that ends its dispatch (what a lean view relies on to drop them, see
+/// `View::apply_waitpoint`), and the record says it has waitpoints (for the archiver). The
+/// view must hold the dispatch's waitpoints: a host's holds those of every live dispatch, and
+/// a read for one operation reads those of every thread it reads (`fetch`).
+pub(super) fn record_writes(view: &View, mut stored: Stored) -> StoreResult<Vec<Write>> {
+    let d = &stored.dispatch;
+    let mut writes = Vec::new();
+    if d.status.is_terminal() && view.has_waitpoints(&d.thread, &d.id) {
+        let by = if d.status == Status::Superseded {
+            BY_INTERRUPT
+        } else {
+            BY_DISPATCH_ENDED
+        };
+        for held in view.waitpoints_of(&d.thread, &d.id) {
+            if held.waitpoint.is_pending() {
+                let mut w = held.waitpoint.clone();
+                settle(&mut w, WaitpointState::Cancelled, None, by, d.updated_at);
+                writes.push(put_waitpoint(Expect::None, &w)?);
+            }
+        }
+        stored.waitpoints = true;
+    }
+    writes.push(put_dispatch_expecting(Expect::None, stored)?);
+    Ok(writes)
+}
+
+/// A write of a waitpoint record with the expectation given.
+pub(super) fn put_waitpoint(expect: Expect, w: &Waitpoint) -> StoreResult<Write> {
+    Ok(Write {
+        key: Key::Waitpoint(w.thread.clone(), w.id.clone()),
+        expect,
+        payload: encode_waitpoint(w)?,
+        record: Record::Waitpoint(w.thread.clone(), w.id.clone(), Box::new(w.clone())),
+    })
 }
 
 /// A write of a dispatch record with the expectation given (`Expect::None` for a later message
@@ -121,6 +174,7 @@ pub(super) fn plain(d: Dispatch) -> Stored {
     Stored {
         dispatch: d,
         settled: None,
+        waitpoints: false,
     }
 }
 
@@ -129,6 +183,7 @@ pub(super) fn settled(d: Dispatch, token: &str, op: crate::store::rules::Settle)
     Stored {
         dispatch: d,
         settled: Some((token.to_owned(), op.as_str().to_owned())),
+        waitpoints: false,
     }
 }
 

@@ -6,13 +6,18 @@
 //! decides on, with JetStream's direct gets, into a view of its own:
 //!
 //! - a thread: the last sequence of its subject tree first (the fence its write will name),
-//!   then its thread record and the last message of each of its dispatch subjects in one
-//!   `multi_last` request (paged when the thread has more dispatches than one such request
-//!   answers);
+//!   then its thread record and the last message of each of its dispatch and waitpoint
+//!   subjects in one `multi_last` request (paged when the thread has more subjects than one
+//!   such request answers);
 //! - a dispatch by id: its thread (the id index of a caller-chosen id, else one lookup of the
 //!   subject `<p>.th.*.d.<id>`, then of `<p>.ar.*.<id>`), then that thread's fence, thread
-//!   record and the one record;
-//! - a thread log: the fence, the thread record and the last entry's subject.
+//!   record and waitpoints, and the one record;
+//! - a waitpoint by id: one lookup of `<p>.th.*.w.<id>` (then of `<p>.aw.*.<id>`), then its
+//!   thread's fence, thread record and waitpoints, and its dispatch's record;
+//! - a thread log: the fence, the thread record and waitpoints, and the last entry's subject.
+//!
+//! Every read of a thread takes its waitpoints along (in the same request as its thread
+//! record): any write that ends a dispatch cancels the dispatch's pending waitpoints with it.
 //!
 //! The fence is read *before* the records: a write naming it is stored only if nothing of the
 //! thread changed since, and then everything read after it is exactly the thread's state at
@@ -62,6 +67,9 @@ pub(super) enum Read<'a> {
     Inbox(&'a str),
     /// The thread record and inbox messages of a dispatch's thread.
     InboxOf(&'a str),
+    /// One waitpoint (from its thread's tree, else the archive), its dispatch and its
+    /// thread's record.
+    Waitpoint(&'a str),
 }
 
 /// One message of a direct get.
@@ -197,7 +205,7 @@ impl NatsStore {
 
     /// The thread a dispatch id belongs to: the id index of a caller-chosen id, else the one
     /// dispatch subject of that id in any thread. `None` when no record of it exists.
-    async fn thread_of(&self, id: &str, view: &mut View) -> StoreResult<Option<String>> {
+    pub(super) async fn thread_of(&self, id: &str, view: &mut View) -> StoreResult<Option<String>> {
         let prefix = self.prefix().to_owned();
         let index = Key::Id(id.to_owned()).subject(&prefix);
         if let Some((seq, payload)) = self.get_last(&index).await? {
@@ -229,14 +237,46 @@ impl NatsStore {
         Ok(None)
     }
 
+    /// Where waitpoint `id` is: its thread and dispatch when its thread's tree holds it, else
+    /// nothing (an archived one is applied to `view` as it is: it belongs to an ended dispatch
+    /// and no operation writes it). One lookup of `<p>.th.*.w.<id>`, then of `<p>.aw.*.<id>`:
+    /// the archiver copies a waitpoint out before it deletes it from the tree, so one being
+    /// archived is found in one or the other.
+    async fn waitpoint_home(
+        &self,
+        id: &str,
+        view: &mut View,
+    ) -> StoreResult<Option<(String, Option<String>)>> {
+        // The store mints every waitpoint id.
+        if uuid::Uuid::try_parse(id).is_err() {
+            return Ok(None);
+        }
+        let prefix = self.prefix().to_owned();
+        let [tree, archive] = Key::waitpoint_anywhere(&prefix, id);
+        if let Some(got) = self.get_last_matching(&tree).await?
+            && let Some(Key::Waitpoint(thread, found)) = Key::parse(&prefix, &got.subject)
+        {
+            // A damaged record is reported by the read of the thread's waitpoints.
+            let dispatch = match Key::Waitpoint(thread.clone(), found).decode(&got.payload) {
+                Ok(Record::Waitpoint(_, _, w)) => Some(w.dispatch),
+                _ => None,
+            };
+            return Ok(Some((thread, dispatch)));
+        }
+        if let Some(got) = self.get_last_matching(&archive).await? {
+            view.apply_message(&prefix, got.seq, &got.subject, &got.payload);
+        }
+        Ok(None)
+    }
+
     /// Applies every message of a batch to `view`: those of thread trees first, then archived
     /// copies (which a record of the tree replaces; see [`View::apply_archived`]).
     fn apply_batch(&self, view: &mut View, batch: &Batch) {
         let prefix = self.prefix();
-        let archive = format!("{prefix}.ar.");
+        let archive = [format!("{prefix}.ar."), format!("{prefix}.aw.")];
         for archived in [false, true] {
             for got in &batch.messages {
-                if got.subject.starts_with(&archive) == archived {
+                if archive.iter().any(|a| got.subject.starts_with(a)) == archived {
                     view.apply_message(prefix, got.seq, &got.subject, &got.payload);
                 }
             }
@@ -268,9 +308,11 @@ impl NatsStore {
         }
     }
 
-    /// A thread's record and the last message of each of its dispatch subjects, in its tree
-    /// and in the archive (when `dispatches`), and of each of its message subjects (when
-    /// `messages`).
+    /// A thread's record and the last message of each of its waitpoint subjects, of each of
+    /// its dispatch subjects, in its tree and in the archive (when `dispatches`), and of each
+    /// of its message subjects (when `messages`). Every decision that may end a dispatch reads
+    /// its thread's waitpoints (the end cancels the pending ones), and they are few: those of
+    /// the live and recently settled dispatches.
     async fn read_thread_records(
         &self,
         thread: &str,
@@ -280,7 +322,7 @@ impl NatsStore {
     ) -> StoreResult<()> {
         let prefix = self.prefix().to_owned();
         let record = Key::Thread(thread.to_owned()).subject(&prefix);
-        let mut filters = Vec::new();
+        let mut filters = vec![Key::waitpoints_of(&prefix, thread)];
         if dispatches {
             filters.push(dispatches_of(&prefix, thread));
             filters.push(Key::archive_of(&prefix, thread));
@@ -298,7 +340,7 @@ impl NatsStore {
             return Ok(());
         }
         // More subjects than one `multi_last` answers: page through them, the tree's
-        // dispatches before the archive's.
+        // records before the archive's.
         if let Some((seq, payload)) = self.get_last(&record).await? {
             view.apply_message(&prefix, seq, &record, &payload);
         }
@@ -349,6 +391,14 @@ impl NatsStore {
                 Read::Inbox(t) => {
                     inboxes.insert(t.to_owned());
                 }
+                Read::Waitpoint(id) => {
+                    if let Some((t, dispatch)) = self.waitpoint_home(id, &mut view).await? {
+                        if let Some(dispatch) = dispatch {
+                            records.push((t.clone(), dispatch));
+                        }
+                        touched.insert(t);
+                    }
+                }
                 Read::Dispatch(id) | Read::ThreadOf(id) | Read::InboxOf(id) => {
                     let t = match found.get(id) {
                         Some(t) => t.clone(),
@@ -394,10 +444,7 @@ impl NatsStore {
             .iter()
             .filter(|t| !whole.contains(*t) && !inboxes.contains(*t))
         {
-            let subject = Key::Thread(t.clone()).subject(&prefix);
-            if let Some((seq, payload)) = self.get_last(&subject).await? {
-                view.apply_message(&prefix, seq, &subject, &payload);
-            }
+            self.read_thread_records(t, &mut view, false, false).await?;
         }
         for (t, id) in &records {
             if whole.contains(t) {

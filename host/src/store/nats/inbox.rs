@@ -73,7 +73,10 @@ pub(super) enum Answer {
 /// record with `followed = latest`. Decided from the view alone: with no pending message above
 /// `followed` it looks at nothing else.
 pub(super) fn answer_inbox(view: &View, settled: &Dispatch, now: u64) -> StoreResult<Answer> {
-    if matches!(settled.status, Status::Queued | Status::Claimed) {
+    if matches!(
+        settled.status,
+        Status::Queued | Status::Claimed | Status::Waiting
+    ) {
         return Ok(Answer::Nothing);
     }
     let thread = &settled.thread;
@@ -198,7 +201,7 @@ impl NatsStore {
     /// The last message of each subject matching `filter`, with its stream sequence: one
     /// `multi_last` request, or pages of every message when it matches more subjects than one
     /// such request answers.
-    async fn last_of_each(
+    pub(super) async fn last_of_each(
         &self,
         filter: &str,
     ) -> StoreResult<HashMap<String, (u64, bytes::Bytes)>> {

@@ -23,6 +23,12 @@
 //!
 //! Records written before the framing (plain JSON, binary bytes as `{"hex": ...}`) start with
 //! `{` and are still read.
+//!
+//! # Message and waitpoint records
+//!
+//! Framed the same way with one byte field: the format byte, a `u32` length, the fields as
+//! JSON, then the payload (a message) or the result (a waitpoint). A waitpoint's JSON holds an
+//! empty `result` exactly when it has one, so an empty result and no result stay apart.
 
 use base64::Engine;
 use base64::engine::general_purpose::URL_SAFE_NO_PAD;
@@ -30,6 +36,7 @@ use bytes::{BufMut, Bytes, BytesMut};
 
 use super::view::{MessageHead, Record, Stored, ThreadRec};
 use crate::store::inbox::Message;
+use crate::store::waitpoints::Waitpoint;
 use crate::store::{StoreError, StoreResult};
 
 /// One key of the stream.
@@ -43,11 +50,16 @@ pub enum Key {
     Entry(String, u64),
     /// One inbox message: `<p>.th.<thread>.m.<seq>` (see [`encode_message`]).
     Message(String, u64),
+    /// One waitpoint, by id: `<p>.th.<thread>.w.<id>` (see [`encode_waitpoint`]).
+    Waitpoint(String, String),
     /// The thread a caller-chosen id belongs to: `<p>.id.<id>`.
     Id(String),
     /// The archived copy of a settled dispatch record, outside its thread's tree:
     /// `<p>.ar.<thread>.<id>` (see `archive`).
     Archive(String, String),
+    /// A waitpoint of an archived dispatch, moved out of its thread's tree with it:
+    /// `<p>.aw.<thread>.<id>`.
+    ArchivedWaitpoint(String, String),
 }
 
 /// The token of the empty string (base64 of nothing is empty, and subjects have no empty
@@ -77,16 +89,22 @@ impl Key {
             Key::Dispatch(t, id) => format!("{prefix}.th.{}.d.{}", enc(t), enc(id)),
             Key::Entry(t, seq) => format!("{prefix}.th.{}.e.{seq}", enc(t)),
             Key::Message(t, seq) => format!("{prefix}.th.{}.m.{seq}", enc(t)),
+            Key::Waitpoint(t, id) => format!("{prefix}.th.{}.w.{}", enc(t), enc(id)),
             Key::Id(id) => format!("{prefix}.id.{}", enc(id)),
             Key::Archive(t, id) => format!("{prefix}.ar.{}.{}", enc(t), enc(id)),
+            Key::ArchivedWaitpoint(t, id) => format!("{prefix}.aw.{}.{}", enc(t), enc(id)),
         }
     }
 
     /// The thread whose tree holds this key.
     pub fn thread(&self) -> Option<&str> {
         match self {
-            Key::Thread(t) | Key::Dispatch(t, _) | Key::Entry(t, _) | Key::Message(t, _) => Some(t),
-            Key::Id(_) | Key::Archive(..) => None,
+            Key::Thread(t)
+            | Key::Dispatch(t, _)
+            | Key::Entry(t, _)
+            | Key::Message(t, _)
+            | Key::Waitpoint(t, _) => Some(t),
+            Key::Id(_) | Key::Archive(..) | Key::ArchivedWaitpoint(..) => None,
         }
     }
 
@@ -120,6 +138,34 @@ impl Key {
         format!("{prefix}.th.*.m.*")
     }
 
+    /// The subject filter of every waitpoint in a thread's tree.
+    pub fn waitpoints_of(prefix: &str, thread: &str) -> String {
+        format!("{prefix}.th.{}.w.*", enc(thread))
+    }
+
+    /// The subject filter of every waitpoint in every thread's tree.
+    pub fn all_waitpoints(prefix: &str) -> String {
+        format!("{prefix}.th.*.w.*")
+    }
+
+    /// The subject filter of a thread's archived waitpoints.
+    pub fn archived_waitpoints_of(prefix: &str, thread: &str) -> String {
+        format!("{prefix}.aw.{}.*", enc(thread))
+    }
+
+    /// The subject filter of every archived waitpoint.
+    pub fn all_archived_waitpoints(prefix: &str) -> String {
+        format!("{prefix}.aw.*.*")
+    }
+
+    /// The subject filters of waitpoint `id` in any thread's tree, then in the archive.
+    pub fn waitpoint_anywhere(prefix: &str, id: &str) -> [String; 2] {
+        [
+            format!("{prefix}.th.*.w.{}", enc(id)),
+            format!("{prefix}.aw.*.{}", enc(id)),
+        ]
+    }
+
     /// The subject filter of every log entry of a thread.
     pub fn entries_of(prefix: &str, thread: &str) -> String {
         format!("{prefix}.th.{}.e.*", enc(thread))
@@ -137,6 +183,7 @@ impl Key {
                     "d" => Key::Dispatch(thread, dec(parts.next()?)?),
                     "e" => Key::Entry(thread, parts.next()?.parse().ok()?),
                     "m" => Key::Message(thread, parts.next()?.parse().ok()?),
+                    "w" => Key::Waitpoint(thread, dec(parts.next()?)?),
                     _ => return None,
                 }
             }
@@ -144,6 +191,10 @@ impl Key {
             "ar" => {
                 let thread = dec(parts.next()?)?;
                 Key::Archive(thread, dec(parts.next()?)?)
+            }
+            "aw" => {
+                let thread = dec(parts.next()?)?;
+                Key::ArchivedWaitpoint(thread, dec(parts.next()?)?)
             }
             _ => return None,
         };
@@ -157,12 +208,13 @@ impl Key {
             Key::Thread(t) => format!("threads/{t}"),
             Key::Entry(t, seq) => format!("log/{t}/{seq}"),
             Key::Message(t, seq) => format!("messages/{t}/{seq}"),
+            Key::Waitpoint(_, id) | Key::ArchivedWaitpoint(_, id) => format!("waitpoints/{id}"),
             Key::Id(id) => format!("ids/{id}"),
         }
     }
 
     /// Decodes the payload of this key's message. An empty dispatch payload is a tombstone.
-    /// An archived copy decodes as the dispatch record it copies.
+    /// An archived copy decodes as the record it copies.
     pub fn decode(self, payload: &[u8]) -> Result<Record, (String, String)> {
         let name = self.describe();
         match self {
@@ -205,6 +257,19 @@ impl Key {
                     seq,
                     Box::new(MessageHead::of(&head, payload.len())),
                 ))
+            }
+            Key::Waitpoint(thread, id) | Key::ArchivedWaitpoint(thread, id) => {
+                let w = decode_waitpoint(payload).map_err(|e| (name.clone(), e))?;
+                if w.id != id || w.thread != thread {
+                    return Err((
+                        name,
+                        format!(
+                            "the record holds waitpoint `{}` of thread `{}`",
+                            w.id, w.thread
+                        ),
+                    ));
+                }
+                Ok(Record::Waitpoint(thread, id, Box::new(w)))
             }
             Key::Id(id) => {
                 let thread =
@@ -368,6 +433,69 @@ pub fn decode_message(key: &Key, bytes: &[u8]) -> StoreResult<Message> {
     Ok(message)
 }
 
+/// The payload of a waitpoint record, framed like a message record: the format byte, a `u32`
+/// length and the waitpoint as JSON, then its result (the rest). The JSON holds an empty
+/// `result` when the waitpoint has one, and none when it has none, so an empty result and no
+/// result stay apart.
+pub fn encode_waitpoint(w: &Waitpoint) -> StoreResult<Bytes> {
+    let mut fields = w.clone();
+    let result = fields.result.as_mut().map(std::mem::take);
+    let what = || format!("waitpoint {}", w.id);
+    let header = serde_json::to_vec(&fields)
+        .map_err(|e| StoreError::Invalid(format!("{}: cannot encode: {e}", what())))?;
+    let n = u32::try_from(header.len()).map_err(|_| {
+        StoreError::Invalid(format!("{}: its fields are too large for a record", what()))
+    })?;
+    let result = result.unwrap_or_default();
+    let mut out = BytesMut::with_capacity(5 + header.len() + result.len());
+    out.put_u8(FRAMED);
+    out.put_u32(n);
+    out.put_slice(&header);
+    out.put_slice(&result);
+    Ok(out.freeze())
+}
+
+/// Decodes a waitpoint record (see [`encode_waitpoint`]).
+fn decode_waitpoint(bytes: &[u8]) -> Result<Waitpoint, String> {
+    match bytes.first() {
+        Some(&FRAMED) => {
+            let header_len = length_at(bytes, 1)?;
+            let header_end = 5usize.saturating_add(header_len);
+            let header = bytes
+                .get(5..header_end)
+                .ok_or_else(|| format!("record truncated: {header_len} bytes of fields missing"))?;
+            let mut w: Waitpoint = serde_json::from_slice(header).map_err(|e| e.to_string())?;
+            let rest = bytes.get(header_end..).unwrap_or_default();
+            match w.result.as_mut() {
+                Some(result) => *result = rest.to_vec(),
+                None if rest.is_empty() => {}
+                None => {
+                    return Err(format!(
+                        "{} bytes of result in a record without a result",
+                        rest.len()
+                    ));
+                }
+            }
+            Ok(w)
+        }
+        Some(other) => Err(format!("unknown record format (first byte {other:#04x})")),
+        None => Err("empty record".to_owned()),
+    }
+}
+
+/// Decodes a whole waitpoint record of `key` (a [`Key::Waitpoint`] or
+/// [`Key::ArchivedWaitpoint`]).
+pub fn decode_waitpoint_of(key: &Key, bytes: &[u8]) -> StoreResult<Waitpoint> {
+    match key.clone().decode(bytes) {
+        Ok(Record::Waitpoint(_, _, w)) => Ok(*w),
+        Ok(_) => Err(StoreError::Corrupt {
+            key: key.describe(),
+            reason: "not a waitpoint record".into(),
+        }),
+        Err((key, reason)) => Err(StoreError::Corrupt { key, reason }),
+    }
+}
+
 /// The payload of a thread record.
 pub fn encode_thread(rec: &ThreadRec) -> StoreResult<Bytes> {
     serde_json::to_vec(rec)
@@ -397,6 +525,7 @@ mod tests {
         Stored {
             dispatch: d,
             settled: None,
+            waitpoints: false,
         }
     }
 
@@ -503,6 +632,50 @@ mod tests {
     }
 
     #[test]
+    fn waitpoint_records_round_trip_with_and_without_a_result() {
+        use crate::store::waitpoints::{Waitpoint, WaitpointState};
+        let pending = Waitpoint {
+            id: "w1".into(),
+            dispatch: "d1".into(),
+            thread: "t".into(),
+            agent: "a".into(),
+            name: "approve".into(),
+            state: WaitpointState::Pending,
+            token_digests: vec!["ab".repeat(32)],
+            metadata: [("k".to_owned(), "v".to_owned())].into(),
+            timeout_at: 9,
+            result: None,
+            settled_by: None,
+            created_at: 1,
+            settled_at: None,
+            created_claim: 1,
+        };
+        let mut empty = pending.clone();
+        empty.state = WaitpointState::Completed;
+        empty.result = Some(Vec::new());
+        let mut binary = empty.clone();
+        binary.result = Some(vec![0, 255, b'{', 7]);
+        let key = Key::Waitpoint("t".into(), "w1".into());
+        for w in [pending, empty, binary] {
+            let bytes = encode_waitpoint(&w).unwrap_or_default();
+            assert_eq!(decode_waitpoint_of(&key, &bytes).ok(), Some(w.clone()));
+            let archived = Key::ArchivedWaitpoint("t".into(), "w1".into());
+            assert_eq!(decode_waitpoint_of(&archived, &bytes).ok(), Some(w.clone()));
+            // Another key's record, and damaged records, are corrupt, never a panic.
+            assert!(decode_waitpoint_of(&Key::Waitpoint("t".into(), "w2".into()), &bytes).is_err());
+            for cut in 0..bytes
+                .len()
+                .saturating_sub(w.result.as_ref().map_or(0, Vec::len))
+            {
+                assert!(
+                    decode_waitpoint_of(&key, &bytes[..cut]).is_err(),
+                    "cut at {cut}"
+                );
+            }
+        }
+    }
+
+    #[test]
     fn subjects_round_trip_any_name() {
         for name in ["", "a", "thread.with.dots", "sp ace*>", "ünï/cødé", "-_-"] {
             for key in [
@@ -510,8 +683,10 @@ mod tests {
                 Key::Dispatch(name.into(), format!("{name}!")),
                 Key::Entry(name.into(), 42),
                 Key::Message(name.into(), 7),
+                Key::Waitpoint(name.into(), format!("{name}#")),
                 Key::Id(name.into()),
                 Key::Archive(name.into(), format!("{name}?")),
+                Key::ArchivedWaitpoint(name.into(), format!("{name}%")),
             ] {
                 let subject = key.subject("hm");
                 assert_eq!(Key::parse("hm", &subject), Some(key.clone()), "{subject}");

@@ -170,10 +170,7 @@ impl NatsStore {
                     token,
                     error,
                 } => Some(Plan::Write {
-                    writes: vec![put_dispatch(
-                        view,
-                        settled(*record, &token, Settle::Supersede),
-                    )?],
+                    writes: put_dispatch(view, settled(*record, &token, Settle::Supersede))?,
                     answer: Err(error),
                     wake: true,
                 }),

@@ -10,8 +10,8 @@ use tokio::sync::Notify;
 
 use super::NatsStore;
 use super::commit::{
-    Expect, MAX_BATCH, Plan, Write, plain, put_dispatch, put_dispatch_expecting, put_thread,
-    settled,
+    Expect, MAX_BATCH, Plan, Write, fence_first, plain, put_dispatch, put_dispatch_expecting,
+    put_thread, record_writes, settled,
 };
 use super::config::{GROWTH_ROOM, Room};
 use super::fetch::Read;
@@ -53,7 +53,7 @@ fn fits_with_output(write: &Write, d: &Dispatch, room: &Room) -> StoreResult<()>
 }
 
 /// The rules' holder verdict for `id` as the view has it.
-fn check_holder(
+pub(super) fn check_holder(
     view: &View,
     id: &str,
     token: &str,
@@ -117,7 +117,7 @@ impl NatsStore {
                     let thread_epoch = view.thread(&d.thread)?.epoch;
                     match rules::take(d, thread_epoch, consumer, lease_ms, now, start) {
                         Take::Stale(d) => Ok(Plan::Write {
-                            writes: vec![put_dispatch(view, plain(d))?],
+                            writes: put_dispatch(view, plain(d))?,
                             answer: Ok(Claimed::Again),
                             wake: false,
                         }),
@@ -125,7 +125,7 @@ impl NatsStore {
                             view.reserve(&d.thread);
                             held = Some(d.thread.clone());
                             Ok(Plan::Write {
-                                writes: vec![put_dispatch(view, plain(d.clone()))?],
+                                writes: put_dispatch(view, plain(d.clone()))?,
                                 answer: Ok(Claimed::Got(Box::new(d))),
                                 wake: false,
                             })
@@ -172,10 +172,7 @@ impl NatsStore {
                             token,
                             error,
                         } => Ok(Plan::Write {
-                            writes: vec![put_dispatch(
-                                view,
-                                settled(record, &token, Settle::Supersede),
-                            )?],
+                            writes: put_dispatch(view, settled(record, &token, Settle::Supersede))?,
                             answer: Err(error),
                             wake: true,
                         }),
@@ -185,7 +182,7 @@ impl NatsStore {
                                 Some(op) => settled(d.clone(), token, op),
                                 None => plain(d.clone()),
                             };
-                            let mut writes = vec![put_dispatch(view, stored)?];
+                            let mut writes = put_dispatch(view, stored)?;
                             let mut wake = settles.is_some();
                             if d.status != Status::Claimed {
                                 // T8, T10, T11: answer the inbox when this left the thread
@@ -241,7 +238,7 @@ impl NatsStore {
                         | Reclaim::DeadLettered(d)
                         | Reclaim::Superseded(d) => d,
                     };
-                    let mut writes = vec![put_dispatch(view, plain(d.clone()))?];
+                    let mut writes = put_dispatch(view, plain(d.clone()))?;
                     match answer_inbox(view, &d, now)? {
                         Answer::Nothing => {}
                         Answer::NeedThread => return Ok(Plan::Done(Ok((None, false)))),
@@ -321,7 +318,10 @@ impl Mailbox for NatsStore {
                     record: Record::Id(id.clone(), new.thread.clone()),
                 });
             }
-            let write = put_dispatch(view, plain(d.clone()))?;
+            let write = put_dispatch_expecting(
+                Expect::Thread(view.thread_seq(&new.thread)),
+                plain(d.clone()),
+            )?;
             if let Err(e) = fits_with_output(&write, &d, &room) {
                 return Ok(Plan::Done(Err(e)));
             }
@@ -371,14 +371,15 @@ impl Mailbox for NatsStore {
             if rules::stale(&d, thread_epoch) {
                 let d = rules::superseded(d, now, REASON_STALE_EPOCH);
                 return Ok(Plan::Write {
-                    writes: vec![put_dispatch(view, plain(d))?],
+                    writes: put_dispatch(view, plain(d))?,
                     answer: Ok(None),
                     wake: true,
                 });
             }
             let mut writes = Vec::new();
             if let Some(h) = view.holder(&d.thread) {
-                if lease_live(&h.dispatch, now) {
+                // A waiting dispatch keeps its thread's turn; a live lease its claim.
+                if h.dispatch.status == Status::Waiting || lease_live(&h.dispatch, now) {
                     return Ok(Plan::Refuse(Ok(None)));
                 }
                 // Take over from an expired holder: reclaim it and claim this one in one
@@ -387,7 +388,7 @@ impl Mailbox for NatsStore {
                     Reclaim::Live => return Ok(Plan::Refuse(Ok(None))),
                     Reclaim::Requeued(d) | Reclaim::DeadLettered(d) | Reclaim::Superseded(d) => d,
                 };
-                writes.push(put_dispatch(view, plain(back))?);
+                writes.extend(put_dispatch(view, plain(back))?);
             }
             let d = match rules::take(d, thread_epoch, consumer, lease_ms, now, false) {
                 Take::Claimed(d) => d,
@@ -465,16 +466,23 @@ impl Mailbox for NatsStore {
         self.run(&[Read::Dispatch(id)], |view, now, _| {
             let Some(stored) = view
                 .dispatch(id)?
-                .filter(|s| s.dispatch.status == Status::Queued)
+                .filter(|s| matches!(s.dispatch.status, Status::Queued | Status::Waiting))
             else {
                 return Ok(Plan::Refuse(Ok(None)));
             };
+            // A waiting dispatch held its thread: cancelling it frees the thread (and cancels
+            // its pending waitpoints, as every end of a dispatch does).
+            let freed = stored.dispatch.status == Status::Waiting;
             let mut d = stored.dispatch.clone();
             rules::terminate(&mut d, Status::Cancelled, now, None);
+            let record = Stored {
+                dispatch: d.clone(),
+                ..stored.clone()
+            };
             Ok(Plan::Write {
-                writes: vec![put_dispatch(view, plain(d.clone()))?],
+                writes: put_dispatch(view, record)?,
                 answer: Ok(Some(d)),
-                wake: false,
+                wake: freed,
             })
         })
         .await
@@ -484,9 +492,11 @@ impl Mailbox for NatsStore {
         if thread.trim().is_empty() {
             return Err(StoreError::Invalid("thread is blank".into()));
         }
-        // One atomic batch: the epoch bump, fenced by the thread's tree, then the queued
-        // dispatches superseded. Past one batch's worth, the rest follow in further batches;
-        // a claim meanwhile finds their epoch stale and supersedes them instead of running them.
+        // One atomic batch: the epoch bump, fenced by the thread's tree, then the waiting and
+        // queued dispatches superseded, each after its pending waitpoints cancelled. Past one
+        // batch's worth, the rest follow in further batches (the waiting one, which holds the
+        // thread, in the first); a claim meanwhile finds their epoch stale and supersedes them
+        // instead of running them.
         let mut epoch = 0;
         let mut active = None;
         let mut ids: Vec<String> = Vec::new();
@@ -499,33 +509,45 @@ impl Mailbox for NatsStore {
                     if first {
                         t.epoch += 1;
                         epoch = t.epoch;
-                        active = view.holder(thread).map(|s| s.dispatch.clone());
+                        active = view
+                            .holder(thread)
+                            .filter(|s| s.dispatch.status == Status::Claimed)
+                            .map(|s| s.dispatch.clone());
                         writes.push(put_thread(view, thread, t)?);
                     }
-                    let mut queued: Vec<&Stored> = view
+                    let mut doomed: Vec<&Stored> = view
                         .live_of(thread)
                         .into_iter()
                         .filter(|s| {
-                            s.dispatch.status == Status::Queued && rules::stale(&s.dispatch, epoch)
+                            matches!(s.dispatch.status, Status::Queued | Status::Waiting)
+                                && rules::stale(&s.dispatch, epoch)
                         })
                         .collect();
-                    queued.sort_by(|a, b| a.dispatch.id.cmp(&b.dispatch.id));
-                    let room = MAX_BATCH.saturating_sub(writes.len());
-                    let more = queued.len() > room;
+                    doomed.sort_by(|a, b| {
+                        let key = |s: &Stored| s.dispatch.status != Status::Waiting;
+                        (key(a), &a.dispatch.id).cmp(&(key(b), &b.dispatch.id))
+                    });
+                    let mut more = false;
                     let mut chunk = Vec::new();
-                    for s in queued.into_iter().take(room) {
+                    for s in doomed {
                         let d = rules::superseded(s.dispatch.clone(), now, reason);
-                        chunk.push(d.id.clone());
-                        let expect = if writes.is_empty() {
-                            Expect::Thread(view.thread_seq(thread))
-                        } else {
-                            Expect::None
+                        let record = Stored {
+                            dispatch: d,
+                            ..s.clone()
                         };
-                        writes.push(put_dispatch_expecting(expect, plain(d))?);
+                        let id = record.dispatch.id.clone();
+                        let these = record_writes(view, record)?;
+                        if writes.len() + these.len() > MAX_BATCH {
+                            more = true;
+                            break;
+                        }
+                        chunk.push(id);
+                        writes.extend(these);
                     }
                     if writes.is_empty() {
                         return Ok(Plan::Done(Ok((false, chunk))));
                     }
+                    fence_first(view, thread, &mut writes);
                     Ok(Plan::Write {
                         writes,
                         answer: Ok((more, chunk)),
@@ -561,10 +583,10 @@ impl Mailbox for NatsStore {
                     SupersedeClaimed::Repeat(d) => Plan::Done(Ok(Some(d))),
                     SupersedeClaimed::Refuse(e) => Plan::Refuse(Err(e)),
                     SupersedeClaimed::Supersede { record, token } => Plan::Write {
-                        writes: vec![put_dispatch(
+                        writes: put_dispatch(
                             view,
                             settled(record.clone(), &token, Settle::Supersede),
-                        )?],
+                        )?,
                         answer: Ok(Some(record)),
                         wake: true,
                     },

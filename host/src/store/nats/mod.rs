@@ -12,8 +12,10 @@
 //! | `<p>.th.<thread>.d.<id>` | a dispatch record (JSON), or an empty tombstone after purge |
 //! | `<p>.th.<thread>.e.<seq>` | one thread-log entry (with a note when it records a message) |
 //! | `<p>.th.<thread>.m.<seq>` | one inbox message (framed: JSON fields, then the payload) |
+//! | `<p>.th.<thread>.w.<id>` | one waitpoint (framed: JSON fields, then the result; `waitpoints`) |
 //! | `<p>.id.<id>` | the thread of a caller-chosen id (admits the id once) |
 //! | `<p>.ar.<thread>.<id>` | a settled dispatch record moved out of its thread's tree (`archive`) |
+//! | `<p>.aw.<thread>.<id>` | a waitpoint of a dispatch moved to the archive, moved with it |
 //!
 //! Names are encoded as unpadded URL-safe base64 so that any id, thread or key is one subject
 //! token.
@@ -28,10 +30,12 @@
 //! enqueue, an interrupt), and a holder's ack is refused if an interrupt or a reclaim came
 //! first. Consequences:
 //!
-//! - Ownership of a thread is its one dispatch record in state `claimed`; there is no separate
-//!   guard record that could disagree with it (and so leave a thread blocked, or held twice,
-//!   when the two fell out of step). At most one exists because a claim is decided on a
-//!   complete view of the thread and fenced by it.
+//! - Ownership of a thread is its one dispatch record in state `claimed` or `waiting`; there is
+//!   no separate guard record that could disagree with it (and so leave a thread blocked, or
+//!   held twice, when the two fell out of step). At most one exists because a claim is decided
+//!   on a complete view of the thread and fenced by it.
+//! - A suspend and a waitpoint's completion both write the thread's tree, so each is decided
+//!   on a tree that holds the other if it came first: an early completion is never lost.
 //! - A claim, an ack and a reclaim of one dispatch all name the same sequence; whichever is
 //!   stored first wins and the others are refused (guarantee 3).
 //! - An enqueue stamps the epoch and checks the dedupe key against the thread as of its fence,
@@ -42,9 +46,10 @@
 //!   same write is fenced by.
 //! - Acks are fenced by the record; JetStream's own message acks play no part.
 //!
-//! Multi-record changes (an interrupt bumping the epoch and superseding the queued dispatches,
-//! a takeover of an expired holder) are one JetStream atomic batch whose first message carries
-//! the thread's expectation. Atomic batches on a file stream are synced to disk at every commit
+//! Multi-record changes (an interrupt bumping the epoch and superseding the queued and waiting
+//! dispatches, a takeover of an expired holder, the end of a dispatch with pending waitpoints,
+//! the resume of a waiting dispatch) are one JetStream atomic batch whose first message
+//! carries the thread's expectation. Atomic batches on a file stream are synced to disk at every commit
 //! (the server's choice), about ten times the cost of a plain publish here, so the hot path
 //! (enqueue, claim, record, settle, append) never uses them; a caller-chosen id is the one
 //! exception on it (its id record and the dispatch go together).
@@ -80,7 +85,7 @@
 //!   with their expectations and decided again after a conflict.
 //! - `watcher`: the consumer that keeps the view, and the barrier.
 //! - [`view`] and [`keys`]: the projection and the subject and record encoding.
-//! - `mailbox`, `queries`, `log` and `inbox`: the operations. Every holder, fence, claim and reclaim
+//! - `mailbox`, `queries`, `log`, `inbox` and `waitpoints`: the operations. Every holder, fence, claim and reclaim
 //!   decision in them is the store's rules' (`store::rules`), shared with the embedded backend.
 //!
 //! # Clients read, hosts follow
@@ -510,6 +515,12 @@ impl NatsStore {
     /// How many dispatch records this instance's view holds (a host's: its live work).
     pub fn view_records(&self) -> usize {
         self.inner.view.lock().map_or(0, |v| v.records())
+    }
+
+    /// How many waitpoint records this instance's view holds (a host's: those of its live
+    /// work).
+    pub fn view_waitpoints(&self) -> usize {
+        self.inner.view.lock().map_or(0, |v| v.waitpoint_count())
     }
 
     /// How many times the watcher had to restart its consumer.

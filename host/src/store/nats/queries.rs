@@ -10,12 +10,12 @@ use super::NatsStore;
 use super::commit::{CommitError, Expect, MAX_BATCH, Write};
 use super::fetch::Read;
 use super::keys::Key;
-use super::view::{Record, View};
+use super::view::{Record, Stored, View};
 use crate::store::StoreResult;
 use crate::store::model::{Dispatch, DispatchRow, ListCursor, ListFilter, Status, StatusCount};
 
 /// Where a dispatch record was read.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
 enum Held {
     /// In its thread's tree.
     Tree,
@@ -122,7 +122,7 @@ impl NatsStore {
     /// (the tree's record is the newer; see `fetch`). The ids of the trees are kept while the
     /// archive is read: as many as the trees hold records, which the archiver keeps to live
     /// work and recently settled records.
-    async fn each_dispatch(&self, mut each: impl FnMut(Held, u64, &Dispatch)) -> StoreResult<()> {
+    async fn each_dispatch(&self, mut each: impl FnMut(Held, u64, &Stored)) -> StoreResult<()> {
         let prefix = self.prefix().to_owned();
         let in_tree = self
             .each_tree_dispatch(|seq, d| each(Held::Tree, seq, d))
@@ -139,7 +139,7 @@ impl NatsStore {
                 if let Ok(Record::Dispatch(_, _, Some(stored))) = key.decode(&got.payload)
                     && stored.dispatch.status.is_terminal()
                 {
-                    each(Held::Archive, got.seq, &stored.dispatch);
+                    each(Held::Archive, got.seq, &stored);
                 }
             }
         })
@@ -151,7 +151,7 @@ impl NatsStore {
     /// it saw, tombstones included.
     async fn each_tree_dispatch(
         &self,
-        mut each: impl FnMut(u64, &Dispatch),
+        mut each: impl FnMut(u64, &Stored),
     ) -> StoreResult<HashSet<String>> {
         let prefix = self.prefix().to_owned();
         let mut in_tree: HashSet<String> = HashSet::new();
@@ -167,7 +167,7 @@ impl NatsStore {
                 // Tombstones and damaged records are not listed (a read by id reports the
                 // latter).
                 if let Ok(Record::Dispatch(_, _, Some(stored))) = key.decode(&got.payload) {
-                    each(got.seq, &stored.dispatch);
+                    each(got.seq, &stored);
                 }
             }
         })
@@ -195,7 +195,10 @@ impl NatsStore {
     ) -> StoreResult<Vec<T>> {
         let mut page = Page::<T>::new(filter);
         match &filter.thread {
-            None => self.each_dispatch(|_, _, d| page.offer(d)).await?,
+            None => {
+                self.each_dispatch(|_, _, s| page.offer(&s.dispatch))
+                    .await?
+            }
             Some(thread) => {
                 let view = self.snapshot(&[Read::Thread(thread)]).await?;
                 view.all().for_each(|s| page.offer(&s.dispatch));
@@ -206,8 +209,12 @@ impl NatsStore {
 
     pub(super) async fn count_dispatches(&self) -> StoreResult<Vec<StatusCount>> {
         let mut counts: BTreeMap<(String, Status), u64> = BTreeMap::new();
-        self.each_dispatch(|_, _, d| *counts.entry((d.agent.clone(), d.status)).or_default() += 1)
-            .await?;
+        self.each_dispatch(|_, _, s| {
+            *counts
+                .entry((s.dispatch.agent.clone(), s.dispatch.status))
+                .or_default() += 1
+        })
+        .await?;
         Ok(status_counts(counts))
     }
 
@@ -224,7 +231,7 @@ impl NatsStore {
             self.barrier().await?;
             self.view()?.all().for_each(|s| count(&s.dispatch));
         } else {
-            self.each_tree_dispatch(|_, d| count(d)).await?;
+            self.each_tree_dispatch(|_, s| count(&s.dispatch)).await?;
         }
         Ok(status_counts(counts))
     }
@@ -238,7 +245,8 @@ impl NatsStore {
         let keep = offset.saturating_add(limit);
         // The first `offset + limit` by completion, held in a bounded map while reading.
         let mut rows: BTreeMap<(u64, String), Dispatch> = BTreeMap::new();
-        self.each_dispatch(|_, _, d| {
+        self.each_dispatch(|_, _, s| {
+            let d = &s.dispatch;
             let Some(at) = d.completed_at.filter(|_| d.status.is_terminal()) else {
                 return;
             };
@@ -258,12 +266,17 @@ impl NatsStore {
     /// Purges settled records completed before `older_than`, found by reading the dispatch
     /// subjects (records written with a TTL expire by themselves; this serves an explicit
     /// purge): a record in its thread's tree is tombstoned (a write, so the tree's last
-    /// sequence only moves forward), an archived copy deleted. At most `PURGE_PER_CALL` per
-    /// call, the rest at the next.
+    /// sequence only moves forward), an archived copy deleted. The waitpoints of a purged
+    /// record go with it, from where its record was: from its tree once the record's tombstone
+    /// follows them there, or from the archive. At most `PURGE_PER_CALL` per call, the rest at
+    /// the next.
     pub(super) async fn purge_settled(&self, older_than: u64) -> StoreResult<usize> {
         let mut doomed: Vec<(u64, String, String)> = Vec::new();
         let mut archived: Vec<u64> = Vec::new();
-        self.each_dispatch(|held, seq, d| {
+        // Per thread, the purged dispatches with waitpoints, by where their record was.
+        let mut with_waitpoints: BTreeMap<(Held, String), HashSet<String>> = BTreeMap::new();
+        self.each_dispatch(|held, seq, s| {
+            let d = &s.dispatch;
             if doomed.len() + archived.len() < PURGE_PER_CALL
                 && d.status.is_terminal()
                 && d.completed_at.is_some_and(|at| at < older_than)
@@ -271,6 +284,12 @@ impl NatsStore {
                 match held {
                     Held::Tree => doomed.push((seq, d.thread.clone(), d.id.clone())),
                     Held::Archive => archived.push(seq),
+                }
+                if s.waitpoints {
+                    with_waitpoints
+                        .entry((held, d.thread.clone()))
+                        .or_default()
+                        .insert(d.id.clone());
                 }
             }
         })
@@ -306,6 +325,23 @@ impl NatsStore {
                             Err(CommitError::Store(e)) => return Err(e),
                         }
                     }
+                }
+            }
+        }
+        let prefix = self.prefix().to_owned();
+        for ((held, thread), ids) in with_waitpoints {
+            let filter = match held {
+                Held::Tree => Key::waitpoints_of(&prefix, &thread),
+                Held::Archive => Key::archived_waitpoints_of(&prefix, &thread),
+            };
+            for (subject, (seq, payload)) in self.last_of_each(&filter).await? {
+                let Some(key) = Key::parse(&prefix, &subject) else {
+                    continue;
+                };
+                if let Ok(Record::Waitpoint(_, _, w)) = key.decode(&payload)
+                    && ids.contains(&w.dispatch)
+                {
+                    self.delete_seq(seq).await?;
                 }
             }
         }

@@ -17,6 +17,7 @@ use super::keys::Key;
 use crate::store::inbox::{InboxMarks, Message, MessageKind, MessageState};
 use crate::store::model::{Dispatch, Status};
 use crate::store::rules::Found;
+use crate::store::waitpoints::Waitpoint;
 use crate::store::{StoreError, StoreResult};
 
 /// A dispatch as stored: the record and the settlement that made it terminal, so a holder
@@ -29,6 +30,14 @@ pub struct Stored {
     /// The token and operation that settled it, when a holder did.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub settled: Option<(String, String)>,
+    /// Whether the dispatch has waitpoint records: set on the record that ends it, so that
+    /// the archiver and a purge know to move or remove them with it.
+    #[serde(default, skip_serializing_if = "is_false")]
+    pub waitpoints: bool,
+}
+
+fn is_false(b: &bool) -> bool {
+    !*b
 }
 
 impl Stored {
@@ -122,6 +131,8 @@ pub enum Record {
     Entry(String, u64),
     /// An inbox message of a thread, by sequence (its payload is not kept in the view).
     Message(String, u64, Box<MessageHead>),
+    /// A waitpoint of a thread, by id.
+    Waitpoint(String, String, Box<Waitpoint>),
     /// The thread of a caller-chosen id.
     Id(String, String),
 }
@@ -132,7 +143,8 @@ impl Record {
             Record::Dispatch(t, _, _)
             | Record::Thread(t, _)
             | Record::Entry(t, _)
-            | Record::Message(t, _, _) => Some(t),
+            | Record::Message(t, _, _)
+            | Record::Waitpoint(t, _, _) => Some(t),
             Record::Id(..) => None,
         }
     }
@@ -180,13 +192,27 @@ struct ThreadState {
     messages: BTreeMap<u64, (u64, MessageHead)>,
     /// The agent of the record claimed most recently, with the stream sequence it was seen at.
     last_agent: Option<(u64, String)>,
+    /// The ids of the thread's waitpoints the view holds.
+    waitpoints: BTreeSet<String>,
+}
+
+/// What the view keeps of a waitpoint record.
+#[derive(Debug, Clone)]
+pub struct HeldWaitpoint {
+    /// The stream sequence of its record.
+    pub seq: u64,
+    /// The record; a lean view drops its result (see `whole`).
+    pub waitpoint: Waitpoint,
+    /// Whether `waitpoint` is the record as stored: false when a lean view dropped its result.
+    pub whole: bool,
 }
 
 /// The projection.
 ///
 /// A host's view is *lean* ([`View::lean`]): it holds live work only, so its memory follows
-/// the queued and claimed dispatches (and a small state per thread: its fence, epoch, log
-/// watermark), not the records the stream retains. A record that settles leaves it, and is
+/// the queued, claimed and waiting dispatches and their waitpoints (without results), and a
+/// small state per thread (its fence, epoch, log watermark, pending messages), not the records
+/// the stream retains. A record that settles leaves it, and is
 /// read from the server when asked for (a refusal decided on a lean view is confirmed on a fresh read, see
 /// `commit`). A settled record's key keeps its sequence (a marker) until the watcher has
 /// applied the stream up to it, so that an older message of that record, still on its way,
@@ -218,8 +244,19 @@ pub struct View {
     lanes: HashMap<String, Lanes>,
     /// Ids of claimed dispatches (for reclaim).
     claimed: HashSet<String>,
-    /// How many dispatches are queued or claimed.
+    /// How many dispatches are queued, claimed or waiting.
     live: usize,
+    /// Waitpoint records by id: in a lean view, those of the trees but the ones whose dispatch
+    /// ended (see [`View::apply_waitpoint`]); in a view read for one operation, everything read.
+    waitpoints: HashMap<String, HeldWaitpoint>,
+    /// Ids in `waitpoints` read from the archive (a record of the tree replaces them).
+    archived_waitpoints: HashSet<String>,
+    /// The pending waitpoints, by (timeout, id): what a sweep times out.
+    due: BTreeSet<(u64, String)>,
+    /// Dropped waitpoints' record sequences, until `pos` passes them (lean views).
+    waitpoint_markers: HashMap<String, u64>,
+    /// The same, by sequence.
+    waitpoint_marker_order: BTreeSet<(u64, String)>,
     /// Threads a local claim is deciding on right now; other local claims skip them.
     reserved: HashSet<String>,
 }
@@ -236,6 +273,11 @@ impl View {
     /// How many dispatch records the view holds.
     pub fn records(&self) -> usize {
         self.dispatches.len()
+    }
+
+    /// How many waitpoint records the view holds.
+    pub fn waitpoint_count(&self) -> usize {
+        self.waitpoints.len()
     }
 
     /// How many threads the view holds.
@@ -268,6 +310,13 @@ impl View {
         {
             self.message_markers.pop_first();
         }
+        while let Some((at, _)) = self.waitpoint_marker_order.first()
+            && *at <= self.pos
+        {
+            if let Some((_, id)) = self.waitpoint_marker_order.pop_first() {
+                self.waitpoint_markers.remove(&id);
+            }
+        }
     }
 
     fn apply_record(&mut self, seq: u64, record: Record) {
@@ -276,7 +325,9 @@ impl View {
             state.seq = state.seq.max(seq);
         }
         match record {
-            Record::Dispatch(_, id, value) => self.apply_dispatch(id, seq, value.map(|b| *b)),
+            Record::Dispatch(thread, id, value) => {
+                self.apply_dispatch(&thread, id, seq, value.map(|b| *b))
+            }
             Record::Thread(name, value) => {
                 if let Some(state) = self.threads.get_mut(&name) {
                     state.record = value;
@@ -288,6 +339,7 @@ impl View {
                 }
             }
             Record::Message(thread, n, head) => self.apply_message_head(seq, thread, n, *head),
+            Record::Waitpoint(thread, id, w) => self.apply_waitpoint(seq, thread, id, *w),
             // A host finds chosen ids on the server when it needs them (an enqueue's write of
             // the id record expects it absent, and reads it after a conflict).
             Record::Id(..) if self.lean => {}
@@ -330,6 +382,85 @@ impl View {
         state.messages.insert(n, (seq, head));
     }
 
+    /// Applies a waitpoint record of a thread's tree.
+    ///
+    /// A lean view keeps every waitpoint of the trees except those of dispatches that ended:
+    /// the record that ends a dispatch drops its waitpoints ([`View::drop_waitpoints`]). Every
+    /// write of a waitpoint comes before the record that ends its dispatch in the stream (the
+    /// batch that ends it writes the waitpoints it cancels first, and nothing writes the
+    /// waitpoint of an ended dispatch), so one dropped never comes back, and a host loading the
+    /// trees keeps exactly the waitpoints of live dispatches. The view drops a result (a lean
+    /// view never holds one; the operations that answer with it read the record).
+    fn apply_waitpoint(&mut self, seq: u64, thread: String, id: String, mut w: Waitpoint) {
+        if self.waitpoint_markers.get(&id).is_some_and(|at| *at >= seq) {
+            return;
+        }
+        let archived = self.archived_waitpoints.remove(&id);
+        if !archived && self.waitpoints.get(&id).is_some_and(|h| h.seq >= seq) {
+            return;
+        }
+        self.corrupt.remove(&format!("waitpoints/{id}"));
+        self.forget_waitpoint(&id);
+        let whole = !self.lean || w.result.is_none();
+        if self.lean {
+            w.result = None;
+        }
+        if w.is_pending() {
+            self.due.insert((w.timeout_at, id.clone()));
+        }
+        if let Some(state) = self.threads.get_mut(&thread) {
+            state.waitpoints.insert(id.clone());
+        }
+        self.waitpoints.insert(
+            id,
+            HeldWaitpoint {
+                seq,
+                waitpoint: w,
+                whole,
+            },
+        );
+    }
+
+    /// Takes waitpoint `id` out of the view's indexes; returns what was held.
+    fn forget_waitpoint(&mut self, id: &str) -> Option<HeldWaitpoint> {
+        let old = self.waitpoints.remove(id)?;
+        let w = &old.waitpoint;
+        self.due.remove(&(w.timeout_at, id.to_owned()));
+        if let Some(state) = self.threads.get_mut(&w.thread) {
+            state.waitpoints.remove(id);
+        }
+        Some(old)
+    }
+
+    /// Drops the waitpoints of `dispatch` (of `thread`), which ended (lean views): each keeps
+    /// a marker until the watcher passed its record.
+    fn drop_waitpoints(&mut self, thread: &str, dispatch: &str) {
+        let ids: Vec<String> = match self.threads.get(thread) {
+            Some(state) => state
+                .waitpoints
+                .iter()
+                .filter(|id| {
+                    self.waitpoints
+                        .get(*id)
+                        .is_some_and(|h| h.waitpoint.dispatch == dispatch)
+                })
+                .cloned()
+                .collect(),
+            None => return,
+        };
+        for id in ids {
+            let Some(old) = self.forget_waitpoint(&id) else {
+                continue;
+            };
+            if old.seq > self.pos {
+                if let Some(at) = self.waitpoint_markers.insert(id.clone(), old.seq) {
+                    self.waitpoint_marker_order.remove(&(at, id.clone()));
+                }
+                self.waitpoint_marker_order.insert((old.seq, id));
+            }
+        }
+    }
+
     /// Applies this instance's own write as soon as the server acknowledged it, ahead of the
     /// watcher. It does not move `pos`: messages of other hosts below `seq` may not be applied
     /// yet, and `pos` is what barriers wait for and where a restarted watcher resumes.
@@ -341,6 +472,19 @@ impl View {
     /// An archived copy goes through [`View::apply_archived`].
     pub fn apply_message(&mut self, prefix: &str, seq: u64, subject: &str, payload: &[u8]) {
         let key = Key::parse(prefix, subject);
+        if let Some(Key::ArchivedWaitpoint(_, id)) = &key {
+            if self.waitpoints.contains_key(id) {
+                return;
+            }
+            match key.map(|key| key.decode(payload)) {
+                Some(Ok(Record::Waitpoint(_, id, w))) => self.apply_archived_waitpoint(seq, id, *w),
+                Some(Err((key, reason))) => {
+                    self.corrupt.insert(key, reason);
+                }
+                _ => {}
+            }
+            return;
+        }
         if let Some(Key::Archive(_, id)) = &key {
             if self.dispatches.contains_key(id) {
                 return;
@@ -384,6 +528,25 @@ impl View {
         );
     }
 
+    /// Applies a waitpoint read from the archive, unless the view holds a record of the tree
+    /// for it (the same rule as [`View::apply_archived`]). It moves neither `pos` nor the
+    /// thread's fence, and is never pending (only waitpoints of ended dispatches are archived).
+    pub fn apply_archived_waitpoint(&mut self, seq: u64, id: String, w: Waitpoint) {
+        if self.waitpoints.contains_key(&id) || w.is_pending() {
+            return;
+        }
+        self.corrupt.remove(&format!("waitpoints/{id}"));
+        self.archived_waitpoints.insert(id.clone());
+        self.waitpoints.insert(
+            id,
+            HeldWaitpoint {
+                seq,
+                waitpoint: w,
+                whole: true,
+            },
+        );
+    }
+
     /// Sets the last sequence of a thread's tree as read from the server (the fence of the
     /// next write; see `fetch`).
     pub fn set_thread_seq(&mut self, thread: &str, seq: u64) {
@@ -401,7 +564,7 @@ impl View {
         self.advance(seq);
     }
 
-    fn apply_dispatch(&mut self, id: String, seq: u64, value: Option<Stored>) {
+    fn apply_dispatch(&mut self, thread: &str, id: String, seq: u64, value: Option<Stored>) {
         let archived = self.archived.remove(&id);
         if (!archived && self.dispatches.get(&id).is_some_and(|e| e.seq >= seq))
             || self.markers.get(&id).is_some_and(|at| *at >= seq)
@@ -413,8 +576,11 @@ impl View {
             .as_ref()
             .is_none_or(|s| s.dispatch.status.is_terminal());
         if self.lean && settled {
-            // It leaves the view; its marker stays until the watcher passed it.
-            if let Some(old) = self.dispatches.remove(&id).and_then(|e| e.value) {
+            // It leaves the view; its marker stays until the watcher passed it. Its waitpoints,
+            // all settled by the write that ended it, leave with it.
+            let old = self.dispatches.remove(&id).and_then(|e| e.value);
+            self.drop_waitpoints(thread, &id);
+            if let Some(old) = old {
                 self.unindex(&old.dispatch);
             }
             if let Some(new) = &value {
@@ -448,8 +614,10 @@ impl View {
         // A record a holder settled (or gave back) also says when its thread was last served:
         // its claim's own message is gone from the stream once the record moved on, so a view
         // read from the stream later (a restarted host, a client) learns it only from this.
-        let settled = matches!(d.status, Status::Acked | Status::DeadLetter)
-            || (d.status == Status::Queued && d.attempt > 0);
+        let settled = matches!(
+            d.status,
+            Status::Acked | Status::DeadLetter | Status::Waiting
+        ) || (d.status == Status::Queued && (d.attempt > 0 || d.resumes > 0));
         let bumped = settled && seq > state.served;
         if bumped {
             state.served = seq;
@@ -478,6 +646,13 @@ impl View {
                 self.claimed.insert(d.id.clone());
                 self.refresh_thread(&d.thread);
             }
+            // A waiting dispatch keeps its thread busy, holding no claim.
+            Status::Waiting => {
+                self.live += 1;
+                state.live.insert(d.id.clone());
+                state.held = Some(d.id.clone());
+                self.refresh_thread(&d.thread);
+            }
             _ if bumped => self.refresh_thread(&d.thread),
             _ => {}
         }
@@ -503,7 +678,7 @@ impl View {
                 }
                 self.refresh_lane(&d.agent, &d.thread);
             }
-            Status::Claimed => {
+            Status::Claimed | Status::Waiting => {
                 self.live = self.live.saturating_sub(1);
                 self.claimed.remove(&d.id);
                 if let Some(state) = self.threads.get_mut(&d.thread) {
@@ -669,7 +844,7 @@ impl View {
         self.threads.get(thread).map_or(0, |s| s.seq)
     }
 
-    /// The claimed dispatch of a thread.
+    /// The dispatch that holds a thread: its claimed or its waiting dispatch.
     pub fn holder(&self, thread: &str) -> Option<&Stored> {
         let id = self.threads.get(thread)?.held.as_ref()?;
         self.dispatches.get(id)?.value.as_ref()
@@ -697,7 +872,7 @@ impl View {
         })
     }
 
-    /// The queued or claimed dispatches of one thread.
+    /// The queued, claimed or waiting dispatches of one thread.
     pub fn live_of(&self, thread: &str) -> Vec<&Stored> {
         let Some(state) = self.threads.get(thread) else {
             return Vec::new();
@@ -788,8 +963,67 @@ impl View {
         self.lean || self.whole.contains(thread)
     }
 
-    /// Whether any dispatch is queued or claimed.
+    /// Whether any dispatch is queued, claimed or waiting.
     pub fn has_live(&self) -> bool {
         self.live > 0
+    }
+
+    /// Waitpoint `id`, if the view holds it.
+    pub fn waitpoint(&self, id: &str) -> StoreResult<Option<&HeldWaitpoint>> {
+        if let Some(reason) = self.corrupt.get(&format!("waitpoints/{id}")) {
+            return Err(StoreError::Corrupt {
+                key: format!("waitpoints/{id}"),
+                reason: reason.clone(),
+            });
+        }
+        Ok(self.waitpoints.get(id))
+    }
+
+    /// The waitpoints of `dispatch` (of `thread`) the view holds, oldest first: every one of
+    /// a live dispatch (a view read for one operation holds those of the threads it read).
+    pub fn waitpoints_of(&self, thread: &str, dispatch: &str) -> Vec<&HeldWaitpoint> {
+        let Some(state) = self.threads.get(thread) else {
+            return Vec::new();
+        };
+        let mut out: Vec<&HeldWaitpoint> = state
+            .waitpoints
+            .iter()
+            .filter_map(|id| self.waitpoints.get(id))
+            .filter(|h| h.waitpoint.dispatch == dispatch)
+            .collect();
+        out.sort_by(|a, b| {
+            (a.waitpoint.created_at, &a.waitpoint.id)
+                .cmp(&(b.waitpoint.created_at, &b.waitpoint.id))
+        });
+        out
+    }
+
+    /// Whether the view holds a waitpoint of `dispatch` (of `thread`).
+    pub fn has_waitpoints(&self, thread: &str, dispatch: &str) -> bool {
+        self.threads.get(thread).is_some_and(|state| {
+            state.waitpoints.iter().any(|id| {
+                self.waitpoints
+                    .get(id)
+                    .is_some_and(|h| h.waitpoint.dispatch == dispatch)
+            })
+        })
+    }
+
+    /// The pending waitpoints whose timeout is before `now`, earliest first, at most `limit`.
+    pub fn due_before(&self, now: u64, limit: usize) -> Vec<String> {
+        self.due
+            .iter()
+            .take_while(|(at, _)| *at < now)
+            .take(limit)
+            .map(|(_, id)| id.clone())
+            .collect()
+    }
+
+    /// Every pending waitpoint the view holds (a lean view holds all of them).
+    pub fn pending_waitpoints(&self) -> impl Iterator<Item = &Waitpoint> {
+        self.due
+            .iter()
+            .filter_map(|(_, id)| self.waitpoints.get(id))
+            .map(|h| &h.waitpoint)
     }
 }

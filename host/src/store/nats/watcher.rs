@@ -263,19 +263,24 @@ impl Inner {
     fn ingest(&self, seq: u64, subject: &str, payload: &[u8]) {
         // Archived copies are outside the trees: a host's view does not hold them.
         let decoded = Key::parse(&self.prefix, subject)
-            .filter(|key| !matches!(key, Key::Archive(..)))
+            .filter(|key| !matches!(key, Key::Archive(..) | Key::ArchivedWaitpoint(..)))
             .map(|key| key.decode(payload));
         let mut wake = false;
         let mut touched: Option<String> = None;
         if let Ok(mut view) = self.view.lock() {
             match decoded {
                 Some(Ok(record)) => {
-                    // A dispatch becoming queued, or leaving `claimed` (its thread is free).
+                    // A dispatch becoming queued, or leaving `claimed` or `waiting` (its thread
+                    // is free).
                     wake = match &record {
                         Record::Dispatch(_, id, Some(s)) => {
                             s.dispatch.status == crate::store::Status::Queued
                                 || view.dispatch(id).ok().flatten().is_some_and(|old| {
-                                    old.dispatch.status == crate::store::Status::Claimed
+                                    matches!(
+                                        old.dispatch.status,
+                                        crate::store::Status::Claimed
+                                            | crate::store::Status::Waiting
+                                    )
                                 })
                         }
                         _ => false,
