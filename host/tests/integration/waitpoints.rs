@@ -14,9 +14,8 @@ use std::path::Path;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use base64::Engine;
 use homing::store::embedded::EmbeddedStore;
-use homing::store::waitpoints::token_digest;
+use homing::store::waitpoints::{mint_token, token_digest};
 use homing::store::{Fence, NewDispatch, NewWaitpoint, Store, SystemClock};
 use serde_json::{Value, json};
 
@@ -29,12 +28,7 @@ pub(crate) const AGENT: &str = "approver";
 
 /// A fresh waitpoint token, as the host mints them: `hwp_` and 32 random bytes, base64url.
 pub(crate) fn mint() -> String {
-    let mut bytes = [0u8; 32];
-    getrandom::fill(&mut bytes).unwrap();
-    format!(
-        "hwp_{}",
-        base64::engine::general_purpose::URL_SAFE_NO_PAD.encode(bytes)
-    )
+    mint_token().unwrap()
 }
 
 /// A waitpoint to seed: its name, timeout in ms and metadata.
@@ -486,7 +480,8 @@ async fn the_api_completes_cancels_and_lists_waitpoints() {
         vec![late.id(0)]
     );
 
-    // The settlements this host made are counted (the timeout is not: the store made it).
+    // The settlements this host's API made are counted (the timeout is the store's or the
+    // sweeper's, counted or not depending on which got there first).
     let m = api.metrics().await;
     let settled = |state| {
         sample(
