@@ -160,6 +160,22 @@ pub(super) fn resident_mib(pid: u32) -> Option<f64> {
     Some(kib / 1024.0)
 }
 
+/// Starts `homing run` on `config`, its log in `log`.
+pub(super) fn spawn_host(homing: &Path, config: &Path, log: &Path) -> anyhow::Result<Child> {
+    let stderr = std::fs::File::create(log).context("creating the host's log")?;
+    let child = Command::new(homing)
+        .arg("--config")
+        .arg(config)
+        .arg("run")
+        .env("HOMING_LOG", "warn")
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(stderr)
+        .spawn()
+        .context("starting homing run")?;
+    Ok(Child(child))
+}
+
 /// Kills the child when dropped, so a failed measurement leaves no host running.
 pub(super) struct Child(pub(super) std::process::Child);
 
@@ -279,19 +295,8 @@ pub(super) async fn scale(
             continue;
         };
         let log = dir.path().join("host.log");
-        let stderr = std::fs::File::create(&log).context("creating the host's log")?;
         let start = Instant::now();
-        let child = Command::new(&homing)
-            .arg("--config")
-            .arg(&config)
-            .arg("run")
-            .env("HOMING_LOG", "warn")
-            .stdin(Stdio::null())
-            .stdout(Stdio::null())
-            .stderr(stderr)
-            .spawn()
-            .context("starting homing run")?;
-        let mut child = Child(child);
+        let mut child = spawn_host(&homing, &config, &log)?;
         let claimed = loop {
             if let Some(d) = store.mailbox.load(&first).await?
                 && d.status != Status::Queued

@@ -14,12 +14,11 @@
 //!   view).
 
 use std::path::Path;
-use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, bail};
 
-use super::scale::{Child, Place, resident_mib, timed};
+use super::scale::{Place, resident_mib, spawn_host, timed};
 use super::target::Target;
 use super::{Figure, figure};
 use crate::scratch::ScratchDir;
@@ -187,19 +186,8 @@ async fn memory(target: &Target, echo: &Path, waiting: u64) -> anyhow::Result<Ve
         .context("writing the bench config")?;
         timed(&homing, &config, &["config", "check"]).context("checking the bench config")?;
         let log = dir.path().join("host.log");
-        let stderr = std::fs::File::create(&log).context("creating the host's log")?;
         let start = Instant::now();
-        let child = Command::new(&homing)
-            .arg("--config")
-            .arg(&config)
-            .arg("run")
-            .env("HOMING_LOG", "warn")
-            .stdin(Stdio::null())
-            .stdout(Stdio::null())
-            .stderr(stderr)
-            .spawn()
-            .context("starting homing run")?;
-        let mut child = Child(child);
+        let mut child = spawn_host(&homing, &config, &log)?;
         loop {
             if let Some(d) = store.mailbox.load(&marker.id).await?
                 && d.status.is_terminal()

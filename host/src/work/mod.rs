@@ -13,15 +13,13 @@
 //! - `ops`: cancel and retry;
 //! - `wait`: waiting until a dispatch is terminal;
 //! - `messages`: sending a message into a thread's inbox and waiting for its acknowledgement;
-//! - `waiting`: a guest waiting in place for a waitpoint to settle;
 //! - `waitpoints`: completing and cancelling waitpoints (the token check, the store call, the
-//!   metric), and how a reader sees one.
+//!   metric), how a reader sees one, and a guest waiting in place for one to settle.
 
 pub mod messages;
 mod ops;
 mod request;
 mod wait;
-pub mod waiting;
 pub mod waitpoints;
 
 pub use ops::{OpError, cancel, retry};

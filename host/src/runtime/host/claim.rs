@@ -30,7 +30,7 @@ use crate::store::{
     Dispatch, Message, MessageKind, NewWaitpoint, RunResult, Waitpoint, WaitpointState,
 };
 use crate::telemetry::{MESSAGE_DELIVERY, MESSAGES_ACKED};
-use crate::work::{messages, waiting};
+use crate::work::{messages, waitpoints};
 
 impl From<claim::StopReason> for StopReason {
     fn from(reason: claim::StopReason) -> Self {
@@ -481,11 +481,12 @@ impl mailbox::HostClaim for GuestState {
             Ok(token) => token,
             Err(e) => return Ok(Err(guest_error(e))),
         };
+        let digest = token_digest(&token);
         let new = NewWaitpoint {
             name,
             timeout_ms,
             metadata: metadata.into_iter().collect(),
-            token_digest: token_digest(&token),
+            token_digest: digest.clone(),
         };
         let store = &self.plugin.store;
         let created = match store.waitpoints.create_waitpoint(&fence, new).await {
@@ -504,10 +505,7 @@ impl mailbox::HostClaim for GuestState {
                 && w.created_claim != claims
                 && !given.contains(&w.id)
                 && matches!(
-                    store
-                        .waitpoints
-                        .add_token(&fence, &w.id, &token_digest(&token))
-                        .await,
+                    store.waitpoints.add_token(&fence, &w.id, &digest).await,
                     Ok(true)
                 )
         };
@@ -554,7 +552,8 @@ impl mailbox::HostClaim for GuestState {
         let (until, by_deadline) = self.wait_until(wait_ms);
         let store = self.plugin.store.clone();
         let out =
-            waiting::wait_settled(&store, &thread, &dispatch, &id, until, control.stopped()).await;
+            waitpoints::wait_settled(&store, &thread, &dispatch, &id, until, control.stopped())
+                .await;
         match out {
             Err(e) => Ok(Err(guest_error(e))),
             Ok(w) => {

@@ -201,16 +201,6 @@ pub(super) fn delete_waitpoints(tx: &Connection, dispatch: &str) -> StoreResult<
     Ok(())
 }
 
-/// How many waitpoints `dispatch` created (the row's counter).
-pub(super) fn created_count(tx: &Connection, dispatch: &str) -> StoreResult<u32> {
-    Ok(rows::scalar_u64(
-        tx,
-        "SELECT waitpoints FROM dispatches WHERE id = ?1",
-        &[&dispatch],
-    )?
-    .map_or(0, |n| u32::try_from(n).unwrap_or(u32::MAX)))
-}
-
 /// What the cross-process poller compares for a thread: its pending waitpoints.
 pub(super) fn pending_on_thread(conn: &Connection, thread: &str) -> rusqlite::Result<u64> {
     conn.prepare_cached(
@@ -276,15 +266,18 @@ impl EmbeddedStore {
         Ok(settlement)
     }
 
-    /// The fence check of a waitpoint write: the fenced dispatch's record, claimed live.
-    fn fenced(tx: &Connection, fence: &Fence, now: u64) -> Result<Dispatch, TxError> {
-        let d = rows::load(tx, &fence.dispatch)?.map(|row| row.dispatch);
+    /// The fence check of a waitpoint write: the fenced dispatch's record, claimed live, and
+    /// how many waitpoints it created (its row's counter).
+    fn fenced(tx: &Connection, fence: &Fence, now: u64) -> Result<(Dispatch, u32), TxError> {
+        let row = rows::load(tx, &fence.dispatch)?;
+        let made = row.as_ref().map_or(0, |row| row.waitpoints);
+        let d = row.map(|row| row.dispatch);
         let (thread, epoch) = match &d {
             Some(d) => (d.thread.clone(), thread_row(tx, &d.thread)?.epoch),
             None => (String::new(), 0),
         };
         match rules::check_fence(d.as_ref(), &thread, fence, epoch, now) {
-            Fenced::Live => d.ok_or_else(|| {
+            Fenced::Live => d.map(|d| (d, made)).ok_or_else(|| {
                 TxError::Abort(StoreError::NotFound {
                     id: fence.dispatch.clone(),
                 })
@@ -309,7 +302,7 @@ impl Waitpoints for EmbeddedStore {
         let fence = fence.clone();
         let created = self
             .write(move |tx, now| {
-                let d = Self::fenced(tx, &fence, now)?;
+                let (d, made) = Self::fenced(tx, &fence, now)?;
                 let existing = query(
                     tx,
                     &format!(
@@ -325,7 +318,6 @@ impl Waitpoints for EmbeddedStore {
                         created: false,
                     });
                 }
-                let made = created_count(tx, &d.id)?;
                 if made >= MAX_WAITPOINTS {
                     return Err(StoreError::Limit(format!(
                         "waitpoints: dispatch `{}` has created {made} waitpoints (the limit is {MAX_WAITPOINTS})",
@@ -356,7 +348,7 @@ impl Waitpoints for EmbeddedStore {
     async fn add_token(&self, fence: &Fence, id: &str, digest: &str) -> StoreResult<bool> {
         let (fence, id, digest) = (fence.clone(), id.to_owned(), digest.to_owned());
         self.write(move |tx, now| {
-            let d = Self::fenced(tx, &fence, now)?;
+            let (d, _) = Self::fenced(tx, &fence, now)?;
             let Some(mut w) = load(tx, &id)? else {
                 return Ok(false);
             };
