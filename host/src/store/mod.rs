@@ -75,6 +75,7 @@ pub mod clock;
 pub mod embedded;
 pub mod error;
 pub mod inbox;
+pub mod journal;
 pub mod model;
 pub mod nats;
 pub(crate) mod rules;
@@ -92,6 +93,7 @@ pub use inbox::{
     Inbox, InboxMarks, Message, MessageFilter, MessageKind, MessageNote, MessageState, NewMessage,
     Sent, ThreadWatch,
 };
+pub use journal::{CallEntry, CallKind, Journal, JournalData, NewStep, Step};
 pub use model::{
     Claim, DEFAULT_MAX_ATTEMPTS, DEFAULT_PRIORITY, Dispatch, DispatchRow, Fence, Interrupt,
     ListCursor, ListFilter, LogEntry, NewDispatch, RowResult, RunResult, RunStatus, Status,
@@ -339,6 +341,8 @@ pub struct Store {
     pub inbox: Arc<dyn Inbox>,
     /// The dispatches' waitpoints.
     pub waitpoints: Arc<dyn Waitpoints>,
+    /// The dispatches' journals.
+    pub journal: Arc<dyn Journal>,
     /// The clock both read.
     pub clock: SharedClock,
 }

@@ -32,6 +32,7 @@ pub fn instrument(store: Store, backend: &'static str) -> Store {
         // The inbox is not on any hot path; its operations are counted where they are used.
         inbox: store.inbox,
         waitpoints: store.waitpoints,
+        journal: store.journal,
         clock: store.clock,
     }
 }

@@ -515,7 +515,7 @@ impl Mailbox for EmbeddedStore {
 
     async fn purge_terminal(&self, older_than: u64) -> StoreResult<usize> {
         self.write(move |tx, _| {
-            // A purged dispatch takes its waitpoints with it (T16).
+            // A purged dispatch takes its waitpoints and its journal with it (T16).
             let purged: Vec<(String, u32)> = {
                 let mut stmt = tx
                     .prepare_cached(
@@ -536,6 +536,7 @@ impl Mailbox for EmbeddedStore {
                 if *made > 0 {
                     super::waitpoints::delete_waitpoints(tx, id)?;
                 }
+                super::journal::delete_journal(tx, id)?;
             }
             Ok(purged.len())
         })

@@ -50,6 +50,7 @@
 //! at the cost of an fsync per operation.
 
 mod inbox;
+mod journal;
 mod lanes;
 mod log;
 mod mailbox;
@@ -517,6 +518,7 @@ impl EmbeddedStore {
             log: Arc::new(self.clone()),
             inbox: Arc::new(self.clone()),
             waitpoints: Arc::new(self.clone()),
+            journal: Arc::new(self.clone()),
             clock: self.inner.clock.clone(),
         }
     }

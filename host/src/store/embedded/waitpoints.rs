@@ -268,7 +268,11 @@ impl EmbeddedStore {
 
     /// The fence check of a waitpoint write: the fenced dispatch's record, claimed live, and
     /// how many waitpoints it created (its row's counter).
-    fn fenced(tx: &Connection, fence: &Fence, now: u64) -> Result<(Dispatch, u32), TxError> {
+    pub(super) fn fenced(
+        tx: &Connection,
+        fence: &Fence,
+        now: u64,
+    ) -> Result<(Dispatch, u32), TxError> {
         let row = rows::load(tx, &fence.dispatch)?;
         let made = row.as_ref().map_or(0, |row| row.waitpoints);
         let d = row.map(|row| row.dispatch);

@@ -153,6 +153,7 @@ mod config;
 mod fetch;
 mod inbox;
 mod jetstream;
+mod journal;
 pub mod keys;
 mod log;
 mod mailbox;
@@ -418,7 +419,8 @@ impl NatsStore {
             mailbox: shared.clone(),
             log: shared.clone(),
             inbox: shared.clone(),
-            waitpoints: shared,
+            waitpoints: shared.clone(),
+            journal: shared,
             clock,
         }
     }

@@ -1,0 +1,272 @@
+//! The journals of the embedded backend (the contract, docs/contract.md, section 11).
+//!
+//! Call entries live in `journal`, one row per (dispatch, position); steps in
+//! `journal_steps`, one row per (dispatch, key). Every write is one transaction on the writer
+//! thread that checks the claim's fence first, so a refused write stores nothing; a journaled
+//! append writes the log entry and its journal row in the same transaction.
+
+use async_trait::async_trait;
+use rusqlite::{Connection, Row, params};
+
+use super::log::{marks, push_entry};
+use super::rows::db;
+use super::{EmbeddedStore, MAX_VALUE, MAX_VALUE_WHY};
+use crate::store::journal::{CallEntry, Journal, JournalData, NewStep, Step};
+use crate::store::model::Fence;
+use crate::store::rules::clamp;
+use crate::store::{StoreError, StoreResult, check_size};
+
+const CALL_COLUMNS: &str =
+    "dispatch, pos, kind, identity, answer, body, claim, attempt, recorded_at, duration_us, size";
+
+fn corrupt(key: String, reason: impl Into<String>) -> StoreError {
+    StoreError::Corrupt {
+        key,
+        reason: reason.into(),
+    }
+}
+
+fn decode_call(row: &Row<'_>) -> StoreResult<CallEntry> {
+    let dispatch: String = row
+        .get(0)
+        .map_err(|e| corrupt("journal/?".into(), e.to_string()))?;
+    let pos: u32 = row
+        .get(1)
+        .map_err(|e| corrupt(format!("journal/{dispatch}"), e.to_string()))?;
+    let key = || format!("journal/{dispatch}/{pos}");
+    let field = |e: rusqlite::Error| corrupt(key(), e.to_string());
+    let kind: String = row.get(2).map_err(field)?;
+    let identity: Vec<u8> = row.get(3).map_err(field)?;
+    let answer: String = row.get(4).map_err(field)?;
+    Ok(CallEntry {
+        kind: kind.parse().map_err(|e: String| corrupt(key(), e))?,
+        identity: String::from_utf8(identity).map_err(|e| corrupt(key(), e.to_string()))?,
+        answer: serde_json::from_str(&answer)
+            .map_err(|e| corrupt(key(), format!("answer: {e}")))?,
+        body: row.get(5).map_err(field)?,
+        claim: row.get(6).map_err(field)?,
+        attempt: row.get(7).map_err(field)?,
+        recorded_at: row.get(8).map_err(field)?,
+        duration_us: row.get(9).map_err(field)?,
+        size: row.get(10).map_err(field)?,
+        dispatch,
+        pos,
+    })
+}
+
+fn decode_step(row: &Row<'_>) -> StoreResult<Step> {
+    let dispatch: String = row
+        .get(0)
+        .map_err(|e| corrupt("journal_steps/?".into(), e.to_string()))?;
+    let field = |e: rusqlite::Error| corrupt(format!("journal_steps/{dispatch}"), e.to_string());
+    Ok(Step {
+        key: row.get(1).map_err(field)?,
+        value: row.get(2).map_err(field)?,
+        claim: row.get(3).map_err(field)?,
+        attempt: row.get(4).map_err(field)?,
+        recorded_at: row.get(5).map_err(field)?,
+        size: row.get(6).map_err(field)?,
+        dispatch,
+    })
+}
+
+/// Stores `entry` (recorded at `now`) at its position, replacing what was there.
+fn save_call(tx: &Connection, entry: &CallEntry, now: u64) -> StoreResult<()> {
+    let answer = serde_json::to_string(&entry.answer)
+        .map_err(|e| StoreError::Invalid(format!("answer: {e}")))?;
+    tx.prepare_cached(&format!(
+        "INSERT OR REPLACE INTO journal ({CALL_COLUMNS}) \
+         VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11)"
+    ))
+    .map_err(db)?
+    .execute(params![
+        entry.dispatch,
+        entry.pos,
+        entry.kind.as_str(),
+        entry.identity.as_bytes(),
+        answer,
+        entry.body,
+        entry.claim,
+        entry.attempt,
+        clamp(now),
+        clamp(entry.duration_us),
+        clamp(entry.size),
+    ])
+    .map_err(db)?;
+    Ok(())
+}
+
+/// Deletes the journal of a purged dispatch (T16).
+pub(super) fn delete_journal(tx: &Connection, dispatch: &str) -> StoreResult<()> {
+    for sql in [
+        "DELETE FROM journal WHERE dispatch = ?1",
+        "DELETE FROM journal_steps WHERE dispatch = ?1",
+    ] {
+        tx.prepare_cached(sql)
+            .map_err(db)?
+            .execute(params![dispatch])
+            .map_err(db)?;
+    }
+    Ok(())
+}
+
+/// Refuses an entry that is not the fenced dispatch's.
+fn check_entry(fence: &Fence, entry: &CallEntry) -> StoreResult<()> {
+    if entry.dispatch != fence.dispatch {
+        return Err(StoreError::Invalid(format!(
+            "dispatch: the entry is for `{}`, the claim for `{}`",
+            entry.dispatch, fence.dispatch
+        )));
+    }
+    check_size(
+        "body",
+        entry.body.as_deref().unwrap_or_default(),
+        MAX_VALUE,
+        MAX_VALUE_WHY,
+    )
+}
+
+#[async_trait]
+impl Journal for EmbeddedStore {
+    async fn load_journal(&self, dispatch: &str) -> StoreResult<JournalData> {
+        let dispatch = dispatch.to_owned();
+        self.read(move |tx| {
+            let mut calls = Vec::new();
+            {
+                let mut stmt = tx
+                    .prepare_cached(&format!(
+                        "SELECT {CALL_COLUMNS} FROM journal WHERE dispatch = ?1 ORDER BY pos"
+                    ))
+                    .map_err(db)?;
+                let mut rows = stmt.query(params![dispatch]).map_err(db)?;
+                while let Some(row) = rows.next().map_err(db)? {
+                    calls.push(decode_call(row)?);
+                }
+            }
+            let mut steps = Vec::new();
+            let mut stmt = tx
+                .prepare_cached(
+                    "SELECT dispatch, key, value, claim, attempt, recorded_at, size \
+                     FROM journal_steps WHERE dispatch = ?1 ORDER BY key",
+                )
+                .map_err(db)?;
+            let mut rows = stmt.query(params![dispatch]).map_err(db)?;
+            while let Some(row) = rows.next().map_err(db)? {
+                steps.push(decode_step(row)?);
+            }
+            Ok(JournalData { calls, steps })
+        })
+        .await
+    }
+
+    async fn record(&self, fence: &Fence, entry: CallEntry) -> StoreResult<()> {
+        check_entry(fence, &entry)?;
+        if entry.kind.is_append() {
+            return Err(StoreError::Invalid(format!(
+                "kind: a `{}` entry is recorded with its append (record_append)",
+                entry.kind
+            )));
+        }
+        let fence = fence.clone();
+        let out = self
+            .write(move |tx, now| {
+                EmbeddedStore::fenced(tx, &fence, now)?;
+                Ok(save_call(tx, &entry, now)?)
+            })
+            .await;
+        self.after_fenced(&out);
+        out
+    }
+
+    async fn record_append(
+        &self,
+        fence: &Fence,
+        mut entry: CallEntry,
+        data: &[u8],
+        expected: Option<u64>,
+    ) -> StoreResult<u64> {
+        check_entry(fence, &entry)?;
+        check_size("entry", data, MAX_VALUE, MAX_VALUE_WHY)?;
+        let (fence, data) = (fence.clone(), data.to_vec());
+        let out = self
+            .write(move |tx, now| {
+                let (d, _) = EmbeddedStore::fenced(tx, &fence, now)?;
+                let mut m = marks(tx, &d.thread)?;
+                if let Some(expected) = expected
+                    && m.latest != expected
+                {
+                    return Err(StoreError::Conflict { latest: m.latest }.into());
+                }
+                let seq = push_entry(tx, &d.thread, &mut m, &data, None, now)?;
+                entry.answer = serde_json::json!({ "seq": seq });
+                entry.size = entry.measure();
+                save_call(tx, &entry, now)?;
+                Ok((seq, d.thread))
+            })
+            .await;
+        self.after_fenced(&out);
+        let (seq, thread) = out?;
+        self.inner.watches.notify(&thread);
+        Ok(seq)
+    }
+
+    async fn drop_calls(&self, fence: &Fence, from: u32) -> StoreResult<()> {
+        let fence = fence.clone();
+        let out = self
+            .write(move |tx, now| {
+                EmbeddedStore::fenced(tx, &fence, now)?;
+                tx.prepare_cached("DELETE FROM journal WHERE dispatch = ?1 AND pos >= ?2")
+                    .map_err(db)?
+                    .execute(params![fence.dispatch, from])
+                    .map_err(db)?;
+                Ok(())
+            })
+            .await;
+        self.after_fenced(&out);
+        out
+    }
+
+    async fn put_step(&self, fence: &Fence, step: NewStep) -> StoreResult<()> {
+        step.validate()?;
+        check_size("value", &step.value, MAX_VALUE, MAX_VALUE_WHY)?;
+        let fence = fence.clone();
+        let out = self
+            .write(move |tx, now| {
+                let (d, _) = EmbeddedStore::fenced(tx, &fence, now)?;
+                let step = step.record(&d.id, now);
+                tx.prepare_cached(
+                    "INSERT OR REPLACE INTO journal_steps \
+                     (dispatch, key, value, claim, attempt, recorded_at, size) \
+                     VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7)",
+                )
+                .map_err(db)?
+                .execute(params![
+                    step.dispatch,
+                    step.key,
+                    step.value,
+                    step.claim,
+                    step.attempt,
+                    clamp(step.recorded_at),
+                    clamp(step.size)
+                ])
+                .map_err(db)?;
+                Ok(())
+            })
+            .await;
+        self.after_fenced(&out);
+        out
+    }
+
+    fn max_body(&self) -> u64 {
+        MAX_VALUE
+    }
+}
+
+impl EmbeddedStore {
+    /// A fenced write that found a stale epoch superseded its dispatch: wake the workers.
+    fn after_fenced<T>(&self, out: &StoreResult<T>) {
+        if matches!(out, Err(StoreError::StaleEpoch { .. })) {
+            self.signal();
+        }
+    }
+}

@@ -1,0 +1,405 @@
+//! The journal of a dispatch (the contract, docs/contract.md, section 11): what its runs got
+//! from the world, kept so a later run of the same dispatch (a retry, a resume) is answered
+//! from it instead of asking again.
+//!
+//! Two kinds of record:
+//!
+//! - a **call entry** is the `pos`-th journaled call of a run (an outbound HTTP exchange, a
+//!   thread-log read or append, an enqueue): what identifies the call (a digest), and what it
+//!   answered. The host replays a run against these in order (`runtime::journal`).
+//! - a **step** is a value a guest stored under a key of its own (`step-put`), found by key.
+//!
+//! Every write is a holder write, fenced like a thread-log append (a lost lease or an
+//! interrupted thread refuses it and stores nothing). Entries are kept across the dispatch's
+//! attempts and resumes and removed with the dispatch. A log append recorded in the journal is
+//! written in the same atomic step as its entry ([`Journal::record_append`]), so a replay
+//! never makes it twice.
+
+use std::fmt;
+use std::str::FromStr;
+
+use async_trait::async_trait;
+use serde::{Deserialize, Serialize};
+use sha2::{Digest, Sha256};
+
+use super::model::Fence;
+use super::{StoreError, StoreResult};
+
+/// The longest step key (bytes).
+pub const MAX_STEP_KEY: usize = 256;
+
+/// What a call entry records.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum CallKind {
+    /// An outbound `wasi:http` exchange.
+    Http,
+    /// A thread-log read (`read-log`).
+    LogRead,
+    /// The thread log's watermark (`latest`).
+    LogLatest,
+    /// A thread-log append (`append`).
+    LogAppend,
+    /// A conditional thread-log append (`append-expected`).
+    LogAppendExpected,
+    /// A follow-up enqueued through the claim.
+    Enqueue,
+}
+
+impl CallKind {
+    /// Every kind, in a fixed order.
+    pub const ALL: [CallKind; 6] = [
+        CallKind::Http,
+        CallKind::LogRead,
+        CallKind::LogLatest,
+        CallKind::LogAppend,
+        CallKind::LogAppendExpected,
+        CallKind::Enqueue,
+    ];
+
+    /// The kind's name, as stored and shown.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            CallKind::Http => "http",
+            CallKind::LogRead => "log-read",
+            CallKind::LogLatest => "log-latest",
+            CallKind::LogAppend => "log-append",
+            CallKind::LogAppendExpected => "log-append-expected",
+            CallKind::Enqueue => "enqueue",
+        }
+    }
+
+    /// Whether entries of this kind are written with their effect
+    /// ([`Journal::record_append`]).
+    pub fn is_append(self) -> bool {
+        matches!(self, CallKind::LogAppend | CallKind::LogAppendExpected)
+    }
+}
+
+impl fmt::Display for CallKind {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+impl FromStr for CallKind {
+    type Err = String;
+
+    fn from_str(s: &str) -> Result<CallKind, String> {
+        CallKind::ALL
+            .into_iter()
+            .find(|k| k.as_str() == s)
+            .ok_or_else(|| format!("unknown journal entry kind `{s}`"))
+    }
+}
+
+/// One journaled call of a run.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct CallEntry {
+    /// The dispatch whose runs made it.
+    pub dispatch: String,
+    /// Its position: the `pos`-th journaled call of a run, from 0.
+    pub pos: u32,
+    /// What kind of call.
+    pub kind: CallKind,
+    /// The SHA-256 (hex) of what identifies the call ([`identity`]): a later run's call is
+    /// answered from this entry only when its own identity is the same.
+    pub identity: String,
+    /// What the call returned (JSON, by kind): for `http` the status, the response headers
+    /// (less `set-cookie`) and the URL shown without query values; for a log read the range
+    /// it returned; for an append its sequence (set by the store); for an enqueue the new id.
+    pub answer: serde_json::Value,
+    /// The response body of an `http` entry (`None` when it was too large to keep: a replay
+    /// then makes the call live).
+    #[serde(default, skip_serializing_if = "Option::is_none", with = "opt_bytes")]
+    pub body: Option<Vec<u8>>,
+    /// The claim number (the dispatch's `claims` when it ran) that recorded it.
+    pub claim: u32,
+    /// The attempt that recorded it.
+    pub attempt: u32,
+    /// When it was recorded (store time, ms).
+    pub recorded_at: u64,
+    /// How long the call took live (µs).
+    pub duration_us: u64,
+    /// Its stored size (bytes): the answer's JSON, the body and the identity.
+    pub size: u64,
+}
+
+impl CallEntry {
+    /// A new entry of `kind` at `pos`, its size computed; `recorded_at` is set by the store.
+    #[allow(clippy::too_many_arguments)]
+    pub fn new(
+        dispatch: &str,
+        pos: u32,
+        kind: CallKind,
+        identity: String,
+        answer: serde_json::Value,
+        body: Option<Vec<u8>>,
+        claim: u32,
+        attempt: u32,
+        duration_us: u64,
+    ) -> CallEntry {
+        let mut entry = CallEntry {
+            dispatch: dispatch.to_owned(),
+            pos,
+            kind,
+            identity,
+            answer,
+            body,
+            claim,
+            attempt,
+            recorded_at: 0,
+            duration_us,
+            size: 0,
+        };
+        entry.size = entry.measure();
+        entry
+    }
+
+    /// The size this entry takes ([`CallEntry::size`]).
+    pub fn measure(&self) -> u64 {
+        let answer = serde_json::to_string(&self.answer).map_or(0, |s| s.len());
+        (answer + self.body.as_ref().map_or(0, Vec::len) + self.identity.len()) as u64
+    }
+
+    /// The entry as a listing shows it: without its body (its size stays).
+    pub fn without_body(mut self) -> CallEntry {
+        self.body = None;
+        self
+    }
+}
+
+/// A value a guest stored under a key of its own (`step-put`).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Step {
+    /// The dispatch.
+    pub dispatch: String,
+    /// The guest's key.
+    pub key: String,
+    /// The value.
+    #[serde(with = "bytes_b64")]
+    pub value: Vec<u8>,
+    /// The claim number that stored it.
+    pub claim: u32,
+    /// The attempt that stored it.
+    pub attempt: u32,
+    /// When (store time, ms).
+    pub recorded_at: u64,
+    /// Its size: key and value.
+    pub size: u64,
+}
+
+/// What a store holds of one dispatch's journal.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct JournalData {
+    /// The valid call entries, by position (ascending; there may be gaps).
+    pub calls: Vec<CallEntry>,
+    /// The steps, by key (ascending).
+    pub steps: Vec<Step>,
+}
+
+impl JournalData {
+    /// The bytes the journal holds (what `journal_max_bytes` bounds).
+    pub fn bytes(&self) -> u64 {
+        self.calls.iter().map(|c| c.size).sum::<u64>()
+            + self.steps.iter().map(|s| s.size).sum::<u64>()
+    }
+
+    /// Whether it holds nothing.
+    pub fn is_empty(&self) -> bool {
+        self.calls.is_empty() && self.steps.is_empty()
+    }
+}
+
+/// A new step: what `put_step` stores.
+#[derive(Debug, Clone)]
+pub struct NewStep {
+    /// The guest's key: not blank, at most [`MAX_STEP_KEY`] bytes.
+    pub key: String,
+    /// The value.
+    pub value: Vec<u8>,
+    /// The claim number storing it.
+    pub claim: u32,
+    /// The attempt storing it.
+    pub attempt: u32,
+}
+
+impl NewStep {
+    /// Refuses a blank or over-long key (`Invalid`, naming `key`).
+    pub fn validate(&self) -> StoreResult<()> {
+        check_step_key(&self.key)
+    }
+
+    /// The stored record, recorded at `now`.
+    pub fn record(self, dispatch: &str, now: u64) -> Step {
+        Step {
+            dispatch: dispatch.to_owned(),
+            size: (self.key.len() + self.value.len()) as u64,
+            key: self.key,
+            value: self.value,
+            claim: self.claim,
+            attempt: self.attempt,
+            recorded_at: now,
+        }
+    }
+}
+
+/// Refuses a blank step key or one over [`MAX_STEP_KEY`] bytes.
+pub fn check_step_key(key: &str) -> StoreResult<()> {
+    if key.trim().is_empty() {
+        return Err(StoreError::Invalid(
+            "key: a step key must not be blank".into(),
+        ));
+    }
+    if key.len() > MAX_STEP_KEY {
+        return Err(StoreError::Invalid(format!(
+            "key: {} bytes is over the limit of {MAX_STEP_KEY} bytes for a step key",
+            key.len()
+        )));
+    }
+    Ok(())
+}
+
+/// The SHA-256 (hex) of `parts`, each length-prefixed so no two lists of parts collide.
+pub fn identity<'a>(parts: impl IntoIterator<Item = &'a [u8]>) -> String {
+    let mut hash = Sha256::new();
+    for part in parts {
+        hash.update((part.len() as u64).to_be_bytes());
+        hash.update(part);
+    }
+    hash.finalize().iter().map(|b| format!("{b:02x}")).collect()
+}
+
+/// A dispatch's journal (the contract, docs/contract.md, section 11).
+///
+/// Every write is a holder write fenced as section 4.4 (and stores nothing when refused).
+#[async_trait]
+pub trait Journal: Send + Sync + fmt::Debug + 'static {
+    /// The valid call entries of `dispatch` in position order, and its steps. Empty for a
+    /// dispatch with no journal (or none stored).
+    async fn load_journal(&self, dispatch: &str) -> StoreResult<JournalData>;
+
+    /// Stores `entry` at its position, replacing what was there. `recorded_at` is the store's
+    /// time. Entries of an append kind go through [`Journal::record_append`] instead
+    /// (`Invalid` here).
+    async fn record(&self, fence: &Fence, entry: CallEntry) -> StoreResult<()>;
+
+    /// Appends `data` to the fenced dispatch's thread log (only when its `latest` is
+    /// `expected`, if given: else `Conflict`) and stores `entry` with the new sequence as its
+    /// answer (`{"seq": N}`), in one atomic step. Returns the sequence.
+    async fn record_append(
+        &self,
+        fence: &Fence,
+        entry: CallEntry,
+        data: &[u8],
+        expected: Option<u64>,
+    ) -> StoreResult<u64>;
+
+    /// Removes the call entries at positions `>= from` (a run diverged there).
+    async fn drop_calls(&self, fence: &Fence, from: u32) -> StoreResult<()>;
+
+    /// Stores `step`, replacing an earlier value under its key.
+    async fn put_step(&self, fence: &Fence, step: NewStep) -> StoreResult<()>;
+
+    /// The largest body an entry keeps: a larger one is recorded without it.
+    fn max_body(&self) -> u64;
+}
+
+/// Optional bytes as base64 in JSON (API output, NATS records).
+pub mod opt_bytes {
+    use base64::Engine;
+    use serde::{Deserialize, Deserializer, Serializer};
+
+    /// Serializes.
+    pub fn serialize<S: Serializer>(bytes: &Option<Vec<u8>>, s: S) -> Result<S::Ok, S::Error> {
+        match bytes {
+            Some(b) => s.serialize_some(&base64::engine::general_purpose::STANDARD.encode(b)),
+            None => s.serialize_none(),
+        }
+    }
+
+    /// Deserializes.
+    pub fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<Option<Vec<u8>>, D::Error> {
+        let text: Option<String> = Option::deserialize(d)?;
+        text.map(|t| {
+            base64::engine::general_purpose::STANDARD
+                .decode(t)
+                .map_err(serde::de::Error::custom)
+        })
+        .transpose()
+    }
+}
+
+/// Bytes as base64 in JSON.
+pub mod bytes_b64 {
+    use base64::Engine;
+    use serde::{Deserialize, Deserializer, Serializer};
+
+    /// Serializes.
+    pub fn serialize<S: Serializer>(bytes: &[u8], s: S) -> Result<S::Ok, S::Error> {
+        s.serialize_str(&base64::engine::general_purpose::STANDARD.encode(bytes))
+    }
+
+    /// Deserializes.
+    pub fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<Vec<u8>, D::Error> {
+        let text = String::deserialize(d)?;
+        base64::engine::general_purpose::STANDARD
+            .decode(text)
+            .map_err(serde::de::Error::custom)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+    use super::*;
+
+    #[test]
+    fn kinds_parse_their_names() {
+        for kind in CallKind::ALL {
+            assert_eq!(kind.as_str().parse::<CallKind>().unwrap(), kind);
+            assert_eq!(
+                serde_json::to_value(kind).unwrap(),
+                serde_json::json!(kind.as_str())
+            );
+        }
+        assert!("nope".parse::<CallKind>().is_err());
+    }
+
+    #[test]
+    fn identities_keep_their_parts_apart() {
+        let a = identity([&b"ab"[..], b"c"]);
+        let b = identity([&b"a"[..], b"bc"]);
+        assert_ne!(a, b);
+        assert_eq!(a.len(), 64);
+        assert_eq!(a, identity([&b"ab"[..], b"c"]));
+    }
+
+    #[test]
+    fn step_keys_are_checked() {
+        assert!(check_step_key("a").is_ok());
+        assert!(check_step_key(" ").is_err());
+        assert!(check_step_key(&"k".repeat(MAX_STEP_KEY + 1)).is_err());
+        assert!(check_step_key(&"k".repeat(MAX_STEP_KEY)).is_ok());
+    }
+
+    #[test]
+    fn entries_measure_what_they_store() {
+        let e = CallEntry::new(
+            "d",
+            0,
+            CallKind::Http,
+            identity([&b"x"[..]]),
+            serde_json::json!({"status": 200}),
+            Some(vec![0; 10]),
+            1,
+            0,
+            5,
+        );
+        assert_eq!(e.size, (r#"{"status":200}"#.len() + 10 + 64) as u64);
+        let json = serde_json::to_string(&e).unwrap();
+        let back: CallEntry = serde_json::from_str(&json).unwrap();
+        assert_eq!(back, e);
+        assert_eq!(e.without_body().body, None);
+    }
+}
