@@ -196,6 +196,8 @@ pub(super) async fn handle_calls(
             tokens: Vec::new(),
             lease: None,
             span: tracing::Span::none(),
+            journal: None,
+            warned_steps: false,
         };
         let start = Instant::now();
         let run = runtime.run_handler(plugin, claim, &mut None).await;

@@ -13,6 +13,7 @@
 //! [`Claimer`].
 
 mod control;
+pub mod journal;
 mod lease;
 mod settle;
 
@@ -23,6 +24,7 @@ use crate::config::RetryPolicy;
 use crate::store::inbox::FOLLOW_UP_BY;
 use crate::store::{Dispatch, Fence, Store, StoreError, millis};
 pub use control::{ClaimControl, StopReason};
+pub use journal::{JournalSettings, Recorder};
 pub use lease::{INTERRUPT_POLL, LeaseGuard};
 pub use settle::{Settlement, retry_at};
 
@@ -39,6 +41,8 @@ pub struct Claimer<'a> {
     pub lease: Duration,
     /// The backoff of a failed attempt.
     pub retry: &'a RetryPolicy,
+    /// What its claims journal.
+    pub journal: JournalSettings,
 }
 
 /// A claimed dispatch as the host holds it (as a guest's `claim` resource, or in a worker).
@@ -62,6 +66,10 @@ pub struct ClaimHandle {
     pub lease: Option<LeaseGuard>,
     /// The attempt's `homing.dispatch` span: open while the claim is held.
     pub span: tracing::Span,
+    /// The journal of this claim's run (`None` with `journal = "off"`).
+    pub journal: Option<Arc<Recorder>>,
+    /// Set once a `step-put` that stored nothing (`journal = "off"`) was logged.
+    pub warned_steps: bool,
 }
 
 impl ClaimHandle {
@@ -117,6 +125,16 @@ pub fn hold(claimer: &Claimer<'_>, dispatch: Dispatch) -> ClaimHandle {
         control.clone(),
     );
     let span = crate::telemetry::trace::dispatch_span(claimer.agent, &dispatch);
+    let journal = Fence::of(&dispatch).and_then(|fence| {
+        Recorder::new(
+            claimer.store,
+            fence,
+            claimer.agent,
+            dispatch.claims,
+            dispatch.attempt,
+            claimer.journal,
+        )
+    });
     if dispatch.claims == 1
         && dispatch.metadata.get(FOLLOW_UP_BY.0).map(String::as_str) == Some(FOLLOW_UP_BY.1)
     {
@@ -133,5 +151,7 @@ pub fn hold(claimer: &Claimer<'_>, dispatch: Dispatch) -> ClaimHandle {
         tokens: Vec::new(),
         lease: Some(lease),
         span,
+        journal,
+        warned_steps: false,
     }
 }

@@ -226,6 +226,41 @@ pub struct PluginConfig {
     /// past it is refused (`denied`).
     #[serde(default = "default_max_resumes")]
     pub max_resumes: u32,
+    /// What the host keeps of a dispatch's runs so a retry or a resume does not ask again:
+    /// `"off"`, `"steps"` (the guest's `step-put` values) or `"run"` (steps, and every
+    /// outbound HTTP exchange, log read and append and enqueue, replayed in order).
+    #[serde(default)]
+    pub journal: JournalMode,
+    /// The most one dispatch's journal holds; past it nothing more is recorded for that run.
+    #[serde(default = "default_journal_max_bytes", deserialize_with = "size")]
+    pub journal_max_bytes: u64,
+}
+
+/// `[plugins.x] journal`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, Default)]
+#[serde(rename_all = "lowercase")]
+pub enum JournalMode {
+    /// Nothing is kept: `step-put` stores nothing, every call goes live.
+    #[default]
+    Off,
+    /// The guest's steps are kept.
+    Steps,
+    /// Steps, and the run's calls, replayed by a later run of the same dispatch.
+    Run,
+}
+
+impl JournalMode {
+    /// Whether steps are kept.
+    pub fn keeps_steps(self) -> bool {
+        self != JournalMode::Off
+    }
+}
+
+/// The default `journal_max_bytes`: 16 MiB.
+pub const DEFAULT_JOURNAL_MAX_BYTES: u64 = 16 * 1024 * 1024;
+
+fn default_journal_max_bytes() -> u64 {
+    DEFAULT_JOURNAL_MAX_BYTES
 }
 
 fn default_max_resumes() -> u32 {
@@ -438,6 +473,16 @@ impl Config {
             }
             if plugin.reuse_instance == 0 {
                 return Err(format!("{}: must be at least 1", key("reuse_instance")));
+            }
+            if plugin.journal == JournalMode::Run && plugin.reuse_instance > 1 {
+                return Err(format!(
+                    "{}: \"run\" needs a fresh instance per dispatch (a replay starts the guest \
+                     from the beginning); set reuse_instance = 1 or journal = \"steps\"",
+                    key("journal")
+                ));
+            }
+            if plugin.journal_max_bytes == 0 {
+                return Err(format!("{}: must be more than 0", key("journal_max_bytes")));
             }
             if !(plugin.retry.multiplier >= 1.0 && plugin.retry.multiplier.is_finite()) {
                 return Err(format!(

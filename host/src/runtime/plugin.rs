@@ -116,6 +116,7 @@ impl Runtime {
             self.max_component_size,
         )?;
         let (world, contract, pre) = self.link(&ctx.name, path, &component)?;
+        check_journal(&ctx.name, &ctx.config, world)?;
         let outbound = Arc::new(
             Outbound::new(&ctx.name, &ctx.config, &ctx.tls_ca, &ctx.hosts)
                 .with_context(|| format!("plugin `{}`", ctx.name))?,
@@ -242,6 +243,7 @@ impl Runtime {
             self.max_component_size,
         )?;
         let (world, contract, _) = self.link(name, path, &component)?;
+        check_journal(name, config, world)?;
         Outbound::new(name, config, tls_ca, hosts).with_context(|| format!("plugin `{name}`"))?;
         Ok((world, contract))
     }
@@ -345,6 +347,19 @@ impl Runtime {
         });
         Ok(store)
     }
+}
+
+/// Refuses `journal = "run"` for an agent-world component: its one instance serves many
+/// claims in a loop, so no replay can start a claim's run from its beginning.
+fn check_journal(name: &str, config: &PluginConfig, world: World) -> anyhow::Result<()> {
+    if config.journal == crate::config::JournalMode::Run && world == World::Agent {
+        bail!(
+            "plugins.{name}.journal: \"run\" is for handler-world components (one run per \
+             dispatch); this one is an agent world, whose instance serves many claims in a loop. \
+             Use journal = \"steps\" and memoize with steps"
+        );
+    }
+    Ok(())
 }
 
 /// The world a component implements, from its exports.

@@ -87,6 +87,15 @@ pub const WAITPOINTS_CREATED: &str = "homing_waitpoints_created_total";
 pub const WAITPOINTS_SETTLED: &str = "homing_waitpoints_settled_total";
 /// From a waitpoint's creation to its settlement: `agent`.
 pub const WAITPOINT_WAIT: &str = "homing_waitpoint_wait_seconds";
+/// Journal entries recorded: `agent`, `kind`.
+pub const JOURNAL_RECORDED: &str = "homing_journal_recorded_total";
+/// Calls answered from the journal instead of live: `agent`, `kind`.
+pub const JOURNAL_REPLAYED: &str = "homing_journal_replayed_total";
+/// Runs that diverged from their journal, by the kind of the call where they did: `agent`,
+/// `kind`.
+pub const JOURNAL_DIVERGENCES: &str = "homing_journal_divergences_total";
+/// The live time of the calls the journal answered (what replays saved): `agent`.
+pub const JOURNAL_SAVED_MS: &str = "homing_journal_saved_milliseconds_total";
 
 /// Histogram buckets of every `_seconds` histogram: 50 µs to 5 min.
 const BUCKETS: &[f64] = &[
@@ -177,6 +186,23 @@ fn describe() {
         WAITPOINT_WAIT,
         Unit::Seconds,
         "From a waitpoint's creation to its settlement, by agent."
+    );
+    describe_counter!(
+        JOURNAL_RECORDED,
+        "Journal entries recorded, by agent and kind of call."
+    );
+    describe_counter!(
+        JOURNAL_REPLAYED,
+        "Calls answered from the journal instead of live, by agent and kind."
+    );
+    describe_counter!(
+        JOURNAL_DIVERGENCES,
+        "Runs that diverged from their journal, by agent and the kind of call where they did."
+    );
+    describe_counter!(
+        JOURNAL_SAVED_MS,
+        Unit::Milliseconds,
+        "The live time of the calls the journal answered, by agent."
     );
     describe_counter!(LEASE_RENEWALS, "Leases renewed while guests ran.");
     describe_counter!(LEASES_LOST, "Claims lost while their guest ran.");

@@ -21,6 +21,7 @@ use tracing::debug;
 use wasmtime::component::Resource;
 
 use super::GuestState;
+use super::journaled;
 use super::policy::{MAX_ENQUEUES_PER_CLAIM, MAX_READ, MAX_STEP_KEY, guest_error};
 use crate::claim::{self, ClaimHandle};
 use crate::runtime::bindings::{DispatchInfo, EnqueueRequest, GuestError, StopReason};
@@ -123,6 +124,14 @@ impl GuestState {
     fn claim_mut(&mut self, handle: &Resource<ClaimHandle>) -> wasmtime::Result<&mut ClaimHandle> {
         Ok(self.table.get_mut(handle)?)
     }
+}
+
+/// The claim's journal when it journals the run's calls (`journal = "run"`).
+fn journaling(claim: &ClaimHandle) -> Option<std::sync::Arc<claim::Recorder>> {
+    claim
+        .journal
+        .clone()
+        .filter(|recorder| recorder.journals_calls())
 }
 
 /// Refuses a step key the contract does not allow: blank or over 256 bytes.
@@ -289,6 +298,10 @@ impl mailbox::HostClaim for GuestState {
         }
         let fence = claim.fence();
         let thread = claim.dispatch.thread.clone();
+        if let Some(recorder) = journaling(claim) {
+            let out = journaled::append(&recorder, &self.plugin.store, &thread, &entry, None);
+            return Ok(out.await.map_err(guest_error));
+        }
         Ok(self
             .plugin
             .store
@@ -310,6 +323,11 @@ impl mailbox::HostClaim for GuestState {
         }
         let fence = claim.fence();
         let thread = claim.dispatch.thread.clone();
+        if let Some(recorder) = journaling(claim) {
+            let store = &self.plugin.store;
+            let out = journaled::append(&recorder, store, &thread, &entry, Some(expected_latest));
+            return Ok(out.await.map_err(guest_error));
+        }
         Ok(self
             .plugin
             .store
@@ -325,13 +343,19 @@ impl mailbox::HostClaim for GuestState {
         after: u64,
         limit: u32,
     ) -> wasmtime::Result<Result<Vec<types::LogEntry>, GuestError>> {
-        let thread = self.claim(&handle)?.dispatch.thread.clone();
+        let claim = self.claim(&handle)?;
+        let thread = claim.dispatch.thread.clone();
+        let recorder = journaling(claim);
         // "Up to `limit`": none for 0 (the store would read its default page for 0).
         if limit == 0 {
             return Ok(Ok(Vec::new()));
         }
         let limit = usize::try_from(limit.min(MAX_READ)).unwrap_or(1);
-        let out = self.plugin.store.log.read(&thread, after, limit).await;
+        let store = &self.plugin.store;
+        let out = match recorder {
+            Some(recorder) => journaled::read(&recorder, store, &thread, after, limit).await,
+            None => store.log.read(&thread, after, limit).await,
+        };
         Ok(out
             .map(|entries| {
                 entries
@@ -357,7 +381,12 @@ impl mailbox::HostClaim for GuestState {
         &mut self,
         handle: Resource<ClaimHandle>,
     ) -> wasmtime::Result<Result<u64, GuestError>> {
-        let thread = self.claim(&handle)?.dispatch.thread.clone();
+        let claim = self.claim(&handle)?;
+        let thread = claim.dispatch.thread.clone();
+        if let Some(recorder) = journaling(claim) {
+            let out = journaled::latest(&recorder, &self.plugin.store, &thread).await;
+            return Ok(out.map_err(guest_error));
+        }
         Ok(self
             .plugin
             .store
@@ -399,11 +428,14 @@ impl mailbox::HostClaim for GuestState {
             Ok(new) => new,
             Err(e) => return Ok(Err(e)),
         };
-        let out = self.plugin.store.mailbox.enqueue(new).await;
+        let out = match journaling(claim) {
+            Some(recorder) => journaled::enqueue(&recorder, &self.plugin.store, new).await,
+            None => self.plugin.store.mailbox.enqueue(new).await.map(|d| d.id),
+        };
         if out.is_ok() {
             self.claim_mut(&handle)?.enqueued += 1;
         }
-        Ok(out.map(|d| d.id).map_err(guest_error))
+        Ok(out.map_err(guest_error))
     }
 
     async fn next_message(
@@ -587,10 +619,15 @@ impl mailbox::HostClaim for GuestState {
         handle: Resource<ClaimHandle>,
         key: String,
     ) -> wasmtime::Result<Result<Option<Vec<u8>>, GuestError>> {
-        // `journal = "off"` (the only setting until journals ship): nothing is ever stored, so
-        // every key reads as unset, as the contract says for that setting.
-        self.claim(&handle)?;
-        Ok(check_step_key(&key).map(|()| None))
+        let claim = self.claim(&handle)?;
+        if let Err(e) = check_step_key(&key) {
+            return Ok(Err(e));
+        }
+        // With `journal = "off"` nothing is ever stored, so every key reads as unset.
+        let Some(recorder) = claim.journal.clone() else {
+            return Ok(Ok(None));
+        };
+        Ok(recorder.step_get(&key).await.map_err(guest_error))
     }
 
     async fn step_put(
@@ -599,16 +636,28 @@ impl mailbox::HostClaim for GuestState {
         key: String,
         value: Vec<u8>,
     ) -> wasmtime::Result<Result<(), GuestError>> {
-        // `journal = "off"`: stores nothing and succeeds, so a guest's step helpers work under
-        // any setting (they then run every step each time).
-        self.claim(&handle)?;
+        let claim = self.claim(&handle)?;
+        if let Some(refusal) = refuse_write(claim) {
+            return Ok(Err(refusal));
+        }
         if let Err(e) = check_step_key(&key) {
             return Ok(Err(e));
         }
         if let Err(e) = self.plugin.check_payload("value", value.len()) {
             return Ok(Err(GuestError::Invalid(e)));
         }
-        Ok(Ok(()))
+        // `journal = "off"`: stores nothing and succeeds, so a guest's step helpers work under
+        // any setting (they then run every step each time); said once per claim.
+        let Some(recorder) = claim.journal.clone() else {
+            let plugin = self.plugin.name.clone();
+            let claim = self.claim_mut(&handle)?;
+            if !claim.warned_steps {
+                claim.warned_steps = true;
+                debug!(plugin = %plugin, dispatch = %claim.dispatch.id, "step-put stores nothing: the plugin's journal is \"off\"");
+            }
+            return Ok(Ok(()));
+        };
+        Ok(recorder.step_put(key, value).await.map_err(guest_error))
     }
 
     async fn emit(

@@ -19,6 +19,7 @@
 //! has no functions.
 
 mod claim;
+mod journaled;
 mod log;
 mod mailbox;
 mod policy;
@@ -112,6 +113,10 @@ impl PluginContext {
             consumer: &self.consumer,
             lease: self.lease,
             retry: &self.config.retry,
+            journal: crate::claim::JournalSettings {
+                mode: self.config.journal,
+                max_bytes: self.config.journal_max_bytes,
+            },
         }
     }
 }
@@ -221,6 +226,10 @@ impl GuestState {
         self.http.deadline = self.deadline;
         self.http.control = self.control.clone();
         self.http.traceparent = claim.dispatch.metadata.get("traceparent").cloned();
+        self.http.journal = claim
+            .journal
+            .clone()
+            .filter(|recorder| recorder.journals_calls());
         if let Ok(mut log) = self.log.lock() {
             log.begin(LogTag {
                 dispatch: claim.dispatch.id.clone(),

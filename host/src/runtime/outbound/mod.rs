@@ -33,11 +33,12 @@ use tracing::{info, warn};
 use wasmtime_wasi_http::{Error as HttpError, RequestOptions, WasiBody, WasiHttpHooks};
 
 use super::host::LogState;
-use crate::claim::ClaimControl;
+use crate::claim::{ClaimControl, Recorder};
 use crate::config::outbound::Scheme;
 use crate::config::{HttpLimits, PluginConfig};
 
 mod bodies;
+mod journal;
 pub mod policy;
 mod send;
 
@@ -116,6 +117,7 @@ impl Outbound {
             control: None,
             deadline: None,
             traceparent: None,
+            journal: None,
             permits: Arc::new(Semaphore::new(self.limits.max_concurrent as usize)),
         }
     }
@@ -132,6 +134,8 @@ pub struct HttpHooks {
     /// The `traceparent` the current dispatch was enqueued with: sent on when traces are not
     /// exported (when they are, each request carries its own span's).
     pub traceparent: Option<String>,
+    /// The current claim's journal, under `journal = "run"`: each exchange is a journaled call.
+    pub journal: Option<Arc<Recorder>>,
     permits: Arc<Semaphore>,
 }
 
@@ -186,6 +190,10 @@ impl WasiHttpHooks for HttpHooks {
         {
             request.headers_mut().insert(TRACEPARENT, value);
         }
+        let shown = self
+            .journal
+            .is_some()
+            .then(|| journal::shown_url(request.uri(), &path));
         let job = Job {
             outbound: self.outbound.clone(),
             dispatch,
@@ -200,10 +208,16 @@ impl WasiHttpHooks for HttpHooks {
             started: Instant::now(),
             span: span.clone(),
         };
-        Box::new(tracing::Instrument::instrument(
-            job.send(request, options),
-            span,
-        ))
+        match (self.journal.clone(), shown) {
+            (Some(recorder), Some(shown)) => Box::new(tracing::Instrument::instrument(
+                job.send_journaled(recorder, request, options, shown),
+                span,
+            )),
+            _ => Box::new(tracing::Instrument::instrument(
+                job.send(request, options),
+                span,
+            )),
+        }
     }
 }
 

@@ -29,7 +29,7 @@ trait Io: tokio::io::AsyncRead + tokio::io::AsyncWrite + Send + Unpin {}
 impl<T: tokio::io::AsyncRead + tokio::io::AsyncWrite + Send + Unpin> Io for T {}
 
 /// Where an admitted request goes.
-struct Target {
+pub(super) struct Target {
     scheme: Scheme,
     /// Lowercase, without brackets or a trailing dot.
     host: String,
@@ -71,7 +71,7 @@ impl Job {
     /// Admits the request: http or https with a host, a permit among the instance's requests
     /// in flight, an `allowed_outbound_hosts` entry for its origin, a declared body within the
     /// cap. Records its origin for the log line.
-    fn admit(&mut self, request: &http::Request<WasiBody>) -> Result<Target, HttpError> {
+    pub(super) fn admit(&mut self, request: &http::Request<WasiBody>) -> Result<Target, HttpError> {
         let uri = request.uri();
         let scheme = match uri.scheme() {
             Some(s) if *s == UriScheme::HTTPS => Scheme::Https,
