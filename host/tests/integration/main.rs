@@ -63,6 +63,7 @@ mod fuzz;
 mod guest_imports;
 mod hostile_input;
 mod inbox;
+mod journal_runs;
 mod nats_conformance;
 mod nats_hosts;
 mod new_and_build;

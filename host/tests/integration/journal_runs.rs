@@ -1,0 +1,259 @@
+//! Journaled runs end to end (issue 27): the test guest `journal-probe` run by a real
+//! `homing run` against a stand-in model on the loopback address that counts what it is asked.
+//!
+//! - a run that made three model calls, appending each answer to its thread log, then trapped
+//!   is retried: the retry repeats none of the calls and appends nothing twice, and its output
+//!   is what the first run would have returned;
+//! - a retry that changes its prompt diverges at that call (the log line names the position),
+//!   and goes to the model from there on;
+//! - a follow-up the failing run enqueued is not enqueued again;
+//! - the API key the guest sends is in no byte of the store file, nor in the journal's API
+//!   output;
+//! - past `journal_max_bytes` nothing more is recorded and the retry goes live.
+
+use std::sync::atomic::{AtomicU32, Ordering};
+use std::sync::{Arc, Mutex};
+
+use axum::body::Bytes;
+use axum::extract::State;
+use serde_json::{Value, json};
+
+use crate::common::{Env, Served, guest, toml_path};
+use crate::outbound_guests::run_until_idle_with;
+
+/// The API key the guest sends (from a secret variable).
+const API_KEY: &str = "sk-journal-test-8f3a2c91d4e7";
+
+/// A stand-in model: answers each request with a reply naming the turn, the prompt and how
+/// many earlier messages it was sent, and counts the requests.
+struct Model {
+    served: Served,
+    seen: Arc<Mutex<Vec<Value>>>,
+    count: Arc<AtomicU32>,
+}
+
+#[derive(Clone)]
+struct ModelState {
+    seen: Arc<Mutex<Vec<Value>>>,
+    count: Arc<AtomicU32>,
+}
+
+async fn answer(State(state): State<ModelState>, body: Bytes) -> String {
+    state.count.fetch_add(1, Ordering::SeqCst);
+    let request: Value = serde_json::from_slice(&body).unwrap_or(Value::Null);
+    let reply = format!(
+        "turn {} to `{}` after {} messages",
+        request["turn"],
+        request["prompt"].as_str().unwrap_or_default(),
+        request["history"].as_array().map_or(0, Vec::len)
+    );
+    state.seen.lock().unwrap().push(request);
+    reply
+}
+
+impl Model {
+    fn start() -> Model {
+        let seen = Arc::new(Mutex::new(Vec::new()));
+        let count = Arc::new(AtomicU32::new(0));
+        let app = axum::Router::new().fallback(answer).with_state(ModelState {
+            seen: seen.clone(),
+            count: count.clone(),
+        });
+        Model {
+            served: Served::start(app),
+            seen,
+            count,
+        }
+    }
+
+    fn url(&self) -> String {
+        format!("http://{}/v1/chat", self.served.addr)
+    }
+
+    fn requests(&self) -> u32 {
+        self.count.load(Ordering::SeqCst)
+    }
+
+    /// The prompts of the requests, in order.
+    fn prompts(&self) -> Vec<String> {
+        self.seen
+            .lock()
+            .unwrap()
+            .iter()
+            .map(|r| {
+                format!(
+                    "{}: {}",
+                    r["turn"],
+                    r["prompt"].as_str().unwrap_or_default()
+                )
+            })
+            .collect()
+    }
+}
+
+/// A scratch directory running `journal-probe` as plugin `agent` with `journal` and
+/// `extra` plugin keys, and an `other` plugin it may enqueue to.
+fn env_with(model: &Model, journal: &str, extra: &str) -> Env {
+    Env::new(&format!(
+        r#"[host]
+lease = "5s"
+sweep_interval = "200ms"
+[plugins.agent]
+path = {path}
+timeout = "20s"
+max_attempts = 3
+journal = "{journal}"
+enqueue_to = ["other"]
+allowed_outbound_hosts = ["http://127.0.0.1:{port}"]
+{extra}
+[plugins.agent.retry]
+initial = "10ms"
+max = "10ms"
+[plugins.agent.variables]
+api_key = {{ env = "JOURNAL_TEST_KEY", secret = true }}
+[plugins.other]
+path = {echo}
+"#,
+        path = toml_path(&guest("journal_probe")),
+        echo = toml_path(&guest("echo")),
+        port = model.served.addr.port(),
+    ))
+}
+
+fn run(env: &Env) -> String {
+    run_until_idle_with(env, &[("JOURNAL_TEST_KEY", API_KEY)])
+}
+
+/// The acked dispatch's output, as JSON.
+fn output(env: &Env, id: &str) -> Value {
+    let d = env.show(id);
+    assert_eq!(d["status"], "acked", "{d}");
+    let text = d["result"]["output"].as_str().unwrap().to_owned();
+    serde_json::from_str(&text).unwrap_or_else(|e| panic!("output {text:?}: {e}"))
+}
+
+/// The thread's log entries, as text.
+fn log_of(env: &Env, thread: &str) -> Vec<String> {
+    let text = env.ok(&["thread", "log", thread, "--json"]);
+    let entries: Vec<Value> = serde_json::from_str(&text).unwrap();
+    entries
+        .iter()
+        .map(|e| e["data"].as_str().unwrap_or_default().to_owned())
+        .collect()
+}
+
+#[test]
+fn a_retried_run_repeats_no_model_call_and_appends_nothing_twice() {
+    let model = Model::start();
+    let env = env_with(&model, "run", "");
+    let payload = json!({"url": model.url(), "prompt": "plan a trip", "fail_on_attempts": [0],
+        "enqueue_to": "other"});
+    let id = env.enqueue("agent", "chat-1", &payload.to_string(), &[]);
+    let log = run(&env);
+
+    // Attempt 0 made the three calls and trapped; attempt 1 made none of them again.
+    assert_eq!(model.requests(), 3, "the model was asked again:\n{log}");
+    let d = env.show(&id);
+    assert_eq!(d["attempt"], 1, "{d}");
+    let out = output(&env, &id);
+    let answers: Vec<&str> = out["answers"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|a| a.as_str().unwrap())
+        .collect();
+    assert_eq!(
+        answers,
+        [
+            "turn 0 to `plan a trip` after 0 messages",
+            "turn 1 to `plan a trip` after 1 messages",
+            "turn 2 to `plan a trip` after 2 messages",
+        ],
+        "the replayed run saw the conversation its first run had"
+    );
+    assert_eq!(out["log"], 3, "nothing appended twice: {out}");
+    assert_eq!(log_of(&env, "chat-1"), answers);
+    // The follow-up the failing run enqueued was not enqueued again.
+    let followups: Vec<Value> = env
+        .list()
+        .into_iter()
+        .filter(|d| d["agent"] == "other")
+        .collect();
+    assert_eq!(followups.len(), 1, "enqueued once: {followups:?}");
+    assert!(
+        log.contains("outbound request answered from the journal"),
+        "{log}"
+    );
+
+    // The API key is in no byte the store keeps.
+    for entry in std::fs::read_dir(env.path()).unwrap() {
+        let path = entry.unwrap().path();
+        if path.is_file() {
+            let bytes = std::fs::read(&path).unwrap();
+            assert!(
+                !bytes
+                    .windows(API_KEY.len())
+                    .any(|w| w == API_KEY.as_bytes()),
+                "the API key is stored in {}",
+                path.display()
+            );
+        }
+    }
+}
+
+#[test]
+fn a_retry_that_changes_its_prompt_diverges_there_and_goes_live() {
+    let model = Model::start();
+    let env = env_with(&model, "run", "");
+    let payload = json!({"url": model.url(), "prompt": "p", "fail_on_attempts": [0],
+        "vary_from": 1});
+    let id = env.enqueue("agent", "chat-2", &payload.to_string(), &[]);
+    let log = run(&env);
+    // Turn 0 replayed; turn 1 asked something else (position 4: read, http, append, read,
+    // then this http), so turns 1 and 2 went to the model again.
+    assert_eq!(
+        model.prompts(),
+        [
+            "0: p",
+            "1: p (attempt 0)",
+            "2: p (attempt 0)",
+            "1: p (attempt 1)",
+            "2: p (attempt 1)",
+        ],
+        "{log}"
+    );
+    let line = log
+        .lines()
+        .find(|l| l.contains("the run diverged from its earlier run"))
+        .unwrap_or_else(|| panic!("no divergence line:\n{log}"));
+    assert!(
+        line.contains("position=4") && line.contains("kind=http"),
+        "{line}"
+    );
+    let out = output(&env, &id);
+    assert_eq!(out["answers"][0], "turn 0 to `p` after 0 messages", "{out}");
+    assert_eq!(
+        out["answers"][1], "turn 1 to `p (attempt 1)` after 1 messages",
+        "the live part of the retry read the log as the replay left it: {out}"
+    );
+}
+
+#[test]
+fn past_journal_max_bytes_nothing_more_is_recorded_and_the_retry_goes_live() {
+    let model = Model::start();
+    // Room for a log read's entry, not for a model exchange.
+    let env = env_with(&model, "run", "journal_max_bytes = 200");
+    let payload = json!({"url": model.url(), "prompt": "q", "fail_on_attempts": [0]});
+    let id = env.enqueue("agent", "chat-3", &payload.to_string(), &[]);
+    let log = run(&env);
+    assert!(
+        log.contains("reached journal_max_bytes"),
+        "no warning about the cap:\n{log}"
+    );
+    assert_eq!(
+        model.requests(),
+        6,
+        "every call of the retry went live:\n{log}"
+    );
+    assert_eq!(env.show(&id)["status"], "acked");
+}
