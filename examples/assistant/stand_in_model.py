@@ -7,7 +7,13 @@ replies that exercise one tool round trip:
 - a request whose messages hold no `role: tool` message after the last user message gets an
   assistant reply asking for the tool `add` (the first two integers in the user's message,
   else 2 and 3);
-- a request that carries the tool's result gets a final assistant text that quotes it.
+- a request that carries the tool's result gets a final assistant text that quotes it;
+- a request that offers no tools (the researcher example's) gets a note numbered after the
+  assistant messages it carries: `Note N on <the user's message>.`. When the user's message
+  contains `(fail once)`, the request for note 3 of that message is answered 503 the first
+  time, so a demo can show a run that fails after two model calls and its retry.
+
+`GET .../stats` answers `{"requests": N}`: how many chat requests it has answered so far.
 
 It requires `Authorization: Bearer <key>` (the key from `--api-key` or the environment
 variable `STAND_IN_API_KEY`) and answers 401 otherwise. It records nothing: no keys, no bodies;
@@ -24,6 +30,7 @@ import json
 import os
 import re
 import sys
+import threading
 
 
 def tool_call_reply(messages):
@@ -49,6 +56,25 @@ def final_reply(tool_message):
     return {"role": "assistant", "content": text}, "stop"
 
 
+# Guarded by LOCK: the chat requests answered, and the user messages already failed once.
+LOCK = threading.Lock()
+STATS = {"requests": 0}
+FAILED_ONCE = set()
+
+
+def note_reply(messages):
+    """A numbered note on the first user message; `None` when it is the one to fail."""
+    user = next((m for m in messages if m.get("role") == "user"), {})
+    topic = str(user.get("content") or "")
+    n = 1 + sum(1 for m in messages if m.get("role") == "assistant")
+    if "(fail once)" in topic and n == 3:
+        with LOCK:
+            if topic not in FAILED_ONCE:
+                FAILED_ONCE.add(topic)
+                return None
+    return {"role": "assistant", "content": f"Note {n} on {topic}."}, "stop"
+
+
 def answer(request):
     messages = request.get("messages")
     if not isinstance(messages, list) or not messages:
@@ -63,7 +89,10 @@ def answer(request):
     elif "add" in offered:
         message, finish = tool_call_reply(messages)
     else:
-        message, finish = {"role": "assistant", "content": "No tools were offered."}, "stop"
+        reply = note_reply(messages)
+        if reply is None:
+            return 503, {"error": {"message": "the stand-in fails this request once, on purpose"}}
+        message, finish = reply
     return 200, {
         "id": "chatcmpl-stand-in",
         "object": "chat.completion",
@@ -84,9 +113,18 @@ def handler_for(api_key):
             self.end_headers()
             self.wfile.write(data)
 
+        def do_GET(self):
+            if not self.path.rstrip("/").endswith("/stats"):
+                self.reply(404, {"error": {"message": "only /stats is here"}})
+                return
+            with LOCK:
+                self.reply(200, dict(STATS))
+
         def do_POST(self):
             length = int(self.headers.get("content-length") or 0)
             raw = self.rfile.read(length)
+            with LOCK:
+                STATS["requests"] += 1
             if self.headers.get("authorization") != f"Bearer {api_key}":
                 self.reply(401, {"error": {"message": "missing or wrong API key"}})
                 return

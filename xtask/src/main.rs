@@ -184,6 +184,7 @@ fn build_guests() -> Result<PathBuf> {
         "assistant",
         "steerable",
         "approval",
+        "researcher",
     ] {
         let from = built.join(format!("{name}.wasm"));
         let to = out.join(format!("{name}.wasm"));
@@ -439,6 +440,12 @@ fn demo() -> Result<()> {
     put("js-agent", "js-chat", "env HOME", &[])?;
     put("js-agent", "js-chat", "recall", &[])?;
     put("assistant", "asst-1", "What is 40 + 2?", &[])?;
+    put(
+        "researcher",
+        "notes-lisbon",
+        "Lisbon in three notes (fail once)",
+        &[],
+    )?;
     put("steerable", "research-1", "survey the 2024 figures", &[])?;
     // Three tool calls that wait for a person: one is approved, one rejected, one times out.
     put("approval", "approve-1", "What is 40 + 2?", &[])?;
@@ -453,6 +460,8 @@ fn demo() -> Result<()> {
         enqueued[enqueued.len() - 3].clone(),
         enqueued[enqueued.len() - 2].clone(),
     );
+    // Enqueued before the steerable agent's and the three approvals.
+    let researched = enqueued[enqueued.len() - 5].clone();
     // A message to a thread with no run starts a dispatch of the agent it names to answer it.
     let seq = cli(&[
         "thread",
@@ -551,6 +560,19 @@ fn demo() -> Result<()> {
     println!("{}", cli(&["thread", "log", "js-chat"])?);
     println!("== the assistant's thread log (asst-1: question, tool call, tool result, answer)");
     println!("{}", cli(&["thread", "log", "asst-1"])?);
+    let research = cli(&["dispatch", "show", &researched, "--json"])?;
+    if !(research.contains("\"status\": \"acked\"") && research.contains("\"attempt\": 1")) {
+        return Err(format!(
+            "the researcher's dispatch should be acked on its second attempt: {research}"
+        ));
+    }
+    println!(
+        "== the researcher's journal (notes-lisbon: attempt 0 wrote two notes, and its third model \
+         call failed; attempt 1 answered the first two calls and appends from the journal)"
+    );
+    println!("{}", cli(&["dispatch", "show", &researched, "--journal"])?);
+    println!("== its thread log (each note once)");
+    println!("{}", cli(&["thread", "log", "notes-lisbon"])?);
     println!(
         "== the steered run's thread log (research-1: the steer is acknowledged into the log)"
     );

@@ -14,9 +14,12 @@
 //! - `scenarios`: what is measured;
 //! - `scale`: commands and a host's start against stores retaining 1k to 1M records (only
 //!   with `--only scale`: it takes minutes);
-//! - `target`: fresh stores per sample and host runs on them.
+//! - `target`: fresh stores per sample and host runs on them;
+//! - `outbound` and `journal`: one outbound request through the http-probe guest, live, and
+//!   journaled (recorded, then replayed) (only with `--only outbound`, `--only journal`).
 
 mod api;
+mod journal;
 mod messages;
 mod outbound;
 mod scale;
@@ -121,6 +124,9 @@ pub enum Scenario {
     /// Waitpoints: completion to running again, p50 and p99; a host's memory with many
     /// dispatches waiting (run only when named: it starts host processes).
     Waitpoints,
+    /// The journal: what recording adds to an outbound request, and what a replayed one costs
+    /// (run only when named: it needs the http-probe test guest).
+    Journal,
 }
 
 /// What `homing bench` was asked.
@@ -151,7 +157,7 @@ impl BenchArgs {
     fn wants(&self, scenario: Scenario) -> bool {
         if matches!(
             scenario,
-            Scenario::Scale | Scenario::Outbound | Scenario::Waitpoints
+            Scenario::Scale | Scenario::Outbound | Scenario::Waitpoints | Scenario::Journal
         ) {
             return self.only.contains(&scenario);
         }
@@ -189,13 +195,17 @@ pub async fn run(args: &BenchArgs) -> anyhow::Result<()> {
         }
     };
     let mut figures = Vec::new();
+    let probe = args.http_probe.clone().unwrap_or_else(|| {
+        echo.parent()
+            .unwrap_or(std::path::Path::new("."))
+            .join("http_probe.wasm")
+    });
+    let samples = if args.quick { 200 } else { 2_000 };
     if args.wants(Scenario::Outbound) {
-        let probe = args.http_probe.clone().unwrap_or_else(|| {
-            echo.parent()
-                .unwrap_or(std::path::Path::new("."))
-                .join("http_probe.wasm")
-        });
-        figures.extend(outbound::outbound(&probe, if args.quick { 200 } else { 2_000 }).await?);
+        figures.extend(outbound::outbound(&probe, samples).await?);
+    }
+    if args.wants(Scenario::Journal) {
+        figures.extend(journal::journal(&probe, samples).await?);
     }
     let mut targets = Vec::new();
     let mut _local = None;

@@ -24,58 +24,121 @@ use crate::scratch::ScratchDir;
 use crate::store::SystemClock;
 use crate::store::embedded::EmbeddedStore;
 
+/// The http-probe guest loaded as plugin `probe` on an in-memory store, allowed to reach a
+/// server in this process that answers every request with `ok`.
+pub(super) struct Probe {
+    runtime: Runtime,
+    plugin: crate::runtime::Plugin,
+    store: crate::store::Store,
+    addr: std::net::SocketAddr,
+    server: tokio::task::JoinHandle<std::io::Result<()>>,
+    /// Dispatches claimed for calls, by thread: calls on one thread share one claim.
+    claimed: std::collections::HashMap<String, crate::store::Dispatch>,
+    _dir: ScratchDir,
+}
+
+impl Probe {
+    /// Starts the server and loads the guest at `probe`.
+    pub(super) async fn start(probe: &Path) -> anyhow::Result<Probe> {
+        if !probe.exists() {
+            bail!(
+                "the http-probe guest {} is missing; build it with `cargo build --release --target \
+             wasm32-wasip2` in tests/guests (or pass --http-probe)",
+                probe.display()
+            );
+        }
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
+        let addr = listener.local_addr()?;
+        let app = axum::Router::new().fallback(|| async { "ok" });
+        let server = tokio::spawn(async move { axum::serve(listener, app).await });
+
+        let dir = ScratchDir::new("bench-outbound").context("a directory for the bench")?;
+        let text = format!(
+            "[plugins.probe]\npath = {:?}\nallowed_outbound_hosts = [\"http://127.0.0.1:{}\"]\n",
+            probe.display().to_string(),
+            addr.port()
+        );
+        let config = Config::parse(&text, "homing bench", dir.path())?;
+        let runtime = Runtime::new(&config)?;
+        let plugin_config = config
+            .plugins
+            .get("probe")
+            .context("the bench config has the probe")?
+            .clone();
+        let store = EmbeddedStore::open_in_memory(Arc::new(SystemClock))?.store();
+        let ctx = Arc::new(PluginContext::standalone(
+            "probe",
+            plugin_config,
+            store.clone(),
+            dir.path().to_path_buf(),
+        ));
+        let plugin = runtime.load_plugin(ctx, probe)?;
+        Ok(Probe {
+            runtime,
+            plugin,
+            store,
+            addr,
+            server,
+            claimed: Default::default(),
+            _dir: dir,
+        })
+    }
+
+    /// The server's URL.
+    pub(super) fn url(&self) -> String {
+        format!("http://127.0.0.1:{}/", self.addr.port())
+    }
+
+    /// `samples` handle calls with `payload`, on the claim of `thread` (claimed on its first
+    /// use), journaled as [`super::scenarios::calls_on`] says.
+    pub(super) async fn calls(
+        &mut self,
+        thread: &str,
+        payload: &str,
+        samples: usize,
+        journal: Option<(crate::claim::JournalSettings, u32)>,
+    ) -> anyhow::Result<Vec<f64>> {
+        let claimed = match self.claimed.get(thread) {
+            Some(claimed) => claimed.clone(),
+            None => {
+                let claimed =
+                    super::scenarios::claimed_for_calls(&self.plugin, &self.store, thread, payload)
+                        .await?;
+                self.claimed.insert(thread.to_owned(), claimed.clone());
+                claimed
+            }
+        };
+        super::scenarios::calls_on(
+            &self.runtime,
+            &self.plugin,
+            &self.store,
+            &claimed,
+            samples,
+            journal,
+        )
+        .await
+        .context("the probe's handle call")
+    }
+
+    /// Stops the server.
+    pub(super) fn stop(&self) {
+        self.server.abort();
+    }
+}
+
 /// Measures `samples` requests each way.
 pub(super) async fn outbound(probe: &Path, samples: usize) -> anyhow::Result<Vec<Figure>> {
-    if !probe.exists() {
-        bail!(
-            "the http-probe guest {} is missing; build it with `cargo build --release --target \
-             wasm32-wasip2` in tests/guests (or pass --http-probe)",
-            probe.display()
-        );
-    }
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
-    let addr = listener.local_addr()?;
-    let app = axum::Router::new().fallback(|| async { "ok" });
-    let server = tokio::spawn(async move { axum::serve(listener, app).await });
-
-    let dir = ScratchDir::new("bench-outbound").context("a directory for the bench")?;
-    let text = format!(
-        "[plugins.probe]\npath = {:?}\nallowed_outbound_hosts = [\"http://127.0.0.1:{}\"]\n",
-        probe.display().to_string(),
-        addr.port()
-    );
-    let config = Config::parse(&text, "homing bench", dir.path())?;
-    let runtime = Runtime::new(&config)?;
-    let plugin_config = config
-        .plugins
-        .get("probe")
-        .context("the bench config has the probe")?
-        .clone();
-    let store = EmbeddedStore::open_in_memory(Arc::new(SystemClock))?.store();
-    let ctx = Arc::new(PluginContext::standalone(
-        "probe",
-        plugin_config,
-        store.clone(),
-        dir.path().to_path_buf(),
-    ));
-    let plugin = runtime.load_plugin(ctx, probe)?;
-
-    let url = format!("http://127.0.0.1:{}/", addr.port());
+    let mut probe = Probe::start(probe).await?;
+    let addr = probe.addr;
+    let url = probe.url();
     let mut through_guest = Vec::new();
     for (thread, payload) in [
         ("none", serde_json::json!({})),
         ("one", serde_json::json!({ "url": url })),
     ] {
-        let times = super::scenarios::handle_calls(
-            &runtime,
-            &plugin,
-            &store,
-            thread,
-            &payload.to_string(),
-            samples,
-        )
-        .await
-        .context("the probe's handle call")?;
+        let times = probe
+            .calls(thread, &payload.to_string(), samples, None)
+            .await?;
         through_guest.push(figure(
             format!("http-probe fresh instance + call, {thread} request"),
             "µs",
@@ -104,7 +167,7 @@ pub(super) async fn outbound(probe: &Path, samples: usize) -> anyhow::Result<Vec
         drop(sender);
         let _ = conn.await;
     }
-    server.abort();
+    probe.stop();
 
     let none = through_guest[0].median;
     let one = through_guest[1].median;

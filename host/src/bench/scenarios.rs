@@ -174,6 +174,17 @@ pub(super) async fn handle_calls(
     payload: &str,
     n: usize,
 ) -> anyhow::Result<Vec<f64>> {
+    let claimed = claimed_for_calls(plugin, store, thread, payload).await?;
+    calls_on(runtime, plugin, store, &claimed, n, None).await
+}
+
+/// Enqueues a dispatch of `plugin` on `thread` and claims it (recording its start).
+pub(super) async fn claimed_for_calls(
+    plugin: &crate::runtime::Plugin,
+    store: &crate::store::Store,
+    thread: &str,
+    payload: &str,
+) -> anyhow::Result<crate::store::Dispatch> {
     let agent = plugin.ctx.name.as_str();
     store
         .mailbox
@@ -184,8 +195,33 @@ pub(super) async fn handle_calls(
         .claim_started(agent, "bench", 600_000)
         .await?
         .context("the dispatch just enqueued could not be claimed")?;
+    Ok(claimed)
+}
+
+/// `n` handle calls, each on a fresh instance, all on the claim `claimed`; with `journal`, each
+/// call's claim is journaled under those settings as claim number `.1` of the dispatch (1:
+/// recording, as a first run does; 2 and up: replaying what was recorded).
+pub(super) async fn calls_on(
+    runtime: &Runtime,
+    plugin: &crate::runtime::Plugin,
+    store: &crate::store::Store,
+    claimed: &crate::store::Dispatch,
+    n: usize,
+    journal: Option<(crate::claim::JournalSettings, u32)>,
+) -> anyhow::Result<Vec<f64>> {
+    let agent = plugin.ctx.name.as_str();
     let mut samples = Vec::with_capacity(n);
     for _ in 0..n {
+        let recorder = journal.and_then(|(settings, number)| {
+            crate::claim::Recorder::new(
+                store,
+                crate::store::Fence::of(claimed)?,
+                agent,
+                number,
+                claimed.attempt,
+                settings,
+            )
+        });
         let claim = crate::runtime::host::ClaimHandle {
             dispatch: claimed.clone(),
             token: claimed.token().unwrap_or_default().to_owned(),
@@ -196,7 +232,7 @@ pub(super) async fn handle_calls(
             tokens: Vec::new(),
             lease: None,
             span: tracing::Span::none(),
-            journal: None,
+            journal: recorder,
             warned_steps: false,
         };
         let start = Instant::now();
