@@ -20,6 +20,13 @@
 //! ([`Recorder::release`]), so the retry of that call finds it. The journal is loaded once per
 //! claim, lazily and only when the dispatch ran before (`claims > 1`).
 //!
+//! The wall-clock and random values the run reads between two calls ride on the entry of the
+//! call that follows them ([`Recorder::wall_clock`], [`Recorder::random`]): while the run
+//! replays, each read is answered with the earlier run's value at the same point, so a request
+//! built from a timestamp or a random id is the same request again. They are read without
+//! touching the store (the journal is loaded before the run starts, [`Recorder::prepare`]);
+//! values read after a run's last call are never recorded (no entry follows them).
+//!
 //! Steps (`step-get`, `step-put`) are kept by key, beside the calls, under `journal = "steps"`
 //! and `"run"`.
 //!
@@ -36,7 +43,7 @@ use tokio::sync::OnceCell;
 use tracing::{info, warn};
 
 use crate::config::JournalMode;
-use crate::store::journal::{CallEntry, CallKind, NewStep};
+use crate::store::journal::{CallEntry, CallKind, Cheap, NewStep};
 use crate::store::{Fence, Store, StoreError, StoreResult};
 use crate::telemetry::{JOURNAL_DIVERGENCES, JOURNAL_RECORDED, JOURNAL_REPLAYED, JOURNAL_SAVED_MS};
 
@@ -78,6 +85,22 @@ struct State {
     capped: bool,
     /// Steps this claim stored, newest value per key.
     steps: BTreeMap<String, Vec<u8>>,
+    /// The wall-clock and random values read since the last call started (they go with the
+    /// next call's entry). Replayed from the entry at `next` while the replay lasts.
+    pending: Cheap,
+}
+
+/// The most bytes of wall-clock and random values kept for one entry: a guest drawing more
+/// random bytes than this between two calls gets the rest live on a replay.
+pub const MAX_CHEAP: usize = 64 * 1024;
+
+/// Which random source a value came from.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum RandomSource {
+    /// `wasi:random/random`.
+    Secure,
+    /// `wasi:random/insecure`.
+    Insecure,
 }
 
 /// The journal of one claim's run.
@@ -103,6 +126,8 @@ pub struct Call {
     pub kind: CallKind,
     /// The digest of what it asks.
     pub identity: String,
+    /// The wall-clock and random values read before it (since the previous call started).
+    cheap: Cheap,
     started: Instant,
 }
 
@@ -153,6 +178,71 @@ impl Recorder {
         }))
     }
 
+    /// Loads the earlier runs' journal now (a run that replays reads its clock and random
+    /// values without waiting). A journal that cannot be read is loaded lazily later.
+    pub async fn prepare(&self) {
+        if self.journals_calls()
+            && let Err(e) = self.earlier().await
+        {
+            warn!(agent = %self.agent, dispatch = %self.fence.dispatch, "the journal could not be read before the run: {e}");
+        }
+    }
+
+    /// The earlier run's cheap values for the next call, while the replay lasts.
+    fn replaying<'a>(&'a self, state: &State) -> Option<&'a Cheap> {
+        if state.diverged.is_some_and(|at| state.next >= at) {
+            return None;
+        }
+        self.earlier
+            .get()?
+            .calls
+            .get(&state.next)
+            .map(|entry| &entry.cheap)
+    }
+
+    /// A wall-clock read: the earlier run's value at this point while the replay lasts, else
+    /// `live`; kept for the next entry.
+    pub fn wall_clock(&self, live: std::time::Duration) -> std::time::Duration {
+        let live = u64::try_from(live.as_nanos()).unwrap_or(u64::MAX);
+        let mut state = self.state();
+        let at = state.pending.clock.len();
+        let value = self
+            .replaying(&state)
+            .and_then(|cheap| cheap.clock.get(at).copied())
+            .unwrap_or(live);
+        if state.pending.len() + 8 <= MAX_CHEAP {
+            state.pending.clock.push(value);
+        }
+        std::time::Duration::from_nanos(value)
+    }
+
+    /// A random read filling `buf`: the earlier run's bytes at this point while the replay
+    /// lasts, else `live` fills it; kept for the next entry.
+    pub fn random(&self, source: RandomSource, buf: &mut [u8], live: impl FnOnce(&mut [u8])) {
+        let mut state = self.state();
+        let at = match source {
+            RandomSource::Secure => state.pending.random.len(),
+            RandomSource::Insecure => state.pending.insecure.len(),
+        };
+        let earlier = self.replaying(&state).and_then(|cheap| {
+            let drawn = match source {
+                RandomSource::Secure => &cheap.random,
+                RandomSource::Insecure => &cheap.insecure,
+            };
+            drawn.get(at..at + buf.len())
+        });
+        match earlier {
+            Some(bytes) => buf.copy_from_slice(bytes),
+            None => live(buf),
+        }
+        if state.pending.len() + buf.len() <= MAX_CHEAP {
+            match source {
+                RandomSource::Secure => state.pending.random.extend_from_slice(buf),
+                RandomSource::Insecure => state.pending.insecure.extend_from_slice(buf),
+            }
+        }
+    }
+
     /// Whether the run's calls are journaled (`journal = "run"`), not only its steps.
     pub fn journals_calls(&self) -> bool {
         self.settings.mode == JournalMode::Run
@@ -196,6 +286,7 @@ impl Recorder {
             pos,
             kind,
             identity,
+            cheap: std::mem::take(&mut state.pending),
             started: Instant::now(),
         }
     }
@@ -263,6 +354,12 @@ impl Recorder {
         let mut state = self.state();
         if state.next == call.pos.saturating_add(1) {
             state.next = call.pos;
+            // Its values go with the call that takes the position next.
+            let mut cheap = call.cheap.clone();
+            cheap.clock.append(&mut state.pending.clock);
+            cheap.random.append(&mut state.pending.random);
+            cheap.insecure.append(&mut state.pending.insecure);
+            state.pending = cheap;
         }
     }
 
@@ -291,7 +388,8 @@ impl Recorder {
             self.claim,
             self.attempt,
             call.elapsed_us(),
-        );
+        )
+        .with_cheap(call.cheap.clone());
         let held = self.earlier().await.map_or(0, |e| e.bytes);
         let mut state = self.state();
         if state.capped {

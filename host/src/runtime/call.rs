@@ -187,7 +187,7 @@ impl Runtime {
         let reuse = plugin.ctx.config.reuse_instance;
         let (mut store, instance, uses) = match warm.take() {
             Some(w) if w.uses < reuse => (w.store, Some(w.instance), w.uses),
-            _ => match self.new_store(plugin) {
+            _ => match self.new_store_for(plugin, Some(&claim.dispatch.id)) {
                 Ok(store) => (store, None, 0),
                 Err(e) => return not_started(claim, format!("{e:#}")),
             },
@@ -198,6 +198,10 @@ impl Runtime {
             return not_started(claim, format!("{e:#}"));
         }
         store.data_mut().abort = None;
+        if let Some(recorder) = &claim.journal {
+            // A replaying run reads its clock and random values from the journal at once.
+            recorder.prepare().await;
+        }
         store.data_mut().begin(&claim);
         let span = guest_call_span(&claim, instance.is_none());
         let resource = match store.data_mut().table().push(claim) {

@@ -21,10 +21,11 @@ use wasmtime::{Engine, Store as WasmStore, UpdateDeadline};
 use wasmtime_wasi::sockets::SocketAddrUse;
 use wasmtime_wasi::{FsPerms, WasiCtxBuilder};
 
-use super::host::{Abort, GuestState, LogState, PluginContext, Secrets};
+use super::host::{Abort, GuestState, JournalSlot, LogState, PluginContext, Secrets};
 use super::outbound::Outbound;
 use super::{Runtime, WasmContext, bindings, cache, output};
 use crate::claim::StopReason;
+use crate::claim::journal::RandomSource;
 use crate::config::PluginConfig;
 
 /// Which world a component implements.
@@ -254,6 +255,22 @@ impl Runtime {
     ///
     /// When a granted directory cannot be opened or fuel cannot be set.
     pub fn new_store(&self, plugin: &Plugin) -> anyhow::Result<WasmStore<GuestState>> {
+        self.new_store_for(plugin, None)
+    }
+
+    /// [`Runtime::new_store`] for the run of one dispatch: under `journal = "run"`, the
+    /// instance's `wasi:random/insecure-seed` is derived from the dispatch's id (`dispatch`),
+    /// so every run of the dispatch reads the same seed (a hash map's keys in Rust's standard
+    /// library come from it) and a replay builds the same requests.
+    ///
+    /// # Errors
+    ///
+    /// As [`Runtime::new_store`].
+    pub fn new_store_for(
+        &self,
+        plugin: &Plugin,
+        dispatch: Option<&str>,
+    ) -> anyhow::Result<WasmStore<GuestState>> {
         let config = &plugin.ctx.config;
         let log = Arc::new(Mutex::new(LogState {
             secrets: plugin.secrets.clone(),
@@ -317,8 +334,21 @@ impl Runtime {
             });
         }
         let http = plugin.outbound.hooks(log.clone());
-        let state = GuestState::new(wasi.build(), plugin.ctx.clone(), log)
+        // Under `journal = "run"` the wall clock and random sources read through the current
+        // claim's journal, so a replayed run reads what its earlier run read.
+        let journal_slot = (config.journal == crate::config::JournalMode::Run).then(|| {
+            let slot = JournalSlot::default();
+            wasi.wall_clock(slot.wall_clock());
+            wasi.secure_random(slot.random(RandomSource::Secure));
+            wasi.insecure_random(slot.random(RandomSource::Insecure));
+            if let Some(dispatch) = dispatch {
+                wasi.insecure_random_seed(seed_of(dispatch));
+            }
+            slot
+        });
+        let mut state = GuestState::new(wasi.build(), plugin.ctx.clone(), log)
             .with_grants(http, plugin.config_vars.clone());
+        state.journal_slot = journal_slot;
         let mut store = WasmStore::new(&self.engine, state);
         store.limiter(|s| &mut s.limits);
         if let Some(fuel) = config.fuel {
@@ -360,6 +390,16 @@ fn check_journal(name: &str, config: &PluginConfig, world: World) -> anyhow::Res
         );
     }
     Ok(())
+}
+
+/// The `wasi:random/insecure-seed` of the runs of `dispatch` under `journal = "run"`: the
+/// first 16 bytes of the SHA-256 of its id.
+fn seed_of(dispatch: &str) -> u128 {
+    use sha2::Digest;
+    let digest = sha2::Sha256::digest(dispatch.as_bytes());
+    let mut bytes = [0u8; 16];
+    bytes.copy_from_slice(&digest[..16]);
+    u128::from_le_bytes(bytes)
 }
 
 /// The world a component implements, from its exports.

@@ -93,6 +93,34 @@ impl FromStr for CallKind {
     }
 }
 
+/// The wall-clock and random values a run read between two journaled calls, in the order it
+/// read them: they ride on the entry of the call that follows them, so a replay gives the run
+/// the same values at the same points.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Cheap {
+    /// Wall-clock reads (ns since the Unix epoch).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub clock: Vec<u64>,
+    /// The bytes drawn from `wasi:random/random`, in order.
+    #[serde(default, skip_serializing_if = "Vec::is_empty", with = "bytes_b64")]
+    pub random: Vec<u8>,
+    /// The bytes drawn from `wasi:random/insecure`, in order.
+    #[serde(default, skip_serializing_if = "Vec::is_empty", with = "bytes_b64")]
+    pub insecure: Vec<u8>,
+}
+
+impl Cheap {
+    /// Whether nothing was read.
+    pub fn is_empty(&self) -> bool {
+        self.clock.is_empty() && self.random.is_empty() && self.insecure.is_empty()
+    }
+
+    /// The bytes it takes.
+    pub fn len(&self) -> usize {
+        self.clock.len() * 8 + self.random.len() + self.insecure.len()
+    }
+}
+
 /// One journaled call of a run.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct CallEntry {
@@ -109,6 +137,10 @@ pub struct CallEntry {
     /// (less `set-cookie`) and the URL shown without query values; for a log read the range
     /// it returned; for an append its sequence (set by the store); for an enqueue the new id.
     pub answer: serde_json::Value,
+    /// The wall-clock and random values the run read after the previous call started and
+    /// before this one did.
+    #[serde(default, skip_serializing_if = "Cheap::is_empty")]
+    pub cheap: Cheap,
     /// The response body of an `http` entry (`None` when it was too large to keep: a replay
     /// then makes the call live).
     #[serde(default, skip_serializing_if = "Option::is_none", with = "opt_bytes")]
@@ -145,6 +177,7 @@ impl CallEntry {
             kind,
             identity,
             answer,
+            cheap: Cheap::default(),
             body,
             claim,
             attempt,
@@ -159,7 +192,15 @@ impl CallEntry {
     /// The size this entry takes ([`CallEntry::size`]).
     pub fn measure(&self) -> u64 {
         let answer = serde_json::to_string(&self.answer).map_or(0, |s| s.len());
-        (answer + self.body.as_ref().map_or(0, Vec::len) + self.identity.len()) as u64
+        (answer + self.body.as_ref().map_or(0, Vec::len) + self.identity.len() + self.cheap.len())
+            as u64
+    }
+
+    /// The entry with the cheap values read before its call, its size measured again.
+    pub fn with_cheap(mut self, cheap: Cheap) -> CallEntry {
+        self.cheap = cheap;
+        self.size = self.measure();
+        self
     }
 
     /// The entry as a listing shows it: without its body (its size stays).

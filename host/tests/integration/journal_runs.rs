@@ -202,6 +202,34 @@ fn a_retried_run_repeats_no_model_call_and_appends_nothing_twice() {
 }
 
 #[test]
+fn a_replayed_run_reads_the_clock_and_random_values_its_first_run_read() {
+    let model = Model::start();
+    let env = env_with(&model, "run", "");
+    let payload = json!({"url": model.url(), "prompt": "s", "fail_on_attempts": [0],
+        "stamp": true});
+    let id = env.enqueue("agent", "chat-4", &payload.to_string(), &[]);
+    let log = run(&env);
+    // Each request carried a time and a random number read just before it: the retry sent
+    // the same ones, so every request was answered from the journal.
+    assert_eq!(model.requests(), 3, "{log}");
+    let stamps: Vec<Value> = model
+        .seen
+        .lock()
+        .unwrap()
+        .iter()
+        .map(|r| r["stamp"].clone())
+        .collect();
+    assert!(
+        stamps
+            .iter()
+            .all(|s| s["now"].as_u64().is_some_and(|n| n > 0)),
+        "{stamps:?}"
+    );
+    assert_eq!(env.show(&id)["attempt"], 1);
+    assert_eq!(output(&env, &id)["answers"].as_array().unwrap().len(), 3);
+}
+
+#[test]
 fn a_retry_that_changes_its_prompt_diverges_there_and_goes_live() {
     let model = Model::start();
     let env = env_with(&model, "run", "");

@@ -18,6 +18,7 @@
 //! caps on what one dispatch may do (enqueues, log volume, read sizes). The `types` interface
 //! has no functions.
 
+mod cheap;
 mod claim;
 mod journaled;
 mod log;
@@ -45,6 +46,7 @@ use crate::claim::{ClaimControl, Claimer, StopReason};
 use crate::config::PluginConfig;
 use crate::config::vars::Resolved;
 use crate::store::Store;
+pub use cheap::JournalSlot;
 pub use claim::dispatch_info;
 pub use log::{LogState, LogTag, REDACTED, Secrets, escape_log_text};
 pub use policy::{
@@ -155,6 +157,8 @@ pub struct GuestState {
     pub http: HttpHooks,
     /// What `wasi:config/store` answers.
     pub config_vars: Arc<WasiConfigVariables>,
+    /// Under `journal = "run"`: the journal its wall clock and random sources read through.
+    pub journal_slot: Option<JournalSlot>,
 }
 
 impl std::fmt::Debug for GuestState {
@@ -203,6 +207,7 @@ impl GuestState {
             abort: None,
             claims_left: 0,
             first_claim: None,
+            journal_slot: None,
         }
     }
 
@@ -230,6 +235,9 @@ impl GuestState {
             .journal
             .clone()
             .filter(|recorder| recorder.journals_calls());
+        if let Some(slot) = &self.journal_slot {
+            slot.set(self.http.journal.clone());
+        }
         if let Ok(mut log) = self.log.lock() {
             log.begin(LogTag {
                 dispatch: claim.dispatch.id.clone(),

@@ -11,13 +11,13 @@ use rusqlite::{Connection, Row, params};
 use super::log::{marks, push_entry};
 use super::rows::db;
 use super::{EmbeddedStore, MAX_VALUE, MAX_VALUE_WHY};
-use crate::store::journal::{CallEntry, Journal, JournalData, NewStep, Step};
+use crate::store::journal::{CallEntry, Cheap, Journal, JournalData, NewStep, Step};
 use crate::store::model::Fence;
 use crate::store::rules::clamp;
 use crate::store::{StoreError, StoreResult, check_size};
 
-const CALL_COLUMNS: &str =
-    "dispatch, pos, kind, identity, answer, body, claim, attempt, recorded_at, duration_us, size";
+const CALL_COLUMNS: &str = "dispatch, pos, kind, identity, answer, body, claim, attempt, \
+    recorded_at, duration_us, size, cheap";
 
 fn corrupt(key: String, reason: impl Into<String>) -> StoreError {
     StoreError::Corrupt {
@@ -38,7 +38,15 @@ fn decode_call(row: &Row<'_>) -> StoreResult<CallEntry> {
     let kind: String = row.get(2).map_err(field)?;
     let identity: Vec<u8> = row.get(3).map_err(field)?;
     let answer: String = row.get(4).map_err(field)?;
+    let cheap: Option<Vec<u8>> = row.get(11).map_err(field)?;
+    let cheap = match cheap {
+        Some(json) => {
+            serde_json::from_slice(&json).map_err(|e| corrupt(key(), format!("cheap: {e}")))?
+        }
+        None => Cheap::default(),
+    };
     Ok(CallEntry {
+        cheap,
         kind: kind.parse().map_err(|e: String| corrupt(key(), e))?,
         identity: String::from_utf8(identity).map_err(|e| corrupt(key(), e.to_string()))?,
         answer: serde_json::from_str(&answer)
@@ -74,9 +82,17 @@ fn decode_step(row: &Row<'_>) -> StoreResult<Step> {
 fn save_call(tx: &Connection, entry: &CallEntry, now: u64) -> StoreResult<()> {
     let answer = serde_json::to_string(&entry.answer)
         .map_err(|e| StoreError::Invalid(format!("answer: {e}")))?;
+    let cheap = if entry.cheap.is_empty() {
+        None
+    } else {
+        Some(
+            serde_json::to_vec(&entry.cheap)
+                .map_err(|e| StoreError::Invalid(format!("cheap: {e}")))?,
+        )
+    };
     tx.prepare_cached(&format!(
         "INSERT OR REPLACE INTO journal ({CALL_COLUMNS}) \
-         VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11)"
+         VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12)"
     ))
     .map_err(db)?
     .execute(params![
@@ -91,6 +107,7 @@ fn save_call(tx: &Connection, entry: &CallEntry, now: u64) -> StoreResult<()> {
         clamp(now),
         clamp(entry.duration_us),
         clamp(entry.size),
+        cheap,
     ])
     .map_err(db)?;
     Ok(())

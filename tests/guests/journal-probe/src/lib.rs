@@ -14,7 +14,9 @@
 //! `fail_on_attempts` it traps after `after` turns (default: all of them). After its turns it
 //! enqueues one follow-up to `enqueue_to` when that is set. Unless it traps it returns
 //! `{"answers": [...], "log": N}`: each turn's answer and the log's watermark. From turn
-//! `vary_from` on, the prompt names the attempt, so a retry asks something else there.
+//! `vary_from` on, the prompt names the attempt, so a retry asks something else there. With
+//! `stamp`, each request also carries the wall-clock time and a random number read just
+//! before it, so only a run given the same clock and random values asks the same.
 
 use homing_guest::http::{Method, Request};
 use homing_guest::{Claim, Enqueue, Handler, config};
@@ -33,6 +35,20 @@ struct Probe {
     after: Option<u32>,
     enqueue_to: Option<String>,
     vary_from: Option<u32>,
+    #[serde(default)]
+    stamp: bool,
+}
+
+/// A wall-clock time (ms) and a number drawn from the guest's random source, read now.
+fn stamp() -> (u64, u64) {
+    use std::hash::{BuildHasher, Hasher};
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_millis() as u64);
+    // A fresh `RandomState` draws its keys from `wasi:random` (once per instance).
+    let mut hasher = std::collections::hash_map::RandomState::new().build_hasher();
+    hasher.write_u64(7);
+    (now, hasher.finish())
 }
 
 fn three() -> u32 {
@@ -61,7 +77,11 @@ impl Handler for JournalProbe {
                 Some(from) if turn >= from => format!("{} (attempt {})", probe.prompt, claim.attempt()),
                 _ => probe.prompt.clone(),
             };
-            let body = json!({"prompt": prompt, "turn": turn, "history": history});
+            let mut body = json!({"prompt": prompt, "turn": turn, "history": history});
+            if probe.stamp {
+                let (now, random) = stamp();
+                body["stamp"] = json!({"now": now, "random": random.to_string()});
+            }
             let response = Request::new(Method::Post, &probe.url)
                 .header("authorization", format!("Bearer {key}").as_str())
                 .header("content-type", "application/json")
