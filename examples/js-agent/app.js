@@ -13,6 +13,11 @@
 // suspends the run; the resumed run (after `homing waitpoint complete`, the API or the
 // dashboard) replies with what became of it. With a `notify-url`, the waitpoint's token and
 // callback URL are POSTed there when the host hands them out (never logged).
+// `research <n> <url> [fail-first]` makes `n` model calls with `fetch()`: each POSTs
+// `{"turn":i,"history":<entries in the thread log, read just before>}` to `url`, and each answer
+// is appended to the log as `{"role":"tool",...}`; the reply is the answers joined by ` | `.
+// With `fail-first`, attempt 0 throws after the calls (before the turn's user and agent
+// entries), so the dispatch is retried.
 //
 // StarlingMonkey has no file system, environment or socket API of its own, so the `read`,
 // `env` and `connect` tools call the WASI imports of the `tool-agent` world
@@ -54,6 +59,7 @@ function respond(claim) {
 
   if (tool === 'http') return httpTurn(claim, arg, message);
   if (tool === 'wait-for') return waitTurn(claim, arg, message);
+  if (tool === 'research') return researchTurn(claim, arg, message);
 
   let reply;
   if (tool === 'flaky') {
@@ -102,6 +108,41 @@ async function httpTurn(claim, arg, message) {
     reply = `tool http failed: ${e && e.message ? e.message : e}`;
   }
   return record(claim, 'http', message, reply);
+}
+
+/** The `research <n> <url> [fail-first]` turn: `n` POSTs to `url` in sequence, each after
+ * reading the thread log (as an agent builds its conversation), each answer appended to the
+ * log as a `tool` turn. With `fail-first`, attempt 0 throws after the calls: a nack, before the
+ * turn's user and agent entries. */
+async function researchTurn(claim, arg, message) {
+  const [count, url, ...flag] = arg.split(/\s+/).filter((w) => w);
+  const n = Number(count);
+  const failFirst = flag.length === 1 && flag[0] === 'fail-first';
+  if (!Number.isInteger(n) || n < 0 || url === undefined || (flag.length > 0 && !failFirst)) {
+    return record(claim, 'research', message, 'tool research failed: expected <n> <url> [fail-first]');
+  }
+  const answers = [];
+  for (let turn = 0; turn < n; turn++) {
+    const history = claim.readLogAll().length;
+    let answer;
+    try {
+      const response = await fetch(url, {
+        method: 'POST',
+        headers: { 'content-type': 'application/json' },
+        body: JSON.stringify({ turn, history }),
+      });
+      answer = await response.text();
+      if (response.status >= 300) throw new ToolError(`${url} answered ${response.status}`);
+    } catch (e) {
+      return record(claim, 'research', message, `tool research failed: ${e && e.message ? e.message : e}`);
+    }
+    claim.append(JSON.stringify({ role: 'tool', content: answer }));
+    answers.push(answer);
+  }
+  if (failFirst && claim.attempt === 0) {
+    throw new Error(`research failed on attempt 0 after ${n} calls (fail-first)`);
+  }
+  return record(claim, 'research', message, answers.join(' | '));
 }
 
 /** The `wait-for <name> [ms] [notify-url]` turn: `undefined` once the run is suspended (the

@@ -19,6 +19,7 @@ can pick the conversation up: the log is its only memory. The reply is the dispa
 | `inbox` | acknowledges the messages pending in the thread's inbox and replies with them |
 | `wait <n> [ms]` | waits for up to `n` inbox messages (up to `ms`, default 10000, for each), acknowledging each |
 | `wait-for <name> [ms] [notify-url]` | waits for a person: creates the waitpoint `<name>` (timing out after `ms`, default 3600000) and suspends; the resumed run replies with what became of it |
+| `research <n> <url> [fail-first]` | `n` model calls in sequence: POSTs `{"turn": i, "history": <log entries>}` to `url` (needs `allowed_outbound_hosts`), appends each answer to the log as `{"role": "tool", "content": ...}`, replies with the answers separated by a vertical bar (space, bar, space); with `fail-first`, attempt 0 fails after the calls |
 | anything else | a reply that counts the turns |
 
 Messages sent to the thread (`homing thread send`) reach the agent through its inbox: `inbox`
@@ -35,6 +36,12 @@ API, the dashboard) resumes the dispatch, which runs again from the start and re
 `notify-url` (it needs `allowed_outbound_hosts`), the waitpoint's token and callback URL are
 POSTed there as JSON (`{"waitpoint", "name", "token", "callback_url"}`) when the host hands them
 out, so that whoever receives them can complete it; they are never logged.
+
+`research` is how an agent builds a conversation with a model: before each call it reads the
+thread log (the answers so far are in it) and sends how many entries it holds; each answer is
+appended as a `tool` turn as soon as it arrives. With `fail-first`, the first attempt raises
+after its calls, before the user and agent turns are appended, so the dispatch is retried: under
+`journal = "run"` the retry is answered from the journal (no second request, no second append).
 
 A tool that fails (denied by the sandbox, say) is reported in the reply, as an assistant would
 tell its user; only an unavailable tool gives the dispatch back for a retry. The same protocol
@@ -207,6 +214,8 @@ def run_tool(claim: Claim, tool: str, arg: str, message: str, history: list) -> 
         return connect(arg)
     if tool == "http":
         return http_tool(claim, arg)
+    if tool == "research":
+        return research(claim, arg)
     if tool == "config":
         try:
             value = config.get(arg)
@@ -248,6 +257,40 @@ def http_tool(claim: Claim, arg: str) -> str:
     except http.HttpError as e:
         raise ToolError(str(e)) from None
     return json.dumps({"status": response.status, "x-reply": response.header("x-reply"), "body": text})
+
+
+def research(claim: Claim, arg: str) -> str:
+    """`<n> <url> [fail-first]`: `n` POSTs to `url`, each after reading the thread log, each
+    answer appended to the log as a `tool` turn; the answers joined by ` | `. With
+    `fail-first`, attempt 0 raises after the calls (a nack: the dispatch is retried)."""
+    words = arg.split()
+    try:
+        count = int(words[0])
+        url = words[1]
+    except (IndexError, ValueError):
+        count, url = -1, ""
+    flag = words[2:]
+    if count < 0 or flag not in ([], ["fail-first"]):
+        raise ToolError("expected <n> <url> [fail-first]")
+    answers = []
+    for i in range(count):
+        history = len(claim.read_log_all())
+        body = json.dumps({"turn": i, "history": history})
+        try:
+            response = http.request(
+                "POST", url, headers=[("content-type", "application/json")], body=body, timeout=10
+            )
+            answer = response.text()
+        except http.HttpError as e:
+            raise ToolError(str(e)) from None
+        if response.status >= 300:
+            raise ToolError(f"{url} answered {response.status}")
+        claim.append(json.dumps({"role": "tool", "content": answer}))
+        answers.append(answer)
+    if flag and claim.attempt == 0:
+        # Raised out of the handler: a nack, before the turn's user and agent entries.
+        raise RuntimeError(f"research failed on attempt 0 after {count} calls (fail-first)")
+    return " | ".join(answers)
 
 
 def connect(target: str) -> str:

@@ -26,6 +26,9 @@
 //! - `waitpoint_guests`: runs that wait for a person or a webhook: Rust, Python and JavaScript guests
 //!   and the approval example suspended, completed from outside (token, CLI, API) or timed
 //!   out, and resumed;
+//! - `journal_runs`, `journal_guests`: journaled runs whose retries are answered from the
+//!   journal (no second model call, no second log append): the Rust `journal-probe` guest, then
+//!   the Python and JavaScript agents;
 //! - `outbound_http`: guests' HTTP(S) requests, allow-list, address rules, TLS, caps, secrets;
 //! - `outbound_guests`: outbound HTTP and variables from Rust, Python and JavaScript guests and
 //!   the assistant example, against local servers on the loopback address;
@@ -63,6 +66,7 @@ mod fuzz;
 mod guest_imports;
 mod hostile_input;
 mod inbox;
+mod journal_guests;
 mod journal_runs;
 mod nats_conformance;
 mod nats_hosts;
