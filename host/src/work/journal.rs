@@ -134,9 +134,9 @@ impl EntryView {
 
     /// What the call did, in one line: `POST https://api.example/v1 -> 200` for `http`,
     /// `seq 12` for an append, `after 3: 5 entries (last 8)` for a read, `id ...` for an
-    /// enqueue. Control characters are escaped, so it is safe to print on a terminal.
+    /// enqueue. As stored: a terminal's caller escapes control characters.
     pub fn describe(&self) -> String {
-        let line = match &self.answer {
+        match &self.answer {
             None => {
                 let status = self
                     .status
@@ -148,8 +148,7 @@ impl EntryView {
                 )
             }
             Some(answer) => describe_answer(answer),
-        };
-        printable(&line)
+        }
     }
 }
 
@@ -170,23 +169,6 @@ fn describe_answer(answer: &Value) -> String {
     match text.char_indices().nth(200) {
         Some((cut, _)) => format!("{}...", &text[..cut]),
         None => text,
-    }
-}
-
-/// `text` with control characters escaped (`\n`, `\u{1b}`, ...).
-pub fn printable(text: &str) -> String {
-    if text.chars().any(char::is_control) {
-        text.chars()
-            .map(|c| {
-                if c.is_control() {
-                    c.escape_debug().to_string()
-                } else {
-                    c.to_string()
-                }
-            })
-            .collect()
-    } else {
-        text.to_owned()
     }
 }
 
@@ -253,6 +235,17 @@ pub fn body_text(bytes: &[u8]) -> Body {
     match std::str::from_utf8(bytes) {
         Ok(text) => Body::Text(text.to_owned()),
         Err(_) => Body::Base64(base64::engine::general_purpose::STANDARD.encode(bytes)),
+    }
+}
+
+/// A duration in µs for people: `830us`, `12.5ms`, `3.20s`.
+pub fn duration(us: u64) -> String {
+    if us < 1_000 {
+        format!("{us}us")
+    } else if us < 1_000_000 {
+        format!("{:.1}ms", us as f64 / 1e3)
+    } else {
+        format!("{:.2}s", us as f64 / 1e6)
     }
 }
 
@@ -338,15 +331,6 @@ mod tests {
     }
 
     #[test]
-    fn control_characters_are_escaped_for_terminals() {
-        let mut e = http(None);
-        e.answer = json!({"method": "GET", "url": "https://x/\u{1b}[2J", "status": 200});
-        let line = EntryView::of(&e).describe();
-        assert!(!line.contains('\u{1b}'), "{line}");
-        assert!(line.contains("\\u{1b}"), "{line}");
-    }
-
-    #[test]
     fn a_body_is_text_when_utf8_and_base64_otherwise() {
         let text = entry_json(&http(Some(b"hello")));
         assert_eq!(text["body"], "hello");
@@ -357,6 +341,13 @@ mod tests {
         assert_eq!(binary["encoding"], "base64");
         let none = entry_json(&http(None));
         assert_eq!(none["body"], Value::Null);
+    }
+
+    #[test]
+    fn durations_read_in_the_unit_that_fits() {
+        assert_eq!(duration(830), "830us");
+        assert_eq!(duration(12_500), "12.5ms");
+        assert_eq!(duration(3_200_000), "3.20s");
     }
 
     #[test]
