@@ -87,6 +87,16 @@ pub const WAITPOINTS_CREATED: &str = "homing_waitpoints_created_total";
 pub const WAITPOINTS_SETTLED: &str = "homing_waitpoints_settled_total";
 /// From a waitpoint's creation to its settlement: `agent`.
 pub const WAITPOINT_WAIT: &str = "homing_waitpoint_wait_seconds";
+/// Journaled calls a run was answered from its dispatch's journal instead of making them:
+/// `agent`, `kind` (the entry's kind: `http`, `log-read`, ...).
+pub const JOURNAL_REPLAYED: &str = "homing_journal_replayed_total";
+/// Runs whose calls stopped matching their journal (the replay ended there and the run went
+/// on live): `agent`, `kind` (of the call that differed).
+pub const JOURNAL_DIVERGENCES: &str = "homing_journal_divergences_total";
+/// The live durations of the calls answered from journals: `agent`.
+pub const JOURNAL_SAVED: &str = "homing_journal_saved_seconds_total";
+/// Journal entries this host recorded: `agent`, `kind`.
+pub const JOURNAL_RECORDED: &str = "homing_journal_recorded_total";
 
 /// Histogram buckets of every `_seconds` histogram: 50 µs to 5 min.
 const BUCKETS: &[f64] = &[
@@ -177,6 +187,23 @@ fn describe() {
         WAITPOINT_WAIT,
         Unit::Seconds,
         "From a waitpoint's creation to its settlement, by agent."
+    );
+    describe_counter!(
+        JOURNAL_REPLAYED,
+        "Calls answered from their dispatch's journal instead of made again, by agent and kind."
+    );
+    describe_counter!(
+        JOURNAL_DIVERGENCES,
+        "Replays that ended at a call differing from its journal entry, by agent and kind."
+    );
+    describe_counter!(
+        JOURNAL_SAVED,
+        Unit::Seconds,
+        "The live durations of the calls answered from journals, by agent."
+    );
+    describe_counter!(
+        JOURNAL_RECORDED,
+        "Journal entries recorded by this host, by agent and kind."
     );
     describe_counter!(LEASE_RENEWALS, "Leases renewed while guests ran.");
     describe_counter!(LEASES_LOST, "Claims lost while their guest ran.");
