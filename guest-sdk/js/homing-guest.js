@@ -5,9 +5,10 @@
 // `metadata(key)`), settles it (`complete`, `ack`, `nack`, `deadLetter`), writes and reads the
 // thread log (`append`, `appendExpected`, `readLog`, `readLogAll`, `logLatest`), reads and
 // acknowledges the thread's inbox (`nextMessage`, `messages`, `ackMessage`), waits for people
-// and webhooks (`waitFor`; under it `waitpoint`, `waitpoints`, `awaitWaitpoint`, `suspend`) and
-// enqueues follow-ups (`enqueue`). Host refusals throw `HomingError`, whose `kind` is the WIT
-// `error` case (`'lost-claim'`, `'conflict'`, ...); stop on `error.claimIsGone()`.
+// and webhooks (`waitFor`; under it `waitpoint`, `waitpoints`, `awaitWaitpoint`, `suspend`),
+// memoizes work across retries and resumes (`step`) and enqueues follow-ups (`enqueue`). Host
+// refusals throw `HomingError`, whose `kind` is the WIT `error` case (`'lost-claim'`,
+// `'conflict'`, ...); stop on `error.claimIsGone()`.
 //
 //     import { exportHandler, info } from './homing-guest.js';
 //
@@ -272,6 +273,8 @@ export class Claim {
   constructor(raw) {
     this.raw = raw;
     this.info = raw.info();
+    // How often each step name was used in this claim (`step`).
+    this.stepCounts = new Map();
   }
 
   get id() { return this.info.id; }
@@ -456,6 +459,61 @@ export class Claim {
     return settle();
   }
 
+  /** The key of the next use of `name` in this claim: `name`, then `name#2`, `name#3`, ... */
+  stepKey(name) {
+    const count = (this.stepCounts.get(name) ?? 0) + 1;
+    this.stepCounts.set(name, count);
+    return count === 1 ? name : `${name}#${count}`;
+  }
+
+  /** Runs `fn()` once per dispatch under `name` and keeps its result (JSON): a later run of the
+   * same dispatch (a retry, or the run resumed after a waitpoint) gets the stored value back
+   * without calling `fn` again.
+   *
+   *     const summary = claim.step('summarize', () => summarize(claim.text));
+   *     const page = await claim.step('fetch', async () => (await fetch(url)).text());
+   *
+   * When `fn` is async (returns a promise), `step` returns a promise too: `await` it (a stored
+   * value then comes back as a resolved promise, so the code reads the same on every run).
+   * The n-th use of a name in one run is keyed `name`, `name#2`, `name#3`, ..., so steps in a
+   * loop each keep their own value (keep `#` out of names). The result must be JSON (objects,
+   * arrays, strings, numbers, booleans, null; `undefined` is kept as `null`, BigInts are
+   * refused). When `fn` throws (or rejects), nothing is stored and the error propagates. Values
+   * are kept only when the plugin's config sets `journal = "steps"` or `"run"`; with
+   * `journal = "off"`, the default, `fn` runs every time. Throws `HomingError` (`'invalid'`
+   * for a blank name, a key over 256 bytes, a value over `max_payload` or one that is not JSON;
+   * `'lost-claim'`, `'interrupted'`). */
+  step(name, fn) {
+    const key = this.stepKey(name);
+    const stored = host(() => this.raw.stepGet(key));
+    const isAsync = fn.constructor && fn.constructor.name === 'AsyncFunction';
+    if (stored !== undefined && stored !== null) {
+      let value;
+      try {
+        value = JSON.parse(decoder.decode(stored));
+      } catch (e) {
+        throw new HomingError('invalid', `the stored value of step ${key} is not JSON: ${e}`);
+      }
+      return isAsync ? Promise.resolve(value) : value;
+    }
+    const keep = (value) => {
+      let json;
+      try {
+        json = JSON.stringify(value === undefined ? null : value);
+      } catch (e) {
+        throw new HomingError('invalid', `the value of step ${key} is not JSON: ${e}`);
+      }
+      if (json === undefined) {
+        throw new HomingError('invalid', `the value of step ${key} is not JSON`);
+      }
+      host(() => this.raw.stepPut(key, encoder.encode(json)));
+      return value;
+    };
+    const value = fn();
+    if (value && typeof value.then === 'function') return value.then(keep);
+    return keep(value);
+  }
+
   /** Enqueues a follow-up to `agent` (on this thread unless `options.thread` says otherwise);
    * returns its id. Options: `thread`, `metadata` (object or pairs), `priority`, `delayMs`,
    * `dedupeKey`, `maxAttempts`. */
@@ -467,6 +525,11 @@ export class Claim {
 /** `claim.waitFor(name, timeoutMs, metadata, options)`. */
 export function waitFor(claim, name, timeoutMs, metadata = {}, options = {}) {
   return claim.waitFor(name, timeoutMs, metadata, options);
+}
+
+/** `claim.step(name, fn)`. */
+export function step(claim, name, fn) {
+  return claim.step(name, fn);
 }
 
 /** Enqueues a dispatch on an explicit thread; returns its id. */

@@ -21,6 +21,7 @@ use std::time::Duration;
 use crate::__bindings::mailbox;
 use crate::enqueue::Enqueue;
 use crate::error::Error;
+use crate::step::StepKeys;
 
 pub use crate::__bindings::types::{
     DispatchInfo, LogEntry, Message, MessageKind, MessageNote, StopReason,
@@ -38,6 +39,7 @@ const LOG_PAGE: u32 = 256;
 pub struct Claim<'a> {
     handle: Handle<'a>,
     info: DispatchInfo,
+    steps: StepKeys,
 }
 
 /// The host resource: lent for one `handle` call, or owned after `claim-next`.
@@ -56,6 +58,7 @@ impl<'a> Claim<'a> {
         Claim {
             handle: Handle::Lent(claim),
             info,
+            steps: StepKeys::default(),
         }
     }
 
@@ -64,6 +67,11 @@ impl<'a> Claim<'a> {
             Handle::Lent(claim) => claim,
             Handle::Owned(claim) => claim,
         }
+    }
+
+    /// How often each step name was used in this claim ([`Claim::step`]).
+    pub(crate) fn step_keys(&self) -> &StepKeys {
+        &self.steps
     }
 
     /// The dispatch: id, thread, payload, metadata, attempt and the rest.
@@ -352,6 +360,7 @@ impl Claim<'static> {
         Claim {
             handle: Handle::Owned(claim),
             info,
+            steps: StepKeys::default(),
         }
     }
 }

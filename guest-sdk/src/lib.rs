@@ -40,6 +40,8 @@
 //! - [`waitpoint`]: waiting for a person or a webhook without holding a worker
 //!   ([`Claim::wait_for`], [`Wait`], [`Waitpoint`]; the calls under it: `waitpoint`,
 //!   `waitpoints`, `await_waitpoint`, `suspend`).
+//! - [`step`](mod@step): memoized steps ([`Claim::step`], [`Claim::step_bytes`]): work run
+//!   once per dispatch and answered from the host on its retries and resumes.
 //! - [`Enqueue`] ([`enqueue`](mod@enqueue)): a builder for follow-up dispatches, sent with
 //!   [`Claim::enqueue`] or the free function [`enqueue()`].
 //! - [`Error`] ([`error`](mod@error)): why the host refused a call, mirroring the WIT `error` variant.
@@ -90,6 +92,7 @@ pub mod http;
 #[cfg(feature = "json")]
 pub mod json;
 pub mod logging;
+pub mod step;
 pub mod waitpoint;
 
 #[cfg(feature = "agent")]

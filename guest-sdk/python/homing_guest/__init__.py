@@ -5,9 +5,10 @@ call exports it. A `Claim` reads the dispatch (`id`, `thread`, `payload`, `text`
 `metadata`), settles it (`complete`, `ack`, `nack`, `dead_letter`), writes and reads the thread
 log (`append`, `append_expected`, `read_log`, `read_log_all`, `log_latest`), reads and
 acknowledges the thread's inbox (`next_message`, `messages`, `ack_message`), waits for people
-and webhooks (`wait_for`; under it `waitpoint`, `waitpoints`, `await_waitpoint`, `suspend`) and
-enqueues follow-ups (`enqueue`). Host refusals raise `HomingError`, whose `kind` is the WIT
-`error` case (`"lost-claim"`, `"conflict"`, ...); stop on `error.claim_is_gone()`.
+and webhooks (`wait_for`; under it `waitpoint`, `waitpoints`, `await_waitpoint`, `suspend`),
+memoizes work across retries and resumes (`step`) and enqueues follow-ups (`enqueue`). Host
+refusals raise `HomingError`, whose `kind` is the WIT `error` case (`"lost-claim"`,
+`"conflict"`, ...); stop on `error.claim_is_gone()`.
 
     import homing_guest
 
@@ -65,6 +66,7 @@ __all__ = [
     "export_agent",
     "export_handler",
     "wait_for",
+    "step",
     "trace",
     "debug",
     "info",
@@ -354,6 +356,8 @@ class Claim:
     def __init__(self, raw: _mailbox.Claim):
         self._raw = raw
         self.info = raw.info()
+        # How often each step name was used in this claim (`step`).
+        self._steps: dict = {}
 
     # The dispatch.
     @property
@@ -586,6 +590,45 @@ class Claim:
         self.suspend()
         return Wait(waitpoint, suspended=True)
 
+    # Memoized steps.
+    def _step_key(self, name: str) -> str:
+        """The key of the next use of `name` in this claim: `name`, then `name#2`, ..."""
+        count = self._steps.get(name, 0) + 1
+        self._steps[name] = count
+        return name if count == 1 else f"{name}#{count}"
+
+    def step(self, name: str, fn: Callable[[], object]):
+        """Runs `fn()` once per dispatch under `name` and keeps its result (JSON): a later run
+        of the same dispatch (a retry, or the run resumed after a waitpoint) gets the stored
+        value back without calling `fn` again.
+
+            summary = claim.step("summarize", lambda: summarize(claim.text))
+
+        The n-th use of a name in one run is keyed `name`, `name#2`, `name#3`, ..., so steps
+        in a loop each keep their own value (keep `#` out of names). The result must be JSON
+        (dicts, lists, strings, numbers, booleans, None; a tuple comes back as a list). When
+        `fn` raises, nothing is stored and the exception propagates. Values are kept only when
+        the plugin's config sets `journal = "steps"` or `"run"`; with `journal = "off"`, the
+        default, `fn` runs every time. Raises `HomingError` (`"invalid"` for a blank name, a
+        key over 256 bytes, a value over `max_payload` or one that is not JSON;
+        `"lost-claim"`, `"interrupted"`)."""
+        key = self._step_key(name)
+        stored = _host(self._raw.step_get, key)
+        if stored is not None:
+            try:
+                return json.loads(bytes(stored))
+            except ValueError as err:
+                raise HomingError(
+                    "invalid", f"the stored value of step {key} is not JSON: {err}"
+                ) from None
+        value = fn()
+        try:
+            data = json.dumps(value, separators=(",", ":"), allow_nan=False).encode()
+        except (TypeError, ValueError) as err:
+            raise HomingError("invalid", f"the value of step {key} is not JSON: {err}") from None
+        _host(self._raw.step_put, key, data)
+        return value
+
     # Follow-up work.
     def enqueue(self, agent: str, payload: Bytes, **options) -> str:
         """Enqueues a follow-up to `agent` (on this thread unless `thread=` says otherwise);
@@ -631,6 +674,11 @@ def wait_for(
 ) -> Wait:
     """`claim.wait_for(name, timeout_ms, metadata, on_token)`."""
     return claim.wait_for(name, timeout_ms, metadata, on_token)
+
+
+def step(claim: Claim, name: str, fn: Callable[[], object]):
+    """`claim.step(name, fn)`."""
+    return claim.step(name, fn)
 
 
 def enqueue(agent: str, thread: str, payload: Bytes, **options) -> str:

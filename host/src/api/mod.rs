@@ -7,6 +7,8 @@
 //! | `GET /v1/dispatches/{id}` | reader | one dispatch; `?wait=30s` long-polls until it is terminal |
 //! | `POST /v1/dispatches/{id}/cancel` | operator | cancel a queued dispatch |
 //! | `POST /v1/dispatches/{id}/retry` | operator | re-enqueue a dead-lettered or cancelled one |
+//! | `GET /v1/dispatches/{id}/journal` | reader | a page of the dispatch's journal entries (no bodies), and its steps |
+//! | `GET /v1/dispatches/{id}/journal/{pos}` | reader | one journal entry with its body |
 //! | `GET /v1/threads/{thread}/log` | reader | a page of the thread's log |
 //! | `GET /v1/threads/{thread}/log/stream` | reader | the log as server-sent events, following |
 //! | `POST /v1/threads/{thread}/interrupt` | operator | interrupt the thread |
@@ -36,7 +38,7 @@
 //! - `auth`: tokens and the middleware;
 //! - `limits`: connections and failed tokens per client address, streams, the body timer;
 //! - `error`: [`ApiError`] and how store errors map to statuses;
-//! - `dispatches`, `threads`, `waitpoints`, `agents`, `health`: the handlers (what they do with work, the
+//! - `dispatches`, `journal`, `threads`, `waitpoints`, `agents`, `health`: the handlers (what they do with work, the
 //!   CLI and guests do too, through [`crate::work`]);
 //! - `view`: the JSON shape of a dispatch (no claim token);
 //! - `dashboard`: the operators' web pages at `/` (unless `[api] dashboard = false`), behind
@@ -48,6 +50,7 @@ mod dashboard;
 mod dispatches;
 mod error;
 mod health;
+mod journal;
 mod limits;
 mod threads;
 mod view;
@@ -159,6 +162,18 @@ pub(crate) fn routes() -> Vec<Route> {
             "/v1/dispatches/{id}/retry",
             Role::Operator,
             post(dispatches::retry),
+        ),
+        route(
+            Method::GET,
+            "/v1/dispatches/{id}/journal",
+            Role::Reader,
+            get(journal::list),
+        ),
+        route(
+            Method::GET,
+            "/v1/dispatches/{id}/journal/{pos}",
+            Role::Reader,
+            get(journal::entry),
         ),
         route(
             Method::GET,
@@ -638,7 +653,11 @@ mod tests {
         let base = format!("http://{}", server.addr());
         let client = reqwest::Client::new();
         for route in routes() {
-            let path = route.path.replace("{id}", "x").replace("{thread}", "t");
+            let path = route
+                .path
+                .replace("{id}", "x")
+                .replace("{thread}", "t")
+                .replace("{pos}", "0");
             let response = client
                 .request(route.method.clone(), format!("{base}{path}"))
                 .send()

@@ -13,9 +13,11 @@ use crate::config::{Config, parse_duration};
 use crate::input::read_capped;
 use crate::store::model::check_name;
 use crate::store::{
-    Dispatch, ListCursor, ListFilter, LogEntry, MessageFilter, MessageKind, MessageState,
-    NewDispatch, NewMessage, Status, Store, StoreError, Waitpoint, WaitpointFilter, WaitpointState,
+    Dispatch, JournalData, ListCursor, ListFilter, LogEntry, MessageFilter, MessageKind,
+    MessageState, NewDispatch, NewMessage, Status, Store, StoreError, Waitpoint, WaitpointFilter,
+    WaitpointState,
 };
+use crate::work::journal::{self, EntryView, StepView};
 use crate::work::messages::{self, SendError};
 use crate::work::waitpoints::{self, WaitpointError, parse_cursor};
 use crate::work::{self, Attempts, OpError, Request};
@@ -100,6 +102,9 @@ pub enum DispatchCommand {
     Show {
         /// The id.
         id: String,
+        /// Also the journal: what its runs recorded (one line per call entry), and its steps.
+        #[arg(long)]
+        journal: bool,
         /// JSON output.
         #[arg(long)]
         json: bool,
@@ -444,12 +449,17 @@ pub(super) async fn dispatch(
                 }
             }
         }
-        DispatchCommand::Show { id, json } => {
+        DispatchCommand::Show { id, journal, json } => {
             name("id", &id)?;
             let Some(d) = store.mailbox.load(&id).await? else {
                 return Err(OpError::NotFound(id).into());
             };
             let waiting_on = store.waitpoints.waitpoints_of(&id).await?;
+            let journal = if journal {
+                Some(store.journal.load_journal(&id).await?)
+            } else {
+                None
+            };
             if json {
                 let mut shown = serde_json::to_value(&d)?;
                 if let Some(map) = shown.as_object_mut() {
@@ -457,6 +467,19 @@ pub(super) async fn dispatch(
                         "waitpoints".into(),
                         waiting_on.iter().map(waitpoints::view).collect(),
                     );
+                    if let Some(data) = &journal {
+                        let entries: Vec<EntryView> =
+                            data.calls.iter().map(EntryView::of).collect();
+                        let steps: Vec<StepView> = data.steps.iter().map(StepView::of).collect();
+                        map.insert(
+                            "journal".into(),
+                            serde_json::json!({
+                                "entries": entries,
+                                "steps": steps,
+                                "bytes": data.bytes(),
+                            }),
+                        );
+                    }
                 }
                 println!("{}", serde_json::to_string_pretty(&shown)?);
             } else {
@@ -468,6 +491,9 @@ pub(super) async fn dispatch(
                         w.state,
                         text(&w.id)
                     );
+                }
+                if let Some(data) = &journal {
+                    print_journal(data);
                 }
             }
         }
@@ -899,6 +925,48 @@ fn printable(bytes: &[u8]) -> String {
 /// A stored string for a terminal: [`printable`]'s escaping of control characters.
 fn text(s: &str) -> std::borrow::Cow<'_, str> {
     crate::runtime::host::escape_log_text(s)
+}
+
+/// The journal's timeline: one line per call entry, then the steps.
+fn print_journal(data: &JournalData) {
+    println!(
+        "journal:      {} entries, {} steps, {} bytes",
+        data.calls.len(),
+        data.steps.len(),
+        data.bytes()
+    );
+    if !data.calls.is_empty() {
+        println!(
+            "  {:>5}  {:<19}  {:>5}  {:>7}  {:>9}  {:>8}  CALL",
+            "POS", "KIND", "CLAIM", "ATTEMPT", "DURATION", "SIZE"
+        );
+    }
+    for call in &data.calls {
+        let v = EntryView::of(call);
+        println!(
+            "  {:>5}  {:<19}  {:>5}  {:>7}  {:>9}  {:>8}  {}",
+            v.pos,
+            v.kind,
+            v.claim,
+            v.attempt,
+            journal::duration(v.duration_us),
+            v.size,
+            text(&v.describe())
+        );
+    }
+    if !data.steps.is_empty() {
+        println!("steps:");
+        println!("  {:>5}  {:>7}  {:>8}  KEY", "CLAIM", "ATTEMPT", "SIZE");
+    }
+    for step in &data.steps {
+        println!(
+            "  {:>5}  {:>7}  {:>8}  {}",
+            step.claim,
+            step.attempt,
+            step.size,
+            text(&step.key)
+        );
+    }
 }
 
 fn print_table(rows: &[Dispatch]) {

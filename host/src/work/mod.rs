@@ -14,8 +14,10 @@
 //! - `wait`: waiting until a dispatch is terminal;
 //! - `messages`: sending a message into a thread's inbox and waiting for its acknowledgement;
 //! - `waitpoints`: completing and cancelling waitpoints (the token check, the store call, the
-//!   metric), how a reader sees one, and a guest waiting in place for one to settle.
+//!   metric), how a reader sees one, and a guest waiting in place for one to settle;
+//! - `journal`: how a reader sees a dispatch's journal (its call entries and steps).
 
+pub mod journal;
 pub mod messages;
 mod ops;
 mod request;

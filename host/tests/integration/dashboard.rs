@@ -409,7 +409,7 @@ async fn an_operator_retries_cancels_and_interrupts() {
 }
 
 /// A client that follows no redirect, keeps no cookies.
-fn raw_client() -> reqwest::Client {
+pub(crate) fn raw_client() -> reqwest::Client {
     reqwest::Client::builder()
         .redirect(reqwest::redirect::Policy::none())
         .pool_idle_timeout(Duration::from_secs(5))
@@ -418,7 +418,7 @@ fn raw_client() -> reqwest::Client {
 }
 
 /// Logs in with `token`: the session cookie (`name=value`) and the session's CSRF token.
-async fn session(api: &Api, client: &reqwest::Client, token: &str) -> (String, String) {
+pub(crate) async fn session(api: &Api, client: &reqwest::Client, token: &str) -> (String, String) {
     let r = client
         .post(api.url("/login"))
         .form(&[("token", token), ("next", "/dead-letters")])

@@ -21,6 +21,8 @@
 //! - `inbox`: a thread's inbox end to end: messages that wake, steer and outlive a run;
 //! - `waiting`: waitpoints end to end, host side: waiters that hold no worker, restarts, a host
 //!   killed before suspending, two NATS hosts;
+//! - `journal_view`: a dispatch's journal through the API, the CLI and the dashboard of a real
+//!   `homing run`;
 //! - `waitpoints`: waitpoints through the API and the CLI of a real `homing run` (the
 //!   dashboard's Waiting page is in `dashboard`);
 //! - `waitpoint_guests`: runs that wait for a person or a webhook: Rust, Python and JavaScript guests
@@ -68,6 +70,7 @@ mod hostile_input;
 mod inbox;
 mod journal_guests;
 mod journal_runs;
+mod journal_view;
 mod nats_conformance;
 mod nats_hosts;
 mod new_and_build;

@@ -1,5 +1,5 @@
 //! `/dispatches/{id}`: one dispatch (payload, result, metadata, attempts, a timeline, its
-//! waitpoints), and the actions on it: cancel, retry (and interrupting its thread, posted to
+//! waitpoints, its journal), and the actions on it: cancel, retry (and interrupting its thread, posted to
 //! the thread's page).
 
 use axum::Form;
@@ -17,8 +17,15 @@ use super::{
     Acting, ActionForm, Dashboard, PageError, PageState, Params, action_form, name, not_found,
     params, respond, see_other,
 };
-use crate::store::{Dispatch, Status, Waitpoint, WaitpointState};
+use crate::store::{Dispatch, JournalData, Status, Waitpoint, WaitpointState};
 use crate::work;
+use crate::work::journal::{self as journal_view, EntryView};
+
+/// The most journal entries the page lists; the API and the CLI list them all.
+const MAX_JOURNAL_ROWS: usize = 500;
+
+/// The most bytes of pretty-printed bodies one page carries; later bodies are left to the API.
+const MAX_JOURNAL_BODIES: usize = 1 << 20;
 
 /// What the page of a dispatch shows.
 struct DispatchPage {
@@ -28,6 +35,8 @@ struct DispatchPage {
     now: u64,
     /// What happened when, oldest first.
     timeline: Vec<(u64, String)>,
+    /// What its runs recorded: call entries by position, steps by key.
+    journal: JournalData,
 }
 
 /// `GET /dispatches/{id}`.
@@ -75,11 +84,13 @@ async fn read(d: &Dashboard, id: &str) -> Result<DispatchPage, PageError> {
     timeline.push((r.updated_at, "last changed".into()));
     timeline.sort_by_key(|(t, _)| *t);
     let waitpoints = d.api.store.waitpoints.waitpoints_of(id).await?;
+    let journal = d.api.store.journal.load_journal(id).await?;
     Ok(DispatchPage {
         r,
         waitpoints,
         now,
         timeline,
+        journal,
     })
 }
 
@@ -89,6 +100,7 @@ fn render(page: &DispatchPage, p: &Params, session: &Session) -> Markup {
         waitpoints,
         now,
         timeline,
+        journal,
     } = page;
     let now = *now;
     let href = dispatch_href(&r.id);
@@ -183,6 +195,7 @@ fn render(page: &DispatchPage, p: &Params, session: &Session) -> Markup {
                 (bytes(&result.output, "result"))
             }
         }
+        (journal_section(journal, now))
         h2 { "Payload" }
         (bytes(&r.payload, "payload"))
         h2 { "Metadata" }
@@ -193,6 +206,104 @@ fn render(page: &DispatchPage, p: &Params, session: &Session) -> Markup {
                     dt.mono { (k) }
                     dd.mono {
                         @if k == "retry-of" { a href=(dispatch_href(v)) { (v) } } @else { (v) }
+                    }
+                }
+            }
+        }
+    }
+}
+
+/// The journal: a table of the call entries (an http entry's JSON body pretty-printed in a
+/// `<details>` when it is small), then the steps by key. Nothing when the journal is empty.
+fn journal_section(journal: &JournalData, now: u64) -> Markup {
+    if journal.is_empty() {
+        return html! {};
+    }
+    // The JSON bodies shown pretty-printed, while they fit in the page's share.
+    let mut room = MAX_JOURNAL_BODIES;
+    let pretty: Vec<Option<String>> = journal
+        .calls
+        .iter()
+        .take(MAX_JOURNAL_ROWS)
+        .map(|call| {
+            let text = journal_view::pretty_json(call.body.as_deref()?)?;
+            room = room.checked_sub(text.len())?;
+            Some(text)
+        })
+        .collect();
+    html! {
+        h2 { "Journal" }
+        p.muted {
+            (journal.calls.len()) " call entries, " (journal.steps.len()) " steps, "
+            (journal.bytes()) " bytes. A retry or a resume is answered from these instead of asking again."
+        }
+        @if !journal.calls.is_empty() {
+            div.scroll {
+                table #journal {
+                    thead { tr {
+                        th scope="col" { "Pos" } th scope="col" { "Kind" } th scope="col" { "Claim" }
+                        th scope="col" { "Attempt" } th scope="col" { "Status" } th scope="col" { "Call" }
+                        th scope="col" { "Duration" } th scope="col" { "Size" } th scope="col" { "Recorded" }
+                    } }
+                    tbody {
+                        @for (call, pretty) in journal.calls.iter().zip(&pretty) {
+                            @let v = EntryView::of(call);
+                            tr data-pos=(v.pos) {
+                                td { (v.pos) }
+                                td { (v.kind) }
+                                td { (v.claim) }
+                                td { (v.attempt) }
+                                td { @if let Some(s) = v.status { (s) } }
+                                td.mono {
+                                    @if v.answer.is_none() {
+                                        (v.method.as_deref().unwrap_or("?")) " " (v.url.as_deref().unwrap_or("?"))
+                                    } @else {
+                                        (v.describe())
+                                    }
+                                    @if let Some(body) = call.body.as_deref() {
+                                        @if let Some(pretty) = pretty {
+                                            details {
+                                                summary { "body (" (body.len()) " bytes)" }
+                                                pre { (pretty) }
+                                            }
+                                        } @else {
+                                            br; span.muted { "body: " (body.len()) " bytes (see the API)" }
+                                        }
+                                    }
+                                }
+                                td { (journal_view::duration(v.duration_us)) }
+                                td { (v.size) }
+                                td { (when(v.recorded_at, now)) }
+                            }
+                        }
+                    }
+                }
+            }
+            @if journal.calls.len() > MAX_JOURNAL_ROWS {
+                p.muted {
+                    "The first " (MAX_JOURNAL_ROWS) " entries; "
+                    span.mono { "homing dispatch show ID --journal" } " and the API list them all."
+                }
+            }
+        }
+        @if !journal.steps.is_empty() {
+            h3 { "Steps" }
+            div.scroll {
+                table #journal-steps {
+                    thead { tr {
+                        th scope="col" { "Key" } th scope="col" { "Claim" } th scope="col" { "Attempt" }
+                        th scope="col" { "Size" } th scope="col" { "Recorded" }
+                    } }
+                    tbody {
+                        @for s in journal.steps.iter().take(MAX_JOURNAL_ROWS) {
+                            tr {
+                                td.mono { (s.key) }
+                                td { (s.claim) }
+                                td { (s.attempt) }
+                                td { (s.size) }
+                                td { (when(s.recorded_at, now)) }
+                            }
+                        }
                     }
                 }
             }
