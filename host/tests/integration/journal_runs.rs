@@ -184,6 +184,16 @@ fn a_retried_run_repeats_no_model_call_and_appends_nothing_twice() {
         log.contains("outbound request answered from the journal"),
         "{log}"
     );
+    // The timeline: three exchanges, each recorded by attempt 0, and no key.
+    let journal = env.ok(&["dispatch", "show", &id, "--journal"]);
+    assert_eq!(
+        journal.matches("POST http://127.0.0.1").count(),
+        3,
+        "{journal}"
+    );
+    assert!(!journal.contains(API_KEY), "{journal}");
+    let shown = env.ok(&["dispatch", "show", &id, "--json", "--journal"]);
+    assert!(!shown.contains(API_KEY), "{shown}");
 
     // The API key is in no byte the store keeps.
     for entry in std::fs::read_dir(env.path()).unwrap() {
@@ -284,4 +294,30 @@ fn past_journal_max_bytes_nothing_more_is_recorded_and_the_retry_goes_live() {
         "every call of the retry went live:\n{log}"
     );
     assert_eq!(env.show(&id)["status"], "acked");
+}
+
+#[test]
+fn steps_are_memoized_across_a_retry_and_run_every_time_with_the_journal_off() {
+    for (journal, expected) in [("steps", 2), ("off", 4)] {
+        let model = Model::start();
+        let env = env_with(&model, journal, "");
+        let payload = json!({"url": model.url(), "calls": 0, "steps": 2, "prompt": "m",
+            "fail_on_attempts": [0]});
+        let id = env.enqueue("agent", "chat-5", &payload.to_string(), &[]);
+        let log = run(&env);
+        assert_eq!(
+            model.requests(),
+            expected,
+            "journal = {journal}: the steps' model calls\n{log}"
+        );
+        let out = output(&env, &id);
+        assert_eq!(
+            out["answers"],
+            json!([
+                "turn 0 to `m` after 0 messages",
+                "turn 1 to `m` after 0 messages"
+            ]),
+            "journal = {journal}: the second step under the same name is its own (plan#2)"
+        );
+    }
 }

@@ -13,7 +13,8 @@
 //! as JSON, and appends the model's answer to the log. When its attempt is in
 //! `fail_on_attempts` it traps after `after` turns (default: all of them). After its turns it
 //! enqueues one follow-up to `enqueue_to` when that is set. Unless it traps it returns
-//! `{"answers": [...], "log": N}`: each turn's answer and the log's watermark. From turn
+//! `{"answers": [...], "log": N}`: each turn's answer and the log's watermark. Before the
+//! turns, it asks the model `steps` times through memoized steps (`claim.step("plan", ..)`). From turn
 //! `vary_from` on, the prompt names the attempt, so a retry asks something else there. With
 //! `stamp`, each request also carries the wall-clock time and a random number read just
 //! before it, so only a run given the same clock and random values asks the same.
@@ -37,6 +38,8 @@ struct Probe {
     vary_from: Option<u32>,
     #[serde(default)]
     stamp: bool,
+    #[serde(default)]
+    steps: u32,
 }
 
 /// A wall-clock time (ms) and a number drawn from the guest's random source, read now.
@@ -63,6 +66,18 @@ impl Handler for JournalProbe {
         let key = config::get("api_key")?.unwrap_or_default();
         let failing = probe.fail_on_attempts.contains(&claim.attempt());
         let mut answers = Vec::new();
+        // Memoized steps, all under one name: keys `plan`, `plan#2`, ...
+        for n in 0..probe.steps {
+            let answer: String = claim.step("plan", || -> Result<String, String> {
+                let body = json!({"prompt": probe.prompt, "turn": n, "history": []});
+                let response = Request::new(Method::Post, &probe.url)
+                    .header("content-type", "application/json")
+                    .body(body.to_string().as_str())
+                    .send()?;
+                Ok(String::from_utf8_lossy(&response.body).into_owned())
+            })?;
+            answers.push(answer);
+        }
         for turn in 0..probe.calls {
             if failing && probe.after == Some(turn) {
                 break;
