@@ -92,7 +92,7 @@ struct State {
 
 /// The most bytes of wall-clock and random values kept for one entry: a guest drawing more
 /// random bytes than this between two calls gets the rest live on a replay.
-pub const MAX_CHEAP: usize = 64 * 1024;
+pub const MAX_CHEAP: usize = 16 * 1024;
 
 /// Which random source a value came from.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
