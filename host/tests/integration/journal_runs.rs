@@ -9,7 +9,11 @@
 //! - a follow-up the failing run enqueued is not enqueued again;
 //! - the API key the guest sends is in no byte of the store file, nor in the journal's API
 //!   output;
-//! - past `journal_max_bytes` nothing more is recorded and the retry goes live.
+//! - past `journal_max_bytes` nothing more is recorded and the retry goes live;
+//! - the clock and random values a run read are replayed with it;
+//! - steps memoize across a retry (and run every time with the journal off);
+//! - on NATS, a host SIGKILLed mid-run leaves its journal to the host that takes the dispatch
+//!   over, which asks the model only what the dead host had not been answered.
 
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::{Arc, Mutex};
@@ -36,28 +40,44 @@ struct Model {
 struct ModelState {
     seen: Arc<Mutex<Vec<Value>>>,
     count: Arc<AtomicU32>,
+    /// The turn whose first request is answered only after a minute (a host dies meanwhile).
+    hang: Option<u64>,
+    hung: Arc<std::sync::atomic::AtomicBool>,
 }
 
 async fn answer(State(state): State<ModelState>, body: Bytes) -> String {
-    state.count.fetch_add(1, Ordering::SeqCst);
     let request: Value = serde_json::from_slice(&body).unwrap_or(Value::Null);
+    state.seen.lock().unwrap().push(request.clone());
+    state.count.fetch_add(1, Ordering::SeqCst);
+    if state.hang.is_some()
+        && request["turn"].as_u64() == state.hang
+        && !state.hung.swap(true, Ordering::SeqCst)
+    {
+        tokio::time::sleep(std::time::Duration::from_secs(60)).await;
+    }
     let reply = format!(
         "turn {} to `{}` after {} messages",
         request["turn"],
         request["prompt"].as_str().unwrap_or_default(),
         request["history"].as_array().map_or(0, Vec::len)
     );
-    state.seen.lock().unwrap().push(request);
     reply
 }
 
 impl Model {
     fn start() -> Model {
+        Model::start_hanging(None)
+    }
+
+    /// A model that answers the first request of turn `hang` only after a minute.
+    fn start_hanging(hang: Option<u64>) -> Model {
         let seen = Arc::new(Mutex::new(Vec::new()));
         let count = Arc::new(AtomicU32::new(0));
         let app = axum::Router::new().fallback(answer).with_state(ModelState {
             seen: seen.clone(),
             count: count.clone(),
+            hang,
+            hung: Default::default(),
         });
         Model {
             served: Served::start(app),
@@ -94,10 +114,23 @@ impl Model {
 /// A scratch directory running `journal-probe` as plugin `agent` with `journal` and
 /// `extra` plugin keys, and an `other` plugin it may enqueue to.
 fn env_with(model: &Model, journal: &str, extra: &str) -> Env {
+    env_on(
+        model,
+        journal,
+        extra,
+        "",
+        r#"{ env = "JOURNAL_TEST_KEY", secret = true }"#,
+    )
+}
+
+/// [`env_with`] on the store `store` (a `[store]` table, or empty for the embedded store),
+/// with `api_key` given as `key` (a variable's value spec).
+fn env_on(model: &Model, journal: &str, extra: &str, store: &str, key: &str) -> Env {
     Env::new(&format!(
         r#"[host]
-lease = "5s"
+lease = "2s"
 sweep_interval = "200ms"
+{store}
 [plugins.agent]
 path = {path}
 timeout = "20s"
@@ -110,7 +143,7 @@ allowed_outbound_hosts = ["http://127.0.0.1:{port}"]
 initial = "10ms"
 max = "10ms"
 [plugins.agent.variables]
-api_key = {{ env = "JOURNAL_TEST_KEY", secret = true }}
+api_key = {key}
 [plugins.other]
 path = {echo}
 "#,
@@ -320,4 +353,49 @@ fn steps_are_memoized_across_a_retry_and_run_every_time_with_the_journal_off() {
             "journal = {journal}: the second step under the same name is its own (plan#2)"
         );
     }
+}
+
+#[test]
+fn a_host_killed_mid_run_on_nats_leaves_its_journal_to_the_next_host() {
+    use crate::hosts::spawn_run;
+    use crate::natsd::NatsServer;
+
+    let server = NatsServer::start();
+    // Turn 2's first request hangs: host A is killed while it waits for it.
+    let model = Model::start_hanging(Some(2));
+    let store = format!(
+        "[store]\nbackend = \"nats\"\nurl = \"{}\"\nprefix = \"journal1\"\nconnect_timeout = \"30s\"\n",
+        server.url()
+    );
+    let env = env_on(&model, "run", "", &store, &format!("{API_KEY:?}"));
+    let payload = json!({"url": model.url(), "prompt": "k"});
+    let id = env.enqueue("agent", "chat-6", &payload.to_string(), &[]);
+    let mut a = spawn_run(&env, "host-a");
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(120);
+    while model.requests() < 3 {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "host A never reached turn 2:\n{}",
+            crate::hosts::host_log(&env, "host-a")
+        );
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    }
+    a.0.kill().unwrap();
+    a.0.wait().unwrap();
+    // Host B reclaims the dispatch once A's lease ran out, and replays turns 0 and 1.
+    let _b = spawn_run(&env, "host-b");
+    let d = env.wait_status(&id, "acked", std::time::Duration::from_secs(120));
+    assert_eq!(d["attempt"], 1, "{d}");
+    assert_eq!(
+        model.prompts(),
+        ["0: k", "1: k", "2: k", "2: k"],
+        "only turn 2 was asked again:\n{}",
+        crate::hosts::host_log(&env, "host-b")
+    );
+    let out = output(&env, &id);
+    assert_eq!(out["log"], 3, "nothing appended twice: {out}");
+    assert!(
+        crate::hosts::host_log(&env, "host-b")
+            .contains("outbound request answered from the journal")
+    );
 }
