@@ -1425,3 +1425,235 @@ mod nats_waitpoints {
         NatsStore::delete_stream(&config(prefix)).await.unwrap();
     }
 }
+
+/// The journal's layout on NATS (`store::nats::journal`): its writes are fenced by the thread's
+/// tree without moving it, and the journals of dispatches that expired or were archived and
+/// then expired are swept.
+mod nats_journal {
+    use super::*;
+    use homing::store::journal::identity;
+    use homing::store::nats::keys::Key;
+    use homing::store::{
+        CallEntry, CallKind, Dispatch, Fence, Journal, JournalData, Mailbox, NewDispatch,
+        SequenceStore, SystemClock,
+    };
+    use std::sync::Arc;
+    use std::time::{Duration, Instant};
+
+    fn config(prefix: &str, ttl: Duration) -> NatsConfig {
+        NatsConfig {
+            urls: vec![server().url()],
+            prefix: prefix.into(),
+            request_timeout: REQUEST_TIMEOUT,
+            settled_ttl: Some(ttl),
+            archive_after: Duration::ZERO,
+            ..NatsConfig::default()
+        }
+    }
+
+    async fn claimed(store: &NatsStore, thread: &str, id: &str) -> Dispatch {
+        store
+            .enqueue(NewDispatch::new("a", thread, id).with_id(id))
+            .await
+            .unwrap();
+        store
+            .claim_dispatch(id, "w", 600_000)
+            .await
+            .unwrap()
+            .unwrap()
+    }
+
+    fn entry(d: &Dispatch, pos: u32) -> CallEntry {
+        CallEntry::new(
+            &d.id,
+            pos,
+            CallKind::Http,
+            identity([&b"call"[..]]),
+            serde_json::json!({ "status": 200 }),
+            Some(b"body".to_vec()),
+            d.claims,
+            d.attempt,
+            1,
+        )
+    }
+
+    /// The sequence of the last message of any subject matching `filter`, if any.
+    async fn last_seq(client: &async_nats::Client, prefix: &str, filter: &str) -> Option<u64> {
+        let body = serde_json::json!({ "last_by_subj": filter }).to_string();
+        let reply = client
+            .request(format!("$JS.API.DIRECT.GET.{prefix}"), body.into())
+            .await
+            .unwrap();
+        if reply.status.is_some_and(|s| s.as_u16() == 404) {
+            return None;
+        }
+        let seq = reply.headers.as_ref().and_then(|h| h.get("Nats-Sequence"));
+        Some(seq.unwrap().as_str().parse().unwrap())
+    }
+
+    /// Publishes an empty journal record expecting the tree of `thread` to end at `seq`;
+    /// the server's reply.
+    async fn publish_expecting(
+        client: &async_nats::Client,
+        prefix: &str,
+        subject: String,
+        thread: &str,
+        seq: u64,
+    ) -> serde_json::Value {
+        let mut headers = async_nats::HeaderMap::new();
+        headers.insert("Nats-Expected-Last-Subject-Sequence", seq.to_string());
+        headers.insert(
+            "Nats-Expected-Last-Subject-Sequence-Subject",
+            Key::tree(prefix, thread),
+        );
+        let reply = client
+            .request_with_headers(subject, headers, bytes::Bytes::new())
+            .await
+            .unwrap();
+        serde_json::from_slice(&reply.payload).unwrap()
+    }
+
+    /// A journal write leaves the tree's last sequence where it was (so it disturbs none of
+    /// the thread's writers); one carrying the tree's expectation is stored while the tree
+    /// is unchanged and refused once it moved.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+    async fn a_journal_write_is_fenced_by_the_tree_without_moving_it() {
+        let prefix = "jn_fence";
+        let cfg = config(prefix, Duration::from_secs(3600));
+        let store = NatsStore::connect(&cfg, Arc::new(SystemClock))
+            .await
+            .unwrap();
+        let client = async_nats::connect(server().url()).await.unwrap();
+        let d = claimed(&store, "t", "d1").await;
+        let fence = Fence::of(&d).unwrap();
+        let tree = Key::tree(prefix, "t");
+        let before = last_seq(&client, prefix, &tree).await.unwrap();
+        store.record(&fence, entry(&d, 0)).await.unwrap();
+        store
+            .put_step(
+                &fence,
+                homing::store::NewStep {
+                    key: "k".into(),
+                    value: b"v".to_vec(),
+                    claim: d.claims,
+                    attempt: d.attempt,
+                },
+            )
+            .await
+            .unwrap();
+        store.drop_calls(&fence, 5).await.unwrap();
+        assert_eq!(last_seq(&client, prefix, &tree).await, Some(before));
+        let journal = last_seq(&client, prefix, &format!("{prefix}.jn.>"))
+            .await
+            .unwrap();
+        assert!(journal > before, "{journal} > {before}");
+        assert!(
+            last_seq(&client, prefix, &format!("{prefix}.jx.*"))
+                .await
+                .is_some()
+        );
+
+        // The fence the store's writes carry: stored while the tree is as expected...
+        let subject = Key::JournalCall("d1".into(), 9).subject(prefix);
+        let ok = publish_expecting(&client, prefix, subject.clone(), "t", before).await;
+        assert!(ok.get("error").is_none(), "{ok}");
+        assert_eq!(last_seq(&client, prefix, &tree).await, Some(before));
+        // ...refused once the tree moved.
+        store
+            .append("t", b"moves the tree", Some(&fence))
+            .await
+            .unwrap();
+        let moved = last_seq(&client, prefix, &tree).await.unwrap();
+        assert!(moved > before);
+        let refused = publish_expecting(&client, prefix, subject, "t", before).await;
+        assert!(refused.get("error").is_some(), "{refused}");
+        // An empty record is a dropped entry: the journal reads as the store wrote it.
+        let j = store.load_journal("d1").await.unwrap();
+        assert_eq!(j.calls.iter().map(|c| c.pos).collect::<Vec<_>>(), [0]);
+        assert_eq!(j.steps.len(), 1);
+        store.close().await;
+        NatsStore::delete_stream(&cfg).await.unwrap();
+    }
+
+    /// Settled records expire by their TTL, in their tree or archived: a sweep keeps the
+    /// journals of dispatches still stored (live, settled, archived) and removes those of the
+    /// dispatches that expired, marks included.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+    async fn journals_of_expired_dispatches_are_swept() {
+        let prefix = "jn_sweep";
+        let cfg = config(prefix, Duration::from_secs(1));
+        let store = NatsStore::connect(&cfg, Arc::new(SystemClock))
+            .await
+            .unwrap();
+        let client = async_nats::connect(server().url()).await.unwrap();
+        let mut settled = Vec::new();
+        for (thread, id) in [("t1", "in-tree"), ("t2", "archived")] {
+            let d = claimed(&store, thread, id).await;
+            store
+                .record(&Fence::of(&d).unwrap(), entry(&d, 0))
+                .await
+                .unwrap();
+            store.ack(id, d.token().unwrap()).await.unwrap();
+            settled.push(id);
+        }
+        let live = claimed(&store, "t3", "live").await;
+        store
+            .record(&Fence::of(&live).unwrap(), entry(&live, 0))
+            .await
+            .unwrap();
+        // Archive the settled records (at least `archived`; `in-tree` may stay in its tree).
+        let deadline = Instant::now() + Duration::from_secs(30);
+        while store.load("archived").await.unwrap().is_some()
+            && last_seq(
+                &client,
+                prefix,
+                &Key::Archive("t2".into(), "archived".into()).subject(prefix),
+            )
+            .await
+            .is_none()
+        {
+            assert!(Instant::now() < deadline, "nothing archived");
+            store
+                .archive_settled(homing::store::Clock::now_ms(&SystemClock))
+                .await
+                .unwrap();
+        }
+        // Nothing is removed while the dispatches are stored.
+        assert_eq!(store.sweep_journals(true).await.unwrap(), 0);
+        for id in ["in-tree", "archived", "live"] {
+            assert_eq!(store.load_journal(id).await.unwrap().calls.len(), 1, "{id}");
+        }
+        // Once both settled records expired, a sweep removes their journals and marks.
+        let deadline = Instant::now() + Duration::from_secs(30);
+        loop {
+            let mut stored = 0;
+            for id in &settled {
+                if store.load(id).await.unwrap().is_some() {
+                    stored += 1;
+                }
+            }
+            if stored == 0 {
+                break;
+            }
+            assert!(Instant::now() < deadline, "{stored} records did not expire");
+            tokio::time::sleep(Duration::from_millis(200)).await;
+        }
+        let mut removed = 0;
+        let deadline = Instant::now() + Duration::from_secs(30);
+        while removed < 2 {
+            assert!(Instant::now() < deadline, "removed {removed} of 2");
+            removed += store.sweep_journals(false).await.unwrap();
+        }
+        for id in settled {
+            assert_eq!(
+                store.load_journal(id).await.unwrap(),
+                JournalData::default()
+            );
+            let mark = Key::JournalMark(id.into()).subject(prefix);
+            assert_eq!(last_seq(&client, prefix, &mark).await, None, "{id}");
+        }
+        assert_eq!(store.load_journal("live").await.unwrap().calls.len(), 1);
+        store.close().await;
+        NatsStore::delete_stream(&cfg).await.unwrap();
+    }
+}

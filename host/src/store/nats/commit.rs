@@ -26,6 +26,9 @@ pub(super) enum Expect {
     Subject(u64),
     /// The last sequence of the key's whole thread tree (0: the thread was never written).
     Thread(u64),
+    /// The last sequence of the named thread's tree, for a key outside every tree (a journal
+    /// record): fenced by the thread without moving its last sequence.
+    Tree(String, u64),
     /// Nothing: a later message of an atomic batch whose first message carries the
     /// expectation for the whole batch.
     None,
@@ -223,6 +226,13 @@ impl NatsStore {
             let mut headers = HeaderMap::new();
             match (&w.expect, w.key.thread()) {
                 (Expect::Thread(seq), Some(thread)) => {
+                    headers.insert("Nats-Expected-Last-Subject-Sequence", seq.to_string());
+                    headers.insert(
+                        "Nats-Expected-Last-Subject-Sequence-Subject",
+                        Key::tree(&self.inner.prefix, thread),
+                    );
+                }
+                (Expect::Tree(thread, seq), _) => {
                     headers.insert("Nats-Expected-Last-Subject-Sequence", seq.to_string());
                     headers.insert(
                         "Nats-Expected-Last-Subject-Sequence-Subject",

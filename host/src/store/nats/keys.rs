@@ -60,6 +60,13 @@ pub enum Key {
     /// A waitpoint of an archived dispatch, moved out of its thread's tree with it:
     /// `<p>.aw.<thread>.<id>`.
     ArchivedWaitpoint(String, String),
+    /// A call entry of a dispatch's journal, by position: `<p>.jn.<dispatch>.c.<pos>`
+    /// (outside every tree; see `journal`).
+    JournalCall(String, u32),
+    /// A step of a dispatch's journal, by key: `<p>.jn.<dispatch>.s.<key>`.
+    JournalStep(String, String),
+    /// The mark of a dispatch that has a journal, holding its thread: `<p>.jx.<dispatch>`.
+    JournalMark(String),
 }
 
 /// The token of the empty string (base64 of nothing is empty, and subjects have no empty
@@ -93,6 +100,9 @@ impl Key {
             Key::Id(id) => format!("{prefix}.id.{}", enc(id)),
             Key::Archive(t, id) => format!("{prefix}.ar.{}.{}", enc(t), enc(id)),
             Key::ArchivedWaitpoint(t, id) => format!("{prefix}.aw.{}.{}", enc(t), enc(id)),
+            Key::JournalCall(d, pos) => format!("{prefix}.jn.{}.c.{pos}", enc(d)),
+            Key::JournalStep(d, key) => format!("{prefix}.jn.{}.s.{}", enc(d), enc(key)),
+            Key::JournalMark(d) => format!("{prefix}.jx.{}", enc(d)),
         }
     }
 
@@ -104,7 +114,12 @@ impl Key {
             | Key::Entry(t, _)
             | Key::Message(t, _)
             | Key::Waitpoint(t, _) => Some(t),
-            Key::Id(_) | Key::Archive(..) | Key::ArchivedWaitpoint(..) => None,
+            Key::Id(_)
+            | Key::Archive(..)
+            | Key::ArchivedWaitpoint(..)
+            | Key::JournalCall(..)
+            | Key::JournalStep(..)
+            | Key::JournalMark(_) => None,
         }
     }
 
@@ -166,6 +181,26 @@ impl Key {
         ]
     }
 
+    /// The subject filter of a dispatch's whole journal.
+    pub fn journal_of(prefix: &str, dispatch: &str) -> String {
+        format!("{prefix}.jn.{}.>", enc(dispatch))
+    }
+
+    /// The subject filter of a dispatch's call entries.
+    pub fn journal_calls_of(prefix: &str, dispatch: &str) -> String {
+        format!("{prefix}.jn.{}.c.*", enc(dispatch))
+    }
+
+    /// The subject filter of a dispatch's steps.
+    pub fn journal_steps_of(prefix: &str, dispatch: &str) -> String {
+        format!("{prefix}.jn.{}.s.*", enc(dispatch))
+    }
+
+    /// The subject filter of every journal mark.
+    pub fn journal_marks(prefix: &str) -> String {
+        format!("{prefix}.jx.*")
+    }
+
     /// The subject filter of every log entry of a thread.
     pub fn entries_of(prefix: &str, thread: &str) -> String {
         format!("{prefix}.th.{}.e.*", enc(thread))
@@ -196,6 +231,15 @@ impl Key {
                 let thread = dec(parts.next()?)?;
                 Key::ArchivedWaitpoint(thread, dec(parts.next()?)?)
             }
+            "jn" => {
+                let dispatch = dec(parts.next()?)?;
+                match parts.next()? {
+                    "c" => Key::JournalCall(dispatch, parts.next()?.parse().ok()?),
+                    "s" => Key::JournalStep(dispatch, dec(parts.next()?)?),
+                    _ => return None,
+                }
+            }
+            "jx" => Key::JournalMark(dec(parts.next()?)?),
             _ => return None,
         };
         parts.next().is_none().then_some(key)
@@ -210,6 +254,9 @@ impl Key {
             Key::Message(t, seq) => format!("messages/{t}/{seq}"),
             Key::Waitpoint(_, id) | Key::ArchivedWaitpoint(_, id) => format!("waitpoints/{id}"),
             Key::Id(id) => format!("ids/{id}"),
+            Key::JournalCall(d, pos) => format!("journal/{d}/{pos}"),
+            Key::JournalStep(d, key) => format!("journal/{d}/steps/{key}"),
+            Key::JournalMark(d) => format!("journal/{d}"),
         }
     }
 
@@ -275,6 +322,10 @@ impl Key {
                 let thread =
                     String::from_utf8(payload.to_vec()).map_err(|e| (name, e.to_string()))?;
                 Ok(Record::Id(id, thread))
+            }
+            // A host's view holds no journal: its records are read when a journal is loaded.
+            Key::JournalCall(d, _) | Key::JournalStep(d, _) | Key::JournalMark(d) => {
+                Ok(Record::Journal(d))
             }
         }
     }
@@ -687,6 +738,9 @@ mod tests {
                 Key::Id(name.into()),
                 Key::Archive(name.into(), format!("{name}?")),
                 Key::ArchivedWaitpoint(name.into(), format!("{name}%")),
+                Key::JournalCall(name.into(), 7),
+                Key::JournalStep(name.into(), format!("{name}.k")),
+                Key::JournalMark(name.into()),
             ] {
                 let subject = key.subject("hm");
                 assert_eq!(Key::parse("hm", &subject), Some(key.clone()), "{subject}");

@@ -624,11 +624,20 @@ impl Mailbox for NatsStore {
         {
             tracing::warn!(error = %e, "nats: archiving settled records failed");
         }
+        // And removes the journals of dispatches no longer stored (`journal`).
+        if self.follows()
+            && let Err(e) = self.sweep_journals(false).await
+        {
+            tracing::warn!(error = %e, "nats: removing the journals of removed dispatches failed");
+        }
         Ok(out)
     }
 
     async fn purge_terminal(&self, older_than: u64) -> StoreResult<usize> {
-        self.purge_settled(older_than).await
+        let purged = self.purge_settled(older_than).await?;
+        // The journals of the purged dispatches go with them (`journal`).
+        self.sweep_journals(true).await?;
+        Ok(purged)
     }
 
     async fn load(&self, id: &str) -> StoreResult<Option<Dispatch>> {

@@ -16,6 +16,9 @@
 //! | `<p>.id.<id>` | the thread of a caller-chosen id (admits the id once) |
 //! | `<p>.ar.<thread>.<id>` | a settled dispatch record moved out of its thread's tree (`archive`) |
 //! | `<p>.aw.<thread>.<id>` | a waitpoint of a dispatch moved to the archive, moved with it |
+//! | `<p>.jn.<dispatch>.c.<pos>` | a journal call entry (framed: JSON fields, then the body; `journal`) |
+//! | `<p>.jn.<dispatch>.s.<key>` | a journal step (framed: JSON fields, then the value) |
+//! | `<p>.jx.<dispatch>` | the mark of a dispatch with a journal (its thread), for the sweep |
 //!
 //! Names are encoded as unpadded URL-safe base64 so that any id, thread or key is one subject
 //! token.
@@ -85,8 +88,9 @@
 //!   with their expectations and decided again after a conflict.
 //! - `watcher`: the consumer that keeps the view, and the barrier.
 //! - [`view`] and [`keys`]: the projection and the subject and record encoding.
-//! - `mailbox`, `queries`, `log`, `inbox` and `waitpoints`: the operations. Every holder, fence, claim and reclaim
-//!   decision in them is the store's rules' (`store::rules`), shared with the embedded backend.
+//! - `mailbox`, `queries`, `log`, `inbox`, `waitpoints` and `journal`: the operations. Every
+//!   holder, fence, claim and reclaim decision in them is the store's rules' (`store::rules`),
+//!   shared with the embedded backend.
 //!
 //! # Clients read, hosts follow
 //!
@@ -221,6 +225,11 @@ struct Inner {
     archive_after_ms: u64,
     /// The stream sequence the archiver's next page of the trees starts at.
     archive_from: AtomicU64,
+    /// The stream sequence the journal sweep's next page of marks starts at (`journal`).
+    journal_from: AtomicU64,
+    /// The dispatches this instance wrote a journal mark for (`journal`; forgotten when it
+    /// grows past a bound, which only costs a mark written again).
+    journaled: Mutex<std::collections::HashSet<String>>,
     /// What one message can carry (from the server's `max_payload` at connect).
     room: Room,
     clock: SharedClock,
@@ -314,6 +323,8 @@ impl NatsStore {
             retention_secs: config.settled_ttl.map(|ttl| ttl.as_secs().max(1)),
             archive_after_ms: u64::try_from(config.archive_after.as_millis()).unwrap_or(u64::MAX),
             archive_from: AtomicU64::new(1),
+            journal_from: AtomicU64::new(1),
+            journaled: Mutex::new(std::collections::HashSet::new()),
             room,
             clock,
             follow,

@@ -135,6 +135,8 @@ pub enum Record {
     Waitpoint(String, String, Box<Waitpoint>),
     /// The thread of a caller-chosen id.
     Id(String, String),
+    /// A record of a dispatch's journal (outside every tree; the view keeps nothing of it).
+    Journal(String),
 }
 
 impl Record {
@@ -145,7 +147,7 @@ impl Record {
             | Record::Entry(t, _)
             | Record::Message(t, _, _)
             | Record::Waitpoint(t, _, _) => Some(t),
-            Record::Id(..) => None,
+            Record::Id(..) | Record::Journal(_) => None,
         }
     }
 
@@ -342,6 +344,7 @@ impl View {
             Record::Waitpoint(thread, id, w) => self.apply_waitpoint(seq, thread, id, *w),
             // A host finds chosen ids on the server when it needs them (an enqueue's write of
             // the id record expects it absent, and reads it after a conflict).
+            Record::Journal(_) => {}
             Record::Id(..) if self.lean => {}
             Record::Id(id, thread) => {
                 if self.ids.get(&id).is_some_and(|e| e.seq >= seq) {

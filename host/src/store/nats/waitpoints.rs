@@ -272,7 +272,7 @@ impl NatsStore {
 
     /// The fenced dispatch's record as the view has it, once the fence holds: `Err(plan)` is
     /// the fence's answer (a refusal, or the supersede of a stale holder).
-    fn fenced_record<T>(
+    pub(super) fn fenced_record<T>(
         view: &View,
         fence: &Fence,
         now: u64,

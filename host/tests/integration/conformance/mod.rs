@@ -31,6 +31,7 @@ pub mod concurrency;
 pub mod dedupe;
 pub mod fencing;
 pub mod inbox;
+pub mod journal;
 pub mod log;
 pub mod mailbox;
 pub mod maintenance;
@@ -591,6 +592,16 @@ macro_rules! suite {
                     a_rerun_after_a_lost_lease_finds_the_same_waitpoint,
                     waitpoints_list_by_filter_and_go_with_their_dispatch,
                     a_watch_fires_when_a_waitpoint_settles_on_another_instance,
+                },
+                journal::{
+                    journal_entries_load_in_position_order_with_every_field,
+                    journal_writes_without_a_live_fence_are_refused_and_store_nothing,
+                    journal_is_kept_across_a_nack_and_a_new_claim,
+                    drop_calls_keeps_the_positions_below_from,
+                    record_append_gives_the_log_entry_and_the_answer_one_sequence,
+                    invalid_journal_writes_are_refused_and_store_nothing,
+                    a_body_at_max_body_round_trips,
+                    journal_goes_with_its_dispatch,
                 },
                 concurrency::{
                     no_dispatch_lost_or_invented_under_concurrent_chaos,
