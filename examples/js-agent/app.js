@@ -18,6 +18,11 @@
 // is appended to the log as `{"role":"tool",...}`; the reply is the answers joined by ` | `.
 // With `fail-first`, attempt 0 throws after the calls (before the turn's user and agent
 // entries), so the dispatch is retried.
+// `memo <n> <url> [fail-first]` makes `n` model calls, each a memoized step
+// (`claim.step('ask', ...)`, keyed `ask`, `ask#2`, ...) that POSTs `{"turn":i,"history":0}` to
+// `url`; the reply is the answers joined by ` | `, and `fail-first` throws on attempt 0 after the
+// steps. Under `journal = "steps"` (or `"run"`) the retry gets the kept answers back without
+// asking the model again; with `journal = "off"` it asks again. It appends no `tool` turns.
 //
 // StarlingMonkey has no file system, environment or socket API of its own, so the `read`,
 // `env` and `connect` tools call the WASI imports of the `tool-agent` world
@@ -60,6 +65,7 @@ function respond(claim) {
   if (tool === 'http') return httpTurn(claim, arg, message);
   if (tool === 'wait-for') return waitTurn(claim, arg, message);
   if (tool === 'research') return researchTurn(claim, arg, message);
+  if (tool === 'memo') return memoTurn(claim, arg, message);
 
   let reply;
   if (tool === 'flaky') {
@@ -143,6 +149,44 @@ async function researchTurn(claim, arg, message) {
     throw new Error(`research failed on attempt 0 after ${n} calls (fail-first)`);
   }
   return record(claim, 'research', message, answers.join(' | '));
+}
+
+/** The `memo <n> <url> [fail-first]` turn: `n` POSTs to `url`, each inside the step `ask`
+ * (keys `ask`, `ask#2`, ...), so a retry gets the kept answers back instead of asking again.
+ * With `fail-first`, attempt 0 throws after the steps: a nack, before the turn's user and agent
+ * entries. */
+async function memoTurn(claim, arg, message) {
+  const [count, url, ...flag] = arg.split(/\s+/).filter((w) => w);
+  const n = Number(count);
+  const failFirst = flag.length === 1 && flag[0] === 'fail-first';
+  if (!Number.isInteger(n) || n < 0 || url === undefined || (flag.length > 0 && !failFirst)) {
+    return record(claim, 'memo', message, 'tool memo failed: expected <n> <url> [fail-first]');
+  }
+  const answers = [];
+  for (let turn = 0; turn < n; turn++) {
+    let answer;
+    try {
+      answer = await claim.step('ask', async () => {
+        const response = await fetch(url, {
+          method: 'POST',
+          headers: { 'content-type': 'application/json' },
+          body: JSON.stringify({ turn, history: 0 }),
+        });
+        const received = await response.text();
+        if (response.status >= 300) throw new ToolError(`${url} answered ${response.status}`);
+        return received;
+      });
+    } catch (e) {
+      // A call that failed threw out of its step, which kept nothing.
+      if (e instanceof HomingError) throw e;
+      return record(claim, 'memo', message, `tool memo failed: ${e && e.message ? e.message : e}`);
+    }
+    answers.push(answer);
+  }
+  if (failFirst && claim.attempt === 0) {
+    throw new Error(`memo failed on attempt 0 after ${n} steps (fail-first)`);
+  }
+  return record(claim, 'memo', message, answers.join(' | '));
 }
 
 /** The `wait-for <name> [ms] [notify-url]` turn: `undefined` once the run is suspended (the

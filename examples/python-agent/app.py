@@ -20,6 +20,7 @@ can pick the conversation up: the log is its only memory. The reply is the dispa
 | `wait <n> [ms]` | waits for up to `n` inbox messages (up to `ms`, default 10000, for each), acknowledging each |
 | `wait-for <name> [ms] [notify-url]` | waits for a person: creates the waitpoint `<name>` (timing out after `ms`, default 3600000) and suspends; the resumed run replies with what became of it |
 | `research <n> <url> [fail-first]` | `n` model calls in sequence: POSTs `{"turn": i, "history": <log entries>}` to `url` (needs `allowed_outbound_hosts`), appends each answer to the log as `{"role": "tool", "content": ...}`, replies with the answers separated by a vertical bar (space, bar, space); with `fail-first`, attempt 0 fails after the calls |
+| `memo <n> <url> [fail-first]` | `n` model calls, each a memoized step (`claim.step("ask", ...)`, keyed `ask`, `ask#2`, ...): POSTs `{"turn": i, "history": 0}` to `url` (needs `allowed_outbound_hosts`), replies with the answers separated by a vertical bar (space, bar, space); with `fail-first`, attempt 0 fails after the calls |
 | anything else | a reply that counts the turns |
 
 Messages sent to the thread (`homing thread send`) reach the agent through its inbox: `inbox`
@@ -42,6 +43,12 @@ thread log (the answers so far are in it) and sends how many entries it holds; e
 appended as a `tool` turn as soon as it arrives. With `fail-first`, the first attempt raises
 after its calls, before the user and agent turns are appended, so the dispatch is retried: under
 `journal = "run"` the retry is answered from the journal (no second request, no second append).
+
+`memo` is the same conversation kept by steps instead of the journal: each call runs inside
+`claim.step`, whose result the host keeps under `journal = "steps"` (or `"run"`), so the retry
+after `fail-first` gets the first run's answers back without asking the model again. With
+`journal = "off"` nothing is kept and the retry asks again. It appends no `tool` turns (the
+history it sends is always 0).
 
 A tool that fails (denied by the sandbox, say) is reported in the reply, as an assistant would
 tell its user; only an unavailable tool gives the dispatch back for a retry. The same protocol
@@ -216,6 +223,8 @@ def run_tool(claim: Claim, tool: str, arg: str, message: str, history: list) -> 
         return http_tool(claim, arg)
     if tool == "research":
         return research(claim, arg)
+    if tool == "memo":
+        return memo(claim, arg)
     if tool == "config":
         try:
             value = config.get(arg)
@@ -290,6 +299,42 @@ def research(claim: Claim, arg: str) -> str:
     if flag and claim.attempt == 0:
         # Raised out of the handler: a nack, before the turn's user and agent entries.
         raise RuntimeError(f"research failed on attempt 0 after {count} calls (fail-first)")
+    return " | ".join(answers)
+
+
+def memo(claim: Claim, arg: str) -> str:
+    """`<n> <url> [fail-first]`: `n` POSTs to `url`, each inside the step `ask` (keys `ask`,
+    `ask#2`, ...), so a retry gets the kept answers back instead of asking again; the answers
+    joined by ` | `. With `fail-first`, attempt 0 raises after the steps (a nack: the dispatch
+    is retried)."""
+    words = arg.split()
+    try:
+        count = int(words[0])
+        url = words[1]
+    except (IndexError, ValueError):
+        count, url = -1, ""
+    flag = words[2:]
+    if count < 0 or flag not in ([], ["fail-first"]):
+        raise ToolError("expected <n> <url> [fail-first]")
+
+    def ask(i: int) -> str:
+        body = json.dumps({"turn": i, "history": 0})
+        try:
+            response = http.request(
+                "POST", url, headers=[("content-type", "application/json")], body=body, timeout=10
+            )
+            answer = response.text()
+        except http.HttpError as e:
+            raise ToolError(str(e)) from None
+        if response.status >= 300:
+            raise ToolError(f"{url} answered {response.status}")
+        return answer
+
+    # A failed call raises out of its step, which keeps nothing: the reply says so.
+    answers = [claim.step("ask", lambda i=i: ask(i)) for i in range(count)]
+    if flag and claim.attempt == 0:
+        # Raised out of the handler: a nack, before the turn's user and agent entries.
+        raise RuntimeError(f"memo failed on attempt 0 after {count} steps (fail-first)")
     return " | ".join(answers)
 
 

@@ -11,6 +11,12 @@
 //! `journal = "off"` the same retry asks the model three more times and appends three more
 //! entries: the journal is what saves them.
 //!
+//! Their `memo 2 <url> fail-first` makes the same calls through the SDKs' step helpers
+//! (`claim.step("ask", ...)`, keyed `ask`, `ask#2`) and fails attempt 0 after them. Under
+//! `journal = "steps"` the host keeps each step's result, so the retry gets both answers back
+//! and the model is asked twice in all; with `journal = "off"` nothing is kept and the retry
+//! asks twice more.
+//!
 //! One function per behaviour, run once per language (as in `polyglot`).
 
 use std::sync::atomic::{AtomicU32, Ordering};
@@ -26,7 +32,8 @@ const PYTHON: &str = "python-agent";
 const JS: &str = "js-agent";
 
 /// A stand-in model: answers each request with text naming the turn and the history count it
-/// was sent, and keeps the request bodies.
+/// was sent and how many requests it has had (so no two answers are alike), and keeps the
+/// request bodies.
 struct Model {
     served: Served,
     seen: Arc<Mutex<Vec<Value>>>,
@@ -40,16 +47,17 @@ struct ModelState {
 }
 
 async fn answer(State(state): State<ModelState>, body: Bytes) -> String {
-    state.count.fetch_add(1, Ordering::SeqCst);
+    let nth = state.count.fetch_add(1, Ordering::SeqCst) + 1;
     let request: Value = serde_json::from_slice(&body).unwrap_or(Value::Null);
-    let reply = answer_text(&request["turn"], &request["history"]);
+    let reply = answer_text(&request["turn"], &request["history"], nth);
     state.seen.lock().unwrap().push(request);
     reply
 }
 
-/// The model's answer to a request with these `turn` and `history` fields.
-fn answer_text(turn: &Value, history: &Value) -> String {
-    format!("answer {turn} after {history} entries")
+/// The model's answer to its `nth` request (counting from 1), with these `turn` and `history`
+/// fields.
+fn answer_text(turn: &Value, history: &Value, nth: u32) -> String {
+    format!("answer {turn} after {history} entries (request {nth})")
 }
 
 impl Model {
@@ -143,12 +151,12 @@ fn turns(env: &Env, thread: &str) -> Vec<(String, String)> {
         .collect()
 }
 
-/// The answers to turns 0, 1, 2 sent with these history counts.
-fn answers(histories: [u64; 3]) -> Vec<String> {
-    histories
-        .iter()
-        .enumerate()
-        .map(|(turn, history)| answer_text(&turn.into(), &(*history).into()))
+/// The answers to turns 0, 1, ... sent with these history counts, as the model's requests
+/// `first`, `first + 1`, ...
+fn answers(first: u32, histories: &[u64]) -> Vec<String> {
+    (0..)
+        .zip(histories)
+        .map(|(turn, history)| answer_text(&turn.into(), &(*history).into(), first + turn))
         .collect()
 }
 
@@ -163,7 +171,7 @@ fn a_retried_research_repeats_no_model_call_and_appends_nothing_twice(agent: &st
     assert_eq!(model.requests(), 3, "the model was asked again:\n{log}");
     assert_eq!(model.asked(), [(0, 0), (1, 1), (2, 2)], "{log}");
     let out = acked_after(&env, &id, 1, &log);
-    let expected = answers([0, 1, 2]);
+    let expected = answers(1, &[0, 1, 2]);
     assert_eq!(
         out,
         expected.join(" | "),
@@ -209,7 +217,7 @@ fn without_the_journal_the_retry_asks_the_model_again(agent: &str) {
         "{log}"
     );
     let out = acked_after(&env, &id, 1, &log);
-    assert_eq!(out, answers([3, 4, 5]).join(" | "));
+    assert_eq!(out, answers(4, &[3, 4, 5]).join(" | "));
     let log = turns(&env, "chat");
     assert_eq!(
         log.iter().filter(|(role, _)| role == "tool").count(),
@@ -227,4 +235,65 @@ fn python_agent_without_the_journal_the_retry_asks_the_model_again() {
 #[test]
 fn js_agent_without_the_journal_the_retry_asks_the_model_again() {
     without_the_journal_the_retry_asks_the_model_again(JS);
+}
+
+fn a_retried_memo_gets_its_steps_back_without_asking_again(agent: &str) {
+    let model = Model::start();
+    let env = env_for(agent, "steps", &model);
+    let message = format!("memo 2 {} fail-first", model.url());
+    let id = env.enqueue("agent", "chat", &message, &[]);
+    let log = env.run_until_idle();
+
+    // Attempt 0 asked twice and failed; attempt 1 read both steps back.
+    assert_eq!(model.requests(), 2, "a step ran again:\n{log}");
+    assert_eq!(model.asked(), [(0, 0), (1, 0)], "{log}");
+    let out = acked_after(&env, &id, 1, &log);
+    assert_eq!(
+        out,
+        answers(1, &[0, 0]).join(" | "),
+        "the retry replied with what the first run's steps kept"
+    );
+    // Only the retry's turn is in the log: the failed attempt appended nothing.
+    assert_eq!(
+        turns(&env, "chat"),
+        [("user".to_owned(), message), ("agent".to_owned(), out)]
+    );
+}
+
+#[test]
+fn python_agent_retried_memo_gets_its_steps_back_without_asking_again() {
+    a_retried_memo_gets_its_steps_back_without_asking_again(PYTHON);
+}
+
+#[test]
+fn js_agent_retried_memo_gets_its_steps_back_without_asking_again() {
+    a_retried_memo_gets_its_steps_back_without_asking_again(JS);
+}
+
+fn without_the_journal_a_retried_memo_runs_its_steps_again(agent: &str) {
+    let model = Model::start();
+    let env = env_for(agent, "off", &model);
+    let message = format!("memo 2 {} fail-first", model.url());
+    let id = env.enqueue("agent", "chat", &message, &[]);
+    let log = env.run_until_idle();
+
+    // Nothing was kept: the retry asked the model both times again.
+    assert_eq!(model.requests(), 4, "{log}");
+    assert_eq!(model.asked(), [(0, 0), (1, 0), (0, 0), (1, 0)], "{log}");
+    let out = acked_after(&env, &id, 1, &log);
+    assert_eq!(
+        out,
+        answers(3, &[0, 0]).join(" | "),
+        "the retry replied with its own answers"
+    );
+}
+
+#[test]
+fn python_agent_without_the_journal_a_retried_memo_runs_its_steps_again() {
+    without_the_journal_a_retried_memo_runs_its_steps_again(PYTHON);
+}
+
+#[test]
+fn js_agent_without_the_journal_a_retried_memo_runs_its_steps_again() {
+    without_the_journal_a_retried_memo_runs_its_steps_again(JS);
 }
