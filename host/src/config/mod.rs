@@ -699,6 +699,33 @@ mod tests {
     }
 
     #[test]
+    fn the_journal_keys_parse_and_their_refusals_name_the_key() {
+        let config = parse("[plugins.a]\npath = \"a.wasm\"\n").unwrap();
+        assert_eq!(config.plugins["a"].journal, JournalMode::Off);
+        assert_eq!(
+            config.plugins["a"].journal_max_bytes,
+            DEFAULT_JOURNAL_MAX_BYTES
+        );
+        let config = parse(
+            "[plugins.a]\npath = \"a.wasm\"\njournal = \"run\"\njournal_max_bytes = \"1MiB\"\n",
+        )
+        .unwrap();
+        assert_eq!(config.plugins["a"].journal, JournalMode::Run);
+        assert_eq!(config.plugins["a"].journal_max_bytes, 1 << 20);
+        let err = parse("[plugins.a]\npath = \"a.wasm\"\njournal = \"always\"\n").unwrap_err();
+        assert!(err.to_string().contains("always"), "{err}");
+        let err = parse("[plugins.a]\npath = \"a.wasm\"\njournal = \"run\"\nreuse_instance = 10\n")
+            .unwrap_err();
+        assert!(
+            err.to_string().contains("[plugins.a] journal")
+                && err.to_string().contains("reuse_instance"),
+            "{err}"
+        );
+        let err = parse("[plugins.a]\npath = \"a.wasm\"\njournal_max_bytes = 0\n").unwrap_err();
+        assert!(err.to_string().contains("journal_max_bytes"), "{err}");
+    }
+
+    #[test]
     fn enqueue_to_must_name_a_configured_plugin() {
         let err = parse("[plugins.a]\npath = \"a.wasm\"\nenqueue_to = [\"b\"]\n").unwrap_err();
         assert!(

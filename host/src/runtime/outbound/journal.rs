@@ -317,3 +317,79 @@ impl Body for Recording {
         self.inner.size_hint()
     }
 }
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+    use super::*;
+
+    #[test]
+    fn a_shown_url_keeps_the_query_names_without_their_values() {
+        let uri: http::Uri = "https://user:pw@api.example.com:8443/v1/chat?key=sk-secret&mode=x"
+            .parse()
+            .unwrap();
+        let shown = shown_url(&uri, "/v1/chat");
+        assert_eq!(shown, "https://api.example.com:8443/v1/chat?key=&mode=");
+        assert!(!shown.contains("sk-secret") && !shown.contains("pw"));
+        let plain: http::Uri = "http://127.0.0.1/x".parse().unwrap();
+        assert_eq!(shown_url(&plain, "/x"), "http://127.0.0.1/x");
+    }
+
+    #[test]
+    fn transient_statuses_are_the_retryable_ones() {
+        for status in [408, 429, 500, 502, 503, 504] {
+            assert!(transient(status), "{status}");
+        }
+        for status in [200, 201, 301, 400, 401, 404, 409, 422] {
+            assert!(!transient(status), "{status}");
+        }
+    }
+
+    #[test]
+    fn the_identity_ignores_the_trace_context_but_not_the_credentials() {
+        let request = |auth: &str, trace: &str| {
+            let (parts, ()) = http::Request::post("http://m/v1")
+                .header("authorization", auth)
+                .header("traceparent", trace)
+                .body(())
+                .unwrap()
+                .into_parts();
+            parts
+        };
+        let a = request_identity(&request("Bearer k1", "00-aa-01"), b"{}");
+        assert_eq!(
+            a,
+            request_identity(&request("Bearer k1", "00-bb-01"), b"{}")
+        );
+        assert_ne!(
+            a,
+            request_identity(&request("Bearer k2", "00-aa-01"), b"{}")
+        );
+        assert_ne!(
+            a,
+            request_identity(&request("Bearer k1", "00-aa-01"), b"{ }")
+        );
+        assert!(!a.contains("k1"));
+    }
+
+    #[test]
+    fn a_replayed_response_has_the_recorded_status_headers_and_body() {
+        let mut entry = CallEntry::new(
+            "d",
+            0,
+            CallKind::Http,
+            identity([&b"x"[..]]),
+            serde_json::json!({"status": 201, "headers": [["x-reply", "yes"], ["content-length", "999"]]}),
+            Some(b"hello".to_vec()),
+            1,
+            0,
+            10,
+        );
+        let response = replayed_response(&entry).unwrap();
+        assert_eq!(response.status(), 201);
+        assert_eq!(response.headers()["x-reply"], "yes");
+        assert_eq!(response.headers()["content-length"], "5");
+        entry.body = None;
+        assert!(replayed_response(&entry).is_none(), "no body kept: live");
+    }
+}
