@@ -301,6 +301,28 @@ pub fn check_step_key(key: &str) -> StoreResult<()> {
     Ok(())
 }
 
+/// Refuses an entry that is not the fenced dispatch's, or whose body is over `max_body` (`why`
+/// says where that limit comes from): what every backend checks before a journal write.
+pub(crate) fn check_entry(
+    fence: &Fence,
+    entry: &CallEntry,
+    max_body: u64,
+    why: &str,
+) -> StoreResult<()> {
+    if entry.dispatch != fence.dispatch {
+        return Err(StoreError::Invalid(format!(
+            "dispatch: the entry is for `{}`, the claim for `{}`",
+            entry.dispatch, fence.dispatch
+        )));
+    }
+    super::check_size(
+        "body",
+        entry.body.as_deref().unwrap_or_default(),
+        max_body,
+        why,
+    )
+}
+
 /// The SHA-256 (hex) of `parts`, each length-prefixed so no two lists of parts collide.
 pub fn identity<'a>(parts: impl IntoIterator<Item = &'a [u8]>) -> String {
     let mut hash = Sha256::new();

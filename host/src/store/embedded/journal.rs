@@ -11,7 +11,7 @@ use rusqlite::{Connection, Row, params};
 use super::log::{marks, push_entry};
 use super::rows::db;
 use super::{EmbeddedStore, MAX_VALUE, MAX_VALUE_WHY};
-use crate::store::journal::{CallEntry, Cheap, Journal, JournalData, NewStep, Step};
+use crate::store::journal::{CallEntry, Cheap, Journal, JournalData, NewStep, Step, check_entry};
 use crate::store::model::Fence;
 use crate::store::rules::clamp;
 use crate::store::{StoreError, StoreResult, check_size};
@@ -127,22 +127,6 @@ pub(super) fn delete_journal(tx: &Connection, dispatch: &str) -> StoreResult<()>
     Ok(())
 }
 
-/// Refuses an entry that is not the fenced dispatch's.
-fn check_entry(fence: &Fence, entry: &CallEntry) -> StoreResult<()> {
-    if entry.dispatch != fence.dispatch {
-        return Err(StoreError::Invalid(format!(
-            "dispatch: the entry is for `{}`, the claim for `{}`",
-            entry.dispatch, fence.dispatch
-        )));
-    }
-    check_size(
-        "body",
-        entry.body.as_deref().unwrap_or_default(),
-        MAX_VALUE,
-        MAX_VALUE_WHY,
-    )
-}
-
 #[async_trait]
 impl Journal for EmbeddedStore {
     async fn load_journal(&self, dispatch: &str) -> StoreResult<JournalData> {
@@ -177,7 +161,7 @@ impl Journal for EmbeddedStore {
     }
 
     async fn record(&self, fence: &Fence, entry: CallEntry) -> StoreResult<()> {
-        check_entry(fence, &entry)?;
+        check_entry(fence, &entry, MAX_VALUE, MAX_VALUE_WHY)?;
         if entry.kind.is_append() {
             return Err(StoreError::Invalid(format!(
                 "kind: a `{}` entry is recorded with its append (record_append)",
@@ -202,7 +186,7 @@ impl Journal for EmbeddedStore {
         data: &[u8],
         expected: Option<u64>,
     ) -> StoreResult<u64> {
-        check_entry(fence, &entry)?;
+        check_entry(fence, &entry, MAX_VALUE, MAX_VALUE_WHY)?;
         check_size("entry", data, MAX_VALUE, MAX_VALUE_WHY)?;
         let (fence, data) = (fence.clone(), data.to_vec());
         let out = self

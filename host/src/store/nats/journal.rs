@@ -62,7 +62,7 @@ use super::fetch::{PAGE, PAGE_BYTES, Read};
 use super::keys::Key;
 use super::log::encode_entry;
 use super::view::{Record, View};
-use crate::store::journal::{CallEntry, Journal, JournalData, NewStep, Step};
+use crate::store::journal::{CallEntry, Journal, JournalData, NewStep, Step, check_entry};
 use crate::store::model::{Dispatch, Fence};
 use crate::store::{StoreError, StoreResult, check_size};
 
@@ -197,22 +197,6 @@ fn journal_record(key: Key, dispatch: &str, payload: Bytes) -> Write {
         payload,
         record: Record::Journal(dispatch.to_owned()),
     }
-}
-
-/// Refuses an entry that is not the fenced dispatch's, or whose body is over `max_body`.
-fn check_entry(fence: &Fence, entry: &CallEntry, max_body: u64, why: &str) -> StoreResult<()> {
-    if entry.dispatch != fence.dispatch {
-        return Err(StoreError::Invalid(format!(
-            "dispatch: the entry is for `{}`, the claim for `{}`",
-            entry.dispatch, fence.dispatch
-        )));
-    }
-    check_size(
-        "body",
-        entry.body.as_deref().unwrap_or_default(),
-        max_body,
-        why,
-    )
 }
 
 impl NatsStore {
