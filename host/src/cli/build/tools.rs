@@ -129,6 +129,10 @@ const SDK: &[(&str, &str)] = &[
         include_str!("../../../../guest-sdk/src/logging.rs"),
     ),
     (
+        "rust/homing-guest/src/step.rs",
+        include_str!("../../../../guest-sdk/src/step.rs"),
+    ),
+    (
         "rust/homing-guest/src/waitpoint.rs",
         include_str!("../../../../guest-sdk/src/waitpoint.rs"),
     ),
