@@ -125,6 +125,9 @@ impl Job {
         shown: String,
     ) -> SendResult {
         self.admit(&request)?;
+        // The position is taken now, in the order the guest asked, before the body arrives:
+        // requests made in parallel keep that order whichever body is written first.
+        let mut call = recorder.start(CallKind::Http, String::new());
         let (parts, body) = request.into_parts();
         let cap = self.outbound.limits.max_request_body;
         let budget = self.budget(
@@ -134,6 +137,7 @@ impl Job {
         let bytes = match self.bounded(budget, read_body(body, cap)).await {
             Ok(Ok(bytes)) => bytes,
             Ok(Err(err)) => {
+                recorder.release(&call);
                 let why = match &err {
                     HttpError::HttpRequestBodySize(_) => {
                         format!("the request body passed http.max_request_body of {cap} bytes")
@@ -143,6 +147,7 @@ impl Job {
                 return Err(self.refuse(&why, err));
             }
             Err(ended) => {
+                recorder.release(&call);
                 return Err(self.ended(
                     ended,
                     "reading the request body",
@@ -150,7 +155,7 @@ impl Job {
                 ));
             }
         };
-        let call = recorder.start(CallKind::Http, request_identity(&parts, &bytes));
+        call.identity = request_identity(&parts, &bytes);
         if let Turn::Replay(entry) = recorder.decide(&call).await
             && let Some(response) = replayed_response(&entry)
         {
