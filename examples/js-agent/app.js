@@ -116,29 +116,45 @@ async function httpTurn(claim, arg, message) {
   return record(claim, 'http', message, reply);
 }
 
+/** `<n> <url> [fail-first]` as `{ n, url, failFirst }`, or `undefined` when it is not that. */
+function callsArg(arg) {
+  const [count, url, ...flag] = arg.split(/\s+/).filter((w) => w);
+  const n = Number(count);
+  const failFirst = flag.length === 1 && flag[0] === 'fail-first';
+  if (!Number.isInteger(n) || n < 0 || url === undefined || (flag.length > 0 && !failFirst)) {
+    return undefined;
+  }
+  return { n, url, failFirst };
+}
+
+/** POSTs `{ turn, history }` to `url` and returns the answer's text; a status of 300 or more
+ * throws a `ToolError`. */
+async function postTurn(url, turn, history) {
+  const response = await fetch(url, {
+    method: 'POST',
+    headers: { 'content-type': 'application/json' },
+    body: JSON.stringify({ turn, history }),
+  });
+  const answer = await response.text();
+  if (response.status >= 300) throw new ToolError(`${url} answered ${response.status}`);
+  return answer;
+}
+
 /** The `research <n> <url> [fail-first]` turn: `n` POSTs to `url` in sequence, each after
  * reading the thread log (as an agent builds its conversation), each answer appended to the
  * log as a `tool` turn. With `fail-first`, attempt 0 throws after the calls: a nack, before the
  * turn's user and agent entries. */
 async function researchTurn(claim, arg, message) {
-  const [count, url, ...flag] = arg.split(/\s+/).filter((w) => w);
-  const n = Number(count);
-  const failFirst = flag.length === 1 && flag[0] === 'fail-first';
-  if (!Number.isInteger(n) || n < 0 || url === undefined || (flag.length > 0 && !failFirst)) {
+  const calls = callsArg(arg);
+  if (calls === undefined) {
     return record(claim, 'research', message, 'tool research failed: expected <n> <url> [fail-first]');
   }
+  const { n, url, failFirst } = calls;
   const answers = [];
   for (let turn = 0; turn < n; turn++) {
-    const history = claim.readLogAll().length;
     let answer;
     try {
-      const response = await fetch(url, {
-        method: 'POST',
-        headers: { 'content-type': 'application/json' },
-        body: JSON.stringify({ turn, history }),
-      });
-      answer = await response.text();
-      if (response.status >= 300) throw new ToolError(`${url} answered ${response.status}`);
+      answer = await postTurn(url, turn, claim.readLogAll().length);
     } catch (e) {
       return record(claim, 'research', message, `tool research failed: ${e && e.message ? e.message : e}`);
     }
@@ -156,26 +172,16 @@ async function researchTurn(claim, arg, message) {
  * With `fail-first`, attempt 0 throws after the steps: a nack, before the turn's user and agent
  * entries. */
 async function memoTurn(claim, arg, message) {
-  const [count, url, ...flag] = arg.split(/\s+/).filter((w) => w);
-  const n = Number(count);
-  const failFirst = flag.length === 1 && flag[0] === 'fail-first';
-  if (!Number.isInteger(n) || n < 0 || url === undefined || (flag.length > 0 && !failFirst)) {
+  const calls = callsArg(arg);
+  if (calls === undefined) {
     return record(claim, 'memo', message, 'tool memo failed: expected <n> <url> [fail-first]');
   }
+  const { n, url, failFirst } = calls;
   const answers = [];
   for (let turn = 0; turn < n; turn++) {
     let answer;
     try {
-      answer = await claim.step('ask', async () => {
-        const response = await fetch(url, {
-          method: 'POST',
-          headers: { 'content-type': 'application/json' },
-          body: JSON.stringify({ turn, history: 0 }),
-        });
-        const received = await response.text();
-        if (response.status >= 300) throw new ToolError(`${url} answered ${response.status}`);
-        return received;
-      });
+      answer = await claim.step('ask', async () => postTurn(url, turn, 0));
     } catch (e) {
       // A call that failed threw out of its step, which kept nothing.
       if (e instanceof HomingError) throw e;

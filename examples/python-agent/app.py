@@ -268,10 +268,8 @@ def http_tool(claim: Claim, arg: str) -> str:
     return json.dumps({"status": response.status, "x-reply": response.header("x-reply"), "body": text})
 
 
-def research(claim: Claim, arg: str) -> str:
-    """`<n> <url> [fail-first]`: `n` POSTs to `url`, each after reading the thread log, each
-    answer appended to the log as a `tool` turn; the answers joined by ` | `. With
-    `fail-first`, attempt 0 raises after the calls (a nack: the dispatch is retried)."""
+def calls_arg(arg: str) -> tuple:
+    """`<n> <url> [fail-first]` as (n, url, fail_first), for `research` and `memo`."""
     words = arg.split()
     try:
         count = int(words[0])
@@ -281,22 +279,36 @@ def research(claim: Claim, arg: str) -> str:
     flag = words[2:]
     if count < 0 or flag not in ([], ["fail-first"]):
         raise ToolError("expected <n> <url> [fail-first]")
+    return count, url, bool(flag)
+
+
+def post_turn(url: str, turn: int, history: int) -> str:
+    """POSTs `{"turn", "history"}` to `url` and returns the answer's text; a failed request or
+    a status of 300 or more is a `ToolError`."""
+    body = json.dumps({"turn": turn, "history": history})
+    try:
+        response = http.request(
+            "POST", url, headers=[("content-type", "application/json")], body=body, timeout=10
+        )
+        answer = response.text()
+    except http.HttpError as e:
+        raise ToolError(str(e)) from None
+    if response.status >= 300:
+        raise ToolError(f"{url} answered {response.status}")
+    return answer
+
+
+def research(claim: Claim, arg: str) -> str:
+    """`<n> <url> [fail-first]`: `n` POSTs to `url`, each after reading the thread log, each
+    answer appended to the log as a `tool` turn; the answers joined by ` | `. With
+    `fail-first`, attempt 0 raises after the calls (a nack: the dispatch is retried)."""
+    count, url, fail_first = calls_arg(arg)
     answers = []
     for i in range(count):
-        history = len(claim.read_log_all())
-        body = json.dumps({"turn": i, "history": history})
-        try:
-            response = http.request(
-                "POST", url, headers=[("content-type", "application/json")], body=body, timeout=10
-            )
-            answer = response.text()
-        except http.HttpError as e:
-            raise ToolError(str(e)) from None
-        if response.status >= 300:
-            raise ToolError(f"{url} answered {response.status}")
+        answer = post_turn(url, i, len(claim.read_log_all()))
         claim.append(json.dumps({"role": "tool", "content": answer}))
         answers.append(answer)
-    if flag and claim.attempt == 0:
+    if fail_first and claim.attempt == 0:
         # Raised out of the handler: a nack, before the turn's user and agent entries.
         raise RuntimeError(f"research failed on attempt 0 after {count} calls (fail-first)")
     return " | ".join(answers)
@@ -307,32 +319,10 @@ def memo(claim: Claim, arg: str) -> str:
     `ask#2`, ...), so a retry gets the kept answers back instead of asking again; the answers
     joined by ` | `. With `fail-first`, attempt 0 raises after the steps (a nack: the dispatch
     is retried)."""
-    words = arg.split()
-    try:
-        count = int(words[0])
-        url = words[1]
-    except (IndexError, ValueError):
-        count, url = -1, ""
-    flag = words[2:]
-    if count < 0 or flag not in ([], ["fail-first"]):
-        raise ToolError("expected <n> <url> [fail-first]")
-
-    def ask(i: int) -> str:
-        body = json.dumps({"turn": i, "history": 0})
-        try:
-            response = http.request(
-                "POST", url, headers=[("content-type", "application/json")], body=body, timeout=10
-            )
-            answer = response.text()
-        except http.HttpError as e:
-            raise ToolError(str(e)) from None
-        if response.status >= 300:
-            raise ToolError(f"{url} answered {response.status}")
-        return answer
-
+    count, url, fail_first = calls_arg(arg)
     # A failed call raises out of its step, which keeps nothing: the reply says so.
-    answers = [claim.step("ask", lambda i=i: ask(i)) for i in range(count)]
-    if flag and claim.attempt == 0:
+    answers = [claim.step("ask", lambda i=i: post_turn(url, i, 0)) for i in range(count)]
+    if fail_first and claim.attempt == 0:
         # Raised out of the handler: a nack, before the turn's user and agent entries.
         raise RuntimeError(f"memo failed on attempt 0 after {count} steps (fail-first)")
     return " | ".join(answers)

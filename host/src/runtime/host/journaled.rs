@@ -14,6 +14,7 @@
 //! A refused call (a conflict, a lost claim) is not recorded and gives its position back.
 
 use serde_json::json;
+use sha2::{Digest, Sha256};
 
 use crate::claim::journal::{Recorder, Turn};
 use crate::store::journal::{CallKind, identity};
@@ -174,16 +175,13 @@ pub(super) async fn enqueue(
     }
     // The same dispatch, position and request give the same id: an enqueue the earlier run
     // made without recording it is found again instead of made twice.
-    let digest = identity([
-        recorder.dispatch().as_bytes(),
-        &call.pos.to_be_bytes(),
-        call.identity.as_bytes(),
-    ]);
+    let digest = Sha256::new()
+        .chain_update(recorder.dispatch().as_bytes())
+        .chain_update(call.pos.to_be_bytes())
+        .chain_update(call.identity.as_bytes())
+        .finalize();
     let mut bytes = [0u8; 16];
-    for (i, pair) in digest.as_bytes().chunks(2).take(16).enumerate() {
-        let hex = std::str::from_utf8(pair).unwrap_or("00");
-        bytes[i] = u8::from_str_radix(hex, 16).unwrap_or(0);
-    }
+    bytes.copy_from_slice(&digest[..16]);
     let id = uuid::Builder::from_custom_bytes(bytes)
         .into_uuid()
         .to_string();

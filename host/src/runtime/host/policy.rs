@@ -27,8 +27,8 @@ pub const MAX_LOG_LINE: usize = 4 * 1024;
 pub const MAX_READ: u32 = 1_000;
 /// Longest delay a guest may ask for on a follow-up dispatch.
 pub const MAX_ENQUEUE_DELAY: Duration = Duration::from_secs(30 * 24 * 3600);
-/// Longest key of a memoized step (`step-get`, `step-put`), in bytes.
-pub const MAX_STEP_KEY: usize = 256;
+/// Longest key of a memoized step (`step-get`, `step-put`), in bytes: the store's limit.
+pub use crate::store::journal::MAX_STEP_KEY;
 /// How long one `claim-next` may wait for work, whatever the guest asks.
 pub const MAX_CLAIM_WAIT: Duration = Duration::from_secs(5);
 
