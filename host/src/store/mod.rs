@@ -72,6 +72,7 @@
 //! a backend reads what they need and stores what they return.
 
 pub mod clock;
+pub mod deltas;
 pub mod embedded;
 pub mod error;
 pub mod inbox;
@@ -93,6 +94,7 @@ pub use inbox::{
     Inbox, InboxMarks, Message, MessageFilter, MessageKind, MessageNote, MessageState, NewMessage,
     Sent, ThreadWatch,
 };
+pub use deltas::{Cursor, DeltaBatch, DeltaRead, Deltas, LiveBus};
 pub use journal::{CallEntry, CallKind, Journal, JournalData, NewStep, Step};
 pub use model::{
     Claim, DEFAULT_MAX_ATTEMPTS, DEFAULT_PRIORITY, Dispatch, DispatchRow, Fence, Interrupt,
@@ -343,6 +345,8 @@ pub struct Store {
     pub waitpoints: Arc<dyn Waitpoints>,
     /// The dispatches' journals.
     pub journal: Arc<dyn Journal>,
+    /// The dispatches' streamed deltas.
+    pub deltas: Arc<dyn Deltas>,
     /// The clock both read.
     pub clock: SharedClock,
 }

@@ -514,7 +514,9 @@ impl Mailbox for EmbeddedStore {
     }
 
     async fn purge_terminal(&self, older_than: u64) -> StoreResult<usize> {
-        self.write(move |tx, _| {
+        self.write(move |tx, now| {
+            // Streamed deltas go when they expire, whatever became of their dispatch.
+            super::deltas::delete_expired(tx, now)?;
             // A purged dispatch takes its waitpoints and its journal with it (T16).
             let purged: Vec<(String, u32)> = {
                 let mut stmt = tx

@@ -49,6 +49,7 @@
 //! `synchronous = FULL` through [`EmbeddedOptions::fsync_every_commit`] to survive power loss
 //! at the cost of an fsync per operation.
 
+mod deltas;
 mod inbox;
 mod journal;
 mod lanes;
@@ -519,6 +520,7 @@ impl EmbeddedStore {
             inbox: Arc::new(self.clone()),
             waitpoints: Arc::new(self.clone()),
             journal: Arc::new(self.clone()),
+            deltas: Arc::new(self.clone()),
             clock: self.inner.clock.clone(),
         }
     }

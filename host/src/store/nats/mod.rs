@@ -153,6 +153,7 @@
 
 mod archive;
 mod commit;
+mod deltas;
 mod config;
 mod fetch;
 mod inbox;
@@ -431,7 +432,8 @@ impl NatsStore {
             log: shared.clone(),
             inbox: shared.clone(),
             waitpoints: shared.clone(),
-            journal: shared,
+            journal: shared.clone(),
+            deltas: shared,
             clock,
         }
     }
