@@ -36,6 +36,7 @@ pub mod claim;
 pub mod cli;
 pub mod config;
 pub mod input;
+pub mod live;
 pub mod natsd;
 pub mod runtime;
 mod scratch;

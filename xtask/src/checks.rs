@@ -23,12 +23,14 @@ const LAYERS: &[(&str, u8)] = &[
     // What the API, the CLI and guests (in the runtime) do with work: on the store and config,
     // counted in the metrics.
     ("work", 5),
-    ("claim", 5),
-    ("runtime", 6),
-    ("supervisor", 7),
-    ("api", 8),
-    ("bench", 9),
-    ("cli", 10),
+    // The live hub: what running claims stream, handed to watchers (above the store).
+    ("live", 5),
+    ("claim", 6),
+    ("runtime", 7),
+    ("supervisor", 8),
+    ("api", 9),
+    ("bench", 10),
+    ("cli", 11),
 ];
 
 /// What a module may name of a lower one that it may not use all of: `(from, of, items)`. The

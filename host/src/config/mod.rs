@@ -72,6 +72,12 @@ pub struct Config {
 /// The most messages a thread may have pending when `[host] max_inbox` is not set.
 pub const DEFAULT_MAX_INBOX: u64 = 1_000;
 
+/// The most bytes one claim may stream when `[host] max_stream_bytes` is not set.
+pub const DEFAULT_MAX_STREAM_BYTES: u64 = 4 << 20;
+
+/// The most deltas per second one claim may stream when `[host] max_emit_rate` is not set.
+pub const DEFAULT_MAX_EMIT_RATE: u32 = 100_000;
+
 /// How many times a dispatch may come back from waiting when its plugin's `max_resumes` is
 /// not set.
 pub const DEFAULT_MAX_RESUMES: u32 = 100;
@@ -106,6 +112,14 @@ pub struct HostConfig {
     pub max_message: Option<u64>,
     /// The most messages a thread may have pending (unacknowledged); a send beyond is refused.
     pub max_inbox: u64,
+    /// How long after its run a dispatch's streamed deltas stay readable.
+    #[serde(deserialize_with = "duration")]
+    pub stream_retention: Duration,
+    /// The most bytes one claim may stream (`emit`); past it `emit` is refused.
+    #[serde(deserialize_with = "size")]
+    pub max_stream_bytes: u64,
+    /// The most deltas per second one claim may stream (a burst of one second's worth).
+    pub max_emit_rate: u32,
     /// The largest component file a plugin `path` may name; larger ones are refused before
     /// they are read.
     #[serde(deserialize_with = "size")]
@@ -147,6 +161,9 @@ impl Default for HostConfig {
             max_payload: 1 << 20,
             max_message: None,
             max_inbox: DEFAULT_MAX_INBOX,
+            stream_retention: Duration::from_secs(3600),
+            max_stream_bytes: DEFAULT_MAX_STREAM_BYTES,
+            max_emit_rate: DEFAULT_MAX_EMIT_RATE,
             max_component_size: DEFAULT_MAX_COMPONENT_SIZE,
             log_format: LogFormat::Text,
             tls_ca: None,
@@ -438,6 +455,15 @@ impl Config {
         }
         if self.host.max_inbox == 0 {
             return Err("[host] max_inbox: must be at least 1".into());
+        }
+        if self.host.stream_retention.is_zero() {
+            return Err("[host] stream_retention: must be more than 0".into());
+        }
+        if self.host.max_stream_bytes == 0 {
+            return Err("[host] max_stream_bytes: must be at least 1 byte".into());
+        }
+        if self.host.max_emit_rate == 0 {
+            return Err("[host] max_emit_rate: must be at least 1".into());
         }
         if self.host.max_message == Some(0) {
             return Err("[host] max_message: must be at least 1 byte".into());

@@ -96,6 +96,19 @@ pub const JOURNAL_REPLAYED: &str = "homing_journal_replayed_total";
 pub const JOURNAL_DIVERGENCES: &str = "homing_journal_divergences_total";
 /// The live time of the calls the journal answered (what replays saved): `agent`.
 pub const JOURNAL_SAVED_MS: &str = "homing_journal_saved_milliseconds_total";
+/// Deltas guests streamed (`emit`): `agent`.
+pub const STREAM_DELTAS: &str = "homing_stream_deltas_total";
+/// Bytes guests streamed: `agent`.
+pub const STREAM_BYTES: &str = "homing_stream_bytes_total";
+/// Streams of a dispatch's output open to clients on this host.
+pub const STREAMS_OPEN: &str = "homing_streams_open";
+/// How many deltas a client was behind the newest when one was sent to it.
+pub const STREAM_CLIENT_LAG: &str = "homing_stream_client_lag";
+/// Clients dropped for falling too far behind a stream.
+pub const STREAM_CLIENTS_DROPPED: &str = "homing_stream_clients_dropped_total";
+
+/// Buckets of the stream client lag (deltas).
+const LAG_BUCKETS: &[f64] = &[0.0, 1.0, 4.0, 16.0, 64.0, 256.0, 1024.0, 4096.0, 16384.0];
 
 /// Histogram buckets of every `_seconds` histogram: 50 µs to 5 min.
 const BUCKETS: &[f64] = &[
@@ -117,6 +130,7 @@ pub fn install() -> anyhow::Result<PrometheusHandle> {
     }
     let handle = PrometheusBuilder::new()
         .set_buckets_for_metric(Matcher::Suffix("_seconds".into()), BUCKETS)?
+        .set_buckets_for_metric(Matcher::Full(STREAM_CLIENT_LAG.into()), LAG_BUCKETS)?
         .install_recorder()?;
     describe();
     let upkeep = handle.clone();
@@ -203,6 +217,20 @@ fn describe() {
         JOURNAL_SAVED_MS,
         Unit::Milliseconds,
         "The live time of the calls the journal answered, by agent."
+    );
+    describe_counter!(STREAM_DELTAS, "Deltas guests streamed, by agent.");
+    describe_counter!(STREAM_BYTES, Unit::Bytes, "Bytes guests streamed, by agent.");
+    describe_gauge!(
+        STREAMS_OPEN,
+        "Streams of a dispatch's output open to clients on this host."
+    );
+    describe_histogram!(
+        STREAM_CLIENT_LAG,
+        "How many deltas a client was behind the newest when one was sent to it."
+    );
+    describe_counter!(
+        STREAM_CLIENTS_DROPPED,
+        "Stream clients dropped for falling too far behind."
     );
     describe_counter!(LEASE_RENEWALS, "Leases renewed while guests ran.");
     describe_counter!(LEASES_LOST, "Claims lost while their guest ran.");
