@@ -19,7 +19,8 @@ one in a chunked body. The first chunk carries `delta.role`; then a text reply c
 per word-ish token (`delta.content`, each word with the spaces before it, so the tokens join
 into the reply's text), or a tool call as `delta.tool_calls` (the id and name, then the
 arguments in two pieces); a last chunk carries `finish_reason` with an empty delta, and
-`data: [DONE]` ends the stream. `--stream-delay-ms N` (or `STAND_IN_STREAM_DELAY_MS`) waits N ms
+`data: [DONE]` ends the stream. With `--no-stream` it answers every request with plain JSON, as a
+server that does not stream would. `--stream-delay-ms N` (or `STAND_IN_STREAM_DELAY_MS`) waits N ms
 between chunks, for demos; the default is no delay. Errors (401, 404, 400, 503) are JSON either
 way.
 
@@ -30,7 +31,7 @@ It requires `Authorization: Bearer <key>` (the key from `--api-key` or the envir
 variable `STAND_IN_API_KEY`) and answers 401 otherwise. It records nothing: no keys, no bodies;
 its stderr log names only the method, path and status of each request.
 
-Usage: stand_in_model.py [--api-key KEY] [--port N] [--stream-delay-ms N]
+Usage: stand_in_model.py [--api-key KEY] [--port N] [--stream-delay-ms N] [--no-stream]
 It binds 127.0.0.1 (port 0 unless given) and prints its base URL (`http://127.0.0.1:PORT/v1`)
 as the first line on stdout. It runs until killed. Python standard library only.
 """
@@ -157,7 +158,7 @@ def stream_chunks(body):
     yield chunk({}, choice["finish_reason"])
 
 
-def handler_for(api_key, stream_delay):
+def handler_for(api_key, stream_delay, streams=True):
     class StandIn(http.server.BaseHTTPRequestHandler):
         protocol_version = "HTTP/1.1"
 
@@ -211,7 +212,7 @@ def handler_for(api_key, stream_delay):
                 self.reply(400, {"error": {"message": "the body is not JSON"}})
                 return
             status, body = answer(request)
-            if status == 200 and request.get("stream") is True:
+            if status == 200 and streams and request.get("stream") is True:
                 with LOCK:
                     STATS["streamed"] += 1
                 self.stream(body)
@@ -235,10 +236,14 @@ def main():
         default=int(os.environ.get("STAND_IN_STREAM_DELAY_MS") or 0),
         help="wait this long between streamed chunks (default: no delay)",
     )
+    parser.add_argument(
+        "--no-stream", action="store_true", help="answer plain JSON even when asked to stream"
+    )
     args = parser.parse_args()
     if not args.api_key:
         parser.error("give the expected key with --api-key or STAND_IN_API_KEY")
-    server = http.server.ThreadingHTTPServer(("127.0.0.1", args.port), handler_for(args.api_key, max(args.stream_delay_ms, 0) / 1000))
+    handler = handler_for(args.api_key, max(args.stream_delay_ms, 0) / 1000, not args.no_stream)
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", args.port), handler)
     print(f"http://127.0.0.1:{server.server_address[1]}/v1", flush=True)
     try:
         server.serve_forever()
