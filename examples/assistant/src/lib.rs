@@ -42,8 +42,9 @@ const MAX_ROUNDS: usize = 4;
 /// A model call's deadline.
 const MODEL_TIMEOUT: Duration = Duration::from_secs(60);
 
-/// The largest model reply read.
-const MAX_REPLY_BYTES: usize = 1 << 20;
+/// The largest model reply read. A streamed reply spends some 200 bytes of event JSON per
+/// token, so this is room for tens of thousands of tokens.
+const MAX_REPLY_BYTES: usize = 8 << 20;
 
 /// The system prompt, sent first on every call (not stored in the log).
 const SYSTEM: &str = "You are a concise assistant running as a Homing agent. \
