@@ -13,13 +13,25 @@ replies that exercise one tool round trip:
   contains `(fail once)`, the request for note 3 of that message is answered 503 the first
   time, so a demo can show a run that fails after two model calls and its retry.
 
-`GET .../stats` answers `{"requests": N}`: how many chat requests it has answered so far.
+A request with `"stream": true` is answered the way OpenAI streams: `text/event-stream`, one
+server-sent event per `chat.completion.chunk` (`data: {...}` and a blank line), flushed one by
+one in a chunked body. The first chunk carries `delta.role`; then a text reply comes as one chunk
+per word-ish token (`delta.content`, each word with the spaces before it, so the tokens join
+into the reply's text), or a tool call as `delta.tool_calls` (the id and name, then the
+arguments in two pieces); a last chunk carries `finish_reason` with an empty delta, and
+`data: [DONE]` ends the stream. With `--no-stream` it answers every request with plain JSON, as a
+server that does not stream would. `--stream-delay-ms N` (or `STAND_IN_STREAM_DELAY_MS`) waits N ms
+between chunks, for demos; the default is no delay. Errors (401, 404, 400, 503) are JSON either
+way.
+
+`GET .../stats` answers `{"requests": N, "streamed": M}`: how many chat requests it has
+answered so far, and how many of them it streamed.
 
 It requires `Authorization: Bearer <key>` (the key from `--api-key` or the environment
 variable `STAND_IN_API_KEY`) and answers 401 otherwise. It records nothing: no keys, no bodies;
 its stderr log names only the method, path and status of each request.
 
-Usage: stand_in_model.py [--api-key KEY] [--port N]
+Usage: stand_in_model.py [--api-key KEY] [--port N] [--stream-delay-ms N] [--no-stream]
 It binds 127.0.0.1 (port 0 unless given) and prints its base URL (`http://127.0.0.1:PORT/v1`)
 as the first line on stdout. It runs until killed. Python standard library only.
 """
@@ -31,6 +43,7 @@ import os
 import re
 import sys
 import threading
+import time
 
 
 def tool_call_reply(messages):
@@ -58,7 +71,7 @@ def final_reply(tool_message):
 
 # Guarded by LOCK: the chat requests answered, and the user messages already failed once.
 LOCK = threading.Lock()
-STATS = {"requests": 0}
+STATS = {"requests": 0, "streamed": 0}
 FAILED_ONCE = set()
 
 
@@ -101,7 +114,51 @@ def answer(request):
     }
 
 
-def handler_for(api_key):
+def tokens(text):
+    """The text in word-ish tokens, each word with the whitespace before it: they join back
+    into the text exactly."""
+    return re.findall(r"\s*\S+|\s+", text)
+
+
+def stream_chunks(body):
+    """The `chat.completion.chunk` objects that stream the completion `body` (as `answer`
+    returns it)."""
+    choice = body["choices"][0]
+    message = choice["message"]
+
+    def chunk(delta, finish=None):
+        return {
+            "id": body["id"],
+            "object": "chat.completion.chunk",
+            "model": body["model"],
+            "choices": [{"index": 0, "delta": delta, "finish_reason": finish}],
+        }
+
+    yield chunk({"role": "assistant", "content": ""})
+    for token in tokens(message.get("content") or ""):
+        yield chunk({"content": token})
+    for index, call in enumerate(message.get("tool_calls") or []):
+        function = call["function"]
+        yield chunk(
+            {
+                "tool_calls": [
+                    {
+                        "index": index,
+                        "id": call["id"],
+                        "type": "function",
+                        "function": {"name": function["name"], "arguments": ""},
+                    }
+                ]
+            }
+        )
+        arguments = function["arguments"]
+        half = len(arguments) // 2
+        for piece in (arguments[:half], arguments[half:]):
+            yield chunk({"tool_calls": [{"index": index, "function": {"arguments": piece}}]})
+    yield chunk({}, choice["finish_reason"])
+
+
+def handler_for(api_key, stream_delay, streams=True):
     class StandIn(http.server.BaseHTTPRequestHandler):
         protocol_version = "HTTP/1.1"
 
@@ -112,6 +169,24 @@ def handler_for(api_key):
             self.send_header("content-length", str(len(data)))
             self.end_headers()
             self.wfile.write(data)
+
+        def stream(self, body):
+            """Sends `body` as server-sent events in a chunked body, flushing each event."""
+            self.send_response(200)
+            self.send_header("content-type", "text/event-stream")
+            self.send_header("cache-control", "no-cache")
+            self.send_header("transfer-encoding", "chunked")
+            self.end_headers()
+            events = [f"data: {json.dumps(c)}\n\n" for c in stream_chunks(body)]
+            events.append("data: [DONE]\n\n")
+            for i, event in enumerate(events):
+                if i and stream_delay:
+                    time.sleep(stream_delay)
+                data = event.encode()
+                self.wfile.write(f"{len(data):x}\r\n".encode() + data + b"\r\n")
+                self.wfile.flush()
+            self.wfile.write(b"0\r\n\r\n")
+            self.wfile.flush()
 
         def do_GET(self):
             if not self.path.rstrip("/").endswith("/stats"):
@@ -136,7 +211,13 @@ def handler_for(api_key):
             except ValueError:
                 self.reply(400, {"error": {"message": "the body is not JSON"}})
                 return
-            self.reply(*answer(request))
+            status, body = answer(request)
+            if status == 200 and streams and request.get("stream") is True:
+                with LOCK:
+                    STATS["streamed"] += 1
+                self.stream(body)
+            else:
+                self.reply(status, body)
 
         def log_message(self, format, *args):
             # Method, path and status only (the default would do the same; kept explicit).
@@ -149,10 +230,20 @@ def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--api-key", default=os.environ.get("STAND_IN_API_KEY"))
     parser.add_argument("--port", type=int, default=0)
+    parser.add_argument(
+        "--stream-delay-ms",
+        type=int,
+        default=int(os.environ.get("STAND_IN_STREAM_DELAY_MS") or 0),
+        help="wait this long between streamed chunks (default: no delay)",
+    )
+    parser.add_argument(
+        "--no-stream", action="store_true", help="answer plain JSON even when asked to stream"
+    )
     args = parser.parse_args()
     if not args.api_key:
         parser.error("give the expected key with --api-key or STAND_IN_API_KEY")
-    server = http.server.ThreadingHTTPServer(("127.0.0.1", args.port), handler_for(args.api_key))
+    handler = handler_for(args.api_key, max(args.stream_delay_ms, 0) / 1000, not args.no_stream)
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", args.port), handler)
     print(f"http://127.0.0.1:{server.server_address[1]}/v1", flush=True)
     try:
         server.serve_forever()

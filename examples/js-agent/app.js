@@ -23,6 +23,9 @@
 // `url`; the reply is the answers joined by ` | `, and `fail-first` throws on attempt 0 after the
 // steps. Under `journal = "steps"` (or `"run"`) the retry gets the kept answers back without
 // asking the model again; with `journal = "off"` it asks again. It appends no `tool` turns.
+// `stream <text>` streams the text to the dispatch's watchers a word at a time (`claim.emit`,
+// each word with the whitespace before it) and replies `streamed <n> chunks (last #<seq>):
+// <text>`, `<seq>` being the last sequence `emit` returned; a refused chunk fails the tool.
 //
 // StarlingMonkey has no file system, environment or socket API of its own, so the `read`,
 // `env` and `connect` tools call the WASI imports of the `tool-agent` world
@@ -290,6 +293,8 @@ function runTool(claim, tool, arg, message, history) {
     }
     case 'connect':
       return connect(arg);
+    case 'stream':
+      return streamWords(claim, arg);
     case 'config': {
       let value;
       try {
@@ -327,6 +332,24 @@ function runTool(claim, tool, arg, message, history) {
       return `#${turns}: you said "${message}"`;
     }
   }
+}
+
+/** `stream <text>`: emits the text to the dispatch's watchers a word at a time, each word with
+ * the whitespace before it (the chunks join back into the text). A chunk the host refuses
+ * fails the tool; a claim that is gone throws out of the handler. */
+function streamWords(claim, arg) {
+  const chunks = arg.match(/\s*\S+/g) ?? [];
+  if (chunks.length === 0) throw new ToolError('expected <text>');
+  let seq = 0n;
+  for (const chunk of chunks) {
+    try {
+      seq = claim.emit(chunk);
+    } catch (e) {
+      if (!(e instanceof HomingError) || e.claimIsGone()) throw e;
+      throw new ToolError(e.message);
+    }
+  }
+  return `streamed ${chunks.length} chunks (last #${seq}): ${arg}`;
 }
 
 /** The first 4 KiB of the file at the guest path `path`, under one of the preopened

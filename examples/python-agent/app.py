@@ -21,6 +21,7 @@ can pick the conversation up: the log is its only memory. The reply is the dispa
 | `wait-for <name> [ms] [notify-url]` | waits for a person: creates the waitpoint `<name>` (timing out after `ms`, default 3600000) and suspends; the resumed run replies with what became of it |
 | `research <n> <url> [fail-first]` | `n` model calls in sequence: POSTs `{"turn": i, "history": <log entries>}` to `url` (needs `allowed_outbound_hosts`), appends each answer to the log as `{"role": "tool", "content": ...}`, replies with the answers separated by a vertical bar (space, bar, space); with `fail-first`, attempt 0 fails after the calls |
 | `memo <n> <url> [fail-first]` | `n` model calls, each a memoized step (`claim.step("ask", ...)`, keyed `ask`, `ask#2`, ...): POSTs `{"turn": i, "history": 0}` to `url` (needs `allowed_outbound_hosts`), replies with the answers separated by a vertical bar (space, bar, space); with `fail-first`, attempt 0 fails after the calls |
+| `stream <text>` | streams the text to the dispatch's watchers a word at a time (`claim.emit`, each word with the whitespace before it) and replies `streamed <n> chunks (last #<seq>): <text>`, `<seq>` being the last sequence `emit` returned |
 | anything else | a reply that counts the turns |
 
 Messages sent to the thread (`homing thread send`) reach the agent through its inbox: `inbox`
@@ -60,6 +61,7 @@ is implemented in JavaScript by `examples/js-agent`.
 import datetime
 import json
 import os
+import re
 from typing import Optional
 
 from componentize_py_types import Err
@@ -225,6 +227,8 @@ def run_tool(claim: Claim, tool: str, arg: str, message: str, history: list) -> 
         return research(claim, arg)
     if tool == "memo":
         return memo(claim, arg)
+    if tool == "stream":
+        return stream(claim, arg)
     if tool == "config":
         try:
             value = config.get(arg)
@@ -249,6 +253,24 @@ def run_tool(claim: Claim, tool: str, arg: str, message: str, history: list) -> 
         return f"asked {agent}: {asked}"
     turns = 1 + sum(1 for e in history if e.get("role") == "user")
     return f'#{turns}: you said "{message}"'
+
+
+def stream(claim: Claim, arg: str) -> str:
+    """`stream <text>`: emits the text to the dispatch's watchers a word at a time, each word
+    with the whitespace before it (the chunks join back into the text). A chunk the host
+    refuses fails the tool; a claim that is gone raises out of the handler."""
+    chunks = re.findall(r"\s*\S+", arg)
+    if not chunks:
+        raise ToolError("expected <text>")
+    seq = 0
+    for chunk in chunks:
+        try:
+            seq = claim.emit(chunk)
+        except homing_guest.HomingError as e:
+            if e.claim_is_gone():
+                raise
+            raise ToolError(str(e)) from None
+    return f"streamed {len(chunks)} chunks (last #{seq}): {arg}"
 
 
 def http_tool(claim: Claim, arg: str) -> str:

@@ -6,7 +6,8 @@
 // thread log (`append`, `appendExpected`, `readLog`, `readLogAll`, `logLatest`), reads and
 // acknowledges the thread's inbox (`nextMessage`, `messages`, `ackMessage`), waits for people
 // and webhooks (`waitFor`; under it `waitpoint`, `waitpoints`, `awaitWaitpoint`, `suspend`),
-// memoizes work across retries and resumes (`step`) and enqueues follow-ups (`enqueue`). Host
+// memoizes work across retries and resumes (`step`), streams output to watchers (`emit`) and
+// enqueues follow-ups (`enqueue`). Host
 // refusals throw `HomingError`, whose `kind` is the WIT `error` case (`'lost-claim'`,
 // `'conflict'`, ...); stop on `error.claimIsGone()`.
 //
@@ -512,6 +513,18 @@ export class Claim {
     const value = fn();
     if (value && typeof value.then === 'function') return value.then(keep);
     return keep(value);
+  }
+
+  /** Streams `chunk` (a `Uint8Array`, or a string sent as UTF-8; a model's next tokens, say)
+   * to whoever watches this dispatch; returns its sequence within this claim (a BigInt: 1n,
+   * 2n, ...). Not durable: the result and the thread log stay the record, and a later claim of
+   * the dispatch (a retry, a resume) starts again at 1. Cheap enough to call per token. An
+   * empty chunk is passed to the host, which refuses it. Throws `HomingError`: `'invalid'`
+   * for an empty chunk or one over 64 KiB, `'denied'` past the host's `max_stream_bytes` for
+   * this claim or its emit rate (a guest may stop streaming and carry on), `'lost-claim'`,
+   * `'interrupted'`. */
+  emit(chunk) {
+    return host(() => this.raw.emit(bytes(chunk)));
   }
 
   /** Enqueues a follow-up to `agent` (on this thread unless `options.thread` says otherwise);

@@ -4,7 +4,8 @@
 //! [`Handler::handle`](crate::Handler::handle) (the `handler` world), or the guest takes it
 //! with [`claim_next`](crate::claim_next) (the `agent` world). Either way the guest sees the
 //! same [`Claim`]: the dispatch's [`DispatchInfo`] (read once, when the claim is wrapped) and
-//! the calls that settle it, record progress, write the thread log and enqueue follow-up work.
+//! the calls that settle it, record progress, write the thread log, stream output to watchers
+//! ([`Claim::emit`]) and enqueue follow-up work.
 //!
 //! Every write through a claim is fenced by the host: once the lease is lost or the thread is
 //! interrupted, writes fail with [`Error::LostClaim`] or [`Error::Interrupted`]
@@ -335,6 +336,41 @@ impl<'a> Claim<'a> {
     /// [`Error::Interrupted`].
     pub fn ack_message(&self, seq: u64) -> Result<u64, Error> {
         Ok(self.raw().ack_message(seq)?)
+    }
+
+    /// Streams `chunk` (for example a model's next tokens) to whoever watches this dispatch;
+    /// returns its sequence within this claim (1, 2, ...). Not durable: watchers may resume
+    /// for the host's `stream_retention` after the dispatch settles, and the durable record
+    /// stays the result and the thread log. A later claim of the dispatch (a retry, a resume)
+    /// starts again at 1 and watchers are told to drop what earlier claims streamed. The host
+    /// checks it in memory, not in the store, so it is cheap enough to call per token.
+    ///
+    /// An empty chunk is passed to the host as is (it refuses it), so a bug that emits nothing
+    /// shows; [`Claim::emit_text`] skips empty text instead.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::Invalid`] for an empty chunk or one over 64 KiB; [`Error::Denied`] past the
+    /// host's `max_stream_bytes` for this claim or its emit rate (streaming is best effort: a
+    /// guest may stop emitting and carry on with its work); [`Error::LostClaim`] or
+    /// [`Error::Interrupted`] once the claim is gone or settled.
+    pub fn emit(&self, chunk: impl AsRef<[u8]>) -> Result<u64, Error> {
+        Ok(self.raw().emit(chunk.as_ref())?)
+    }
+
+    /// Streams `text` as one UTF-8 chunk, like [`Claim::emit`]; returns its sequence. Empty
+    /// text is not sent: it returns `Ok(0)` without calling the host (0 is never a sequence),
+    /// so a model's empty deltas can be passed straight through.
+    ///
+    /// # Errors
+    ///
+    /// Those of [`Claim::emit`]: notably [`Error::Invalid`] for text over 64 KiB and
+    /// [`Error::Denied`] past the host's stream limits.
+    pub fn emit_text(&self, text: &str) -> Result<u64, Error> {
+        if text.is_empty() {
+            return Ok(0);
+        }
+        self.emit(text.as_bytes())
     }
 
     /// Enqueues a follow-up dispatch; without [`Enqueue::thread`] it goes to this dispatch's

@@ -21,6 +21,9 @@
 //! # }
 //! ```
 //!
+//! [`Request::send_streaming`] returns at the response's headers instead, and the body is read
+//! as it arrives ([`StreamingResponse::read_chunk`]): for server-sent events, a model's tokens.
+//!
 //! With the `json` feature as well, [`Request::json`] sends a serialized body (and sets
 //! `content-type: application/json`) and [`Response::json`] parses one.
 //!
@@ -397,6 +400,29 @@ impl Request {
     /// it, the name did not resolve, no connection, a timeout, TLS, a body over the limit, or
     /// another `wasi:http` error.
     pub fn send(self) -> Result<Response, HttpError> {
+        let limit = self.max_response_bytes;
+        let (response, deadline) = self.start()?;
+        read_response(response, deadline, limit)
+    }
+
+    /// Sends the request and returns as soon as the response's status and headers arrive; the
+    /// body is read piece by piece with [`StreamingResponse::read_chunk`] (or
+    /// [`StreamingResponse::chunks`]), as the server sends it. For server-sent events and other
+    /// streamed answers (a model's tokens). The request's deadline ([`Request::timeout`]) and
+    /// size limit ([`Request::max_response_bytes`]) still cover the whole body.
+    ///
+    /// # Errors
+    ///
+    /// Those of [`Request::send`] up to the response's headers; reading the body fails later,
+    /// from [`StreamingResponse::read_chunk`].
+    pub fn send_streaming(self) -> Result<StreamingResponse, HttpError> {
+        let limit = self.max_response_bytes;
+        let (response, deadline) = self.start()?;
+        StreamingResponse::new(response, deadline, limit)
+    }
+
+    /// Sends the request and waits for the response's head; returns it with the deadline.
+    fn start(self) -> Result<(IncomingResponse, Instant), HttpError> {
         let deadline = Instant::now() + self.timeout;
         let target = Target::parse(&self.url)?;
         let mut headers = self.headers;
@@ -452,7 +478,7 @@ impl Request {
             let ready = pending.subscribe();
             wait(&ready, deadline)?;
         };
-        read_response(response, deadline, self.max_response_bytes)
+        Ok((response, deadline))
     }
 }
 
@@ -640,6 +666,160 @@ impl Response {
     pub fn text(&self) -> Result<&str, HttpError> {
         std::str::from_utf8(&self.body)
             .map_err(|_| HttpError::Decode("the response body is not UTF-8".to_owned()))
+    }
+}
+
+/// A response whose body is read as it arrives ([`Request::send_streaming`]): the status and
+/// headers first, then the body chunk by chunk.
+///
+/// ```no_run
+/// # fn demo() -> Result<(), homing_guest::http::HttpError> {
+/// use homing_guest::http::Request;
+///
+/// let mut response = Request::get("http://127.0.0.1:8080/events").send_streaming()?;
+/// while let Some(chunk) = response.read_chunk()? {
+///     homing_guest::info!("{} more bytes", chunk.len());
+/// }
+/// # Ok(())
+/// # }
+/// ```
+pub struct StreamingResponse {
+    /// The status code.
+    pub status: u16,
+    /// The headers in the order received (names in lowercase, as the host gives them).
+    pub headers: Vec<(String, Vec<u8>)>,
+    // Drop order matters: the stream is a child of the body, which the host wants dropped
+    // after it. Fields drop in declaration order; both are `None` once the body ended.
+    stream: Option<InputStream>,
+    body: Option<IncomingBody>,
+    _response: IncomingResponse,
+    deadline: Instant,
+    limit: usize,
+    read: usize,
+}
+
+/// Header values and the body stay out of `Debug` output.
+impl fmt::Debug for StreamingResponse {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let names: Vec<&str> = self.headers.iter().map(|(n, _)| n.as_str()).collect();
+        f.debug_struct("StreamingResponse")
+            .field("status", &self.status)
+            .field("header_names", &names)
+            .field("read", &self.read)
+            .field("ended", &self.stream.is_none())
+            .finish()
+    }
+}
+
+impl StreamingResponse {
+    fn new(
+        response: IncomingResponse,
+        deadline: Instant,
+        limit: usize,
+    ) -> Result<StreamingResponse, HttpError> {
+        let status = response.status();
+        let headers = response.headers().entries();
+        let body = response.consume().map_err(|()| HttpError::Failed {
+            code: "internal-error",
+            detail: Some("the response body was already taken".to_owned()),
+        })?;
+        let stream = body.stream().map_err(|()| HttpError::Failed {
+            code: "internal-error",
+            detail: Some("the response body stream was already taken".to_owned()),
+        })?;
+        Ok(StreamingResponse {
+            status,
+            headers,
+            stream: Some(stream),
+            body: Some(body),
+            _response: response,
+            deadline,
+            limit,
+            read: 0,
+        })
+    }
+
+    /// Whether the status is 2xx.
+    pub fn is_success(&self) -> bool {
+        (200..300).contains(&self.status)
+    }
+
+    /// The first value of header `name` (any case) that is UTF-8.
+    pub fn header(&self, name: &str) -> Option<&str> {
+        self.headers
+            .iter()
+            .filter(|(n, _)| n.eq_ignore_ascii_case(name))
+            .find_map(|(_, value)| std::str::from_utf8(value).ok())
+    }
+
+    /// The body's next bytes, as many as have arrived (waiting for some), or `None` once the
+    /// body has ended. Chunks follow the network, not the content: a line or a UTF-8
+    /// character may be split across two of them.
+    ///
+    /// # Errors
+    ///
+    /// [`HttpError::Timeout`] when the request's deadline passes,
+    /// [`HttpError::ResponseTooLarge`] past its size limit, or the stream's own failure. After
+    /// an error the body is closed and later calls return `None`.
+    pub fn read_chunk(&mut self) -> Result<Option<Vec<u8>>, HttpError> {
+        let result = self.next_bytes();
+        if !matches!(result, Ok(Some(_))) {
+            self.end();
+        }
+        result
+    }
+
+    fn next_bytes(&mut self) -> Result<Option<Vec<u8>>, HttpError> {
+        let Some(stream) = &self.stream else {
+            return Ok(None);
+        };
+        loop {
+            match stream.read(READ_CHUNK) {
+                Ok(chunk) if chunk.is_empty() => {
+                    let ready = stream.subscribe();
+                    wait(&ready, self.deadline)?;
+                }
+                Ok(chunk) => {
+                    self.read = self.read.saturating_add(chunk.len());
+                    if self.read > self.limit {
+                        return Err(HttpError::ResponseTooLarge { limit: self.limit });
+                    }
+                    return Ok(Some(chunk));
+                }
+                Err(StreamError::Closed) => return Ok(None),
+                Err(e) => return Err(stream_error(e, "reading the response body")),
+            }
+        }
+    }
+
+    /// Drops the stream, then the body (trailers are not read).
+    fn end(&mut self) {
+        self.stream = None;
+        self.body = None;
+    }
+
+    /// The rest of the body, chunk by chunk: an iterator of [`StreamingResponse::read_chunk`]'s
+    /// chunks that ends with the body or after yielding the first error.
+    pub fn chunks(&mut self) -> impl Iterator<Item = Result<Vec<u8>, HttpError>> + '_ {
+        std::iter::from_fn(move || self.read_chunk().transpose())
+    }
+
+    /// Reads the rest of the body and returns the whole [`Response`] (with only the bytes not
+    /// read yet as its body): for a server that answered without streaming after all.
+    ///
+    /// # Errors
+    ///
+    /// Those of [`StreamingResponse::read_chunk`].
+    pub fn into_response(mut self) -> Result<Response, HttpError> {
+        let mut body = Vec::new();
+        while let Some(chunk) = self.read_chunk()? {
+            body.extend_from_slice(&chunk);
+        }
+        Ok(Response {
+            status: self.status,
+            headers: std::mem::take(&mut self.headers),
+            body,
+        })
     }
 }
 

@@ -9,6 +9,13 @@
 //! runs it here, appends the call and its result, and asks again; the model's final text is
 //! appended and returned as the dispatch's output.
 //!
+//! The model is asked to stream (`"stream": true`): the reply arrives as server-sent events,
+//! and each piece of its text is passed on to whoever watches the dispatch (`claim.emit_text`)
+//! as it comes, while the whole reply is put together for the log and the output as before. A
+//! server that answers with plain JSON instead is read the old way. Streaming is best effort: a
+//! host that refuses a chunk (its stream limits) gets no more of that reply, and the run goes
+//! on.
+//!
 //! The one tool is `add` (two numbers; the sum), enough to show the round trip.
 //!
 //! Variables (`[plugins.assistant.variables]` in `homing.toml`, read over `wasi:config`):
@@ -27,14 +34,17 @@ use homing_guest::http::Request;
 use homing_guest::{Claim, Error, Handler, config};
 use serde_json::{Value, json};
 
+mod sse;
+
 /// The most model calls per dispatch: a model that keeps asking for tools is stopped here.
 const MAX_ROUNDS: usize = 4;
 
 /// A model call's deadline.
 const MODEL_TIMEOUT: Duration = Duration::from_secs(60);
 
-/// The largest model reply read.
-const MAX_REPLY_BYTES: usize = 1 << 20;
+/// The largest model reply read. A streamed reply spends some 200 bytes of event JSON per
+/// token, so this is room for tens of thousands of tokens.
+const MAX_REPLY_BYTES: usize = 8 << 20;
 
 /// The system prompt, sent first on every call (not stored in the log).
 const SYSTEM: &str = "You are a concise assistant running as a Homing agent. \
@@ -100,19 +110,24 @@ impl Model {
         })
     }
 
-    /// One chat-completions call; returns the reply's message (role, content, tool calls).
-    fn complete(&self, history: &[Value]) -> Result<Value, String> {
+    /// One chat-completions call, asked to stream; returns the reply's message (role,
+    /// content, tool calls). The reply's text is streamed to the dispatch's watchers token by
+    /// token as it arrives ([`Stream`]). A server that answers with plain JSON instead is read
+    /// the old way.
+    fn complete(&self, claim: &Claim, history: &[Value]) -> Result<Value, String> {
         let mut messages = vec![json!({"role": "system", "content": SYSTEM})];
         messages.extend(history.iter().cloned());
-        let body = json!({"model": self.name, "messages": messages, "tools": tools()});
+        let body = json!({
+            "model": self.name, "messages": messages, "tools": tools(), "stream": true
+        });
         let mut request = Request::post(&self.url)
-            .header("accept", "application/json")
+            .header("accept", "text/event-stream, application/json")
             .timeout(MODEL_TIMEOUT)
             .max_response_bytes(MAX_REPLY_BYTES);
         if let Some(key) = &self.api_key {
             request = request.bearer_auth(key);
         }
-        let response = request.json(&body)?.send()?;
+        let mut response = request.json(&body)?.send_streaming()?;
         if !response.is_success() {
             // The status only: an error body may echo parts of the request.
             return Err(format!(
@@ -120,17 +135,86 @@ impl Model {
                 response.status, self.url
             ));
         }
-        let reply: Value = response.json()?;
-        let message = &reply["choices"][0]["message"];
-        if !message.is_object() {
-            return Err("the model's reply has no choices[0].message".to_owned());
+        let streamed = response.header("content-type").is_some_and(|t| {
+            t.trim()
+                .to_ascii_lowercase()
+                .starts_with("text/event-stream")
+        });
+        if !streamed {
+            return kept_message(&response.into_response()?.json()?);
         }
-        // Keep what the next call needs; drop fields some servers add (refusal, annotations).
-        let mut kept = json!({"role": "assistant", "content": message["content"]});
-        if let Some(calls) = message["tool_calls"].as_array().filter(|c| !c.is_empty()) {
-            kept["tool_calls"] = Value::Array(calls.clone());
+
+        let mut events = sse::Events::default();
+        let mut reply = sse::Reply::default();
+        let mut stream = Stream::new(claim);
+        let mut done = false;
+        while !done {
+            let Some(piece) = response.read_chunk()? else {
+                break;
+            };
+            for data in events.push(&piece)? {
+                if data.trim() == "[DONE]" {
+                    done = true;
+                    break;
+                }
+                let chunk: Value = serde_json::from_str(&data)
+                    .map_err(|_| "the model streamed an event that is not JSON".to_owned())?;
+                let text = reply.add(&chunk)?;
+                stream.emit(&text)?;
+            }
         }
-        Ok(kept)
+        if done {
+            // Read the body to its end (what follows `[DONE]` is only the stream's close), so
+            // the request ends cleanly; a failure there no longer matters.
+            while let Ok(Some(_)) = response.read_chunk() {}
+        } else if reply.finished.is_none() {
+            return Err("the model's stream ended before its reply did".to_owned());
+        }
+        Ok(reply.message())
+    }
+}
+
+/// A non-streamed reply's message, keeping what the next call needs; fields some servers add
+/// (refusal, annotations) are dropped.
+fn kept_message(reply: &Value) -> Result<Value, String> {
+    let message = &reply["choices"][0]["message"];
+    if !message.is_object() {
+        return Err("the model's reply has no choices[0].message".to_owned());
+    }
+    let mut kept = json!({"role": "assistant", "content": message["content"]});
+    if let Some(calls) = message["tool_calls"].as_array().filter(|c| !c.is_empty()) {
+        kept["tool_calls"] = Value::Array(calls.clone());
+    }
+    Ok(kept)
+}
+
+/// Streams a reply's text to the dispatch's watchers with `claim.emit_text`. Streaming is a
+/// courtesy: when the host refuses a chunk (over its stream limits, or a host that does not
+/// stream) the rest of this reply is not streamed and the run goes on; only a claim that is
+/// gone stops it.
+struct Stream<'c, 'a> {
+    claim: &'c Claim<'a>,
+    on: bool,
+}
+
+impl<'c, 'a> Stream<'c, 'a> {
+    fn new(claim: &'c Claim<'a>) -> Self {
+        Stream { claim, on: true }
+    }
+
+    fn emit(&mut self, text: &str) -> Result<(), Error> {
+        if !self.on {
+            return Ok(());
+        }
+        match self.claim.emit_text(text) {
+            Ok(_) => Ok(()),
+            Err(error) if error.claim_is_gone() => Err(error),
+            Err(error) => {
+                homing_guest::warn!("not streaming the rest of this reply: {error}");
+                self.on = false;
+                Ok(())
+            }
+        }
     }
 }
 
@@ -236,7 +320,7 @@ impl Handler for Assistant {
                     )?;
                 }
             }
-            let reply = model.complete(&conversation.messages)?;
+            let reply = model.complete(claim, &conversation.messages)?;
             conversation.push(claim, reply)?;
         }
         match conversation.last_mine() {

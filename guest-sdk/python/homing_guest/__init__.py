@@ -6,7 +6,8 @@ call exports it. A `Claim` reads the dispatch (`id`, `thread`, `payload`, `text`
 log (`append`, `append_expected`, `read_log`, `read_log_all`, `log_latest`), reads and
 acknowledges the thread's inbox (`next_message`, `messages`, `ack_message`), waits for people
 and webhooks (`wait_for`; under it `waitpoint`, `waitpoints`, `await_waitpoint`, `suspend`),
-memoizes work across retries and resumes (`step`) and enqueues follow-ups (`enqueue`). Host
+memoizes work across retries and resumes (`step`), streams output to watchers (`emit`) and
+enqueues follow-ups (`enqueue`). Host
 refusals raise `HomingError`, whose `kind` is the WIT `error` case (`"lost-claim"`,
 `"conflict"`, ...); stop on `error.claim_is_gone()`.
 
@@ -628,6 +629,18 @@ class Claim:
             raise HomingError("invalid", f"the value of step {key} is not JSON: {err}") from None
         _host(self._raw.step_put, key, data)
         return value
+
+    # Streamed output.
+    def emit(self, chunk: Bytes) -> int:
+        """Streams `chunk` (bytes, or a `str` sent as UTF-8; a model's next tokens, say) to
+        whoever watches this dispatch; returns its sequence within this claim (1, 2, ...).
+        Not durable: the result and the thread log stay the record, and a later claim of the
+        dispatch (a retry, a resume) starts again at 1. Cheap enough to call per token. An
+        empty chunk is passed to the host, which refuses it. Raises `HomingError`:
+        `"invalid"` for an empty chunk or one over 64 KiB, `"denied"` past the host's
+        `max_stream_bytes` for this claim or its emit rate (a guest may stop streaming and
+        carry on), `"lost-claim"`, `"interrupted"`."""
+        return _host(self._raw.emit, _bytes(chunk))
 
     # Follow-up work.
     def enqueue(self, agent: str, payload: Bytes, **options) -> str:
