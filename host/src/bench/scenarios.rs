@@ -234,6 +234,7 @@ pub(super) async fn calls_on(
             span: tracing::Span::none(),
             journal: recorder,
             warned_steps: false,
+            live: None,
         };
         let start = Instant::now();
         let run = runtime.run_handler(plugin, claim, &mut None).await;

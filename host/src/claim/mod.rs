@@ -70,6 +70,8 @@ pub struct ClaimHandle {
     pub journal: Option<Arc<Recorder>>,
     /// Set once a `step-put` that stored nothing (`journal = "off"`) was logged.
     pub warned_steps: bool,
+    /// What this claim streamed (`emit`), once it streamed something.
+    pub live: Option<crate::live::LiveClaim>,
 }
 
 impl ClaimHandle {
@@ -153,5 +155,6 @@ pub fn hold(claimer: &Claimer<'_>, dispatch: Dispatch) -> ClaimHandle {
         span,
         journal,
         warned_steps: false,
+        live: None,
     }
 }

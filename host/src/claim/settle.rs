@@ -63,6 +63,7 @@ impl ClaimHandle {
         store: &Store,
         output: Vec<u8>,
     ) -> Result<Dispatch, StoreError> {
+        self.end_stream().await;
         let out = store
             .mailbox
             .complete(&self.dispatch.id, &self.token, RunResult::success(output))
@@ -77,6 +78,7 @@ impl ClaimHandle {
     ///
     /// When the store refuses the write or fails.
     pub async fn ack(&mut self, store: &Store) -> Result<Dispatch, StoreError> {
+        self.end_stream().await;
         let out = store
             .mailbox
             .ack(&self.dispatch.id, &self.token)
@@ -99,6 +101,7 @@ impl ClaimHandle {
         asked: Option<Duration>,
     ) -> Result<Dispatch, StoreError> {
         let at = retry_at(store, retry, self.dispatch.attempt, asked);
+        self.end_stream().await;
         let out = store
             .mailbox
             .nack(&self.dispatch.id, &self.token, at, error)
@@ -117,6 +120,7 @@ impl ClaimHandle {
         store: &Store,
         error: &str,
     ) -> Result<Dispatch, StoreError> {
+        self.end_stream().await;
         let out = store
             .mailbox
             .dead_letter(&self.dispatch.id, &self.token, error)
@@ -136,6 +140,7 @@ impl ClaimHandle {
         store: &Store,
         reason: &str,
     ) -> Result<Option<Dispatch>, StoreError> {
+        self.end_stream().await;
         let out = store
             .mailbox
             .supersede_claimed(&self.dispatch.id, Some(&self.token), reason)
@@ -156,12 +161,21 @@ impl ClaimHandle {
         store: &Store,
         max_resumes: u32,
     ) -> Result<Dispatch, StoreError> {
+        self.end_stream().await;
         let out = store
             .waitpoints
             .suspend(&self.dispatch.id, &self.token, max_resumes)
             .instrument(self.span.clone())
             .await;
         self.settled_by(Settlement::Suspended, out)
+    }
+
+    /// Ends what this claim streamed, its last deltas persisted, before the claim settles: a
+    /// watcher that sees the settlement finds every delta in the store.
+    async fn end_stream(&self) {
+        if let Some(live) = &self.live {
+            live.finish().await;
+        }
     }
 
     /// Records a successful settlement (on the handle and its span) and stops renewing the

@@ -220,14 +220,21 @@ impl Follower {
             if live.claim > self.cursor.claim {
                 self.to_claim(live.claim);
             }
-            if !self.local.as_ref().is_some_and(|(l, _)| Arc::ptr_eq(l, &live)) {
+            if !self
+                .local
+                .as_ref()
+                .is_some_and(|(l, _)| Arc::ptr_eq(l, &live))
+            {
                 self.local = Some((live.clone(), live.watch()));
             }
             self.read_local();
             return Ok(());
         }
         self.local = None;
-        let read = store.deltas.read_deltas(&self.dispatch, self.cursor).await?;
+        let read = store
+            .deltas
+            .read_deltas(&self.dispatch, self.cursor)
+            .await?;
         self.gap = None;
         if read.claim > self.cursor.claim {
             self.to_claim(read.claim);
@@ -253,9 +260,7 @@ impl Follower {
         };
         let live = live.clone();
         let head = live.head();
-        if self.caught_up
-            && !live.is_closed()
-            && live.bytes_after(self.cursor.seq) > MAX_LAG_BYTES
+        if self.caught_up && !live.is_closed() && live.bytes_after(self.cursor.seq) > MAX_LAG_BYTES
         {
             metrics::counter!(crate::telemetry::STREAM_CLIENTS_DROPPED).increment(1);
             self.queue.push_back(Event::Dropped { last: self.cursor });

@@ -80,7 +80,9 @@ pub enum EmitError {
         len: usize,
     },
     /// Past `[host] max_stream_bytes` for this claim.
-    #[error("[host] max_stream_bytes: this claim streamed {sent} bytes of its {limit}; a {len}-byte chunk does not fit")]
+    #[error(
+        "[host] max_stream_bytes: this claim streamed {sent} bytes of its {limit}; a {len}-byte chunk does not fit"
+    )]
     Bytes {
         /// What the claim streamed so far.
         sent: u64,
@@ -304,14 +306,18 @@ impl Live {
     /// The deltas after sequence `after`, at most `max` of them.
     pub fn after(&self, after: u64, max: usize) -> Vec<Bytes> {
         let s = lock(&self.state);
-        let from = usize::try_from(after).unwrap_or(usize::MAX).min(s.chunks.len());
+        let from = usize::try_from(after)
+            .unwrap_or(usize::MAX)
+            .min(s.chunks.len());
         s.chunks[from..].iter().take(max).cloned().collect()
     }
 
     /// The bytes of the deltas after sequence `after`.
     pub fn bytes_after(&self, after: u64) -> u64 {
         let s = lock(&self.state);
-        let from = usize::try_from(after).unwrap_or(usize::MAX).min(s.chunks.len());
+        let from = usize::try_from(after)
+            .unwrap_or(usize::MAX)
+            .min(s.chunks.len());
         s.chunks[from..].iter().map(|c| c.len() as u64).sum()
     }
 
@@ -398,8 +404,14 @@ async fn flush(hub: Arc<HubInner>, live: Arc<Live>) {
             let due = s.closed
                 || pending >= FLUSH_BYTES
                 || s.since.is_some_and(|t| t.elapsed() >= FLUSH_EVERY);
-            let persist = (due && s.flushed < len)
-                .then(|| (s.flushed as u64 + 1, s.chunks[s.flushed..].to_vec(), len, s.bytes));
+            let persist = (due && s.flushed < len).then(|| {
+                (
+                    s.flushed as u64 + 1,
+                    s.chunks[s.flushed..].to_vec(),
+                    len,
+                    s.bytes,
+                )
+            });
             let wait = s.since.map(|t| FLUSH_EVERY.saturating_sub(t.elapsed()));
             (publish, persist, s.closed, wait)
         };

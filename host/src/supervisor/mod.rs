@@ -28,6 +28,7 @@
 pub mod histogram;
 mod outcome;
 
+use crate::live::{Hub, LiveSettings};
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
@@ -119,6 +120,17 @@ impl Supervisor {
     ///
     /// When a plugin cannot be loaded (the error names it).
     pub fn new(config: Config, store: Store) -> anyhow::Result<Supervisor> {
+        let live = Hub::new(&store, LiveSettings::of(&config));
+        Supervisor::with_hub(config, store, live)
+    }
+
+    /// [`Supervisor::new`] with the live hub its claims stream to (shared with the API that
+    /// serves their watchers).
+    ///
+    /// # Errors
+    ///
+    /// When a plugin cannot be loaded (the error names it).
+    pub fn with_hub(config: Config, store: Store, live: Hub) -> anyhow::Result<Supervisor> {
         let runtime = Arc::new(Runtime::new(&config)?);
         let shutdown = Arc::new(AtomicBool::new(false));
         let host_id = config.host_id();
@@ -143,6 +155,7 @@ impl Supervisor {
                 max_payload: config.host.max_payload,
                 shutdown: shutdown.clone(),
                 public_url: config.api.public_url.clone(),
+                live: live.clone(),
             });
             let path = config.resolve(&plugin_config.path);
             let plugin = runtime.load_plugin(ctx, &path)?;

@@ -219,7 +219,11 @@ fn describe() {
         "The live time of the calls the journal answered, by agent."
     );
     describe_counter!(STREAM_DELTAS, "Deltas guests streamed, by agent.");
-    describe_counter!(STREAM_BYTES, Unit::Bytes, "Bytes guests streamed, by agent.");
+    describe_counter!(
+        STREAM_BYTES,
+        Unit::Bytes,
+        "Bytes guests streamed, by agent."
+    );
     describe_gauge!(
         STREAMS_OPEN,
         "Streams of a dispatch's output open to clients on this host."

@@ -860,6 +860,7 @@ mod found {
             hosts: Default::default(),
             shutdown: Default::default(),
             public_url: None,
+            live: homing::live::Hub::new(&store, Default::default()),
         });
         let mut guest = GuestState::new(
             WasiCtxBuilder::new().build(),

@@ -47,6 +47,7 @@ fn fixture(plugin_toml: &str) -> Fixture {
         hosts: Default::default(),
         shutdown: shutdown.clone(),
         public_url: Some("https://homing.example.com".into()),
+        live: homing::live::Hub::new(&store, Default::default()),
     });
     Fixture {
         clock,

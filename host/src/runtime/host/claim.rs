@@ -12,6 +12,7 @@
 //! nacked with the plugin's backoff (unless it was already told to stop, when the store would
 //! refuse the nack anyway).
 
+use crate::live::EmitError;
 use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
 
@@ -69,12 +70,6 @@ fn wit_waitpoint(
         token,
         callback_url,
     }
-}
-
-/// The refusal of a 0.2.0 call whose feature this host does not serve yet: `denied`, naming
-/// the call, so a guest can fall back (the calls ship one feature at a time).
-fn not_yet(call: &str) -> GuestError {
-    GuestError::Denied(format!("`{call}` is not available on this host yet"))
 }
 
 /// The `info` record of a dispatch.
@@ -663,10 +658,23 @@ impl mailbox::HostClaim for GuestState {
     async fn emit(
         &mut self,
         handle: Resource<ClaimHandle>,
-        _chunk: Vec<u8>,
+        chunk: Vec<u8>,
     ) -> wasmtime::Result<Result<u64, GuestError>> {
-        self.claim(&handle)?;
-        Ok(Err(not_yet("emit")))
+        let hub = self.plugin.live.clone();
+        let (agent, timeout) = (&self.plugin.name, self.plugin.config.timeout);
+        let claim = self.table.get_mut(&handle)?;
+        if let Some(refusal) = refuse_write(claim) {
+            return Ok(Err(refusal));
+        }
+        // The first delta of a claim opens its stream; the claim ends it when it settles.
+        let live = claim.live.get_or_insert_with(|| {
+            hub.open(&claim.dispatch.id, agent, claim.dispatch.claims, timeout)
+        });
+        Ok(live.emit(&chunk).map_err(|e| match e {
+            EmitError::Empty | EmitError::TooLarge { .. } => GuestError::Invalid(e.to_string()),
+            EmitError::Bytes { .. } | EmitError::Rate { .. } => GuestError::Denied(e.to_string()),
+            EmitError::Closed => GuestError::LostClaim(e.to_string()),
+        }))
     }
 
     async fn drop(&mut self, handle: Resource<ClaimHandle>) -> wasmtime::Result<()> {

@@ -83,6 +83,8 @@ pub struct PluginContext {
     pub shutdown: Arc<AtomicBool>,
     /// `[api] public_url`: the base of waitpoint callback URLs.
     pub public_url: Option<String>,
+    /// The host's live hub: where its claims stream (`emit`).
+    pub live: crate::live::Hub,
 }
 
 impl PluginContext {
@@ -92,7 +94,6 @@ impl PluginContext {
         PluginContext {
             name: name.to_owned(),
             config,
-            store,
             consumer: format!("standalone/{name}"),
             lease: Duration::from_secs(30),
             targets: Vec::new(),
@@ -102,6 +103,8 @@ impl PluginContext {
             tls_ca: Vec::new(),
             hosts: Default::default(),
             shutdown: Default::default(),
+            live: crate::live::Hub::new(&store, crate::live::LiveSettings::default()),
+            store,
             public_url: None,
         }
     }

@@ -153,8 +153,8 @@
 
 mod archive;
 mod commit;
-mod deltas;
 mod config;
+mod deltas;
 mod fetch;
 mod inbox;
 mod jetstream;
