@@ -248,8 +248,22 @@ pub(super) async fn enqueue(
     State(state): State<Arc<ApiState>>,
     caller: Option<axum::Extension<Caller>>,
     headers: HeaderMap,
+    query: Result<Query<Vec<(String, String)>>, axum::extract::rejection::QueryRejection>,
     body: Body,
 ) -> Result<Response, ApiError> {
+    let pairs = params(query, &["stream"])?;
+    let streamed = match param(&pairs, "stream") {
+        None | Some("false") => false,
+        Some("true") => true,
+        Some(_) => return Err(ApiError::invalid("stream", "stream: `true` or `false`")),
+    };
+    // The stream's slot is taken before the enqueue, so a refused stream enqueues nothing.
+    let permit = if streamed {
+        let token = caller.as_ref().map_or("", |c| c.name.as_str());
+        Some(state.streams.open(token)?)
+    } else {
+        None
+    };
     let bytes = read_body(&headers, body, state.body_limit).await?;
     let mut fields = Fields::new(object(&bytes)?);
     let agent = fields.required("agent")?;
@@ -321,6 +335,16 @@ pub(super) async fn enqueue(
         token = caller.as_ref().map_or("-", |c| c.name.as_str()),
         "enqueued through the API"
     );
+    if let Some(permit) = permit {
+        let Some(sse) = super::stream::open(&state, &d.id, None, permit).await? else {
+            return Err(ApiError::not_found(format!("no dispatch `{}`", d.id)));
+        };
+        let id = header::HeaderValue::from_str(&d.id)
+            .map_err(|_| ApiError::invalid("id", "id: not a valid header value"))?;
+        let mut response = sse.into_response();
+        response.headers_mut().insert("homing-dispatch-id", id);
+        return Ok(response);
+    }
     Ok((
         StatusCode::CREATED,
         [(header::LOCATION, view::dispatch_path(&d.id))],

@@ -7,6 +7,7 @@
 //! | `GET /v1/dispatches/{id}` | reader | one dispatch; `?wait=30s` long-polls until it is terminal |
 //! | `POST /v1/dispatches/{id}/cancel` | operator | cancel a queued dispatch |
 //! | `POST /v1/dispatches/{id}/retry` | operator | re-enqueue a dead-lettered or cancelled one |
+//! | `GET /v1/dispatches/{id}/stream` | reader | the dispatch's output as server-sent events while it runs, resumable with `Last-Event-ID` |
 //! | `GET /v1/dispatches/{id}/journal` | reader | a page of the dispatch's journal entries (no bodies), and its steps |
 //! | `GET /v1/dispatches/{id}/journal/{pos}` | reader | one journal entry with its body |
 //! | `GET /v1/threads/{thread}/log` | reader | a page of the thread's log |
@@ -52,6 +53,7 @@ mod error;
 mod health;
 mod journal;
 mod limits;
+mod stream;
 mod threads;
 mod view;
 mod waitpoints;
@@ -74,6 +76,7 @@ use tracing::{debug, info, warn};
 
 use crate::config::Config;
 use crate::config::api::Role;
+use crate::live::{Hub, LiveSettings};
 use crate::store::Store;
 pub use agents::AgentInfo;
 pub use error::ApiError;
@@ -100,6 +103,8 @@ pub(crate) struct ApiState {
     failures: limits::Failures,
     /// The event streams open.
     streams: Arc<limits::Streams>,
+    /// Where running claims stream, and their watchers read.
+    live: Hub,
 }
 
 impl ApiState {
@@ -162,6 +167,12 @@ pub(crate) fn routes() -> Vec<Route> {
             "/v1/dispatches/{id}/retry",
             Role::Operator,
             post(dispatches::retry),
+        ),
+        route(
+            Method::GET,
+            "/v1/dispatches/{id}/stream",
+            Role::Reader,
+            get(stream::show),
         ),
         route(
             Method::GET,
@@ -462,6 +473,22 @@ impl ApiServer {
         store: Store,
         metrics: Option<PrometheusHandle>,
     ) -> anyhow::Result<ApiServer> {
+        let live = Hub::new(&store, LiveSettings::of(&config));
+        ApiServer::start_with_hub(config, store, metrics, live).await
+    }
+
+    /// [`ApiServer::start`] serving the streams of the claims of `live` (the hub of the host
+    /// in this process).
+    ///
+    /// # Errors
+    ///
+    /// As [`ApiServer::start`].
+    pub async fn start_with_hub(
+        config: Arc<Config>,
+        store: Store,
+        metrics: Option<PrometheusHandle>,
+        live: Hub,
+    ) -> anyhow::Result<ApiServer> {
         let api = &config.api;
         let Some(listen) = api.listen else {
             anyhow::bail!("[api] listen is not set");
@@ -491,6 +518,7 @@ impl ApiServer {
             in_flight: Semaphore::new(api.max_concurrent),
             failures: limits::Failures::default(),
             streams: limits::Streams::new(api.max_streams, api.max_streams_per_token),
+            live,
             config: config.clone(),
         });
         let app = router(state.clone());

@@ -316,7 +316,7 @@ async fn execute(cli: Cli) -> anyhow::Result<()> {
     if let Command::Enqueue(args) = &cli.command {
         let new = work::prepare(&config, args)?;
         let store = open_store(&config, Role::Client).await?;
-        let out = work::enqueue(&store, new, args).await;
+        let out = work::enqueue(&config, &store, new, args).await;
         store.close().await;
         return out;
     }
@@ -364,15 +364,18 @@ async fn run(config: Config, store: Store, until_idle: bool) -> anyhow::Result<(
     } else {
         store
     };
+    // One live hub: the host's claims stream to it and the API's watchers read from it.
+    let live = crate::live::Hub::new(&store, crate::live::LiveSettings::of(&config));
     let api = if config.api.listen.is_some() {
         let metrics = crate::telemetry::install()?;
-        Some(ApiServer::start(Arc::new(config.clone()), store.clone(), Some(metrics)).await?)
+        let config = Arc::new(config.clone());
+        Some(ApiServer::start_with_hub(config, store.clone(), Some(metrics), live.clone()).await?)
     } else {
         None
     };
     // Loading compiles components (seconds for a large one): off the async workers, so the API
     // answers meanwhile.
-    let supervisor = tokio::task::block_in_place(|| Supervisor::new(config, store))?;
+    let supervisor = tokio::task::block_in_place(|| Supervisor::with_hub(config, store, live))?;
     if let Some(api) = &api {
         api.plugins_loaded(
             supervisor

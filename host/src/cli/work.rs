@@ -11,6 +11,9 @@ use clap::{Args, Subcommand};
 use super::exit::{Exit, coded};
 use crate::config::{Config, parse_duration};
 use crate::input::read_capped;
+use crate::live::follow::{Event as LiveEvent, Follower};
+use crate::live::{Hub, LiveSettings};
+use crate::store::deltas::Cursor;
 use crate::store::model::check_name;
 use crate::store::{
     Dispatch, JournalData, ListCursor, ListFilter, LogEntry, MessageFilter, MessageKind,
@@ -65,6 +68,9 @@ pub struct EnqueueArgs {
     /// How long `--wait` waits ("60s", "5m").
     #[arg(long, default_value = "60s", requires = "wait")]
     pub timeout: String,
+    /// With `--wait`: print what the run streams as it comes, then the result.
+    #[arg(long, requires = "wait")]
+    pub stream: bool,
 }
 
 /// `homing dispatch ...`.
@@ -108,6 +114,18 @@ pub enum DispatchCommand {
         /// JSON output.
         #[arg(long)]
         json: bool,
+    },
+    /// Prints what a dispatch's run streams as it comes (a line on each restart of the
+    /// run), then its result.
+    Watch {
+        /// The id.
+        id: String,
+        /// Resume after this position (`claim:seq`, as the API's event ids).
+        #[arg(long, value_name = "CLAIM:SEQ")]
+        after: Option<Cursor>,
+        /// How long to watch ("60s", "5m"; exit 6 if it has not finished by then).
+        #[arg(long, default_value = "10m")]
+        timeout: String,
     },
     /// Cancels a queued or waiting dispatch.
     Cancel {
@@ -346,6 +364,7 @@ fn name(flag: &str, value: &str) -> anyhow::Result<()> {
 /// Submits what [`prepare`] made and prints its id (or the record, with `--json`); with
 /// `--wait`, waits for it to finish and prints its result instead.
 pub(super) async fn enqueue(
+    config: &Config,
     store: &Store,
     new: NewDispatch,
     args: &EnqueueArgs,
@@ -353,6 +372,15 @@ pub(super) async fn enqueue(
     let timeout = parse_duration(&args.timeout)
         .map_err(|e| coded(Exit::Invalid, format!("--timeout: {e}")))?;
     let dispatch = store.mailbox.enqueue(new).await?;
+    if args.stream {
+        let d = watch(config, store, &dispatch.id, None, timeout).await?;
+        if args.json {
+            println!("{}", serde_json::to_string_pretty(&d)?);
+        } else if let Some(result) = d.result.as_ref().filter(|_| d.status == Status::Acked) {
+            println!("{}", printable(&result.output));
+        }
+        return outcome(&d, timeout);
+    }
     if !args.wait {
         if args.json {
             println!("{}", serde_json::to_string_pretty(&dispatch)?);
@@ -367,6 +395,12 @@ pub(super) async fn enqueue(
     } else if let Some(result) = d.result.as_ref().filter(|_| d.status == Status::Acked) {
         println!("{}", printable(&result.output));
     }
+    outcome(&d, timeout)
+}
+
+/// The exit of a wait for `d` that lasted up to `timeout`: 0 when it was acked, 6 when it is
+/// still live, 5 when it ended otherwise.
+fn outcome(d: &Dispatch, timeout: Duration) -> anyhow::Result<()> {
     match d.status {
         Status::Acked => Ok(()),
         Status::Queued | Status::Claimed | Status::Waiting => Err(coded(
@@ -386,6 +420,76 @@ pub(super) async fn enqueue(
             ),
         )),
     }
+}
+
+/// Follows dispatch `id`'s stream after `after` for up to `timeout`, writing its deltas to
+/// standard output as they come (bytes that are not UTF-8 escaped) and a line on each restart,
+/// and returns the dispatch as it ended (or as it is when the time is up).
+async fn watch(
+    config: &Config,
+    store: &Store,
+    id: &str,
+    after: Option<Cursor>,
+    timeout: Duration,
+) -> anyhow::Result<Dispatch> {
+    use std::io::Write;
+    let hub = Hub::new(store, LiveSettings::of(config));
+    let Some(mut follower) = Follower::open(&hub, id, after).await? else {
+        return Err(OpError::NotFound(id.to_owned()).into());
+    };
+    let until = tokio::time::Instant::now() + timeout;
+    let mut out = std::io::stdout().lock();
+    let mut wrote = false;
+    loop {
+        let next = tokio::select! {
+            next = follower.next() => next?,
+            () = tokio::time::sleep_until(until) => None,
+        };
+        match next {
+            Some(LiveEvent::Delta { chunk, .. }) => {
+                out.write_all(streamed(&chunk).as_bytes())?;
+                out.flush()?;
+                wrote = true;
+            }
+            Some(LiveEvent::Reset { claim }) => {
+                writeln!(
+                    out,
+                    "\n--- the run started again (claim {claim}); what it streamed before is void ---"
+                )?;
+                wrote = false;
+            }
+            Some(LiveEvent::Dropped { last }) => {
+                // Only a reader in this process's hub falls behind; go on from where it was.
+                if wrote {
+                    writeln!(out)?;
+                }
+                return Box::pin(watch(
+                    config,
+                    store,
+                    id,
+                    Some(last),
+                    until - tokio::time::Instant::now(),
+                ))
+                .await;
+            }
+            Some(LiveEvent::Status(_)) => {}
+            Some(LiveEvent::Result(d)) => {
+                if wrote {
+                    writeln!(out)?;
+                }
+                return Ok(d);
+            }
+            None => break,
+        }
+    }
+    if wrote {
+        writeln!(out)?;
+    }
+    store
+        .mailbox
+        .load(id)
+        .await?
+        .ok_or_else(|| OpError::NotFound(id.to_owned()).into())
 }
 
 /// How often `--follow` reads the store again, at most.
@@ -448,6 +552,16 @@ pub(super) async fn dispatch(
                     );
                 }
             }
+        }
+        DispatchCommand::Watch { id, after, timeout } => {
+            name("id", &id)?;
+            let timeout = parse_duration(&timeout)
+                .map_err(|e| coded(Exit::Invalid, format!("--timeout: {e}")))?;
+            let d = watch(config, store, &id, after, timeout).await?;
+            if let Some(result) = d.result.as_ref().filter(|_| d.status == Status::Acked) {
+                println!("{}", printable(&result.output));
+            }
+            outcome(&d, timeout)?;
         }
         DispatchCommand::Show { id, journal, json } => {
             name("id", &id)?;
@@ -907,6 +1021,23 @@ async fn stop_signal() {
 
 /// Bytes for a terminal: text with its control characters escaped (a stored value cannot move
 /// the cursor or forge lines), anything else as its length and leading hex.
+/// A delta as the terminal shows it: its text with line breaks and tabs kept and every other
+/// control character escaped (a guest cannot drive the terminal), or its bytes as
+/// [`printable`] shows them.
+fn streamed(bytes: &[u8]) -> String {
+    match std::str::from_utf8(bytes) {
+        Ok(text) => text
+            .chars()
+            .map(|c| match c {
+                '\n' | '\t' => c.to_string(),
+                c if c.is_control() => c.escape_default().to_string(),
+                c => c.to_string(),
+            })
+            .collect(),
+        Err(_) => printable(bytes),
+    }
+}
+
 fn printable(bytes: &[u8]) -> String {
     match std::str::from_utf8(bytes) {
         Ok(text) => crate::runtime::host::escape_log_text(text).into_owned(),

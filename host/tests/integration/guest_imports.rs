@@ -869,28 +869,27 @@ async fn waitpoints_are_created_once_awaited_and_suspended_on() {
     );
 }
 
-/// The calls `homing:agent@0.2.0` adds for features this host does not serve yet answer
-/// `denied` naming the call; the steps answer as `journal = "off"` does (nothing stored, nothing
-/// found) and still check their input; `info` counts the claim; a concurrency key is refused.
+/// `emit` numbers a claim's deltas from 1 and refuses an empty or oversized chunk as invalid;
+/// the steps answer as `journal = "off"` does (nothing stored, nothing found) and still check
+/// their input; `info` counts the claim; a concurrency key is refused.
 #[tokio::test]
-async fn the_0_2_0_calls_of_features_not_served_yet_are_denied_by_name() {
+async fn emit_steps_off_and_info_answer_as_the_contract_says() {
     let f = fixture("enqueue_to = [\"helper\"]");
     let mut guest = f.guest();
     let (rep, _claim) = f.claim(&mut guest, "t").await;
     let info = guest.info(borrow(rep)).await.unwrap();
     assert_eq!((info.claims, info.resumes), (1, 0), "{info:?}");
-    let named = |out: Result<String, GuestError>, call: &str| match out {
-        Err(GuestError::Denied(text)) => assert!(text.contains(call), "{call}: {text}"),
-        other => panic!("{call}: expected denied, got {other:?}"),
-    };
-    named(
-        guest
-            .emit(borrow(rep), b"tok".to_vec())
-            .await
-            .unwrap()
-            .map(|s| s.to_string()),
-        "emit",
-    );
+    for want in 1..=2 {
+        let seq = guest.emit(borrow(rep), b"tok".to_vec()).await.unwrap();
+        assert_eq!(seq.ok(), Some(want));
+    }
+    for chunk in [Vec::new(), vec![b'x'; 64 * 1024 + 1]] {
+        let refused = guest.emit(borrow(rep), chunk).await.unwrap();
+        assert!(
+            matches!(&refused, Err(GuestError::Invalid(m)) if m.contains("chunk")),
+            "{refused:?}"
+        );
+    }
 
     let put = guest
         .step_put(borrow(rep), "model-call".into(), b"answer".to_vec())
