@@ -53,7 +53,7 @@ mod error;
 mod health;
 mod journal;
 mod limits;
-mod stream;
+pub(crate) mod stream;
 mod threads;
 mod view;
 mod waitpoints;

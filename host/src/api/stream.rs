@@ -123,12 +123,12 @@ impl Watch {
     }
 }
 
-/// A delta's data: its text, or its bytes in base64 when they are not UTF-8.
-pub(crate) fn delta_data(chunk: &Bytes) -> String {
-    // JSON escapes line breaks, so the data is always one line of the event.
+/// A delta's data: its text, or its bytes in base64 when they are not UTF-8. As JSON, line
+/// breaks are escaped, so the data is always one line of the event.
+pub(crate) fn delta_json(chunk: &Bytes) -> Value {
     match std::str::from_utf8(chunk) {
-        Ok(text) => json!({ "text": text }).to_string(),
-        Err(_) => json!({ "data": STANDARD.encode(chunk), "encoding": "base64" }).to_string(),
+        Ok(text) => json!({ "text": text }),
+        Err(_) => json!({ "data": STANDARD.encode(chunk), "encoding": "base64" }),
     }
 }
 
@@ -155,7 +155,7 @@ fn sse(event: LiveEvent) -> Event {
         LiveEvent::Delta { at, chunk } => Event::default()
             .event("delta")
             .id(at.to_string())
-            .data(delta_data(&chunk)),
+            .data(delta_json(&chunk).to_string()),
         LiveEvent::Reset { claim } => Event::default()
             .event("reset")
             .id(Cursor::new(claim, 0).to_string())
@@ -179,7 +179,14 @@ fn sse(event: LiveEvent) -> Event {
                         .as_ref()
                         .map_or(Value::Null, |r| view::bytes(&r.output)),
                 );
-                map.insert("error".into(), json!(d.last_error));
+                // An acked run's own error (none, usually); else why it ended as it did.
+                let error = match d.status {
+                    crate::store::Status::Acked => {
+                        d.result.as_ref().and_then(|r| r.error.clone())
+                    }
+                    _ => d.last_error.clone(),
+                };
+                map.insert("error".into(), json!(error));
             }
             Event::default().event("result").data(value.to_string())
         }

@@ -21,9 +21,11 @@ use super::auth::Caller;
 use super::dispatches::{Fields, MAX_PAGE_BYTES, limit, name, object, param, params, read_body};
 use super::limits::StreamPermit;
 use super::{ApiError, ApiState, view};
+use crate::live::Hub;
+use crate::live::follow::{Event as LiveEvent, Follower};
 use crate::store::{
-    LogEntry, Message, MessageFilter, MessageKind, MessageState, NewMessage, Store, StoreError,
-    ThreadWatch,
+    ListFilter, LogEntry, Message, MessageFilter, MessageKind, MessageState, NewMessage, Status,
+    Store, StoreError, ThreadWatch,
 };
 use crate::work::messages::{self, SendError};
 
@@ -102,6 +104,8 @@ struct Follow {
     until: tokio::time::Instant,
     shutdown: watch::Receiver<bool>,
     done: bool,
+    /// With `?deltas=true`: the hub, and the follower of the thread's running dispatch.
+    deltas: Option<(Hub, Option<Follower>)>,
     /// Counts this stream against `[api] max_streams` and `max_streams_per_token` until the
     /// stream ends: it is dropped with the stream, when the time is up, the host stops or the
     /// client goes.
@@ -170,16 +174,69 @@ impl Follow {
                 Ok(_) => {}
                 Err(e) => return Some(self.failed("inbox", &e)),
             }
+            if let Some((hub, follower @ None)) = &mut self.deltas {
+                // The thread's running dispatch, if any, is followed from its current claim.
+                let running = ListFilter {
+                    thread: Some(self.thread.clone()),
+                    statuses: vec![Status::Claimed],
+                    limit: 1,
+                    ..ListFilter::default()
+                };
+                match self.store.mailbox.list(&running).await {
+                    Ok(found) => {
+                        if let Some(d) = found.first() {
+                            *follower = Follower::open(hub, &d.id, None).await.ok().flatten();
+                        }
+                    }
+                    Err(e) => return Some(self.failed("dispatches", &e)),
+                }
+            }
             let now = tokio::time::Instant::now();
             if now >= self.until || *self.shutdown.borrow() {
                 return None;
             }
-            tokio::select! {
-                () = tokio::time::sleep(poll.min(self.until - now)) => {}
-                () = self.watch.changed() => {}
-                _ = self.shutdown.changed() => {}
-            }
+            let follower = self.deltas.as_mut().and_then(|(_, f)| f.as_mut());
+            let streamed = tokio::select! {
+                () = tokio::time::sleep(poll.min(self.until - now)) => None,
+                () = self.watch.changed() => None,
+                _ = self.shutdown.changed() => None,
+                event = async {
+                    match follower {
+                        Some(f) => Some((f.next().await, f.cursor())),
+                        None => std::future::pending().await,
+                    }
+                } => event,
+            };
             poll = (poll * 2).min(STREAM_POLL_MAX);
+            let Some((event, _)) = streamed else {
+                continue;
+            };
+            let dispatch = self
+                .deltas
+                .as_ref()
+                .and_then(|(_, f)| f.as_ref())
+                .map(|f| f.dispatch().to_owned())
+                .unwrap_or_default();
+            // No ids: `Last-Event-ID` keeps naming log sequences.
+            let event = match event {
+                Ok(Some(LiveEvent::Delta { chunk, .. })) => {
+                    let mut data = super::stream::delta_json(&chunk);
+                    data["dispatch"] = Value::String(dispatch);
+                    Event::default().event("delta").data(data.to_string())
+                }
+                Ok(Some(LiveEvent::Reset { claim })) => Event::default()
+                    .event("reset")
+                    .data(json!({ "dispatch": dispatch, "claim": claim }).to_string()),
+                Ok(Some(LiveEvent::Status(_))) => continue,
+                // Settled, dropped or unreadable: the next running dispatch is looked for.
+                _ => {
+                    if let Some((_, f)) = &mut self.deltas {
+                        *f = None;
+                    }
+                    continue;
+                }
+            };
+            return Some((Ok(event), self));
         }
     }
 }
@@ -199,8 +256,13 @@ pub(super) async fn stream(
     query: Result<Query<Vec<(String, String)>>, axum::extract::rejection::QueryRejection>,
 ) -> Result<Response, ApiError> {
     name("thread", &thread)?;
-    let pairs = params(query, &["after"])?;
+    let pairs = params(query, &["after", "deltas"])?;
     let after = after(&pairs, &headers)?;
+    let deltas = match param(&pairs, "deltas") {
+        None | Some("false") => None,
+        Some("true") => Some((state.live.clone(), None)),
+        Some(_) => return Err(ApiError::invalid("deltas", "deltas: `true` or `false`")),
+    };
     let token = caller.map_or_else(String::new, |axum::Extension(c)| c.name);
     let permit = state.streams.open(&token)?;
     // Registered before the first read, so nothing written in between is waited past.
@@ -220,6 +282,7 @@ pub(super) async fn stream(
         until: tokio::time::Instant::now() + state.config.api.max_stream,
         shutdown: state.shutdown.clone(),
         done: false,
+        deltas,
         _permit: permit,
     };
     let events = stream::unfold(follow, Follow::next);

@@ -16,7 +16,9 @@
 //!   with `--only scale`: it takes minutes);
 //! - `target`: fresh stores per sample and host runs on them;
 //! - `outbound` and `journal`: one outbound request through the http-probe guest, live, and
-//!   journaled (recorded, then replayed) (only with `--only outbound`, `--only journal`).
+//!   journaled (recorded, then replayed) (only with `--only outbound`, `--only journal`);
+//! - `stream`: what a claim streams, to a client of the API: latency and deltas per second
+//!   (only with `--only stream`).
 
 mod api;
 mod journal;
@@ -24,6 +26,7 @@ mod messages;
 mod outbound;
 mod scale;
 mod scenarios;
+mod stream;
 mod target;
 mod waitpoints;
 
@@ -127,6 +130,9 @@ pub enum Scenario {
     /// The journal: what recording adds to an outbound request, and what a replayed one costs
     /// (run only when named: it needs the http-probe test guest).
     Journal,
+    /// Streaming: emit-to-client latency p50/p99 and deltas per second to one client (run
+    /// only when named).
+    Stream,
 }
 
 /// What `homing bench` was asked.
@@ -157,7 +163,11 @@ impl BenchArgs {
     fn wants(&self, scenario: Scenario) -> bool {
         if matches!(
             scenario,
-            Scenario::Scale | Scenario::Outbound | Scenario::Waitpoints | Scenario::Journal
+            Scenario::Scale
+                | Scenario::Outbound
+                | Scenario::Waitpoints
+                | Scenario::Journal
+                | Scenario::Stream
         ) {
             return self.only.contains(&scenario);
         }
@@ -288,6 +298,14 @@ pub async fn run(args: &BenchArgs) -> anyhow::Result<()> {
                 (300, 10_000)
             };
             figures.extend(waitpoints::waitpoints(target, echo, n, waiting).await?);
+        }
+        if args.wants(Scenario::Stream) {
+            let (n, burst, repeats) = if args.quick {
+                (500, 20_000, 3)
+            } else {
+                (2_000, 100_000, 5)
+            };
+            figures.extend(stream::stream(target, n, burst, repeats).await?);
         }
     }
     if args.json {

@@ -150,6 +150,11 @@ impl Follower {
         }))
     }
 
+    /// The dispatch it follows.
+    pub fn dispatch(&self) -> &str {
+        &self.dispatch
+    }
+
     /// The position of the last delta given out.
     pub fn cursor(&self) -> Cursor {
         self.cursor

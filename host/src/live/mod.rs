@@ -477,3 +477,150 @@ async fn flush(hub: Arc<HubInner>, live: Arc<Live>) {
     // Watchers of the local buffer move to the store now.
     live.head.send_modify(|_| {});
 }
+
+#[cfg(test)]
+mod tests {
+    use std::sync::Arc;
+
+    use super::follow::{Event, Follower, MAX_LAG_BYTES};
+    use super::*;
+    use crate::store::deltas::Cursor;
+    use crate::store::embedded::EmbeddedStore;
+    use crate::store::{NewDispatch, SystemClock};
+
+    async fn claimed(settings: LiveSettings) -> (Hub, String, u32) {
+        let store = EmbeddedStore::open_in_memory(Arc::new(SystemClock))
+            .unwrap()
+            .store();
+        store
+            .mailbox
+            .enqueue(NewDispatch::new("a", "t", Vec::new()))
+            .await
+            .unwrap();
+        let d = store
+            .mailbox
+            .claim_started("a", "test", 30_000)
+            .await
+            .unwrap()
+            .unwrap();
+        (Hub::new(&store, settings), d.id, d.claims)
+    }
+
+    #[tokio::test]
+    async fn emit_numbers_deltas_and_refuses_past_the_caps() {
+        let settings = LiveSettings {
+            max_stream_bytes: 10,
+            max_emit_rate: 3,
+            ..LiveSettings::default()
+        };
+        let (hub, id, claim) = claimed(settings).await;
+        let live = hub.open(&id, "a", claim, Duration::from_secs(1));
+        assert_eq!(live.emit(b"abcd"), Ok(1));
+        assert_eq!(live.emit(b"efgh"), Ok(2));
+        assert!(matches!(
+            live.emit(b"ijk"),
+            Err(EmitError::Bytes { limit: 10, .. })
+        ));
+        assert_eq!(live.emit(b"i"), Ok(3));
+        assert_eq!(live.emit(b"j"), Err(EmitError::Rate { limit: 3 }));
+        assert_eq!(live.emit(b""), Err(EmitError::Empty));
+        assert!(matches!(
+            live.emit(&vec![0; MAX_DELTA + 1]),
+            Err(EmitError::TooLarge { .. })
+        ));
+        live.finish().await;
+        assert_eq!(live.emit(b"k"), Err(EmitError::Closed));
+        // Finishing persisted everything and left the hub.
+        assert!(hub.get(&id).is_none());
+        let read = hub
+            .store()
+            .deltas
+            .read_deltas(&id, Cursor::default())
+            .await
+            .unwrap();
+        assert_eq!((read.claim, read.first, read.chunks.len()), (claim, 1, 3));
+    }
+
+    #[tokio::test]
+    async fn a_follower_gets_every_delta_then_the_result() {
+        let (hub, id, claim) = claimed(LiveSettings::default()).await;
+        let mut follower = Follower::open(&hub, &id, None).await.unwrap().unwrap();
+        assert!(matches!(follower.next().await, Ok(Some(Event::Status(_)))));
+        let live = hub.open(&id, "a", claim, Duration::from_secs(1));
+        for i in 1..=3u8 {
+            live.emit(&[b'0' + i]).unwrap();
+        }
+        for i in 1..=3u64 {
+            match follower.next().await.unwrap() {
+                Some(Event::Delta { at, chunk }) => {
+                    assert_eq!(at, Cursor::new(claim, i));
+                    assert_eq!(chunk.as_ref(), [b'0' + i as u8]);
+                }
+                other => panic!("{other:?}"),
+            }
+        }
+        live.finish().await;
+        let token = hub
+            .store()
+            .mailbox
+            .load(&id)
+            .await
+            .unwrap()
+            .unwrap()
+            .token()
+            .unwrap()
+            .to_owned();
+        hub.store()
+            .mailbox
+            .complete(
+                &id,
+                &token,
+                crate::store::RunResult::success(b"ok".to_vec()),
+            )
+            .await
+            .unwrap();
+        loop {
+            match follower.next().await.unwrap() {
+                Some(Event::Status(_)) => {}
+                Some(Event::Result(d)) => {
+                    assert_eq!(d.status, crate::store::Status::Acked);
+                    break;
+                }
+                other => panic!("{other:?}"),
+            }
+        }
+        assert!(follower.next().await.unwrap().is_none());
+    }
+
+    /// A follower that caught up with the newest delta and then fell more than
+    /// `MAX_LAG_BYTES` behind is dropped, naming where it was; one resuming from there is not.
+    #[tokio::test]
+    async fn a_follower_that_falls_behind_is_dropped_and_resumes() {
+        let (hub, id, claim) = claimed(LiveSettings::default()).await;
+        let live = hub.open(&id, "a", claim, Duration::from_secs(1));
+        live.emit(b"first").unwrap();
+        let mut follower = Follower::open(&hub, &id, None).await.unwrap().unwrap();
+        assert!(matches!(follower.next().await, Ok(Some(Event::Status(_)))));
+        assert!(matches!(
+            follower.next().await,
+            Ok(Some(Event::Delta { .. }))
+        ));
+        let chunk = vec![b'x'; MAX_DELTA];
+        for _ in 0..=(MAX_LAG_BYTES as usize / MAX_DELTA) {
+            live.emit(&chunk).unwrap();
+        }
+        let mut last = None;
+        while let Some(event) = follower.next().await.unwrap() {
+            if let Event::Dropped { last: at } = event {
+                last = Some(at);
+            }
+        }
+        assert_eq!(last, Some(Cursor::new(claim, 1)));
+        let mut resumed = Follower::open(&hub, &id, last).await.unwrap().unwrap();
+        assert!(matches!(resumed.next().await, Ok(Some(Event::Status(_)))));
+        match resumed.next().await.unwrap() {
+            Some(Event::Delta { at, .. }) => assert_eq!(at, Cursor::new(claim, 2)),
+            other => panic!("{other:?}"),
+        }
+    }
+}

@@ -78,6 +78,7 @@ mod outbound_guests;
 mod outbound_http;
 mod polyglot;
 mod process_faults;
+mod streaming;
 mod traces;
 mod waiting;
 mod waitpoint_guests;

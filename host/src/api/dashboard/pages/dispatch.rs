@@ -5,8 +5,8 @@
 use axum::Form;
 use axum::extract::rejection::{FormRejection, QueryRejection};
 use axum::extract::{Path, Query, State};
-use axum::http::{HeaderMap, Uri};
-use axum::response::Response;
+use axum::http::{HeaderMap, StatusCode, Uri};
+use axum::response::{IntoResponse, Response};
 use maud::{Markup, html};
 use tracing::info;
 
@@ -37,6 +37,34 @@ struct DispatchPage {
     timeline: Vec<(u64, String)>,
     /// What its runs recorded: call entries by position, steps by key.
     journal: JournalData,
+}
+
+/// `GET /dispatches/{id}/stream`: the dispatch's stream (as the API's
+/// `/v1/dispatches/{id}/stream`) for the page's script, with the session's authority.
+pub(super) async fn stream(
+    State(d): PageState,
+    headers: HeaderMap,
+    uri: Uri,
+    Path(id): Path<String>,
+) -> Result<Response, PageError> {
+    let session = d.session(&headers, &uri)?;
+    name("id", &id)?;
+    let after = crate::api::stream::cursor(None, &headers)
+        .map_err(|_| PageError::Status(StatusCode::BAD_REQUEST, "Bad Last-Event-ID.".into()))?;
+    let permit = d.api.streams.open(&session.name).map_err(|_| {
+        PageError::Status(
+            StatusCode::TOO_MANY_REQUESTS,
+            "Too many streams are open.".into(),
+        )
+    })?;
+    match crate::api::stream::open(&d.api, &id, after, permit).await {
+        Ok(Some(sse)) => Ok(sse.into_response()),
+        Ok(None) => Err(not_found("No such dispatch.")),
+        Err(_) => Err(PageError::Status(
+            StatusCode::SERVICE_UNAVAILABLE,
+            "The stream cannot be read now.".into(),
+        )),
+    }
 }
 
 /// `GET /dispatches/{id}`.
@@ -194,6 +222,12 @@ fn render(page: &DispatchPage, p: &Params, session: &Session) -> Markup {
                 @if let Some(e) = &result.error { p #result-error { "Error: " (e) } }
                 (bytes(&result.output, "result"))
             }
+        }
+        // Outside the refreshing part: the page's script fills it from the dispatch's stream.
+        section #output data-stream={ (href) "/stream" } {
+            h2 { "Output" }
+            p #output-state.muted { "What the run streams shows here as it comes." }
+            pre #output-text {}
         }
         (journal_section(journal, now))
         h2 { "Payload" }

@@ -67,6 +67,7 @@ pub(super) fn routes() -> Router<Arc<Dashboard>> {
         .route("/logout", post(login::logout))
         .route("/dispatches", get(dispatches::page))
         .route("/dispatches/{id}", get(dispatch::page))
+        .route("/dispatches/{id}/stream", get(dispatch::stream))
         .route("/dispatches/{id}/cancel", post(dispatch::cancel))
         .route("/dispatches/{id}/retry", post(dispatch::retry))
         .route("/threads/{thread}", get(thread::page))
