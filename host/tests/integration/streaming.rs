@@ -648,3 +648,39 @@ async fn a_client_on_one_nats_host_watches_a_run_on_another() {
     let (text, _) = shown(&resumed.rest().await);
     assert_eq!(text, toks(11, 50));
 }
+
+/// The dashboard's dispatch page shows the output live in Chromium: what the run streamed so
+/// far while it waits, the rest as it comes, inserted as text (a delta holding markup shows
+/// as the characters it is), then the outcome.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_dispatch_page_shows_live_output_in_a_browser() {
+    let port = free_port();
+    let env = Env::new(&config(port, "", ""));
+    let _host = spawn_host(&env, "host.log");
+    wait_ready(port).await;
+    let id = enqueue(
+        port,
+        "t1",
+        json!({"count": 6, "pause_after": 3, "text": "<b>tok</b>"}),
+    )
+    .await;
+    let base = format!("http://127.0.0.1:{port}");
+    let browser = crate::browser::Browser::start(1280, 900).await;
+    browser.login(&base, OPS).await;
+    browser.goto(&format!("{base}/dispatches/{id}")).await;
+    let part: String = (1..=3).map(|i| format!("<b>tok</b>{i}")).collect();
+    browser
+        .wait_text("#output-text", "the first deltas", |t| t == part)
+        .await;
+    assert_eq!(browser.count("#output-text b").await, 0, "text, not markup");
+    release(port, "t1").await;
+    let all: String = (1..=6).map(|i| format!("<b>tok</b>{i}")).collect();
+    browser
+        .wait_text("#output-text", "every delta", |t| t == all)
+        .await;
+    browser
+        .wait_text("#output-state", "the outcome", |t| t.contains("acked"))
+        .await;
+    browser.screenshot("live-output").await;
+    browser.close().await;
+}
