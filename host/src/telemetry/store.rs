@@ -33,6 +33,7 @@ pub fn instrument(store: Store, backend: &'static str) -> Store {
         inbox: store.inbox,
         waitpoints: store.waitpoints,
         journal: store.journal,
+        deltas: store.deltas,
         clock: store.clock,
     }
 }
