@@ -52,7 +52,12 @@ impl FromStr for Cursor {
     type Err = String;
 
     fn from_str(s: &str) -> Result<Cursor, String> {
-        let bad = || format!("`{}` is not a stream position (`claim:seq`)", s.escape_debug());
+        let bad = || {
+            format!(
+                "`{}` is not a stream position (`claim:seq`)",
+                s.escape_debug()
+            )
+        };
         let (claim, seq) = s.trim().split_once(':').ok_or_else(bad)?;
         Ok(Cursor {
             claim: claim.parse().map_err(|_| bad())?,
@@ -150,7 +155,8 @@ pub fn decode_chunks(key: &str, bytes: &Bytes) -> StoreResult<Vec<Bytes>> {
             .get(at..at + 4)
             .and_then(|b| <[u8; 4]>::try_from(b).ok())
             .map(u32::from_le_bytes)
-            .ok_or_else(|| corrupt(key, "a delta's length is cut short"))? as usize;
+            .ok_or_else(|| corrupt(key, "a delta's length is cut short"))?
+            as usize;
         at += 4;
         if len > MAX_DELTA || at + len > bytes.len() {
             return Err(corrupt(key, "a delta runs past the end of its batch"));
@@ -183,11 +189,7 @@ pub fn decode_live(dispatch: &str, bytes: &Bytes) -> StoreResult<DeltaBatch> {
             .get(range)
             .ok_or_else(|| corrupt(&key, "the live message is cut short"))
     };
-    let claim = u32::from_le_bytes(
-        head(0..4)?
-            .try_into()
-            .map_err(|_| corrupt(&key, "claim"))?,
-    );
+    let claim = u32::from_le_bytes(head(0..4)?.try_into().map_err(|_| corrupt(&key, "claim"))?);
     let first = u64::from_le_bytes(
         head(4..12)?
             .try_into()
@@ -240,6 +242,8 @@ fn corrupt(key: &str, reason: &str) -> StoreError {
 
 #[cfg(test)]
 mod tests {
+    #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+
     use super::*;
 
     fn b(s: &str) -> Bytes {

@@ -89,12 +89,12 @@ use async_trait::async_trait;
 use tokio::sync::Notify;
 
 pub use clock::{Clock, ManualClock, SharedClock, SystemClock, millis};
+pub use deltas::{Cursor, DeltaBatch, DeltaRead, Deltas, LiveBus};
 pub use error::{StoreError, StoreResult};
 pub use inbox::{
     Inbox, InboxMarks, Message, MessageFilter, MessageKind, MessageNote, MessageState, NewMessage,
     Sent, ThreadWatch,
 };
-pub use deltas::{Cursor, DeltaBatch, DeltaRead, Deltas, LiveBus};
 pub use journal::{CallEntry, CallKind, Journal, JournalData, NewStep, Step};
 pub use model::{
     Claim, DEFAULT_MAX_ATTEMPTS, DEFAULT_PRIORITY, Dispatch, DispatchRow, Fence, Interrupt,

@@ -8,11 +8,11 @@ use rusqlite::params;
 
 use super::EmbeddedStore;
 use super::rows::db;
+use crate::store::StoreResult;
 use crate::store::deltas::{
     Cursor, DeltaBatch, DeltaRead, Deltas, LiveBus, after_cursor, decode_chunks, encode_chunks,
 };
 use crate::store::rules::clamp;
-use crate::store::StoreResult;
 
 /// Deletes the batches whose expiry passed (the sweeper's purge).
 pub(super) fn delete_expired(tx: &rusqlite::Connection, now: u64) -> StoreResult<usize> {
