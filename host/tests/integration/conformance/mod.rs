@@ -1,5 +1,5 @@
-//! The store conformance suite (the contract, docs/contract.md, sections 1 to 4 and 9 to 12), generic over
-//! a backend [`Factory`].
+//! The store conformance suite (the contract, docs/contract.md, sections 1 to 4 and 9 to 12),
+//! generic over a backend [`Factory`].
 //!
 //! Every test is a `pub async fn name<F: Factory>(factory: &F)` (or a plain `fn` for the property
 //! tests, which drive their own runtime). A backend instantiates the whole suite with one line
