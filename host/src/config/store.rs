@@ -102,7 +102,7 @@ impl NatsSettings {
 }
 
 /// Checks NATS settings a server cannot check for us: at least one URL, a prefix that can
-/// name a stream, a replica count a cluster accepts, timeouts above zero.
+/// name a stream and does not start with `_HOMING`, a replica count a cluster accepts, timeouts above zero.
 ///
 /// # Errors
 ///
@@ -133,6 +133,12 @@ pub fn check_nats(
     {
         return Err(format!(
             "prefix `{prefix}`: use letters, digits, `_` and `-` only (it names a stream)"
+        ));
+    }
+    if prefix.starts_with("_HOMING") {
+        return Err(format!(
+            "prefix `{prefix}`: names starting with `_HOMING` are Homing's own (live deltas \
+             travel on `_HOMING_LIVE.<prefix>.>`, which no deployment's stream may capture)"
         ));
     }
     if !matches!(replicas, 1 | 3 | 5) {
@@ -387,5 +393,19 @@ mod tests {
         assert!(check(&["nats://a:b@h1", "nats://h2", "nats://a:b@h3"]).is_ok());
         let err = check(&["nats://a:b@h1", "nats://a:c@h2"]).unwrap_err();
         assert!(err.contains("different user parts"), "{err}");
+    }
+
+    #[test]
+    fn prefixes_starting_with_homings_own_are_refused() {
+        let check =
+            |prefix: &str| check_nats(&["nats://h".into()], prefix, 1, [Duration::from_secs(1); 2]);
+        for bad in ["_HOMING", "_HOMING_LIVE", "_HOMINGx"] {
+            let err = check(bad).unwrap_err();
+            assert!(err.starts_with(&format!("prefix `{bad}`")), "{err}");
+            assert!(err.contains("_HOMING_LIVE"), "{err}");
+        }
+        for good in ["homing", "_homing", "x_HOMING"] {
+            assert!(check(good).is_ok(), "{good}");
+        }
     }
 }

@@ -242,6 +242,8 @@ fn corrupt(key: &str, reason: &str) -> StoreError {
 
 #[cfg(test)]
 mod tests {
+    #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+
     use super::*;
 
     fn b(s: &str) -> Bytes {

@@ -1657,3 +1657,139 @@ mod nats_journal {
         NatsStore::delete_stream(&cfg).await.unwrap();
     }
 }
+
+/// Deltas on NATS beyond the shared suite: the live bus between instances, and delta batches
+/// in the stream left alone by everything else that reads it.
+mod nats_deltas {
+    use super::*;
+    use bytes::Bytes;
+    use futures_util::StreamExt;
+    use homing::store::nats::keys::Key;
+    use homing::store::{
+        Cursor, DeltaBatch, Deltas, ListFilter, Mailbox, NewDispatch, SystemClock,
+    };
+    use std::sync::Arc;
+    use std::time::Duration;
+
+    fn config(prefix: &str) -> NatsConfig {
+        NatsConfig {
+            urls: vec![server().url()],
+            prefix: prefix.into(),
+            request_timeout: REQUEST_TIMEOUT,
+            ..NatsConfig::default()
+        }
+    }
+
+    fn batch(dispatch: &str, claim: u32, first: u64, chunks: &[&[u8]]) -> DeltaBatch {
+        DeltaBatch {
+            dispatch: dispatch.into(),
+            claim,
+            first,
+            chunks: chunks.iter().map(|c| Bytes::copy_from_slice(c)).collect(),
+            expires_at: 0,
+        }
+    }
+
+    /// Batches published through one instance reach a subscriber on another in the order
+    /// published, only those of the dispatch subscribed to; a message that is not a batch is
+    /// skipped.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn live_batches_published_on_one_instance_reach_another_in_order() {
+        let prefix = "live_bus";
+        let a = NatsStore::connect(&config(prefix), Arc::new(SystemClock))
+            .await
+            .unwrap();
+        let b = NatsStore::connect_client(&config(prefix), Arc::new(SystemClock))
+            .await
+            .unwrap();
+        let mut live = a.live_bus().unwrap().subscribe("d.1").await.unwrap();
+        let raw = async_nats::connect(server().url()).await.unwrap();
+        raw.publish(Key::live(prefix, "d.1"), Bytes::from_static(b"junk"))
+            .await
+            .unwrap();
+        raw.flush().await.unwrap();
+        let bus = b.live_bus().unwrap();
+        let sent = [
+            batch("d.1", 1, 1, &[b"a", b"b"]),
+            batch("d.1", 1, 3, &[b""]),
+            batch("d.1", 2, 1, &[&[0, 255, 7]]),
+        ];
+        bus.publish(&batch("d.2", 1, 1, &[b"other"]));
+        for one in &sent {
+            bus.publish(one);
+        }
+        for want in &sent {
+            let got = tokio::time::timeout(Duration::from_secs(10), live.next())
+                .await
+                .expect("a live batch within 10 s")
+                .expect("the subscription stays open");
+            assert_eq!(&got, want);
+        }
+        // Nothing else arrives (the other dispatch's batch, the junk).
+        let more = tokio::time::timeout(Duration::from_millis(300), live.next()).await;
+        assert!(more.is_err(), "{more:?}");
+        a.close().await;
+        NatsStore::delete_stream(&config(prefix)).await.unwrap();
+    }
+
+    /// Delta batches live in the stream beside the records: a host loading and following
+    /// the stream, a client's lists, the archiver, the purge and the journal sweep all go on
+    /// as if they were not there, and leave them readable.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn delta_batches_are_left_alone_by_views_lists_and_sweeps() {
+        let prefix = "deltas_apart";
+        let cfg = NatsConfig {
+            archive_after: Duration::ZERO,
+            ..config(prefix)
+        };
+        let clock = Arc::new(SystemClock);
+        let first = NatsStore::connect(&cfg, clock.clone()).await.unwrap();
+        let d = first
+            .enqueue(NewDispatch::new("a", "t", "x").with_id("d1"))
+            .await
+            .unwrap();
+        let mut b = batch(&d.id, 1, 1, &[b"x", b"y"]);
+        b.expires_at = clock_now() + 3_600_000;
+        first.persist(b).await.unwrap();
+        // A host started after the batch loads the stream with it in.
+        let host = NatsStore::connect(&cfg, clock.clone()).await.unwrap();
+        let client = NatsStore::connect_client(&cfg, clock.clone())
+            .await
+            .unwrap();
+        let claimed = host.claim("a", "w", 60_000).await.unwrap().unwrap();
+        assert_eq!(claimed.id, "d1");
+        let mut b = batch("d1", claimed.claims, 3, &[b"z"]);
+        b.expires_at = clock_now() + 3_600_000;
+        host.persist(b).await.unwrap();
+        host.ack("d1", claimed.token().unwrap()).await.unwrap();
+        for store in [&host, &client] {
+            let all = store
+                .list(&ListFilter {
+                    limit: 100,
+                    ..ListFilter::default()
+                })
+                .await
+                .unwrap();
+            assert_eq!(all.len(), 1);
+            assert!(!store.has_live_work().await.unwrap());
+            assert!(store.queued_threads().await.unwrap().is_empty());
+        }
+        host.archive_settled(clock_now() + 1).await.unwrap();
+        host.sweep_journals(true).await.unwrap();
+        host.purge_terminal(0).await.unwrap();
+        assert_eq!(host.view_records(), 0);
+        let all = [b"x", b"y", b"z"].map(|c| Bytes::from_static(c)).to_vec();
+        for store in [&first, &host, &client] {
+            let r = store.read_deltas("d1", Cursor::default()).await.unwrap();
+            assert_eq!((r.claim, r.first, &r.chunks), (claimed.claims, 1, &all));
+        }
+        for store in [first, host, client] {
+            store.close().await;
+        }
+        NatsStore::delete_stream(&cfg).await.unwrap();
+    }
+
+    fn clock_now() -> u64 {
+        homing::store::Clock::now_ms(&SystemClock)
+    }
+}

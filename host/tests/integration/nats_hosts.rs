@@ -395,6 +395,11 @@ fn bad_nats_settings_are_refused_naming_the_key() {
             "prefix = \"a.b\"",
             "[store] prefix `a.b`",
         ),
+        (
+            "prefix = \"bad\"",
+            "prefix = \"_HOMING_LIVE\"",
+            "[store] prefix `_HOMING_LIVE`",
+        ),
         ("replicas = 1", "replicas = 2", "[store] replicas = 2"),
         ("url = [\"nats://x:1\"]", "url = []", "[store] url"),
     ] {

@@ -67,6 +67,9 @@ pub enum Key {
     JournalStep(String, String),
     /// The mark of a dispatch that has a journal, holding its thread: `<p>.jx.<dispatch>`.
     JournalMark(String),
+    /// A batch of deltas a claim of a dispatch streamed, by claim number and first sequence:
+    /// `<p>.dl.<dispatch>.<claim>.<first>` (outside every tree; see `deltas`).
+    Delta(String, u32, u64),
 }
 
 /// The token of the empty string (base64 of nothing is empty, and subjects have no empty
@@ -103,6 +106,7 @@ impl Key {
             Key::JournalCall(d, pos) => format!("{prefix}.jn.{}.c.{pos}", enc(d)),
             Key::JournalStep(d, key) => format!("{prefix}.jn.{}.s.{}", enc(d), enc(key)),
             Key::JournalMark(d) => format!("{prefix}.jx.{}", enc(d)),
+            Key::Delta(d, claim, first) => format!("{prefix}.dl.{}.{claim}.{first}", enc(d)),
         }
     }
 
@@ -119,7 +123,8 @@ impl Key {
             | Key::ArchivedWaitpoint(..)
             | Key::JournalCall(..)
             | Key::JournalStep(..)
-            | Key::JournalMark(_) => None,
+            | Key::JournalMark(_)
+            | Key::Delta(..) => None,
         }
     }
 
@@ -201,6 +206,18 @@ impl Key {
         format!("{prefix}.jx.*")
     }
 
+    /// The subject filter of every delta batch of a dispatch.
+    pub fn deltas_of(prefix: &str, dispatch: &str) -> String {
+        format!("{prefix}.dl.{}.>", enc(dispatch))
+    }
+
+    /// The core NATS subject a dispatch's deltas travel on live between hosts, outside every
+    /// stream (configuration refuses prefixes starting with `_HOMING`, so no deployment's
+    /// stream captures it).
+    pub fn live(prefix: &str, dispatch: &str) -> String {
+        format!("_HOMING_LIVE.{prefix}.{}", enc(dispatch))
+    }
+
     /// The subject filter of every log entry of a thread.
     pub fn entries_of(prefix: &str, thread: &str) -> String {
         format!("{prefix}.th.{}.e.*", enc(thread))
@@ -240,6 +257,11 @@ impl Key {
                 }
             }
             "jx" => Key::JournalMark(dec(parts.next()?)?),
+            "dl" => {
+                let dispatch = dec(parts.next()?)?;
+                let claim = parts.next()?.parse().ok()?;
+                Key::Delta(dispatch, claim, parts.next()?.parse().ok()?)
+            }
             _ => return None,
         };
         parts.next().is_none().then_some(key)
@@ -257,6 +279,7 @@ impl Key {
             Key::JournalCall(d, pos) => format!("journal/{d}/{pos}"),
             Key::JournalStep(d, key) => format!("journal/{d}/steps/{key}"),
             Key::JournalMark(d) => format!("journal/{d}"),
+            Key::Delta(d, claim, first) => format!("deltas/{d}/{claim}/{first}"),
         }
     }
 
@@ -323,10 +346,11 @@ impl Key {
                     String::from_utf8(payload.to_vec()).map_err(|e| (name, e.to_string()))?;
                 Ok(Record::Id(id, thread))
             }
-            // A host's view holds no journal: its records are read when a journal is loaded.
-            Key::JournalCall(d, _) | Key::JournalStep(d, _) | Key::JournalMark(d) => {
-                Ok(Record::Journal(d))
-            }
+            // A host's view holds no journal and no deltas: they are read when asked for.
+            Key::JournalCall(d, _)
+            | Key::JournalStep(d, _)
+            | Key::JournalMark(d)
+            | Key::Delta(d, _, _) => Ok(Record::Journal(d)),
         }
     }
 }
@@ -741,6 +765,7 @@ mod tests {
                 Key::JournalCall(name.into(), 7),
                 Key::JournalStep(name.into(), format!("{name}.k")),
                 Key::JournalMark(name.into()),
+                Key::Delta(name.into(), 3, 17),
             ] {
                 let subject = key.subject("hm");
                 assert_eq!(Key::parse("hm", &subject), Some(key.clone()), "{subject}");
@@ -750,5 +775,8 @@ mod tests {
         assert_eq!(Key::parse("hm", "other.th.YQ.t"), None);
         assert_eq!(Key::parse("hm", "hm.x.YQ"), None);
         assert_eq!(Key::parse("hm", "hm.th.YQ.t.extra"), None);
+        assert_eq!(Key::parse("hm", "hm.dl.YQ.x.1"), None);
+        assert_eq!(Key::parse("hm", "hm.dl.YQ.1"), None);
+        assert_eq!(Key::live("hm", "a.b"), "_HOMING_LIVE.hm.YS5i");
     }
 }

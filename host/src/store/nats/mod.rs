@@ -19,6 +19,10 @@
 //! | `<p>.jn.<dispatch>.c.<pos>` | a journal call entry (framed: JSON fields, then the body; `journal`) |
 //! | `<p>.jn.<dispatch>.s.<key>` | a journal step (framed: JSON fields, then the value) |
 //! | `<p>.jx.<dispatch>` | the mark of a dispatch with a journal (its thread), for the sweep |
+//! | `<p>.dl.<dispatch>.<claim>.<first>` | a batch of streamed deltas, `Nats-TTL` = until its expiry (`deltas`) |
+//!
+//! Live deltas travel outside the stream, on the core subject `_HOMING_LIVE.<p>.<dispatch>`
+//! (never stored; no prefix may start with `_HOMING`, so no deployment's stream captures it).
 //!
 //! Names are encoded as unpadded URL-safe base64 so that any id, thread or key is one subject
 //! token.
@@ -91,6 +95,8 @@
 //! - `mailbox`, `queries`, `log`, `inbox`, `waitpoints` and `journal`: the operations. Every
 //!   holder, fence, claim and reclaim decision in them is the store's rules' (`store::rules`),
 //!   shared with the embedded backend.
+//! - `deltas`: streamed deltas, their batches in the stream (unfenced) and the live bus on
+//!   core NATS.
 //!
 //! # Clients read, hosts follow
 //!
@@ -262,6 +268,8 @@ struct Inner {
     /// Why the watcher last failed to create its consumer (cleared when it succeeds), for the
     /// barrier's timeout message.
     watch_error: Mutex<Option<String>>,
+    /// The live bus of deltas on this instance's connection (`deltas`).
+    live: Arc<deltas::NatsLive>,
 }
 
 impl Drop for Inner {
@@ -314,7 +322,7 @@ impl NatsStore {
             }
         }
         let inner = Arc::new(Inner {
-            client,
+            client: client.clone(),
             js,
             prefix: config.prefix.clone(),
             timeout: config.request_timeout,
@@ -342,6 +350,11 @@ impl NatsStore {
             watcher: Mutex::new(None),
             consumer: Mutex::new(None),
             watch_error: Mutex::new(None),
+            live: Arc::new(deltas::NatsLive::start(
+                client.clone(),
+                &config.prefix,
+                config.request_timeout,
+            )),
         });
         if !follow {
             return Ok(NatsStore { inner });

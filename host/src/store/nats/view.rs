@@ -135,7 +135,8 @@ pub enum Record {
     Waitpoint(String, String, Box<Waitpoint>),
     /// The thread of a caller-chosen id.
     Id(String, String),
-    /// A record of a dispatch's journal (outside every tree; the view keeps nothing of it).
+    /// A record of a dispatch's journal, or a batch of its deltas (outside every tree; the view
+    /// keeps nothing of it).
     Journal(String),
 }
 

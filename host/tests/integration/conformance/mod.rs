@@ -1,5 +1,5 @@
-//! The store conformance suite (the contract, docs/contract.md, sections 1 to 4 and 9), generic over
-//! a backend [`Factory`].
+//! The store conformance suite (the contract, docs/contract.md, sections 1 to 4 and 9 to 12),
+//! generic over a backend [`Factory`].
 //!
 //! Every test is a `pub async fn name<F: Factory>(factory: &F)` (or a plain `fn` for the property
 //! tests, which drive their own runtime). A backend instantiates the whole suite with one line
@@ -29,6 +29,7 @@ use homing::store::{
 
 pub mod concurrency;
 pub mod dedupe;
+pub mod deltas;
 pub mod fencing;
 pub mod inbox;
 pub mod journal;
@@ -602,6 +603,14 @@ macro_rules! suite {
                     invalid_journal_writes_are_refused_and_store_nothing,
                     a_body_at_max_body_round_trips,
                     journal_goes_with_its_dispatch,
+                },
+                deltas::{
+                    deltas_read_by_cursor_from_the_start_mid_batch_at_the_end_and_across_batches,
+                    a_higher_claims_deltas_hide_the_lower_claims,
+                    a_batch_persisted_again_with_the_same_first_replaces_it,
+                    a_gap_stops_the_read,
+                    an_unknown_dispatch_reads_no_deltas,
+                    deltas_go_when_they_expire,
                 },
                 concurrency::{
                     no_dispatch_lost_or_invented_under_concurrent_chaos,
