@@ -4,8 +4,8 @@
 //! Events, in order: `status` first and on each change of the dispatch's status or claim;
 //! `delta` (id `claim:seq`; data `{"text": ...}`, or `{"data": base64, "encoding": "base64"}`
 //! for bytes that are not UTF-8); `reset` (id `claim:0`) when a later claim starts, so the
-//! client drops what earlier claims streamed; `dropped` when the client fell more than 1 MiB
-//! behind (it resumes with `Last-Event-ID`); and a final `result`, after which the stream ends.
+//! client drops what earlier claims streamed; `dropped` when the client stayed more than 1 MiB
+//! behind for 10 s (it resumes with `Last-Event-ID`); and a final `result`, after which the stream ends.
 //! A client that reconnects with `Last-Event-ID` (or `?after=claim:seq`) gets what followed,
 //! nothing lost or repeated, for `[host] stream_retention` after the run.
 
@@ -28,7 +28,7 @@ use super::auth::Caller;
 use super::dispatches::{name, param, params};
 use super::limits::StreamPermit;
 use super::{ApiError, ApiState, view};
-use crate::live::follow::{Event as LiveEvent, Follower, MAX_LAG_BYTES};
+use crate::live::follow::{Event as LiveEvent, Follower, MAX_LAG_BYTES, PATIENCE};
 use crate::store::Dispatch;
 use crate::store::deltas::Cursor;
 
@@ -164,8 +164,9 @@ fn sse(event: LiveEvent) -> Event {
             json!({
                 "last": last.to_string(),
                 "reason": format!(
-                    "the client fell more than {MAX_LAG_BYTES} bytes behind the stream; \
-                     reconnect with Last-Event-ID to resume"
+                    "the client stayed more than {MAX_LAG_BYTES} bytes behind the stream for \
+                     {}s; reconnect with Last-Event-ID to resume",
+                    PATIENCE.as_secs()
                 ),
             })
             .to_string(),
@@ -181,9 +182,7 @@ fn sse(event: LiveEvent) -> Event {
                 );
                 // An acked run's own error (none, usually); else why it ended as it did.
                 let error = match d.status {
-                    crate::store::Status::Acked => {
-                        d.result.as_ref().and_then(|r| r.error.clone())
-                    }
+                    crate::store::Status::Acked => d.result.as_ref().and_then(|r| r.error.clone()),
                     _ => d.last_error.clone(),
                 };
                 map.insert("error".into(), json!(error));

@@ -24,9 +24,12 @@ use super::{Hub, Live};
 use crate::store::deltas::{Cursor, DeltaBatch};
 use crate::store::{Dispatch, Status, StoreResult, ThreadWatch};
 
-/// How far (bytes) a watcher that was following the newest deltas may fall behind them before
-/// it is dropped ([`Event::Dropped`]); it resumes from its cursor.
+/// How far (bytes) a watcher that was following the newest deltas may fall behind them, for
+/// longer than [`PATIENCE`], before it is dropped ([`Event::Dropped`]); it resumes from its
+/// cursor. A burst that a reading client soon catches up with drops nobody.
 pub const MAX_LAG_BYTES: u64 = 1 << 20;
+/// How long a watcher may stay more than [`MAX_LAG_BYTES`] behind.
+pub const PATIENCE: Duration = Duration::from_secs(10);
 /// The most deltas taken from the local buffer at once.
 const TAKE: usize = 1024;
 /// How long a gap waits for the running host's next batch before the store is read.
@@ -79,6 +82,9 @@ pub struct Follower {
     gap: Option<Instant>,
     /// Whether it ever reached the newest local delta (only then can it fall behind).
     caught_up: bool,
+    /// Since when it has been more than `MAX_LAG_BYTES` behind.
+    behind_since: Option<Instant>,
+    patience: Duration,
     ended: bool,
     poll: Duration,
     _open: OpenGauge,
@@ -144,10 +150,18 @@ impl Follower {
             due: true,
             gap: None,
             caught_up: false,
+            behind_since: None,
+            patience: PATIENCE,
             ended: false,
             poll: POLL_MIN,
             _open: OpenGauge::new(),
         }))
+    }
+
+    /// Drops it once it stayed too far behind for `patience` instead of [`PATIENCE`].
+    pub fn with_patience(mut self, patience: Duration) -> Follower {
+        self.patience = patience;
+        self
     }
 
     /// The dispatch it follows.
@@ -265,12 +279,16 @@ impl Follower {
         };
         let live = live.clone();
         let head = live.head();
-        if self.caught_up && !live.is_closed() && live.bytes_after(self.cursor.seq) > MAX_LAG_BYTES
-        {
-            metrics::counter!(crate::telemetry::STREAM_CLIENTS_DROPPED).increment(1);
-            self.queue.push_back(Event::Dropped { last: self.cursor });
-            self.ended = true;
-            return;
+        if self.caught_up && live.bytes_after(self.cursor.seq) > MAX_LAG_BYTES {
+            let since = *self.behind_since.get_or_insert_with(Instant::now);
+            if since.elapsed() >= self.patience {
+                metrics::counter!(crate::telemetry::STREAM_CLIENTS_DROPPED).increment(1);
+                self.queue.push_back(Event::Dropped { last: self.cursor });
+                self.ended = true;
+                return;
+            }
+        } else {
+            self.behind_since = None;
         }
         for chunk in live.after(self.cursor.seq, TAKE) {
             self.push(chunk, head);

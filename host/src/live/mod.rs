@@ -599,7 +599,11 @@ mod tests {
         let (hub, id, claim) = claimed(LiveSettings::default()).await;
         let live = hub.open(&id, "a", claim, Duration::from_secs(1));
         live.emit(b"first").unwrap();
-        let mut follower = Follower::open(&hub, &id, None).await.unwrap().unwrap();
+        let mut follower = Follower::open(&hub, &id, None)
+            .await
+            .unwrap()
+            .unwrap()
+            .with_patience(Duration::ZERO);
         assert!(matches!(follower.next().await, Ok(Some(Event::Status(_)))));
         assert!(matches!(
             follower.next().await,

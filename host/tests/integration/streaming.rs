@@ -387,14 +387,15 @@ async fn emit_is_refused_past_the_caps_naming_them() {
     let port = free_port();
     let env = Env::new(&config(
         port,
-        "max_stream_bytes = \"1KiB\"\nmax_emit_rate = 1000",
+        "max_stream_bytes = \"64KiB\"\nmax_emit_rate = 1000",
         "",
     ));
     let _host = spawn_host(&env, "host.log");
     wait_ready(port).await;
-    let bytes = enqueue(port, "t1", json!({"expect_refusal": true, "size": 100})).await;
+    // 65 chunks of 1,000 bytes fit in 64 KiB; the 66th does not.
+    let bytes = enqueue(port, "t1", json!({"expect_refusal": true, "size": 1000})).await;
     let rate = enqueue(port, "t2", json!({"expect_refusal": true})).await;
-    for (id, at, limit) in [(bytes, 11, "max_stream_bytes"), (rate, 0, "max_emit_rate")] {
+    for (id, at, limit) in [(bytes, 66, "max_stream_bytes"), (rate, 0, "max_emit_rate")] {
         let mut client = Client::get(&stream_url(port, &id), Some(READER), None).await;
         let events = client.rest().await;
         let result = events.last().unwrap().json();
