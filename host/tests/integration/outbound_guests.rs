@@ -522,6 +522,11 @@ fn assistant_runs_a_tool_round_trip_and_keeps_the_conversation() {
         answer.contains("the tool answered 42"),
         "the final answer quotes the tool's result: {answer}"
     );
+    // It asked the model to stream and emitted each token as it came: what it streamed is
+    // the final answer, a token at a time (the last model call's deltas).
+    let watched = env.ok(&["dispatch", "watch", &first, "--timeout", "30s"]);
+    let streamed = watched.lines().next().unwrap_or_default();
+    assert_eq!(streamed, answer, "{watched}");
 
     let entries: Vec<Value> =
         serde_json::from_str(&env.ok(&["thread", "log", "chat", "--json"])).unwrap();

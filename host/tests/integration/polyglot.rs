@@ -404,3 +404,29 @@ fn python_agent_reads_and_acks_messages_from_its_inbox() {
 fn js_agent_reads_and_acks_messages_from_its_inbox() {
     reads_and_acks_messages_from_its_inbox(JS);
 }
+
+/// The `stream` tool emits its text a word at a time through the SDK's `claim.emit`; the
+/// deltas are kept for watchers: `homing dispatch watch` prints them, then the reply.
+fn streams_its_reply_through_emit(agent: &str) {
+    let env = Env::new(&config(agent, ""));
+    let id = env.enqueue("agent", "s1", "stream one two three", &[]);
+    env.run_until_idle();
+    assert_eq!(
+        output(&env, &id),
+        "streamed 3 chunks (last #3): one two three"
+    );
+    let watched = env.ok(&["dispatch", "watch", &id, "--timeout", "30s"]);
+    let lines: Vec<&str> = watched.lines().collect();
+    assert_eq!(lines[0], "one two three", "{watched}");
+    assert_eq!(lines[1], "streamed 3 chunks (last #3): one two three");
+}
+
+#[test]
+fn python_agent_streams_its_reply_through_emit() {
+    streams_its_reply_through_emit(PYTHON);
+}
+
+#[test]
+fn js_agent_streams_its_reply_through_emit() {
+    streams_its_reply_through_emit(JS);
+}
