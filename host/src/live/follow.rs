@@ -193,6 +193,15 @@ impl Follower {
                 self.look().await?;
                 continue;
             }
+            // The local buffer holds more than one read takes: go on reading, no waiting.
+            if self
+                .local
+                .as_ref()
+                .is_some_and(|(live, _)| live.head() > self.cursor.seq)
+            {
+                self.read_local();
+                continue;
+            }
             self.wait().await;
         }
     }
