@@ -462,6 +462,7 @@ fn demo() -> Result<()> {
     );
     // Enqueued before the steerable agent's and the three approvals.
     let researched = enqueued[enqueued.len() - 5].clone();
+    let assisted = enqueued[enqueued.len() - 6].clone();
     // A message to a thread with no run starts a dispatch of the agent it names to answer it.
     let seq = cli(&[
         "thread",
@@ -560,6 +561,14 @@ fn demo() -> Result<()> {
     println!("{}", cli(&["thread", "log", "js-chat"])?);
     println!("== the assistant's thread log (asst-1: question, tool call, tool result, answer)");
     println!("{}", cli(&["thread", "log", "asst-1"])?);
+    println!(
+        "== what the assistant streamed while it ran (homing dispatch watch: the model's tokens, \
+         emitted as they came, then the output)"
+    );
+    println!(
+        "{}",
+        cli(&["dispatch", "watch", &assisted, "--timeout", "10s"])?
+    );
     let research = cli(&["dispatch", "show", &researched, "--json"])?;
     if !(research.contains("\"status\": \"acked\"") && research.contains("\"attempt\": 1")) {
         return Err(format!(
