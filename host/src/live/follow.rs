@@ -207,7 +207,7 @@ impl Follower {
     }
 
     /// Moves to claim `claim`, telling the watcher to drop what it has unless it has nothing.
-    fn to_claim(&mut self, claim: u32) {
+    fn move_to_claim(&mut self, claim: u32) {
         if self.cursor != Cursor::default() {
             self.queue.push_back(Event::Reset { claim });
         }
@@ -238,7 +238,7 @@ impl Follower {
             self.queue.push_back(Event::Status(d.clone()));
         }
         if d.status == Status::Claimed && d.claims > self.cursor.claim {
-            self.to_claim(d.claims);
+            self.move_to_claim(d.claims);
         }
         if let Some(live) = self
             .hub
@@ -246,7 +246,7 @@ impl Follower {
             .filter(|l| l.claim >= self.cursor.claim)
         {
             if live.claim > self.cursor.claim {
-                self.to_claim(live.claim);
+                self.move_to_claim(live.claim);
             }
             if !self
                 .local
@@ -265,7 +265,7 @@ impl Follower {
             .await?;
         self.gap = None;
         if read.claim > self.cursor.claim {
-            self.to_claim(read.claim);
+            self.move_to_claim(read.claim);
         }
         if read.claim == self.cursor.claim && read.first == self.cursor.seq + 1 {
             let head = self.cursor.seq + read.chunks.len() as u64;
@@ -317,7 +317,7 @@ impl Follower {
                 self.gap.get_or_insert_with(|| Instant::now() + GAP_WAIT);
                 return;
             }
-            self.to_claim(batch.claim);
+            self.move_to_claim(batch.claim);
         }
         let next = self.cursor.seq + 1;
         if batch.first > next {

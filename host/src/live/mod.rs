@@ -480,6 +480,8 @@ async fn flush(hub: Arc<HubInner>, live: Arc<Live>) {
 
 #[cfg(test)]
 mod tests {
+    #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+
     use std::sync::Arc;
 
     use super::follow::{Event, Follower, MAX_LAG_BYTES};

@@ -341,6 +341,26 @@ async fn deltas_reach_clients_connected_before_during_and_after_the_run() {
     let (text, ids) = shown(&got_resumed);
     assert_eq!(text, toks(26, 50));
     assert_eq!(ids, all[25..].to_vec());
+
+    // The metrics count what was streamed.
+    let metrics = reqwest::Client::new()
+        .get(format!("http://127.0.0.1:{port}/metrics"))
+        .bearer_auth(OPS)
+        .send()
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    assert!(
+        metrics.contains("homing_stream_deltas_total{agent=\"probe\"} 50"),
+        "{metrics}"
+    );
+    assert!(
+        metrics.contains("homing_stream_client_lag_bucket"),
+        "{metrics}"
+    );
+    assert!(metrics.contains("homing_streams_open"), "{metrics}");
 }
 
 /// A run that fails after streaming and is retried: its watcher is told `reset` (id `2:0`)
