@@ -513,18 +513,26 @@ fn wait(ready: &poll::Pollable, deadline: Instant) -> Result<(), HttpError> {
     }
 }
 
+/// Header names and values, as a response carries them.
+type HeaderList = Vec<(String, Vec<u8>)>;
+
+/// A response's status and headers, and its body to read.
+fn head(response: &IncomingResponse) -> Result<(u16, HeaderList, IncomingBody), HttpError> {
+    let (status, headers) = (response.status(), response.headers().entries());
+    let body = response.consume().map_err(|()| HttpError::Failed {
+        code: "internal-error",
+        detail: Some("the response body was already taken".to_owned()),
+    })?;
+    Ok((status, headers, body))
+}
+
 /// Reads the status, headers and whole body of a response.
 fn read_response(
     response: IncomingResponse,
     deadline: Instant,
     limit: usize,
 ) -> Result<Response, HttpError> {
-    let status = response.status();
-    let headers = response.headers().entries();
-    let body = response.consume().map_err(|()| HttpError::Failed {
-        code: "internal-error",
-        detail: Some("the response body was already taken".to_owned()),
-    })?;
+    let (status, headers, body) = head(&response)?;
     let bytes = read_body(&body, deadline, limit)?;
     // Trailers are not read; dropping the body ends it.
     drop(body);
@@ -717,12 +725,7 @@ impl StreamingResponse {
         deadline: Instant,
         limit: usize,
     ) -> Result<StreamingResponse, HttpError> {
-        let status = response.status();
-        let headers = response.headers().entries();
-        let body = response.consume().map_err(|()| HttpError::Failed {
-            code: "internal-error",
-            detail: Some("the response body was already taken".to_owned()),
-        })?;
+        let (status, headers, body) = head(&response)?;
         let stream = body.stream().map_err(|()| HttpError::Failed {
             code: "internal-error",
             detail: Some("the response body stream was already taken".to_owned()),

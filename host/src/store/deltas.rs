@@ -2,7 +2,7 @@
 //! that reconnect, can catch up (the contract, docs/contract.md, section 12).
 //!
 //! Live delivery does not go through the store: the host that runs a claim keeps its deltas
-//! in memory and hands them to its own watchers at once (`crate::live` above this layer), and
+//! in memory and hands them to its own watchers at once (the live hub, a layer above the store), and
 //! on NATS publishes them on a core subject ([`LiveBus`]) for watchers on other hosts. What
 //! the store keeps are **batches**: runs of consecutive deltas of one claim that the running
 //! host persists every 100 ms, at 64 KiB and before the claim settles. Deltas are advisory:

@@ -72,6 +72,16 @@ pub(crate) fn spawn_host(env: &Env, log: &str) -> Running {
     )
 }
 
+/// A host serving the probe with `host` lines in its `[host]` and the embedded store, its
+/// API ready: the port, the scratch directory and the process.
+async fn serving(host: &str) -> (u16, Env, Running) {
+    let port = free_port();
+    let env = Env::new(&config(port, host, ""));
+    let running = spawn_host(&env, "host.log");
+    wait_ready(port).await;
+    (port, env, running)
+}
+
 /// Waits until the API on `port` is ready.
 pub(crate) async fn wait_ready(port: u16) {
     let deadline = Instant::now() + Duration::from_secs(120);
@@ -285,10 +295,7 @@ pub(crate) fn stream_url(port: u16, id: &str) -> String {
 /// them, in order, once each, then the result.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn deltas_reach_clients_connected_before_during_and_after_the_run() {
-    let port = free_port();
-    let env = Env::new(&config(port, "", ""));
-    let _host = spawn_host(&env, "host.log");
-    wait_ready(port).await;
+    let (port, _env, _host) = serving("").await;
 
     let response = reqwest::Client::new()
         .post(format!("http://127.0.0.1:{port}/v1/dispatches?stream=true"))
@@ -368,10 +375,7 @@ async fn deltas_reach_clients_connected_before_during_and_after_the_run() {
 /// second run's text alone.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_retried_run_sends_reset_before_its_new_deltas() {
-    let port = free_port();
-    let env = Env::new(&config(port, "", ""));
-    let _host = spawn_host(&env, "host.log");
-    wait_ready(port).await;
+    let (port, _env, _host) = serving("").await;
     let id = enqueue(
         port,
         "t1",
@@ -404,14 +408,7 @@ async fn a_retried_run_sends_reset_before_its_new_deltas() {
 /// run goes on and acks.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn emit_is_refused_past_the_caps_naming_them() {
-    let port = free_port();
-    let env = Env::new(&config(
-        port,
-        "max_stream_bytes = \"64KiB\"\nmax_emit_rate = 1000",
-        "",
-    ));
-    let _host = spawn_host(&env, "host.log");
-    wait_ready(port).await;
+    let (port, _env, _host) = serving("max_stream_bytes = \"64KiB\"\nmax_emit_rate = 1000").await;
     // 65 chunks of 1,000 bytes fit in 64 KiB; the 66th does not.
     let bytes = enqueue(port, "t1", json!({"expect_refusal": true, "size": 1000})).await;
     let rate = enqueue(port, "t2", json!({"expect_refusal": true})).await;
@@ -437,10 +434,7 @@ async fn emit_is_refused_past_the_caps_naming_them() {
 /// 100 clients watch one run: each gets every delta in order and the result.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_hundred_clients_watch_one_run() {
-    let port = free_port();
-    let env = Env::new(&config(port, "", ""));
-    let _host = spawn_host(&env, "host.log");
-    wait_ready(port).await;
+    let (port, _env, _host) = serving("").await;
     let id = enqueue(port, "t1", json!({"count": 200, "pause_after": 1})).await;
     let mut clients = Vec::new();
     for _ in 0..100 {
@@ -466,10 +460,7 @@ async fn a_hundred_clients_watch_one_run() {
 /// memory grows by about the run's buffer, not by the buffer per client.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn clients_that_read_nothing_keep_the_hosts_memory_bounded() {
-    let port = free_port();
-    let env = Env::new(&config(port, "max_stream_bytes = \"8MiB\"", ""));
-    let host = spawn_host(&env, "host.log");
-    wait_ready(port).await;
+    let (port, _env, host) = serving("max_stream_bytes = \"8MiB\"").await;
     let rss = || {
         let status = std::fs::read_to_string(format!("/proc/{}/status", host.0.id())).unwrap();
         status
@@ -552,10 +543,7 @@ async fn clients_that_read_nothing_keep_the_hosts_memory_bounded() {
 /// enqueue with `?stream=true` (403).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn unknown_ids_bad_cursors_and_missing_roles_are_refused() {
-    let port = free_port();
-    let env = Env::new(&config(port, "", ""));
-    let _host = spawn_host(&env, "host.log");
-    wait_ready(port).await;
+    let (port, _env, _host) = serving("").await;
     let c = Client::get(&stream_url(port, "no-such-dispatch"), Some(READER), None).await;
     assert_eq!(c.status, 404);
     let c = Client::get(&stream_url(port, "no-such-dispatch"), None, None).await;
@@ -587,10 +575,7 @@ async fn unknown_ids_bad_cursors_and_missing_roles_are_refused() {
 /// `homing dispatch watch` prints a finished dispatch's deltas and its result.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_cli_streams_a_run_and_watches_a_dispatch() {
-    let port = free_port();
-    let env = Env::new(&config(port, "", ""));
-    let _host = spawn_host(&env, "host.log");
-    wait_ready(port).await;
+    let (_port, env, _host) = serving("").await;
     let out = env.ok(&[
         "enqueue",
         "--agent",
@@ -675,10 +660,7 @@ async fn a_client_on_one_nats_host_watches_a_run_on_another() {
 /// as the characters it is), then the outcome.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_dispatch_page_shows_live_output_in_a_browser() {
-    let port = free_port();
-    let env = Env::new(&config(port, "", ""));
-    let _host = spawn_host(&env, "host.log");
-    wait_ready(port).await;
+    let (port, _env, _host) = serving("").await;
     let id = enqueue(
         port,
         "t1",
