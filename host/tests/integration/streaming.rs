@@ -687,3 +687,27 @@ async fn the_dispatch_page_shows_live_output_in_a_browser() {
     browser.screenshot("live-output").await;
     browser.close().await;
 }
+
+/// `GET /v1/threads/{thread}/log/stream?deltas=true` carries the running dispatch's deltas
+/// (without ids, so `Last-Event-ID` keeps naming log sequences) among the thread's entries and
+/// messages; a bad `deltas` value is refused.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_thread_stream_carries_deltas_when_asked() {
+    let (port, _env, _host) = serving("").await;
+    let url = format!("http://127.0.0.1:{port}/v1/threads/t1/log/stream");
+    let bad = Client::get(&format!("{url}?deltas=maybe"), Some(READER), None).await;
+    assert_eq!(bad.status, 400);
+    let mut client = Client::get(&format!("{url}?deltas=true"), Some(READER), None).await;
+    assert_eq!(client.status, 200);
+    let id = enqueue(port, "t1", json!({"count": 4, "pause_after": 2})).await;
+    let mut events = client.deltas(2).await;
+    release(port, "t1").await;
+    events.extend(client.deltas(2).await);
+    let deltas: Vec<&Ev> = events.iter().filter(|e| e.event == "delta").collect();
+    let texts: Vec<String> = deltas.iter().map(|e| e.text()).collect();
+    assert_eq!(texts, ["tok1", "tok2", "tok3", "tok4"], "{events:#?}");
+    for d in &deltas {
+        assert_eq!(d.id, None, "{d:?}");
+        assert_eq!(d.json()["dispatch"], id.as_str());
+    }
+}
