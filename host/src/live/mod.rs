@@ -30,6 +30,10 @@ use crate::store::{Store, millis};
 pub const FLUSH_EVERY: Duration = Duration::from_millis(100);
 /// How many unpersisted bytes make a batch be persisted at once.
 pub const FLUSH_BYTES: u64 = 64 * 1024;
+/// What the host holds per delta beyond its bytes (its handle and allocation), counted toward
+/// `max_stream_bytes` so the cap bounds the memory a claim's deltas take, however small they
+/// are.
+pub const DELTA_OVERHEAD: u64 = 48;
 /// How long the end of a claim waits for its last batch to be persisted.
 const FINISH_WAIT: Duration = Duration::from_secs(5);
 /// How many times a batch that failed to persist is tried again once its claim ended.
@@ -81,10 +85,10 @@ pub enum EmitError {
     },
     /// Past `[host] max_stream_bytes` for this claim.
     #[error(
-        "[host] max_stream_bytes: this claim streamed {sent} bytes of its {limit}; a {len}-byte chunk does not fit"
+        "[host] max_stream_bytes: this claim's deltas hold {sent} bytes of its {limit} (each delta counts {DELTA_OVERHEAD} bytes beyond its own size); a {len}-byte chunk does not fit"
     )]
     Bytes {
-        /// What the claim streamed so far.
+        /// What the claim's deltas hold so far, overhead included.
         sent: u64,
         /// The chunk's size.
         len: usize,
@@ -274,14 +278,6 @@ impl Live {
             if s.closed {
                 return Err(EmitError::Closed);
             }
-            let limit = self.settings.max_stream_bytes;
-            if s.bytes + chunk.len() as u64 > limit {
-                return Err(EmitError::Bytes {
-                    sent: s.bytes,
-                    len: chunk.len(),
-                    limit,
-                });
-            }
             let rate = f64::from(self.settings.max_emit_rate);
             let now = Instant::now();
             s.tokens = (s.tokens + now.duration_since(s.refilled).as_secs_f64() * rate).min(rate);
@@ -289,6 +285,15 @@ impl Live {
             if s.tokens < 1.0 {
                 return Err(EmitError::Rate {
                     limit: self.settings.max_emit_rate,
+                });
+            }
+            let limit = self.settings.max_stream_bytes;
+            let held = s.bytes + s.chunks.len() as u64 * DELTA_OVERHEAD;
+            if held + chunk.len() as u64 + DELTA_OVERHEAD > limit {
+                return Err(EmitError::Bytes {
+                    sent: held,
+                    len: chunk.len(),
+                    limit,
                 });
             }
             s.tokens -= 1.0;
@@ -511,7 +516,7 @@ mod tests {
     #[tokio::test]
     async fn emit_numbers_deltas_and_refuses_past_the_caps() {
         let settings = LiveSettings {
-            max_stream_bytes: 10,
+            max_stream_bytes: 10 + 3 * DELTA_OVERHEAD,
             max_emit_rate: 3,
             ..LiveSettings::default()
         };
@@ -519,10 +524,7 @@ mod tests {
         let live = hub.open(&id, "a", claim, Duration::from_secs(1));
         assert_eq!(live.emit(b"abcd"), Ok(1));
         assert_eq!(live.emit(b"efgh"), Ok(2));
-        assert!(matches!(
-            live.emit(b"ijk"),
-            Err(EmitError::Bytes { limit: 10, .. })
-        ));
+        assert!(matches!(live.emit(b"ijk"), Err(EmitError::Bytes { .. })));
         assert_eq!(live.emit(b"i"), Ok(3));
         assert_eq!(live.emit(b"j"), Err(EmitError::Rate { limit: 3 }));
         assert_eq!(live.emit(b""), Err(EmitError::Empty));
