@@ -288,7 +288,7 @@ impl Follower {
         };
         let live = live.clone();
         let head = live.head();
-        if self.caught_up && live.bytes_after(self.cursor.seq) > MAX_LAG_BYTES {
+        if self.caught_up && live.behind_more_than(self.cursor.seq, MAX_LAG_BYTES) {
             let since = *self.behind_since.get_or_insert_with(Instant::now);
             if since.elapsed() >= self.patience {
                 metrics::counter!(crate::telemetry::STREAM_CLIENTS_DROPPED).increment(1);

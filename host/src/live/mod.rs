@@ -317,13 +317,18 @@ impl Live {
         s.chunks[from..].iter().take(max).cloned().collect()
     }
 
-    /// The bytes of the deltas after sequence `after`.
-    pub fn bytes_after(&self, after: u64) -> u64 {
+    /// Whether the deltas after sequence `after` hold more than `limit` bytes: counted from
+    /// the newest back, stopping at the limit, so a watcher far behind costs no full scan.
+    pub fn behind_more_than(&self, after: u64, limit: u64) -> bool {
         let s = lock(&self.state);
         let from = usize::try_from(after)
             .unwrap_or(usize::MAX)
             .min(s.chunks.len());
-        s.chunks[from..].iter().map(|c| c.len() as u64).sum()
+        let mut held = 0u64;
+        s.chunks[from..].iter().rev().any(|c| {
+            held += c.len() as u64;
+            held > limit
+        })
     }
 
     /// The newest sequence.
