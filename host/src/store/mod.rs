@@ -77,6 +77,7 @@ pub mod embedded;
 pub mod error;
 pub mod inbox;
 pub mod journal;
+pub mod limits;
 pub mod model;
 pub mod nats;
 pub(crate) mod rules;
@@ -96,6 +97,7 @@ pub use inbox::{
     Sent, ThreadWatch,
 };
 pub use journal::{CallEntry, CallKind, Journal, JournalData, NewStep, Step};
+pub use limits::{ClaimRequest, Gated, LimitSet, Limits, Pause, Rate};
 pub use model::{
     Claim, DEFAULT_MAX_ATTEMPTS, DEFAULT_PRIORITY, Dispatch, DispatchRow, Fence, Interrupt,
     ListCursor, ListFilter, LogEntry, NewDispatch, RowResult, RunResult, RunStatus, Status,
@@ -152,6 +154,22 @@ pub trait Mailbox: Send + Sync + Debug + 'static {
         let token = claimed.token().unwrap_or_default().to_owned();
         self.record_start(&claimed.id, &token).await.map(Some)
     }
+
+    /// Claims the best available dispatch of `req.agent` that every limit in `req.limits` and
+    /// every pause admits, taking its tokens and slots in the same atomic step (the contract,
+    /// section 13). Dispatches held back stay queued and count no attempt.
+    async fn claim_gated(&self, req: &ClaimRequest<'_>) -> StoreResult<Gated>;
+
+    /// T19: gives a claimed dispatch back to the queue at `available_at` without counting an
+    /// attempt (a run parked on a rate limit upstream, or released on an upgrade), recording
+    /// `reason` as its `last_error`.
+    async fn release(
+        &self,
+        id: &str,
+        token: &str,
+        available_at: u64,
+        reason: &str,
+    ) -> StoreResult<Dispatch>;
 
     /// Claims one dispatch by id, ignoring `available_at`. `None` when it is not queued or its
     /// thread is held by a live claim.
@@ -347,6 +365,8 @@ pub struct Store {
     pub journal: Arc<dyn Journal>,
     /// The dispatches' streamed deltas.
     pub deltas: Arc<dyn Deltas>,
+    /// Pauses, and the slots and buckets of outbound requests.
+    pub limits: Arc<dyn Limits>,
     /// The clock both read.
     pub clock: SharedClock,
 }

@@ -198,6 +198,10 @@ pub struct Dispatch {
     /// attempt).
     #[serde(default, skip_serializing_if = "is_zero")]
     pub resumes: u32,
+    /// The key its runs are limited by (flow control: at most `key_concurrency` of the
+    /// plugin's dispatches with one key run at once). Serialized only when set.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub concurrency_key: Option<String>,
     /// The thread's epoch when this dispatch was enqueued (stamped by the store).
     pub epoch: u64,
     /// Lifecycle state.
@@ -326,6 +330,9 @@ pub struct DispatchRow {
     /// Resumes so far.
     #[serde(default, skip_serializing_if = "is_zero")]
     pub resumes: u32,
+    /// The key its runs are limited by (flow control), if any.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub concurrency_key: Option<String>,
     /// The thread's epoch when it was enqueued.
     pub epoch: u64,
     /// Lifecycle state.
@@ -376,6 +383,7 @@ impl DispatchRow {
             attempt: d.attempt,
             claims: d.claims,
             resumes: d.resumes,
+            concurrency_key: d.concurrency_key.clone(),
             epoch: d.epoch,
             status: d.status,
             claimed_by: d.claim.as_ref().map(|c| c.claimed_by.clone()),
@@ -428,6 +436,8 @@ pub struct NewDispatch {
     pub max_attempts: u32,
     /// Failed attempts already used (for re-submissions); must stay below `max_attempts`.
     pub attempt: u32,
+    /// The key its runs are limited by (flow control), at most [`MAX_CONCURRENCY_KEY`] bytes.
+    pub concurrency_key: Option<String>,
 }
 
 impl NewDispatch {
@@ -447,6 +457,7 @@ impl NewDispatch {
             priority: DEFAULT_PRIORITY,
             delay_ms: 0,
             dedupe_key: None,
+            concurrency_key: None,
             max_attempts: DEFAULT_MAX_ATTEMPTS,
             attempt: 0,
         }
@@ -473,6 +484,12 @@ impl NewDispatch {
     /// Sets the dedupe key.
     pub fn with_dedupe_key(mut self, key: impl Into<String>) -> Self {
         self.dedupe_key = Some(key.into());
+        self
+    }
+
+    /// Sets the concurrency key.
+    pub fn with_concurrency_key(mut self, key: impl Into<String>) -> Self {
+        self.concurrency_key = Some(key.into());
         self
     }
 
@@ -514,6 +531,9 @@ impl NewDispatch {
             }
             check_text("dedupe_key", key)?;
         }
+        if let Some(key) = &self.concurrency_key {
+            check_concurrency_key(key)?;
+        }
         check_metadata(&self.metadata, MAX_METADATA)?;
         if self.max_attempts == 0 {
             return Err("max_attempts must be at least 1".into());
@@ -551,6 +571,24 @@ pub fn check_metadata(metadata: &BTreeMap<String, String>, max: usize) -> Result
 /// Ids, agent and thread names, run ids, dedupe keys and metadata keys are bounded so keys
 /// stay small on every backend.
 pub const MAX_NAME_LEN: usize = 256;
+
+/// The most bytes of a concurrency key: it names a slot record on every backend.
+pub const MAX_CONCURRENCY_KEY: usize = 128;
+
+/// Checks a concurrency key: not blank, printable, at most [`MAX_CONCURRENCY_KEY`] bytes.
+///
+/// # Errors
+///
+/// A sentence naming `concurrency_key` and the limit it broke.
+pub fn check_concurrency_key(key: &str) -> Result<(), String> {
+    if key.len() > MAX_CONCURRENCY_KEY {
+        return Err(format!(
+            "concurrency_key is {} bytes, over the store's limit of {MAX_CONCURRENCY_KEY} bytes",
+            key.len()
+        ));
+    }
+    check_name("concurrency_key", key)
+}
 
 /// The most bytes a dispatch's metadata takes, its keys and values together: metadata is "a
 /// small string map", shown in every list of dispatches.

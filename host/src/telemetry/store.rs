@@ -34,6 +34,7 @@ pub fn instrument(store: Store, backend: &'static str) -> Store {
         waitpoints: store.waitpoints,
         journal: store.journal,
         deltas: store.deltas,
+        limits: store.limits,
         clock: store.clock,
     }
 }
@@ -176,6 +177,26 @@ impl Mailbox for TimedMailbox {
             self.backend,
             "nack",
             self.inner.nack(id, token, retry_at, error),
+        )
+        .await
+    }
+    async fn claim_gated(
+        &self,
+        req: &crate::store::ClaimRequest<'_>,
+    ) -> StoreResult<crate::store::Gated> {
+        timed(self.backend, "claim_gated", self.inner.claim_gated(req)).await
+    }
+    async fn release(
+        &self,
+        id: &str,
+        token: &str,
+        available_at: u64,
+        reason: &str,
+    ) -> StoreResult<Dispatch> {
+        timed(
+            self.backend,
+            "release",
+            self.inner.release(id, token, available_at, reason),
         )
         .await
     }

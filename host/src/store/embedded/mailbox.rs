@@ -16,6 +16,7 @@ use super::lanes::{
 use super::rows::{self, COLUMNS, ROW_COLUMNS, db};
 use super::{EmbeddedStore, MAX_VALUE, MAX_VALUE_WHY, TxError};
 use crate::store::check_size;
+use crate::store::limits::{ClaimRequest, Gated};
 use crate::store::model::{
     Dispatch, DispatchRow, Interrupt, ListFilter, NewDispatch, RunResult, Status, StatusCount,
 };
@@ -331,6 +332,29 @@ impl Mailbox for EmbeddedStore {
         let error = error.to_owned();
         self.holder_write(id, token, HolderOp::Nack { retry_at, error })
             .await
+    }
+
+    async fn release(
+        &self,
+        id: &str,
+        token: &str,
+        available_at: u64,
+        reason: &str,
+    ) -> StoreResult<Dispatch> {
+        let reason = reason.to_owned();
+        self.holder_write(
+            id,
+            token,
+            HolderOp::Release {
+                available_at,
+                reason,
+            },
+        )
+        .await
+    }
+
+    async fn claim_gated(&self, req: &ClaimRequest<'_>) -> StoreResult<Gated> {
+        self.claim_gated_inner(req).await
     }
 
     async fn dead_letter(&self, id: &str, token: &str, error: &str) -> StoreResult<Dispatch> {

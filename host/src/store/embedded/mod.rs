@@ -53,6 +53,7 @@ mod deltas;
 mod inbox;
 mod journal;
 mod lanes;
+mod limits;
 mod log;
 mod mailbox;
 mod rows;
@@ -83,7 +84,7 @@ pub(crate) const MAX_VALUE_WHY: &str =
     "the embedded store's cap, well below SQLite's limit of 1,000,000,000 bytes per row";
 
 /// The schema version this build writes.
-pub const SCHEMA_VERSION: i64 = 3;
+pub const SCHEMA_VERSION: i64 = 4;
 
 /// Migrations, index `i` moves the schema from version `i` to `i + 1`. Public so a test can
 /// write a file as an earlier release did (the first `n` of them) and open it with this one.
@@ -273,6 +274,40 @@ CREATE TABLE deltas (
     PRIMARY KEY (dispatch, claim, first)
 );
 CREATE INDEX deltas_expiry ON deltas (expires_at);
+"#,
+    r#"
+ALTER TABLE dispatches ADD COLUMN concurrency_key TEXT;
+ALTER TABLE lanes ADD COLUMN ckey TEXT NOT NULL DEFAULT '';
+CREATE INDEX lanes_by_key ON lanes (agent, busy, priority, ckey, served, created);
+
+CREATE TABLE limit_slots (
+    scope  TEXT NOT NULL,
+    holder TEXT NOT NULL,
+    claims INTEGER NOT NULL,
+    until  INTEGER NOT NULL,
+    PRIMARY KEY (scope, holder)
+) WITHOUT ROWID;
+
+CREATE TABLE limit_buckets (
+    scope  TEXT PRIMARY KEY,
+    tokens REAL NOT NULL,
+    at     INTEGER NOT NULL
+) WITHOUT ROWID;
+
+CREATE TABLE key_turns (
+    agent TEXT NOT NULL,
+    key   TEXT NOT NULL,
+    turn  INTEGER NOT NULL,
+    PRIMARY KEY (agent, key)
+) WITHOUT ROWID;
+
+CREATE TABLE pauses (
+    agent  TEXT NOT NULL,
+    key    TEXT NOT NULL,
+    reason TEXT NOT NULL,
+    at     INTEGER NOT NULL,
+    PRIMARY KEY (agent, key)
+) WITHOUT ROWID;
 "#,
 ];
 
@@ -521,6 +556,7 @@ impl EmbeddedStore {
             waitpoints: Arc::new(self.clone()),
             journal: Arc::new(self.clone()),
             deltas: Arc::new(self.clone()),
+            limits: Arc::new(self.clone()),
             clock: self.inner.clock.clone(),
         }
     }

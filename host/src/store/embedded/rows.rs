@@ -13,7 +13,7 @@ use crate::store::{StoreError, StoreResult};
 pub(super) const COLUMNS: &str = "id, agent, thread, run_id, payload, metadata, priority, available_at, \
     dedupe_key, max_attempts, attempt, epoch, status, claim_token, claimed_by, lease_until, started_at, \
     result_status, result_output, result_error, last_error, created_at, updated_at, completed_at, \
-    settled_token, settled_op, claims, resumes, waitpoints";
+    settled_token, settled_op, claims, resumes, waitpoints, concurrency_key";
 
 /// The columns a list row selects, in the order [`decode_row`] reads them: no payload and no
 /// output, only their sizes (`octet_length` reads a value's size from the record's header, not
@@ -21,7 +21,7 @@ pub(super) const COLUMNS: &str = "id, agent, thread, run_id, payload, metadata, 
 pub(super) const ROW_COLUMNS: &str = "id, agent, thread, run_id, octet_length(payload), metadata, \
     priority, available_at, dedupe_key, max_attempts, attempt, epoch, status, claimed_by, lease_until, \
     started_at, result_status, octet_length(result_output), result_error, last_error, created_at, \
-    updated_at, completed_at, claims, resumes";
+    updated_at, completed_at, claims, resumes, concurrency_key";
 
 /// A decoded row: the record plus the store's bookkeeping about who settled it.
 #[derive(Debug, Clone)]
@@ -105,6 +105,7 @@ pub(super) fn decode(row: &Row<'_>) -> StoreResult<StoredRow> {
         attempt: row.get(10).map_err(field)?,
         claims: row.get(26).map_err(field)?,
         resumes: row.get(27).map_err(field)?,
+        concurrency_key: row.get(29).map_err(field)?,
         epoch: row.get(11).map_err(field)?,
         status,
         claim,
@@ -167,6 +168,7 @@ fn decode_row(row: &Row<'_>) -> StoreResult<DispatchRow> {
         attempt: row.get(10).map_err(field)?,
         claims: row.get(23).map_err(field)?,
         resumes: row.get(24).map_err(field)?,
+        concurrency_key: row.get(25).map_err(field)?,
         epoch: row.get(11).map_err(field)?,
         status,
         claimed_by,
@@ -261,8 +263,9 @@ pub(super) fn insert(tx: &Connection, d: &Dispatch, ready: bool) -> StoreResult<
     let mut stmt = tx
         .prepare_cached(
             "INSERT INTO dispatches (id, agent, thread, run_id, payload, metadata, priority, available_at, \
-             dedupe_key, max_attempts, attempt, epoch, status, ready, created_at, updated_at) \
-             VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14, ?15, ?16)",
+             dedupe_key, max_attempts, attempt, epoch, status, ready, created_at, updated_at, \
+             concurrency_key) \
+             VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14, ?15, ?16, ?17)",
         )
         .map_err(db)?;
     stmt.execute(params![
@@ -282,6 +285,7 @@ pub(super) fn insert(tx: &Connection, d: &Dispatch, ready: bool) -> StoreResult<
         ready,
         d.created_at,
         d.updated_at,
+        d.concurrency_key,
     ])
     .map_err(db)?;
     Ok(())

@@ -166,6 +166,7 @@ mod inbox;
 mod jetstream;
 mod journal;
 pub mod keys;
+mod limits;
 mod log;
 mod mailbox;
 mod queries;
@@ -446,7 +447,8 @@ impl NatsStore {
             inbox: shared.clone(),
             waitpoints: shared.clone(),
             journal: shared.clone(),
-            deltas: shared,
+            deltas: shared.clone(),
+            limits: shared,
             clock,
         }
     }

@@ -26,6 +26,8 @@ pub(crate) enum Settle {
     Supersede,
     /// `suspend` (waiting, or queued again at once).
     Suspend,
+    /// `release` (queued again without an attempt, T19).
+    Release,
 }
 
 impl Settle {
@@ -37,6 +39,7 @@ impl Settle {
             Settle::DeadLetter => "dead_letter",
             Settle::Supersede => "supersede",
             Settle::Suspend => "suspend",
+            Settle::Release => "release",
         }
     }
 }
@@ -259,6 +262,13 @@ pub(crate) enum HolderOp {
     },
     /// Records the result and settles as delivered.
     Complete(RunResult),
+    /// T19: back to the queue at `available_at`, no attempt counted.
+    Release {
+        /// When it may be claimed again.
+        available_at: u64,
+        /// Why it was released (its `last_error`).
+        reason: String,
+    },
 }
 
 impl HolderOp {
@@ -269,6 +279,7 @@ impl HolderOp {
             HolderOp::Ack | HolderOp::Complete(_) => Some(Settle::Ack),
             HolderOp::Nack { .. } => Some(Settle::Nack),
             HolderOp::DeadLetter { .. } => Some(Settle::DeadLetter),
+            HolderOp::Release { .. } => Some(Settle::Release),
         }
     }
 
@@ -309,6 +320,19 @@ impl HolderOp {
                 d.result = Some(result);
                 terminate(d, Status::Acked, now, None);
                 false
+            }
+            HolderOp::Release {
+                available_at,
+                reason,
+            } => {
+                d.status = Status::Queued;
+                d.claim = None;
+                d.started_at = None;
+                d.result = None;
+                d.available_at = super::clamp(available_at);
+                d.last_error = Some(super::error_text(&reason));
+                d.updated_at = now;
+                d.available_at <= now
             }
         }
     }

@@ -100,6 +100,7 @@ pub(crate) fn same_content(stored: &Dispatch, new: &NewDispatch) -> bool {
         && stored.metadata == new.metadata
         && stored.priority == new.priority
         && stored.dedupe_key == new.dedupe_key
+        && stored.concurrency_key == new.concurrency_key
         && stored.max_attempts == new.max_attempts
 }
 
@@ -119,6 +120,7 @@ pub(crate) fn queued_record(id: &str, new: &NewDispatch, epoch: u64, now: u64) -
         attempt: new.attempt,
         claims: 0,
         resumes: 0,
+        concurrency_key: new.concurrency_key.clone(),
         epoch,
         status: Status::Queued,
         claim: None,
