@@ -16,6 +16,7 @@ use std::time::Duration;
 use serde::Deserialize;
 
 pub mod api;
+pub mod limits;
 pub mod outbound;
 mod store;
 pub mod telemetry;
@@ -30,6 +31,7 @@ pub use store::{
 };
 pub use telemetry::TelemetryConfig;
 use units::{duration, optional_size, size};
+use crate::store::limits::Rate;
 pub use units::{parse_duration, parse_size};
 
 /// A config error, with the file it came from.
@@ -61,6 +63,9 @@ pub struct Config {
     /// `[telemetry]`: trace export (off unless an OTLP endpoint is set).
     #[serde(default)]
     pub telemetry: TelemetryConfig,
+    /// `[limits.<name>]`: limits shared by the plugins that list them.
+    #[serde(default)]
+    pub limits: BTreeMap<String, limits::LimitConfig>,
     /// The directory relative paths resolve against (the config file's).
     #[serde(skip)]
     pub base_dir: PathBuf,
@@ -251,6 +256,42 @@ pub struct PluginConfig {
     /// The most one dispatch's journal holds; past it nothing more is recorded for that run.
     #[serde(default = "default_journal_max_bytes", deserialize_with = "size")]
     pub journal_max_bytes: u64,
+    /// Where a dispatch's concurrency key comes from when its enqueue names none
+    /// (`"meta:<metadata key>"`).
+    #[serde(default)]
+    pub concurrency_key: Option<limits::KeySource>,
+    /// At most this many dispatches with one concurrency key run at once, across every host.
+    #[serde(default)]
+    pub key_concurrency: Option<u32>,
+    /// At most this rate of claims per concurrency key (`"10/min"`).
+    #[serde(default, deserialize_with = "limits::rate")]
+    pub key_rate: Option<Rate>,
+    /// `key_rate`'s burst (default: its count).
+    #[serde(default)]
+    pub key_burst: Option<u32>,
+    /// Turns per key when claims rotate across keys (default 1 each).
+    #[serde(default)]
+    pub key_weights: BTreeMap<String, u32>,
+    /// At most this rate of claims of the plugin, across every host (`"60/min"`).
+    #[serde(default, deserialize_with = "limits::rate")]
+    pub rate: Option<Rate>,
+    /// `rate`'s burst (default: its count).
+    #[serde(default)]
+    pub burst: Option<u32>,
+    /// Named limits (`[limits.<name>]`) this plugin's claims or outbound requests honour.
+    #[serde(default)]
+    pub limits: Vec<String>,
+    /// Outbound response statuses that park the run until the response's `Retry-After`
+    /// (capped at `max_park`) instead of failing it: no attempt is counted.
+    #[serde(default)]
+    pub park_on: Vec<u16>,
+    /// The longest a run is parked.
+    #[serde(default = "default_max_park", deserialize_with = "duration")]
+    pub max_park: Duration,
+}
+
+fn default_max_park() -> Duration {
+    limits::DEFAULT_MAX_PARK
 }
 
 /// `[plugins.x] journal`.
@@ -432,6 +473,17 @@ impl Config {
             }
         }
         config.check().map_err(err)?;
+        config.check_limits().map_err(|(table, key, message)| {
+            let line = limits::line_of(text, &table, &key)
+                .map(|n| format!("line {n}: "))
+                .unwrap_or_default();
+            let key = if key.is_empty() {
+                format!("[{table}]")
+            } else {
+                format!("[{table}] {key}")
+            };
+            err(format!("{line}{key}: {message}"))
+        })?;
         Ok(config)
     }
 
