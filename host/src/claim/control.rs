@@ -52,9 +52,21 @@ const STOP_LEASE_LOST: u8 = 2;
 const STOP_SHUTDOWN: u8 = 3;
 const STOP_DEADLINE: u8 = 4;
 
+/// A run parked on an upstream status (`park_on`): the claim is given back to the queue,
+/// without an attempt, when it settles as a failure.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Park {
+    /// The status that parked it.
+    pub status: u16,
+    /// When it may run again (store time, milliseconds).
+    pub until: u64,
+}
+
 /// The stop request of one claim, shared by its holder, its lease keeper and the supervisor.
 #[derive(Debug, Default)]
 pub struct ClaimControl {
+    /// Set when an outbound response parked the run (the latest time wins).
+    park: std::sync::Mutex<Option<Park>>,
     stop: AtomicU8,
     /// Woken when a final reason is set, for host calls that wait (outbound requests).
     cancelled: tokio::sync::Notify,
@@ -111,6 +123,22 @@ impl ClaimControl {
     /// The current stop request, if any.
     pub fn stop_reason(&self) -> Option<StopReason> {
         StopReason::from_code(self.stop.load(Ordering::SeqCst))
+    }
+
+    /// Parks the run: a failure it settles with gives the dispatch back to the queue until
+    /// `park.until` instead of counting an attempt.
+    pub fn park(&self, park: Park) {
+        if let Ok(mut held) = self.park.lock() {
+            *held = Some(match *held {
+                Some(before) if before.until > park.until => before,
+                _ => park,
+            });
+        }
+    }
+
+    /// The park of this run, if an upstream status parked it.
+    pub fn parked(&self) -> Option<Park> {
+        self.park.lock().ok().and_then(|held| *held)
     }
 
     /// Whether the guest must be cancelled now (its writes would be refused anyway).

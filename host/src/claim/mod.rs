@@ -23,7 +23,7 @@ use std::time::Duration;
 use crate::config::RetryPolicy;
 use crate::store::inbox::FOLLOW_UP_BY;
 use crate::store::{ClaimRequest, Dispatch, Fence, Gated, LimitSet, Store, StoreError, millis};
-pub use control::{ClaimControl, StopReason};
+pub use control::{ClaimControl, Park, StopReason};
 pub use journal::{JournalSettings, Recorder};
 pub use lease::{INTERRUPT_POLL, LeaseGuard};
 pub use settle::{Settlement, retry_at};

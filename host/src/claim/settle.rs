@@ -13,7 +13,7 @@ use std::time::Duration;
 
 use tracing::Instrument;
 
-use super::ClaimHandle;
+use super::{ClaimHandle, Park};
 use crate::config::RetryPolicy;
 use crate::store::{Dispatch, RunResult, Store, StoreError};
 
@@ -30,6 +30,8 @@ pub enum Settlement {
     Superseded,
     /// suspended to wait on its waitpoints (waiting, or queued again at once).
     Suspended,
+    /// parked: an upstream status (`park_on`) gave it back to the queue without an attempt.
+    Parked,
 }
 
 impl Settlement {
@@ -41,6 +43,7 @@ impl Settlement {
             Settlement::DeadLettered => "dead-lettered",
             Settlement::Superseded => "superseded",
             Settlement::Suspended => "suspended",
+            Settlement::Parked => "parked",
         }
     }
 }
@@ -100,6 +103,9 @@ impl ClaimHandle {
         error: &str,
         asked: Option<Duration>,
     ) -> Result<Dispatch, StoreError> {
+        if let Some(park) = self.control.parked() {
+            return self.park(store, park).await;
+        }
         let at = retry_at(store, retry, self.dispatch.attempt, asked);
         self.end_stream().await;
         let out = store
@@ -120,6 +126,9 @@ impl ClaimHandle {
         store: &Store,
         error: &str,
     ) -> Result<Dispatch, StoreError> {
+        if let Some(park) = self.control.parked() {
+            return self.park(store, park).await;
+        }
         self.end_stream().await;
         let out = store
             .mailbox
@@ -168,6 +177,30 @@ impl ClaimHandle {
             .instrument(self.span.clone())
             .await;
         self.settled_by(Settlement::Suspended, out)
+    }
+
+    /// Gives the dispatch back to the queue until `park.until` without counting an attempt
+    /// (T19): what a failure becomes once an upstream status parked the run.
+    ///
+    /// # Errors
+    ///
+    /// When the store refuses the write or fails.
+    pub async fn park(&mut self, store: &Store, park: Park) -> Result<Dispatch, StoreError> {
+        self.end_stream().await;
+        let reason = format!(
+            "parked: an upstream answered {}; runs again in {} ms without counting an attempt",
+            park.status,
+            park.until.saturating_sub(store.now())
+        );
+        let out = store
+            .mailbox
+            .release(&self.dispatch.id, &self.token, park.until, &reason)
+            .instrument(self.span.clone())
+            .await;
+        if out.is_ok() {
+            crate::telemetry::run_parked(&self.dispatch.agent, park.status);
+        }
+        self.settled_by(Settlement::Parked, out)
     }
 
     /// Ends what this claim streamed, its last deltas persisted, before the claim settles: a

@@ -120,7 +120,13 @@ impl Runtime {
         check_journal(&ctx.name, &ctx.config, world)?;
         let outbound = Arc::new(
             Outbound::new(&ctx.name, &ctx.config, &ctx.tls_ca, &ctx.hosts)
-                .with_context(|| format!("plugin `{}`", ctx.name))?,
+                .with_context(|| format!("plugin `{}`", ctx.name))?
+                .with_flow(super::outbound::flow::Flow {
+                    store: Some(ctx.store.clone()),
+                    limits: ctx.origin_limits.clone(),
+                    park_on: ctx.config.park_on.clone(),
+                    max_park: ctx.config.max_park,
+                }),
         );
         let config_vars = Arc::new(
             ctx.values

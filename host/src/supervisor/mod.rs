@@ -561,6 +561,7 @@ async fn settle(plugin: &Plugin, mut claim: ClaimHandle, end: CallEnd) -> Outcom
             .map(|d| failed_outcome(&d)),
     };
     let outcome = match result {
+        Ok(_) if claim.settled == Some(crate::claim::Settlement::Parked) => Outcome::Parked,
         Ok(outcome) => outcome,
         Err(StoreError::StaleEpoch { .. }) => Outcome::Superseded,
         Err(e) => {

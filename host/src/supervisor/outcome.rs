@@ -19,6 +19,8 @@ pub enum Outcome {
     Superseded,
     /// The guest suspended it to wait on its waitpoints.
     Suspended,
+    /// An upstream status (`park_on`) parked it: queued again without an attempt.
+    Parked,
     /// The handler returned and the host completed it.
     Completed,
     /// The handler failed or trapped and the host nacked it for a retry.
@@ -46,6 +48,7 @@ impl Outcome {
             Outcome::DeadLettered => "dead-lettered",
             Outcome::Superseded => "superseded",
             Outcome::Suspended => "suspended",
+            Outcome::Parked => "parked",
             Outcome::Completed => "completed",
             Outcome::Retrying => "retrying",
             Outcome::LeaseLost => "lease-lost",
@@ -65,6 +68,7 @@ impl Outcome {
                 | Outcome::Completed
                 | Outcome::Superseded
                 | Outcome::Suspended
+                | Outcome::Parked
                 | Outcome::RunReturned
         )
     }
@@ -78,6 +82,7 @@ impl From<Settlement> for Outcome {
             Settlement::DeadLettered => Outcome::DeadLettered,
             Settlement::Superseded => Outcome::Superseded,
             Settlement::Suspended => Outcome::Suspended,
+            Settlement::Parked => Outcome::Parked,
         }
     }
 }
@@ -100,6 +105,7 @@ mod tests {
             Settlement::DeadLettered,
             Settlement::Superseded,
             Settlement::Suspended,
+            Settlement::Parked,
         ] {
             assert_eq!(Outcome::from(s).as_str(), s.as_str());
         }

@@ -38,6 +38,7 @@ use crate::config::outbound::Scheme;
 use crate::config::{HttpLimits, PluginConfig};
 
 mod bodies;
+pub mod flow;
 mod journal;
 pub mod policy;
 mod send;
@@ -50,6 +51,7 @@ pub struct Outbound {
     policy: Arc<Policy>,
     limits: HttpLimits,
     tls: Option<Arc<rustls::ClientConfig>>,
+    flow: flow::Flow,
 }
 
 impl std::fmt::Debug for Outbound {
@@ -91,7 +93,14 @@ impl Outbound {
             policy: Arc::new(policy),
             limits: config.http.clone(),
             tls,
+            flow: flow::Flow::default(),
         })
+    }
+
+    /// The same setup honouring `flow`'s origin limits and parking statuses.
+    pub fn with_flow(mut self, flow: flow::Flow) -> Self {
+        self.flow = flow;
+        self
     }
 
     /// A plugin that may send nothing (instances built outside a plugin: probes, tests).
@@ -101,6 +110,7 @@ impl Outbound {
             policy: Arc::new(Policy::default()),
             limits: HttpLimits::default(),
             tls: None,
+            flow: flow::Flow::default(),
         }
     }
 
@@ -207,6 +217,7 @@ impl WasiHttpHooks for HttpHooks {
             path,
             started: Instant::now(),
             span: span.clone(),
+            slots: Vec::new(),
         };
         match (self.journal.clone(), shown) {
             (Some(recorder), Some(shown)) => Box::new(tracing::Instrument::instrument(
@@ -237,6 +248,8 @@ struct Job {
     path: String,
     started: Instant,
     span: tracing::Span,
+    /// The origin-limit slots it holds until its response body is done.
+    slots: Vec<flow::SlotGuard>,
 }
 
 /// The metrics' `origin` of a request that matched no `allowed_outbound_hosts` entry.

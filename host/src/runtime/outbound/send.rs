@@ -30,10 +30,10 @@ impl<T: tokio::io::AsyncRead + tokio::io::AsyncWrite + Send + Unpin> Io for T {}
 
 /// Where an admitted request goes.
 pub(super) struct Target {
-    scheme: Scheme,
+    pub(super) scheme: Scheme,
     /// Lowercase, without brackets or a trailing dot.
-    host: String,
-    port: u16,
+    pub(super) host: String,
+    pub(super) port: u16,
 }
 
 impl Job {
@@ -44,6 +44,7 @@ impl Job {
         options: Option<RequestOptions>,
     ) -> SendResult {
         let target = self.admit(&request)?;
+        self.wait_for_limits(&target).await?;
         let limits = self.outbound.limits.clone();
         let connect_budget = self.budget(
             limits.connect_timeout,
@@ -326,6 +327,7 @@ impl Job {
         between: Duration,
     ) -> SendResult {
         let status = response.status().as_u16();
+        self.park_if_asked(status, response.headers());
         let cap = self.outbound.limits.max_response_body;
         if let Some(length) = content_length(response.headers())
             && length > cap
