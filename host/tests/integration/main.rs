@@ -64,6 +64,7 @@ mod e2e;
 mod embedded_conformance;
 mod embedded_store;
 mod faults;
+mod flow_control;
 mod fuzz;
 mod guest_imports;
 mod hostile_input;

@@ -6,7 +6,7 @@
 //! ```json
 //! {"method": "POST", "url": "http://127.0.0.1:8080/echo", "headers": [["x-k", "v"]],
 //!  "body": "text", "timeout_ms": 5000, "max_response_bytes": 1024, "repeat": 1,
-//!  "config_keys": ["a", "b"]}
+//!  "config_keys": ["a", "b"], "fail_on_error": false}
 //! ```
 //!
 //! The URL and a header value may hold `{config.NAME}`, replaced by that variable before
@@ -45,6 +45,9 @@ struct Probe {
     repeat: u32,
     #[serde(default)]
     config_keys: Vec<String>,
+    /// Fail the dispatch when the last response's status is 400 or more.
+    #[serde(default)]
+    fail_on_error: bool,
 }
 
 fn get() -> String {
@@ -125,6 +128,11 @@ impl Handler for HttpProbe {
                     })
                     .collect();
                 report.body = String::from_utf8_lossy(&response.body).into_owned();
+            }
+            if probe.fail_on_error
+                && let Some(status) = report.status.filter(|s| *s >= 400)
+            {
+                return Err(format!("the server answered {status}"));
             }
         }
         Ok(homing_guest::json::to_vec(&report)?)
