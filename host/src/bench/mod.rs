@@ -37,7 +37,7 @@ use serde::Serialize;
 
 use crate::natsd::NatsServer;
 use scenarios::{
-    Guest, claim_latency, end_to_end, instance_start, requests_per_dispatch, store_ops,
+    Guest, claim_latency, end_to_end, end_to_end_limited, instance_start, requests_per_dispatch, store_ops,
 };
 use target::Target;
 
@@ -263,6 +263,7 @@ pub async fn run(args: &BenchArgs) -> anyhow::Result<()> {
             for workers in [1, 4, 8, 16] {
                 figures.extend(end_to_end(target, echo, workers, size).await?);
             }
+            figures.push(end_to_end_limited(target, echo, 8, size).await?);
         }
         if args.wants(Scenario::Latency) {
             let mut backlogs = size.backlogs.to_vec();

@@ -286,6 +286,40 @@ pub(super) async fn end_to_end(
     ])
 }
 
+/// The keys of [`end_to_end_limited`]: a plugin rate, a per-key concurrency and a per-key
+/// rate, each far above what the run reaches, so they cost their checks but never bind.
+const UNBINDING_LIMITS: &str =
+    "rate = \"100000000/s\"\nkey_concurrency = 1000\nkey_rate = \"100000000/s\"\n";
+
+/// The end-to-end scenario with flow control configured but not binding: every dispatch
+/// carries one of 50 concurrency keys, and the plugin sets [`UNBINDING_LIMITS`]. Its cost is
+/// the gap to the plain run.
+pub(super) async fn end_to_end_limited(
+    target: &Target,
+    echo: &Path,
+    workers: u32,
+    size: Size,
+) -> anyhow::Result<Figure> {
+    let mut samples = Vec::new();
+    for _ in 0..size.repeats {
+        let scratch = target.scratch().await?;
+        super::target::fill_keyed(&scratch.store, size.dispatches, super::target::THREADS, 50).await?;
+        let (elapsed, _) = target
+            .run_host_with(&scratch, echo, workers, UNBINDING_LIMITS)
+            .await?;
+        samples.push(size.dispatches as f64 / elapsed.as_secs_f64());
+        target.drop_scratch(scratch).await;
+    }
+    Ok(figure(
+        format!(
+            "end to end, echo, rate and concurrency keys set but not binding, {}, {workers} workers",
+            target.name()
+        ),
+        "dispatches/s",
+        samples,
+    ))
+}
+
 /// NATS only: the requests (client messages) per dispatch lifecycle, once for the store
 /// operations alone (enqueue, claim and start, complete) and once end to end through a host
 /// (which adds its own polling: idle checks, sweeps, the watcher's flow control). Counted by

@@ -16,7 +16,7 @@ use crate::store::{Clock, NewDispatch, Store, SystemClock};
 use crate::supervisor::{RunReport, Supervisor};
 
 /// Threads the end-to-end workload spreads its dispatches over.
-const THREADS: u64 = 50;
+pub(super) const THREADS: u64 = 50;
 
 /// Where a scenario gets fresh stores.
 #[derive(Debug)]
@@ -157,12 +157,24 @@ impl Target {
         echo: &Path,
         workers: u32,
     ) -> anyhow::Result<(Duration, RunReport)> {
+        self.run_host_with(scratch, echo, workers, "").await
+    }
+
+    /// [`Target::run_host`] with `plugin` keys added to the echo plugin's table.
+    pub(super) async fn run_host_with(
+        &self,
+        scratch: &Scratch,
+        echo: &Path,
+        workers: u32,
+        plugin: &str,
+    ) -> anyhow::Result<(Duration, RunReport)> {
         let config = bench_config(
             scratch.dir.path(),
             echo,
             "auto",
             workers,
             &self.store_toml(scratch),
+            plugin,
         )?;
         let supervisor = Supervisor::new(config, scratch.store.clone())?;
         let started_ms = SystemClock.now_ms();
@@ -186,9 +198,10 @@ fn bench_config(
     pooling: &str,
     workers: u32,
     store: &str,
+    plugin: &str,
 ) -> anyhow::Result<Config> {
     let text = format!(
-        "[host]\npooling = \"{pooling}\"\nsweep_interval = \"1s\"\n{store}[plugins.echo]\npath = {:?}\nconcurrency = {workers}\n",
+        "[host]\npooling = \"{pooling}\"\nsweep_interval = \"1s\"\n{store}[plugins.echo]\npath = {:?}\nconcurrency = {workers}\n{plugin}\n",
         echo.display().to_string()
     );
     Ok(Config::parse(&text, "homing bench", dir)?)
@@ -217,6 +230,16 @@ pub(super) async fn fill(store: &Store, n: u64) -> anyhow::Result<()> {
 /// Enqueues `n` echo dispatches over `threads` threads, from up to 16 tasks at once (each task
 /// keeps to its own threads, so producers do not contend).
 pub(super) async fn fill_over(store: &Store, n: u64, threads: u64) -> anyhow::Result<()> {
+    fill_keyed(store, n, threads, 0).await
+}
+
+/// [`fill_over`], each dispatch with one of `keys` concurrency keys (none when 0).
+pub(super) async fn fill_keyed(
+    store: &Store,
+    n: u64,
+    threads: u64,
+    keys: u64,
+) -> anyhow::Result<()> {
     let tasks = threads.clamp(1, 16);
     let mut set = tokio::task::JoinSet::new();
     for task in 0..tasks {
@@ -224,14 +247,11 @@ pub(super) async fn fill_over(store: &Store, n: u64, threads: u64) -> anyhow::Re
         set.spawn(async move {
             let mut i = task;
             while i < n {
-                store
-                    .mailbox
-                    .enqueue(NewDispatch::new(
-                        "echo",
-                        format!("thread-{}", i % threads),
-                        "hello",
-                    ))
-                    .await?;
+                let mut new = NewDispatch::new("echo", format!("thread-{}", i % threads), "hello");
+                if keys > 0 {
+                    new = new.with_concurrency_key(format!("key-{}", i % keys));
+                }
+                store.mailbox.enqueue(new).await?;
                 i += tasks;
             }
             anyhow::Ok(())
