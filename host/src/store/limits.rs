@@ -177,14 +177,24 @@ impl Holder {
     /// while `current` (the dispatch's record as the store has it) is the same claim, still
     /// claimed and within its lease.
     pub fn live(&self, current: Option<&Dispatch>, now: u64) -> bool {
+        match current {
+            Some(d) => self.held(
+                d.status == super::Status::Claimed,
+                d.claims,
+                d.claim.as_ref().map(|c| c.lease_until),
+                now,
+            ),
+            None => self.claims == 0 && self.until > now,
+        }
+    }
+
+    /// [`Holder::live`] from the three fields it reads of the holder's record: whether it is
+    /// claimed, its claim number and its lease.
+    pub fn held(&self, claimed: bool, claims: u32, lease_until: Option<u64>, now: u64) -> bool {
         if self.claims == 0 {
             return self.until > now;
         }
-        current.is_some_and(|d| {
-            d.status == super::Status::Claimed
-                && d.claims == self.claims
-                && d.claim.as_ref().is_some_and(|c| c.lease_until > now)
-        })
+        claimed && claims == self.claims && lease_until.is_some_and(|l| l > now)
     }
 }
 

@@ -16,7 +16,7 @@ use super::{EmbeddedStore, TxError, lanes};
 use crate::store::limits::{
     Bucket, ClaimRequest, Gated, Holder, LimitSet, Limits, Pause, Rate, Scope, Usage,
 };
-use crate::store::model::Dispatch;
+use crate::store::model::{Dispatch, Status};
 use crate::store::rules::clamp;
 use crate::store::{StoreError, StoreResult};
 
@@ -49,12 +49,21 @@ fn live_holders(tx: &Connection, scope: &str, now: u64) -> StoreResult<u32> {
     };
     let mut live = 0;
     for h in holders {
-        let current = if h.claims == 0 {
-            None
+        let held = if h.claims == 0 {
+            h.until > now
         } else {
-            super::rows::load(tx, &h.id)?.map(|row| row.dispatch)
+            // The three columns the rule reads, not the whole row.
+            let row: Option<(String, u32, Option<u64>)> = tx
+                .prepare_cached("SELECT status, claims, lease_until FROM dispatches WHERE id = ?1")
+                .map_err(db)?
+                .query_row(params![h.id], |row| Ok((row.get(0)?, row.get(1)?, row.get(2)?)))
+                .optional()
+                .map_err(db)?;
+            row.is_some_and(|(status, claims, lease)| {
+                h.held(status == Status::Claimed.as_str(), claims, lease, now)
+            })
         };
-        if h.live(current.as_ref(), now) {
+        if held {
             live += 1;
         } else {
             tx.prepare_cached("DELETE FROM limit_slots WHERE scope = ?1 AND holder = ?2")
