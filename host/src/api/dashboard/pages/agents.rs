@@ -202,7 +202,7 @@ fn render(agents: &Agents<'_>, session: &Session) -> Markup {
                 @let info = loaded.as_ref().and_then(|a| a.iter().find(|a| &a.name == name));
                 @let world = info.map(|a| a.world);
                 @let state = flows.get(name);
-                section.card id={ "agent-" (name) } data-agent=(name) data-paused=[state.map(|s| s.paused)] {
+                section.card id={ "agent-" (name) } data-agent=(name) data-paused=[state.map(|s| s.paused.to_string())] {
                     h2 { (name) }
                     dl.meta {
                         @if let Some(state) = state { (flow_rows(state)) }
