@@ -22,7 +22,7 @@ use std::time::Duration;
 
 use crate::config::RetryPolicy;
 use crate::store::inbox::FOLLOW_UP_BY;
-use crate::store::{Dispatch, Fence, Store, StoreError, millis};
+use crate::store::{ClaimRequest, Dispatch, Fence, Gated, LimitSet, Store, StoreError, millis};
 pub use control::{ClaimControl, StopReason};
 pub use journal::{JournalSettings, Recorder};
 pub use lease::{INTERRUPT_POLL, LeaseGuard};
@@ -41,6 +41,8 @@ pub struct Claimer<'a> {
     pub lease: Duration,
     /// The backoff of a failed attempt.
     pub retry: &'a RetryPolicy,
+    /// The limits its claims honour.
+    pub limits: &'a LimitSet,
     /// What its claims journal.
     pub journal: JournalSettings,
 }
@@ -108,11 +110,31 @@ pub async fn claim_for(claimer: &Claimer<'_>) -> Result<Option<ClaimHandle>, Sto
 ///
 /// When the store fails.
 pub async fn claim_next(claimer: &Claimer<'_>) -> Result<Option<Dispatch>, StoreError> {
-    claimer
+    Ok(claim_gated(claimer).await?.dispatch)
+}
+
+/// [`claim_next`], also saying when nothing was claimed because a limit held work back (and
+/// until when, for a rate).
+///
+/// # Errors
+///
+/// When the store fails.
+pub async fn claim_gated(claimer: &Claimer<'_>) -> Result<Gated, StoreError> {
+    let gated = claimer
         .store
         .mailbox
-        .claim_started(claimer.agent, claimer.consumer, millis(claimer.lease))
-        .await
+        .claim_gated(&ClaimRequest {
+            agent: claimer.agent,
+            consumer: claimer.consumer,
+            lease_ms: millis(claimer.lease),
+            start: true,
+            limits: claimer.limits,
+        })
+        .await?;
+    if gated.dispatch.is_none() && (gated.retry_at.is_some() || !gated.throttled.is_empty()) {
+        crate::telemetry::claim_throttled(claimer.agent);
+    }
+    Ok(gated)
 }
 
 /// The host half of [`claim_for`]: holds a claimed dispatch and starts its lease guard.

@@ -162,6 +162,8 @@ impl Supervisor {
                 shutdown: shutdown.clone(),
                 public_url: config.api.public_url.clone(),
                 live: live.clone(),
+                limits: config.limit_set(name),
+                origin_limits: config.origin_limits(name),
             });
             let path = config.resolve(&plugin_config.path);
             let plugin = runtime.load_plugin(ctx, &path)?;
@@ -406,7 +408,17 @@ async fn worker(
         notified.as_mut().enable();
         woken.as_mut().enable();
         let claimer = plugin.ctx.claimer();
-        match claim::claim_next(&claimer).await {
+        let gated = claim::claim_gated(&claimer).await;
+        // A rate that held work back says when its next token comes: sleep until then (or a
+        // signal) rather than the whole idle poll.
+        let idle = match &gated {
+            Ok(g) => g.retry_at.map_or(IDLE_POLL, |at| {
+                Duration::from_millis(at.saturating_sub(plugin.ctx.store.now()).max(1))
+                    .min(IDLE_POLL)
+            }),
+            Err(_) => IDLE_POLL,
+        };
+        match gated.map(|g| g.dispatch) {
             Ok(Some(dispatch)) => {
                 failures = 0;
                 let claimed = std::time::Instant::now();
@@ -440,7 +452,7 @@ async fn worker(
                 tokio::select! {
                     () = &mut notified => {}
                     () = &mut woken => {}
-                    () = tokio::time::sleep(IDLE_POLL) => {}
+                    () = tokio::time::sleep(idle) => {}
                 }
             }
             Err(e) => {

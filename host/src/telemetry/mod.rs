@@ -99,6 +99,12 @@ pub const JOURNAL_REPLAYED: &str = "homing_journal_replayed_total";
 pub const JOURNAL_DIVERGENCES: &str = "homing_journal_divergences_total";
 /// The live time of the calls the journal answered (what replays saved): `agent`.
 pub const JOURNAL_SAVED_MS: &str = "homing_journal_saved_milliseconds_total";
+/// Claims that found work held back by a limit or a pause: `agent`.
+pub const CLAIMS_THROTTLED: &str = "homing_claims_throttled_total";
+/// Runs parked on an upstream status (`park_on`): `agent`, `status`.
+pub const RUNS_PARKED: &str = "homing_runs_parked_total";
+/// Seconds outbound requests waited for an origin limit: `agent`, `limit`.
+pub const ORIGIN_WAIT: &str = "homing_origin_limit_wait_seconds";
 /// Deltas guests streamed (`emit`): `agent`.
 pub const STREAM_DELTAS: &str = "homing_stream_deltas_total";
 /// Bytes guests streamed: `agent`.
@@ -227,6 +233,19 @@ fn describe() {
     );
     describe_counter!(STREAM_DELTAS, "Deltas guests streamed, by agent.");
     describe_counter!(
+        CLAIMS_THROTTLED,
+        "Claims that found work held back by a limit or a pause, by agent."
+    );
+    describe_counter!(
+        RUNS_PARKED,
+        "Runs parked on an upstream status (park_on), by agent and status."
+    );
+    describe_histogram!(
+        ORIGIN_WAIT,
+        Unit::Seconds,
+        "Time outbound requests waited for an origin limit, by agent and limit."
+    );
+    describe_counter!(
         STREAM_BYTES,
         Unit::Bytes,
         "Bytes guests streamed, by agent."
@@ -294,6 +313,23 @@ pub fn dispatch_finished(agent: &str, outcome: &'static str, took: Duration) {
 /// A dispatch claimed `waited_ms` after it became claimable.
 pub fn queue_wait(agent: &str, waited_ms: u64) {
     histogram!(QUEUE_WAIT, "agent" => agent.to_owned()).record(waited_ms as f64 / 1000.0);
+}
+
+/// A claim found work held back by a limit or a pause.
+pub fn claim_throttled(agent: &str) {
+    counter!(CLAIMS_THROTTLED, "agent" => agent.to_owned()).increment(1);
+}
+
+/// A run parked on upstream `status`.
+pub fn run_parked(agent: &str, status: u16) {
+    counter!(RUNS_PARKED, "agent" => agent.to_owned(), "status" => status.to_string())
+        .increment(1);
+}
+
+/// An outbound request waited `waited` for origin limit `limit`.
+pub fn origin_wait(agent: &str, limit: &str, waited: Duration) {
+    histogram!(ORIGIN_WAIT, "agent" => agent.to_owned(), "limit" => limit.to_owned())
+        .record(waited.as_secs_f64());
 }
 
 /// The host's own time on one dispatch.

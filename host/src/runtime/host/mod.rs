@@ -88,6 +88,10 @@ pub struct PluginContext {
     pub public_url: Option<String>,
     /// The host's live hub: where its claims stream (`emit`).
     pub live: crate::live::Hub,
+    /// The limits its claims honour (`[plugins.x] rate`, `key_concurrency`, `limits`, ...).
+    pub limits: crate::store::LimitSet,
+    /// The limits its outbound requests honour (`[limits.x]` with `origins`).
+    pub origin_limits: Vec<crate::config::limits::OriginLimit>,
 }
 
 impl PluginContext {
@@ -110,6 +114,8 @@ impl PluginContext {
             live: crate::live::Hub::new(&store, crate::live::LiveSettings::default()),
             store,
             public_url: None,
+            limits: Default::default(),
+            origin_limits: Vec::new(),
         }
     }
 
@@ -122,6 +128,7 @@ impl PluginContext {
             consumer: &self.consumer,
             lease: self.lease,
             retry: &self.config.retry,
+            limits: &self.limits,
             journal: crate::claim::JournalSettings {
                 mode: self.config.journal,
                 max_bytes: self.config.journal_max_bytes,

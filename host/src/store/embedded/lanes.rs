@@ -63,7 +63,8 @@ pub(super) fn ensure_thread(tx: &Connection, thread: &str) -> StoreResult<()> {
 pub(super) fn refresh_lane(tx: &Connection, agent: &str, thread: &str) -> StoreResult<()> {
     let head = tx
         .prepare_cached(
-            "SELECT id, priority, created_at FROM dispatches INDEXED BY dispatches_lane_heads \
+            "SELECT id, priority, created_at, concurrency_key FROM dispatches \
+             INDEXED BY dispatches_lane_heads \
              WHERE agent = ?1 AND thread = ?2 \
              AND status = 'queued' AND ready = 1 ORDER BY priority, created_at, id LIMIT 1",
         )
@@ -73,21 +74,31 @@ pub(super) fn refresh_lane(tx: &Connection, agent: &str, thread: &str) -> StoreR
                 row.get::<_, String>(0)?,
                 row.get::<_, i64>(1)?,
                 row.get::<_, u64>(2)?,
+                row.get::<_, Option<String>>(3)?,
             ))
         })
         .optional()
         .map_err(db)?;
     match head {
-        Some((id, priority, created)) => {
+        Some((id, priority, created, key)) => {
             let t = thread_row(tx, thread)?;
             tx.prepare_cached(
-                "INSERT INTO lanes (agent, thread, priority, served, created, head, busy) \
-                 VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7) ON CONFLICT (agent, thread) DO UPDATE SET \
+                "INSERT INTO lanes (agent, thread, priority, served, created, head, busy, ckey) \
+                 VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8) ON CONFLICT (agent, thread) DO UPDATE SET \
                  priority = excluded.priority, served = excluded.served, created = excluded.created, \
-                 head = excluded.head, busy = excluded.busy",
+                 head = excluded.head, busy = excluded.busy, ckey = excluded.ckey",
             )
             .map_err(db)?
-            .execute(params![agent, thread, priority, t.served, created, id, t.holder.is_some()])
+            .execute(params![
+                agent,
+                thread,
+                priority,
+                t.served,
+                created,
+                id,
+                t.holder.is_some(),
+                key.unwrap_or_default()
+            ])
             .map_err(db)?;
         }
         None => {

@@ -1,70 +1,479 @@
 //! Flow control on the embedded backend (the contract, docs/contract.md, section 13).
+//!
+//! Four tables of schema 4: `limit_slots` (who holds a scope's slots), `limit_buckets` (a
+//! scope's tokens), `key_turns` (how far each concurrency key has come in the rotation) and
+//! `pauses`. Every decision is taken inside the claim's write transaction, so one writer
+//! makes them all: exact with any number of processes on the file.
+
+use std::collections::HashSet;
 
 use async_trait::async_trait;
+use rusqlite::{Connection, OptionalExtension, params};
 
-use super::EmbeddedStore;
-use crate::store::limits::{ClaimRequest, Gated, Limits, Pause, Rate, Usage};
-use crate::store::{Mailbox, StoreError, StoreResult};
+use super::mailbox::claim_picked;
+use super::rows::db;
+use super::{EmbeddedStore, TxError, lanes};
+use crate::store::limits::{
+    Bucket, ClaimRequest, Gated, Holder, LimitSet, Limits, Pause, Rate, Scope, Usage,
+};
+use crate::store::model::Dispatch;
+use crate::store::rules::clamp;
+use crate::store::{StoreError, StoreResult};
 
-fn unsupported() -> StoreError {
-    StoreError::Unavailable("flow control is not built on this backend yet".into())
+/// Where a scope stands for one more holder.
+enum Room {
+    /// A claim may take it: the bucket to store after the take, if it has a rate.
+    Free(Option<Bucket>),
+    /// Its slots are all held.
+    Full,
+    /// Its bucket is empty until then.
+    Empty(u64),
+}
+
+/// The live holders of `scope` at `now`, deleting the rows of holders that are gone.
+fn live_holders(tx: &Connection, scope: &str, now: u64) -> StoreResult<u32> {
+    let holders: Vec<Holder> = {
+        let mut stmt = tx
+            .prepare_cached("SELECT holder, claims, until FROM limit_slots WHERE scope = ?1")
+            .map_err(db)?;
+        let rows = stmt
+            .query_map(params![scope], |row| {
+                Ok(Holder {
+                    id: row.get(0)?,
+                    claims: row.get(1)?,
+                    until: row.get(2)?,
+                })
+            })
+            .map_err(db)?;
+        rows.collect::<Result<_, _>>().map_err(db)?
+    };
+    let mut live = 0;
+    for h in holders {
+        let current = if h.claims == 0 {
+            None
+        } else {
+            super::rows::load(tx, &h.id)?.map(|row| row.dispatch)
+        };
+        if h.live(current.as_ref(), now) {
+            live += 1;
+        } else {
+            tx.prepare_cached("DELETE FROM limit_slots WHERE scope = ?1 AND holder = ?2")
+                .map_err(db)?
+                .execute(params![scope, h.id])
+                .map_err(db)?;
+        }
+    }
+    Ok(live)
+}
+
+fn bucket(tx: &Connection, scope: &str) -> StoreResult<Option<Bucket>> {
+    tx.prepare_cached("SELECT tokens, at FROM limit_buckets WHERE scope = ?1")
+        .map_err(db)?
+        .query_row(params![scope], |row| {
+            Ok(Bucket {
+                tokens: row.get(0)?,
+                at: row.get(1)?,
+            })
+        })
+        .optional()
+        .map_err(db)
+}
+
+fn store_bucket(tx: &Connection, scope: &str, b: Bucket) -> StoreResult<()> {
+    tx.prepare_cached("INSERT OR REPLACE INTO limit_buckets (scope, tokens, at) VALUES (?1, ?2, ?3)")
+        .map_err(db)?
+        .execute(params![scope, b.tokens, clamp(b.at)])
+        .map_err(db)?;
+    Ok(())
+}
+
+fn add_holder(tx: &Connection, scope: &str, h: &Holder) -> StoreResult<()> {
+    tx.prepare_cached(
+        "INSERT OR REPLACE INTO limit_slots (scope, holder, claims, until) VALUES (?1, ?2, ?3, ?4)",
+    )
+    .map_err(db)?
+    .execute(params![scope, h.id, h.claims, clamp(h.until)])
+    .map_err(db)?;
+    Ok(())
+}
+
+/// Whether `scope` has room for one more holder at `now`.
+fn room(tx: &Connection, scope: &Scope, now: u64) -> StoreResult<Room> {
+    if let Some(cap) = scope.concurrency
+        && live_holders(tx, &scope.name, now)? >= cap
+    {
+        return Ok(Room::Full);
+    }
+    match &scope.rate {
+        None => Ok(Room::Free(None)),
+        Some(rate) => match Bucket::take(bucket(tx, &scope.name)?, rate, now) {
+            Ok(b) => Ok(Room::Free(Some(b))),
+            Err(at) => Ok(Room::Empty(at)),
+        },
+    }
+}
+
+/// Takes what a claim of `d` holds of `scope` (its token, its slot).
+fn take_room(tx: &Connection, scope: &Scope, b: Option<Bucket>, d: &Dispatch) -> StoreResult<()> {
+    if let Some(b) = b {
+        store_bucket(tx, &scope.name, b)?;
+    }
+    if scope.concurrency.is_some() {
+        add_holder(tx, &scope.name, &Holder::of_claim(d))?;
+    }
+    Ok(())
+}
+
+/// The paused keys of `agent` (`""` for the whole agent).
+fn paused_keys(tx: &Connection, agent: &str) -> StoreResult<Vec<String>> {
+    let mut stmt = tx
+        .prepare_cached("SELECT key FROM pauses WHERE agent = ?1")
+        .map_err(db)?;
+    let rows = stmt
+        .query_map(params![agent], |row| row.get(0))
+        .map_err(db)?;
+    rows.collect::<Result<_, _>>().map_err(db)
+}
+
+fn earliest(a: Option<u64>, b: u64) -> Option<u64> {
+    Some(a.map_or(b, |a| a.min(b)))
+}
+
+/// The best lane of `agent` whose key is not in `blocked`: in lane order, or, with keyed
+/// limits, the lane of the key whose turn comes first within the best priority.
+fn pick_lane(
+    tx: &Connection,
+    agent: &str,
+    keyed: bool,
+    blocked: &HashSet<String>,
+) -> StoreResult<Option<(String, String, String)>> {
+    if !keyed {
+        let mut stmt = tx
+            .prepare_cached(
+                "SELECT thread, head, ckey FROM lanes WHERE agent = ?1 AND busy = 0 \
+                 ORDER BY priority, served, created",
+            )
+            .map_err(db)?;
+        let mut rows = stmt.query(params![agent]).map_err(db)?;
+        while let Some(row) = rows.next().map_err(db)? {
+            let key: String = row.get(2).map_err(db)?;
+            if !blocked.contains(&key) {
+                return Ok(Some((
+                    row.get(0).map_err(db)?,
+                    row.get(1).map_err(db)?,
+                    key,
+                )));
+            }
+        }
+        return Ok(None);
+    }
+    let floor = turn_floor(tx, agent)?;
+    let groups: Vec<(i64, String)> = {
+        let mut stmt = tx
+            .prepare_cached(
+                "SELECT l.priority, l.ckey, MAX(COALESCE(k.turn, 0), ?2) AS t FROM \
+                 (SELECT DISTINCT priority, ckey FROM lanes WHERE agent = ?1 AND busy = 0) l \
+                 LEFT JOIN key_turns k ON k.agent = ?1 AND k.key = l.ckey \
+                 ORDER BY l.priority, t, l.ckey",
+            )
+            .map_err(db)?;
+        let rows = stmt
+            .query_map(params![agent, floor], |row| Ok((row.get(0)?, row.get(1)?)))
+            .map_err(db)?;
+        rows.collect::<Result<_, _>>().map_err(db)?
+    };
+    for (priority, key) in groups {
+        if blocked.contains(&key) {
+            continue;
+        }
+        let lane: Option<(String, String)> = tx
+            .prepare_cached(
+                "SELECT thread, head FROM lanes WHERE agent = ?1 AND busy = 0 AND priority = ?2 \
+                 AND ckey = ?3 ORDER BY served, created LIMIT 1",
+            )
+            .map_err(db)?
+            .query_row(params![agent, priority, key], |row| {
+                Ok((row.get(0)?, row.get(1)?))
+            })
+            .optional()
+            .map_err(db)?;
+        if let Some((thread, head)) = lane {
+            return Ok(Some((thread, head, key)));
+        }
+    }
+    Ok(None)
+}
+
+/// The turn every key of `agent` is brought up to (the turn of the key claimed last), so a key
+/// that was idle a long time gets its fair share, not a run of catching up.
+fn turn_floor(tx: &Connection, agent: &str) -> StoreResult<u64> {
+    Ok(super::rows::scalar_u64(
+        tx,
+        "SELECT value FROM counters WHERE name = ?1",
+        &[&format!("turn:{agent}")],
+    )?
+    .unwrap_or(0))
+}
+
+/// Advances `key`'s turn after a claim of it.
+fn advance_turn(tx: &Connection, agent: &str, key: &str, cost: u64) -> StoreResult<()> {
+    let floor = turn_floor(tx, agent)?;
+    let turn = super::rows::scalar_u64(
+        tx,
+        "SELECT turn FROM key_turns WHERE agent = ?1 AND key = ?2",
+        &[&agent, &key],
+    )?
+    .unwrap_or(0)
+    .max(floor);
+    tx.prepare_cached("INSERT OR REPLACE INTO key_turns (agent, key, turn) VALUES (?1, ?2, ?3)")
+        .map_err(db)?
+        .execute(params![agent, key, clamp(turn.saturating_add(cost))])
+        .map_err(db)?;
+    tx.prepare_cached("INSERT OR REPLACE INTO counters (name, value) VALUES (?1, ?2)")
+        .map_err(db)?
+        .execute(params![format!("turn:{agent}"), clamp(turn)])
+        .map_err(db)?;
+    Ok(())
+}
+
+/// The gated claim inside the writer's transaction.
+fn claim_gated_tx(
+    tx: &Connection,
+    agent: &str,
+    consumer: &str,
+    lease_ms: u64,
+    start: bool,
+    limits: &LimitSet,
+    now: u64,
+) -> Result<Gated, TxError> {
+    lanes::promote_due(tx, now)?;
+    let paused = paused_keys(tx, agent)?;
+    if paused.iter().any(String::is_empty) {
+        return Ok(Gated::default());
+    }
+    let mut out = Gated::default();
+    // The scopes every dispatch of the agent counts toward decide first: when one is full,
+    // nothing of the agent may start.
+    let mut shared = Vec::with_capacity(limits.shared.len());
+    for scope in &limits.shared {
+        match room(tx, scope, now)? {
+            Room::Free(b) => shared.push((scope, b)),
+            Room::Full => return Ok(out),
+            Room::Empty(at) => {
+                out.retry_at = Some(at);
+                return Ok(out);
+            }
+        }
+    }
+    let mut blocked: HashSet<String> = paused.into_iter().collect();
+    let keyed = limits.keyed();
+    let mut key_room = None;
+    let claimed = {
+        // Each turn of the loop claims or blocks one more key, so the keys bound it.
+        let mut pick = |tx: &Connection| -> StoreResult<Option<(String, String)>> {
+            loop {
+                let Some((thread, head, key)) = pick_lane(tx, agent, keyed, &blocked)? else {
+                    return Ok(None);
+                };
+                let scope = (!key.is_empty())
+                    .then(|| limits.key_scope(agent, &key))
+                    .flatten();
+                let Some(scope) = scope else {
+                    key_room = None;
+                    return Ok(Some((thread, head)));
+                };
+                match room(tx, &scope, now)? {
+                    Room::Free(b) => {
+                        key_room = Some((scope, b));
+                        return Ok(Some((thread, head)));
+                    }
+                    Room::Full => {}
+                    Room::Empty(at) => out.retry_at = earliest(out.retry_at, at),
+                }
+                out.throttled.push(head);
+                blocked.insert(key);
+            }
+        };
+        claim_picked(tx, agent, consumer, lease_ms, start, now, &mut pick)?
+    };
+    let Some((d, _thread)) = claimed else {
+        return Ok(out);
+    };
+    for (scope, b) in &shared {
+        take_room(tx, scope, *b, &d)?;
+    }
+    if let Some((scope, b)) = &key_room {
+        take_room(tx, scope, *b, &d)?;
+    }
+    if keyed {
+        let key = d.concurrency_key.as_deref().unwrap_or_default();
+        advance_turn(tx, agent, key, limits.turn_cost(key))?;
+    }
+    out.dispatch = Some(d);
+    Ok(out)
 }
 
 impl EmbeddedStore {
     /// `claim_gated`: the claim with its limits and pauses decided in the same step.
     pub(super) async fn claim_gated_inner(&self, req: &ClaimRequest<'_>) -> StoreResult<Gated> {
-        if !req.limits.is_empty() {
-            return Err(unsupported());
-        }
-        let d = if req.start {
-            self.claim_started(req.agent, req.consumer, req.lease_ms)
-                .await?
-        } else {
-            self.claim(req.agent, req.consumer, req.lease_ms).await?
-        };
-        Ok(Gated {
-            dispatch: d,
-            ..Gated::default()
+        let (agent, consumer) = (req.agent.to_owned(), req.consumer.to_owned());
+        let (lease_ms, start, limits) = (req.lease_ms, req.start, req.limits.clone());
+        self.write(move |tx, now| {
+            claim_gated_tx(tx, &agent, &consumer, lease_ms, start, &limits, now)
         })
+        .await
     }
 }
 
 #[async_trait]
 impl Limits for EmbeddedStore {
-    async fn take_token(&self, _scope: &str, _rate: &Rate) -> StoreResult<Option<u64>> {
-        Err(unsupported())
+    async fn take_token(&self, scope: &str, rate: &Rate) -> StoreResult<Option<u64>> {
+        let (scope, rate) = (scope.to_owned(), *rate);
+        self.write(move |tx, now| match Bucket::take(bucket(tx, &scope)?, &rate, now) {
+            Ok(b) => {
+                store_bucket(tx, &scope, b)?;
+                Ok(None)
+            }
+            Err(at) => Ok(Some(at)),
+        })
+        .await
     }
 
     async fn acquire_slot(
         &self,
-        _scope: &str,
-        _cap: u32,
-        _holder: &str,
-        _until: u64,
+        scope: &str,
+        cap: u32,
+        holder: &str,
+        until: u64,
     ) -> StoreResult<bool> {
-        Err(unsupported())
+        let (scope, holder) = (scope.to_owned(), holder.to_owned());
+        self.write(move |tx, now| {
+            if live_holders(tx, &scope, now)? >= cap {
+                return Ok(false);
+            }
+            add_holder(
+                tx,
+                &scope,
+                &Holder {
+                    id: holder,
+                    claims: 0,
+                    until,
+                },
+            )?;
+            Ok(true)
+        })
+        .await
     }
 
-    async fn release_slot(&self, _scope: &str, _holder: &str) -> StoreResult<()> {
-        Err(unsupported())
+    async fn release_slot(&self, scope: &str, holder: &str) -> StoreResult<()> {
+        let (scope, holder) = (scope.to_owned(), holder.to_owned());
+        self.write(move |tx, _| {
+            tx.prepare_cached("DELETE FROM limit_slots WHERE scope = ?1 AND holder = ?2")
+                .map_err(db)?
+                .execute(params![scope, holder])
+                .map_err(db)?;
+            Ok(())
+        })
+        .await
     }
 
-    async fn pause(&self, _agent: &str, _key: Option<&str>, _reason: &str) -> StoreResult<Pause> {
-        Err(unsupported())
+    async fn pause(&self, agent: &str, key: Option<&str>, reason: &str) -> StoreResult<Pause> {
+        check_pause(agent, key, reason)?;
+        let (agent, key, reason) = (
+            agent.to_owned(),
+            key.map(str::to_owned),
+            reason.to_owned(),
+        );
+        self.write(move |tx, now| {
+            tx.prepare_cached(
+                "INSERT OR REPLACE INTO pauses (agent, key, reason, at) VALUES (?1, ?2, ?3, ?4)",
+            )
+            .map_err(db)?
+            .execute(params![agent, key.clone().unwrap_or_default(), reason, now])
+            .map_err(db)?;
+            Ok(Pause {
+                agent,
+                key,
+                reason,
+                at: now,
+            })
+        })
+        .await
     }
 
-    async fn resume(&self, _agent: &str, _key: Option<&str>) -> StoreResult<bool> {
-        Err(unsupported())
+    async fn resume(&self, agent: &str, key: Option<&str>) -> StoreResult<bool> {
+        let (agent, key) = (agent.to_owned(), key.unwrap_or_default().to_owned());
+        let lifted = self
+            .write(move |tx, _| {
+                let n = tx
+                    .prepare_cached("DELETE FROM pauses WHERE agent = ?1 AND key = ?2")
+                    .map_err(db)?
+                    .execute(params![agent, key])
+                    .map_err(db)?;
+                Ok(n > 0)
+            })
+            .await?;
+        if lifted {
+            self.signal();
+        }
+        Ok(lifted)
     }
 
     async fn pauses(&self) -> StoreResult<Vec<Pause>> {
-        Ok(Vec::new())
+        self.read(|tx| {
+            let mut stmt = tx
+                .prepare_cached("SELECT agent, key, reason, at FROM pauses ORDER BY agent, key")
+                .map_err(db)?;
+            let rows = stmt
+                .query_map([], |row| {
+                    let key: String = row.get(1)?;
+                    Ok(Pause {
+                        agent: row.get(0)?,
+                        key: (!key.is_empty()).then_some(key),
+                        reason: row.get(2)?,
+                        at: row.get(3)?,
+                    })
+                })
+                .map_err(db)?;
+            rows.collect::<Result<_, _>>().map_err(db)
+        })
+        .await
     }
 
-    async fn usage(&self, scope: &str, _rate: Option<&Rate>) -> StoreResult<Usage> {
-        Ok(Usage {
-            scope: scope.to_owned(),
-            ..Usage::default()
+    async fn usage(&self, scope: &str, rate: Option<&Rate>) -> StoreResult<Usage> {
+        let (scope, rate) = (scope.to_owned(), rate.copied());
+        self.write(move |tx, now| {
+            let running = live_holders(tx, &scope, now)?;
+            let tokens = match rate {
+                Some(rate) => Some(Bucket::level(bucket(tx, &scope)?, &rate, now)),
+                None => None,
+            };
+            Ok(Usage {
+                scope,
+                running,
+                tokens,
+            })
         })
+        .await
     }
+}
+
+/// The checks every backend makes of a pause before storing it.
+pub(crate) fn check_pause(agent: &str, key: Option<&str>, reason: &str) -> StoreResult<()> {
+    crate::store::model::check_name("agent", agent).map_err(StoreError::Invalid)?;
+    if let Some(key) = key {
+        crate::store::model::check_concurrency_key(key).map_err(StoreError::Invalid)?;
+    }
+    if reason.len() > 1024 {
+        return Err(StoreError::Invalid(format!(
+            "reason is {} bytes; at most 1024",
+            reason.len()
+        )));
+    }
+    if reason.chars().any(char::is_control) {
+        return Err(StoreError::Invalid(
+            "reason holds a control character".into(),
+        ));
+    }
+    Ok(())
 }

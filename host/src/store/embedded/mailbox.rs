@@ -40,63 +40,11 @@ impl EmbeddedStore {
     ) -> StoreResult<Option<Dispatch>> {
         let agent = agent.to_owned();
         let consumer = consumer.to_owned();
-
         self.write(move |tx, now| {
-            let agent = agent.as_str();
-            let consumer = consumer.as_str();
-
             promote_due(tx, now)?;
-            // A lane whose head turns out unusable is repaired and the pick repeated; the bound
-            // only guards against a store that keeps handing back the same broken lane. A head
-            // not yet due (the clock stepped back since it was promoted) goes back to waiting,
-            // which does not count: each such step takes one dispatch out of the lanes.
-            let mut repairs = 0;
-            while repairs < 64 {
-                let pick: Option<(String, String)> = tx
-                    .prepare_cached(
-                        "SELECT thread, head FROM lanes WHERE agent = ?1 AND busy = 0 \
-                         ORDER BY priority, served, created LIMIT 1",
-                    )
-                    .map_err(db)?
-                    .query_row(params![agent], |row| Ok((row.get(0)?, row.get(1)?)))
-                    .optional()
-                    .map_err(db)?;
-                let Some((thread, head)) = pick else {
-                    return Ok(None);
-                };
-                let t = thread_row(tx, &thread)?;
-                let candidate = rows::load(tx, &head)?.map(|row| row.dispatch);
-                match candidate {
-                    Some(d) if d.status == Status::Queued && t.holder.is_none() => {
-                        if !rules::due(&d, now) {
-                            demote(tx, &d)?;
-                            continue;
-                        }
-                        repairs += 1;
-                        match rules::take(d, t.epoch, consumer, lease_ms, now, start) {
-                            Take::Claimed(d) => {
-                                store_claimed(tx, &d)?;
-                                return Ok(Some(d));
-                            }
-                            Take::Stale(d) => store_superseded(tx, &d, None)?,
-                        }
-                    }
-                    _ => {
-                        repairs += 1;
-                        // The lane disagrees with the records (it cannot, short of a bug or a
-                        // hand-edited file): rebuild it from them and pick again.
-                        tx.prepare_cached("UPDATE lanes SET busy = ?2 WHERE thread = ?1")
-                            .map_err(db)?
-                            .execute(params![thread, t.holder.is_some()])
-                            .map_err(db)?;
-                        refresh_lane(tx, agent, &thread)?;
-                    }
-                }
-            }
-            Err(StoreError::Contention(format!(
-                "claim for agent `{agent}` found no consistent lane"
-            ))
-            .into())
+            let mut pick = |tx: &Connection| next_lane(tx, &agent);
+            Ok(claim_picked(tx, &agent, &consumer, lease_ms, start, now, &mut pick)?
+                .map(|(d, _)| d))
         })
         .await
     }
@@ -166,6 +114,73 @@ impl EmbeddedStore {
             }
         }
     }
+}
+
+/// The best lane of `agent` free to claim: its thread and head.
+fn next_lane(tx: &Connection, agent: &str) -> StoreResult<Option<(String, String)>> {
+    tx.prepare_cached(
+        "SELECT thread, head FROM lanes WHERE agent = ?1 AND busy = 0 \
+         ORDER BY priority, served, created LIMIT 1",
+    )
+    .map_err(db)?
+    .query_row(params![agent], |row| Ok((row.get(0)?, row.get(1)?)))
+    .optional()
+    .map_err(db)
+}
+
+/// Claims the head of the lane `pick` chooses (T2), repairing a lane whose head turns out
+/// unusable and picking again. Returns the claimed record and the thread it was on.
+pub(super) fn claim_picked(
+    tx: &Connection,
+    agent: &str,
+    consumer: &str,
+    lease_ms: u64,
+    start: bool,
+    now: u64,
+    pick: &mut dyn FnMut(&Connection) -> StoreResult<Option<(String, String)>>,
+) -> Result<Option<(Dispatch, String)>, TxError> {
+    // A lane whose head turns out unusable is repaired and the pick repeated; the bound only
+    // guards against a store that keeps handing back the same broken lane. A head not yet due
+    // (the clock stepped back since it was promoted) goes back to waiting, which does not
+    // count: each such step takes one dispatch out of the lanes.
+    let mut repairs = 0;
+    while repairs < 64 {
+        let Some((thread, head)) = pick(tx)? else {
+            return Ok(None);
+        };
+        let t = thread_row(tx, &thread)?;
+        let candidate = rows::load(tx, &head)?.map(|row| row.dispatch);
+        match candidate {
+            Some(d) if d.status == Status::Queued && t.holder.is_none() => {
+                if !rules::due(&d, now) {
+                    demote(tx, &d)?;
+                    continue;
+                }
+                repairs += 1;
+                match rules::take(d, t.epoch, consumer, lease_ms, now, start) {
+                    Take::Claimed(d) => {
+                        store_claimed(tx, &d)?;
+                        return Ok(Some((d, thread)));
+                    }
+                    Take::Stale(d) => store_superseded(tx, &d, None)?,
+                }
+            }
+            _ => {
+                repairs += 1;
+                // The lane disagrees with the records (it cannot, short of a bug or a
+                // hand-edited file): rebuild it from them and pick again.
+                tx.prepare_cached("UPDATE lanes SET busy = ?2 WHERE thread = ?1")
+                    .map_err(db)?
+                    .execute(params![thread, t.holder.is_some()])
+                    .map_err(db)?;
+                refresh_lane(tx, agent, &thread)?;
+            }
+        }
+    }
+    Err(StoreError::Contention(format!(
+        "claim for agent `{agent}` found no consistent lane"
+    ))
+    .into())
 }
 
 #[async_trait]

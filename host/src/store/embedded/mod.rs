@@ -278,6 +278,9 @@ CREATE INDEX deltas_expiry ON deltas (expires_at);
     r#"
 ALTER TABLE dispatches ADD COLUMN concurrency_key TEXT;
 ALTER TABLE lanes ADD COLUMN ckey TEXT NOT NULL DEFAULT '';
+DROP INDEX dispatches_lane_heads;
+CREATE INDEX dispatches_lane_heads ON dispatches (agent, thread, priority, created_at, id, concurrency_key)
+    WHERE status = 'queued' AND ready = 1;
 CREATE INDEX lanes_by_key ON lanes (agent, busy, priority, ckey, served, created);
 
 CREATE TABLE limit_slots (
