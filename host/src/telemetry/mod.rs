@@ -322,8 +322,7 @@ pub fn claim_throttled(agent: &str) {
 
 /// A run parked on upstream `status`.
 pub fn run_parked(agent: &str, status: u16) {
-    counter!(RUNS_PARKED, "agent" => agent.to_owned(), "status" => status.to_string())
-        .increment(1);
+    counter!(RUNS_PARKED, "agent" => agent.to_owned(), "status" => status.to_string()).increment(1);
 }
 
 /// An outbound request waited `waited` for origin limit `limit`.

@@ -105,7 +105,9 @@ async fn pause_and_resume_through_the_api_and_their_refusals() {
     let (status, reply) =
         post_raw(&api, "/v1/agents/echo/pause", Some(PRODUCER), body.clone()).await;
     assert_eq!(status, 403, "{reply}");
-    let (status, reply) = api.post("/v1/agents/nope/pause", OPERATOR, reason.clone()).await;
+    let (status, reply) = api
+        .post("/v1/agents/nope/pause", OPERATOR, reason.clone())
+        .await;
     assert_eq!(status, 404, "{reply}");
     assert!(reply["error"].as_str().unwrap().contains("nope"), "{reply}");
     let (status, reply) = post_raw(
@@ -187,19 +189,28 @@ async fn pause_and_resume_through_the_api_and_their_refusals() {
         if crate::api::sample(&metrics, "homing_agent_paused", &[("agent", "echo")]) == 1.0 {
             break;
         }
-        assert!(Instant::now() < deadline, "the gauge never showed the pause");
+        assert!(
+            Instant::now() < deadline,
+            "the gauge never showed the pause"
+        );
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
 
     // Resume: the reader may not; the operator may, and a second resume lifts nothing.
     let (status, _) = post_raw(&api, "/v1/agents/echo/resume", Some(READER), b"{}".to_vec()).await;
     assert_eq!(status, 403);
-    let (status, reply) = api.post("/v1/agents/nope/resume", OPERATOR, json!({})).await;
+    let (status, reply) = api
+        .post("/v1/agents/nope/resume", OPERATOR, json!({}))
+        .await;
     assert_eq!(status, 404, "{reply}");
-    let (status, reply) = api.post("/v1/agents/echo/resume", OPERATOR, json!({})).await;
+    let (status, reply) = api
+        .post("/v1/agents/echo/resume", OPERATOR, json!({}))
+        .await;
     assert_eq!(status, 200, "{reply}");
     assert_eq!(reply["resumed"], true);
-    let (status, reply) = api.post("/v1/agents/echo/resume", OPERATOR, json!({})).await;
+    let (status, reply) = api
+        .post("/v1/agents/echo/resume", OPERATOR, json!({}))
+        .await;
     assert_eq!(status, 200, "{reply}");
     assert_eq!(reply["resumed"], false);
     let (status, reply) = api
@@ -291,8 +302,12 @@ async fn concurrency_keys_at_enqueue_and_the_cli_agent_commands() {
     let paused = env.ok(&["agent", "pause", "echo", "--reason", "maintenance"]);
     assert!(paused.contains("paused agent echo"), "{paused}");
     let status = env.ok(&["agent", "status", "echo"]);
-    assert!(status.contains("paused:       yes: maintenance"), "{status}");
-    let json: Value = serde_json::from_str(&env.ok(&["agent", "status", "echo", "--json"])).unwrap();
+    assert!(
+        status.contains("paused:       yes: maintenance"),
+        "{status}"
+    );
+    let json: Value =
+        serde_json::from_str(&env.ok(&["agent", "status", "echo", "--json"])).unwrap();
     assert_eq!(json["paused"], true, "{json}");
     assert_eq!(json["pause_reason"], "maintenance");
     assert_eq!(json["parked"], 0);
@@ -302,8 +317,14 @@ async fn concurrency_keys_at_enqueue_and_the_cli_agent_commands() {
     env.ok(&["agent", "pause", "echo", "--key", "c9"]);
     let status = env.ok(&["agent", "status", "echo"]);
     assert!(status.contains("paused key:   c9"), "{status}");
-    assert!(env.ok(&["agent", "resume", "echo"]).contains("resumed agent echo"));
-    assert!(env.ok(&["agent", "resume", "echo"]).contains("was not paused"));
+    assert!(
+        env.ok(&["agent", "resume", "echo"])
+            .contains("resumed agent echo")
+    );
+    assert!(
+        env.ok(&["agent", "resume", "echo"])
+            .contains("was not paused")
+    );
     env.ok(&["agent", "resume", "echo", "--key", "c9"]);
     let status = env.ok(&["agent", "status", "echo"]);
     assert!(status.contains("paused:       no"), "{status}");
@@ -312,7 +333,10 @@ async fn concurrency_keys_at_enqueue_and_the_cli_agent_commands() {
     let out = env.homing(&["agent", "pause", "nope"]);
     assert_eq!(out.status.code(), Some(3));
     let stderr = String::from_utf8_lossy(&out.stderr);
-    assert!(stderr.contains("no agent `nope`") && stderr.contains("echo"), "{stderr}");
+    assert!(
+        stderr.contains("no agent `nope`") && stderr.contains("echo"),
+        "{stderr}"
+    );
     let out = env.homing(&["agent", "status", "nope"]);
     assert_eq!(out.status.code(), Some(3));
     let out = env.homing(&["agent", "resume", "nope"]);

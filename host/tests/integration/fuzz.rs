@@ -862,6 +862,8 @@ mod found {
             shutdown: Default::default(),
             public_url: None,
             live: homing::live::Hub::new(&store, Default::default()),
+            limits: Default::default(),
+            origin_limits: Vec::new(),
         });
         let mut guest = GuestState::new(
             WasiCtxBuilder::new().build(),

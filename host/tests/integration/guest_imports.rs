@@ -54,6 +54,8 @@ fn fixture(plugin_toml: &str) -> Fixture {
         shutdown: shutdown.clone(),
         public_url: Some("https://homing.example.com".into()),
         live: homing::live::Hub::new(&store, Default::default()),
+        limits: Default::default(),
+        origin_limits: Vec::new(),
     });
     Fixture {
         clock,
