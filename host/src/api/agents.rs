@@ -1,16 +1,20 @@
-//! `GET /v1/agents`: each plugin, its world, limits, grants and queue counts. Grants show what
-//! is granted, not secrets: the names of the environment variables a guest sees, never their
-//! values.
+//! `GET /v1/agents`: each plugin, its world, limits, grants, queue counts and whether it is
+//! paused; `POST /v1/agents/{agent}/pause` and `/resume`. Grants show what is granted, not
+//! secrets: the names of the environment variables a guest sees, never their values.
 
 use std::sync::Arc;
 
 use axum::Json;
-use axum::extract::State;
+use axum::body::Body;
+use axum::extract::{Path, State};
+use axum::http::HeaderMap;
 use serde_json::{Map, Value, json};
 
+use super::dispatches::{Fields, name, object, read_body};
 use super::{ApiError, ApiState};
 use crate::runtime::Plugin;
 use crate::store::Status;
+use crate::work::flow::{self, FlowError, MAX_PAUSE_REASON};
 
 /// A loaded plugin as the API describes it.
 #[derive(Debug, Clone)]
@@ -41,6 +45,7 @@ impl AgentInfo {
 /// `GET /v1/agents`.
 pub(super) async fn list(State(state): State<Arc<ApiState>>) -> Result<Json<Value>, ApiError> {
     let counts = state.store.mailbox.counts().await?;
+    let pauses = state.store.limits.pauses().await?;
     let loaded = state.agents.read().map(|a| a.clone()).unwrap_or_default();
     let mut out = Vec::new();
     for (name, p) in &state.config.plugins {
@@ -56,6 +61,7 @@ pub(super) async fn list(State(state): State<Arc<ApiState>>) -> Result<Json<Valu
                 .map_or(0, |c| c.count);
             queue.insert(status.as_str().into(), n.into());
         }
+        let flow = flow::flow(&state.config, &state.store, name, &pauses).await?;
         out.push(json!({
             "name": name,
             "world": world,
@@ -69,6 +75,11 @@ pub(super) async fn list(State(state): State<Arc<ApiState>>) -> Result<Json<Valu
                 "fuel": p.fuel,
                 "max_attempts": p.max_attempts,
                 "reuse_instance": p.reuse_instance,
+                // Flow control: each limit its claims or requests honour, and its use now.
+                "scopes": flow.limits,
+                "concurrency_key": flow.concurrency_key,
+                "key_concurrency": flow.key_concurrency,
+                "key_rate": flow.key_rate,
             },
             "grants": {
                 "env": p.env.keys().collect::<Vec<_>>(),
@@ -80,7 +91,70 @@ pub(super) async fn list(State(state): State<Arc<ApiState>>) -> Result<Json<Valu
                 "enqueue_to": p.enqueue_to,
             },
             "queue": queue,
+            "paused": flow.paused,
+            "pause_reason": flow.pause_reason,
+            "paused_at": flow.paused_at,
+            "paused_keys": flow.paused_keys,
         }));
     }
     Ok(Json(json!({ "agents": out })))
+}
+
+/// A refused pause or resume as the API answers it: 404 for an unknown agent, 413 for a reason
+/// over its limit, 400 for other bad input.
+impl From<FlowError> for ApiError {
+    fn from(e: FlowError) -> ApiError {
+        match e {
+            FlowError::UnknownAgent { ref agent, .. } => {
+                ApiError::not_found(format!("no agent `{agent}`")).with("field", "agent")
+            }
+            FlowError::ReasonTooLong { .. } => {
+                ApiError::too_large("reason", e.to_string(), MAX_PAUSE_REASON as u64)
+            }
+            FlowError::Invalid { field, message } => ApiError::invalid(field, message),
+            FlowError::Store(e) => e.into(),
+        }
+    }
+}
+
+/// `POST /v1/agents/{agent}/pause`: `{"key"?, "reason"?}` → `{"agent", "key", "reason", "at"}`.
+/// No host claims the agent's dispatches (of `key` only, when given) until it is resumed.
+pub(super) async fn pause(
+    State(state): State<Arc<ApiState>>,
+    Path(agent): Path<String>,
+    headers: HeaderMap,
+    body: Body,
+) -> Result<Json<Value>, ApiError> {
+    name("agent", &agent)?;
+    let bytes = read_body(&headers, body, state.body_limit).await?;
+    let mut fields = Fields::new(object(&bytes)?);
+    let key = fields.string("key")?;
+    let reason = fields.string("reason")?.unwrap_or_default();
+    fields.finish()?;
+    let pause = flow::pause(&state.config, &state.store, &agent, key.as_deref(), &reason).await?;
+    Ok(Json(json!({
+        "agent": pause.agent,
+        "key": pause.key,
+        "reason": pause.reason,
+        "at": pause.at,
+    })))
+}
+
+/// `POST /v1/agents/{agent}/resume`: `{"key"?}` → `{"agent", "key", "resumed"}` (`resumed` is
+/// `false` when there was no such pause).
+pub(super) async fn resume(
+    State(state): State<Arc<ApiState>>,
+    Path(agent): Path<String>,
+    headers: HeaderMap,
+    body: Body,
+) -> Result<Json<Value>, ApiError> {
+    name("agent", &agent)?;
+    let bytes = read_body(&headers, body, state.body_limit).await?;
+    let mut fields = Fields::new(object(&bytes)?);
+    let key = fields.string("key")?;
+    fields.finish()?;
+    let resumed = flow::resume(&state.config, &state.store, &agent, key.as_deref()).await?;
+    Ok(Json(
+        json!({ "agent": agent, "key": key, "resumed": resumed }),
+    ))
 }

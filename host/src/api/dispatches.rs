@@ -272,6 +272,7 @@ pub(super) async fn enqueue(
     let priority = fields.integer("priority", 0, 255)?;
     let max_attempts = fields.integer("max_attempts", 1, u64::from(u32::MAX))?;
     let dedupe_key = fields.string("dedupe_key")?;
+    let concurrency_key = fields.string("concurrency_key")?;
     let id = fields.string("id")?;
     let delay = match fields.take("delay") {
         None => None,
@@ -317,10 +318,12 @@ pub(super) async fn enqueue(
         metadata,
         dedupe_key,
         max_attempts: max_attempts.map(|n| u32::try_from(n).unwrap_or(u32::MAX)),
+        concurrency_key,
         ..Request::new(agent, thread, payload)
     };
+    let keys = state.config.key_source(&request.agent);
     // The store's rules, refused naming the field (the first word of the message).
-    let new = request.into_dispatch(attempts).map_err(|message| {
+    let new = request.into_dispatch(attempts, keys).map_err(|message| {
         let field = message
             .split([' ', ':'])
             .next()

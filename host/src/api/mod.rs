@@ -20,7 +20,9 @@
 //! | `GET /v1/waitpoints/{id}` | reader | one waitpoint |
 //! | `POST /v1/waitpoints/{id}/complete` | the waitpoint's token, or operator | complete it with the body |
 //! | `POST /v1/waitpoints/{id}/cancel` | operator | cancel a pending waitpoint |
-//! | `GET /v1/agents` | reader | plugins: world, limits, grants, queue counts |
+//! | `GET /v1/agents` | reader | plugins: world, limits and their use, grants, queue counts, pauses |
+//! | `POST /v1/agents/{agent}/pause` | operator | pause the agent's claims (or one concurrency key's) |
+//! | `POST /v1/agents/{agent}/resume` | operator | lift a pause |
 //! | `GET /v1/openapi.json` | reader | the description of all of the above |
 //! | `GET /metrics` | reader | Prometheus metrics (no token with `[api] public_metrics`) |
 //! | `GET /livez`, `/readyz` | none | health, for probes |
@@ -250,6 +252,18 @@ pub(crate) fn routes() -> Vec<Route> {
             post(waitpoints::cancel),
         ),
         route(Method::GET, "/v1/agents", Role::Reader, get(agents::list)),
+        route(
+            Method::POST,
+            "/v1/agents/{agent}/pause",
+            Role::Operator,
+            post(agents::pause),
+        ),
+        route(
+            Method::POST,
+            "/v1/agents/{agent}/resume",
+            Role::Operator,
+            post(agents::resume),
+        ),
         route(Method::GET, "/v1/openapi.json", Role::Reader, get(openapi)),
     ]
 }

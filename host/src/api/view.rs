@@ -57,6 +57,7 @@ pub(crate) fn dispatch(d: &Dispatch) -> Value {
         "payload": bytes(&d.payload),
         "metadata": d.metadata,
         "dedupe_key": d.dedupe_key,
+        "concurrency_key": d.concurrency_key,
         "claimed_by": d.claim.as_ref().map(|c| c.claimed_by.clone()),
         "lease_until": d.claim.as_ref().map(|c| c.lease_until),
         "result": d.result.as_ref().map(|r| json!({
@@ -92,6 +93,7 @@ pub(crate) fn row(d: &DispatchRow) -> Value {
         "payload_size": d.payload_size,
         "metadata": d.metadata,
         "dedupe_key": d.dedupe_key,
+        "concurrency_key": d.concurrency_key,
         "claimed_by": d.claimed_by,
         "lease_until": d.lease_until,
         "result": d.result.as_ref().map(|r| json!({

@@ -4,9 +4,11 @@
 //!
 //! - this module: the commands, the entry point, `homing run`, opening the store;
 //! - `work`: `homing enqueue`, `homing dispatch ...`, `homing thread ...`, `homing waitpoint ...`;
+//! - `agent`: `homing agent pause|resume|status`;
 //! - `inspect`: `homing config check`, `homing plugin inspect`;
 //! - `new`, `build`: `homing new` and `homing build`, writing and building agents.
 
+mod agent;
 mod build;
 pub mod exit;
 mod inspect;
@@ -30,6 +32,7 @@ use crate::store::nats::{NatsConfig, NatsStore};
 use crate::store::{Store, SystemClock};
 use crate::supervisor::Supervisor;
 
+pub use agent::AgentCommand;
 pub use inspect::{ConfigCommand, PluginCommand};
 pub use work::{DispatchCommand, EnqueueArgs, SendArgs, ThreadCommand, WaitpointCommand};
 
@@ -71,6 +74,9 @@ pub enum Command {
     /// Lists, shows, completes and cancels waitpoints (as an operator).
     #[command(subcommand)]
     Waitpoint(WaitpointCommand),
+    /// Pauses and resumes an agent's claims, and shows its limits' use.
+    #[command(subcommand)]
+    Agent(AgentCommand),
     /// Checks configuration.
     #[command(subcommand)]
     Config(ConfigCommand),
@@ -330,6 +336,7 @@ async fn execute(cli: Cli) -> anyhow::Result<()> {
         Command::Dispatch(command) => work::dispatch(&config, &store, command).await,
         Command::Thread(command) => work::thread(&config, &store, command).await,
         Command::Waitpoint(command) => work::waitpoint(&config, &store, command).await,
+        Command::Agent(command) => agent::run(&config, &store, command).await,
         Command::Enqueue(_)
         | Command::Config(_)
         | Command::Plugin(_)

@@ -49,6 +49,10 @@ pub struct EnqueueArgs {
     /// At most one live dispatch per (thread, key).
     #[arg(long)]
     pub dedupe_key: Option<String>,
+    /// The key its runs are limited by (the plugin's `key_concurrency`, `key_rate`); default:
+    /// what the plugin's `concurrency_key` takes from the metadata.
+    #[arg(long)]
+    pub concurrency_key: Option<String>,
     /// Failed attempts before it dead-letters (default: the plugin's `max_attempts`).
     #[arg(long)]
     pub max_attempts: Option<u32>,
@@ -329,6 +333,7 @@ pub(super) fn prepare(config: &Config, args: &EnqueueArgs) -> anyhow::Result<New
         priority: Some(args.priority),
         dedupe_key: args.dedupe_key.clone(),
         max_attempts: args.max_attempts,
+        concurrency_key: args.concurrency_key.clone(),
         ..Request::new(&args.agent, &args.thread, payload)
     };
     if let Some(delay) = &args.delay {
@@ -344,12 +349,17 @@ pub(super) fn prepare(config: &Config, args: &EnqueueArgs) -> anyhow::Result<New
         };
         request.metadata.insert(key.to_owned(), value.to_owned());
     }
-    // The same rules the store applies, named by flag: `--dedupe-key`, `--meta` (a key).
+    // The same rules the store applies, named by flag: `--dedupe-key`, `--meta` (a key),
+    // `--concurrency-key`.
     request
-        .into_dispatch(Attempts::configured(config, &args.agent))
+        .into_dispatch(
+            Attempts::configured(config, &args.agent),
+            config.key_source(&args.agent),
+        )
         .map_err(|e| {
             let e = e
                 .replace("dedupe_key", "--dedupe-key")
+                .replace("concurrency_key", "--concurrency-key")
                 .replace("metadata", "--meta");
             coded(Exit::Invalid, e)
         })
@@ -1164,6 +1174,9 @@ fn print_dispatch(d: &Dispatch) {
     }
     if let Some(key) = &d.dedupe_key {
         println!("dedupe key:   {}", text(key));
+    }
+    if let Some(key) = &d.concurrency_key {
+        println!("concurrency key: {}", text(key));
     }
     if let Some(claim) = &d.claim {
         println!(

@@ -53,6 +53,21 @@ impl KeySource {
             KeySource::Metadata(name) => metadata.get(name).cloned(),
         }
     }
+
+    /// The concurrency key of a new dispatch: the one its enqueue named, else the one `source`
+    /// (the target plugin's `concurrency_key`) takes from its metadata. A blank metadata value
+    /// gives no key. Every entry point (the API, the CLI, a guest) decides it here.
+    pub fn key_for(
+        source: Option<&KeySource>,
+        named: Option<String>,
+        metadata: &BTreeMap<String, String>,
+    ) -> Option<String> {
+        named.or_else(|| {
+            source
+                .and_then(|s| s.key_of(metadata))
+                .filter(|k| !k.trim().is_empty())
+        })
+    }
 }
 
 impl<'de> Deserialize<'de> for KeySource {
@@ -93,6 +108,11 @@ pub struct OriginLimit {
 }
 
 impl Config {
+    /// Where plugin `name` takes a dispatch's concurrency key from when its enqueue names none.
+    pub fn key_source(&self, name: &str) -> Option<&KeySource> {
+        self.plugins.get(name)?.concurrency_key.as_ref()
+    }
+
     /// The limits plugin `name`'s claims honour (empty when it sets none).
     pub fn limit_set(&self, name: &str) -> LimitSet {
         let Some(plugin) = self.plugins.get(name) else {
@@ -196,7 +216,10 @@ impl Config {
                 return err("key_burst", "needs a `key_rate`".into());
             }
             if let Some((key, _)) = plugin.key_weights.iter().find(|(_, w)| **w == 0) {
-                return err("key_weights", format!("`{key}`: a weight must be at least 1"));
+                return err(
+                    "key_weights",
+                    format!("`{key}`: a weight must be at least 1"),
+                );
             }
             if !plugin.key_weights.is_empty()
                 && plugin.key_concurrency.is_none()
@@ -301,7 +324,8 @@ mod tests {
         Config::parse(text, "homing.toml", Path::new("/etc/homing")).map_err(|e| e.to_string())
     }
 
-    const PLUGIN: &str = "[plugins.a]\npath = \"a.wasm\"\nallowed_outbound_hosts = [\"https://api.openai.com\"]\n";
+    const PLUGIN: &str =
+        "[plugins.a]\npath = \"a.wasm\"\nallowed_outbound_hosts = [\"https://api.openai.com\"]\n";
 
     #[test]
     fn limits_become_the_plugins_limit_set_and_origin_limits() {
@@ -316,7 +340,10 @@ mod tests {
         let set = config.limit_set("a");
         assert_eq!(set.shared.len(), 2);
         assert_eq!(set.shared[0].name, "agent:a");
-        assert_eq!(set.shared[0].rate, Some(Rate::new(60, 60_000).with_burst(5)));
+        assert_eq!(
+            set.shared[0].rate,
+            Some(Rate::new(60, 60_000).with_burst(5))
+        );
         assert_eq!(set.shared[1].name, "limit:gpu");
         assert_eq!(set.shared[1].concurrency, Some(20));
         assert_eq!(set.key_concurrency, Some(1));
@@ -332,6 +359,17 @@ mod tests {
             Some("c1".into())
         );
         assert!(parse(PLUGIN).unwrap().limit_set("a").is_empty());
+        // The key an enqueue names wins; else the metadata's; a blank value gives none.
+        let source = config.key_source("a");
+        assert_eq!(
+            KeySource::key_for(source, Some("named".into()), &meta),
+            Some("named".into())
+        );
+        assert_eq!(KeySource::key_for(source, None, &meta), Some("c1".into()));
+        let blank = BTreeMap::from([("customer".to_owned(), " ".to_owned())]);
+        assert_eq!(KeySource::key_for(source, None, &blank), None);
+        assert_eq!(KeySource::key_for(None, None, &meta), None);
+        assert!(config.key_source("nope").is_none());
     }
 
     #[test]
@@ -342,7 +380,11 @@ mod tests {
                 "line 4",
                 "60/fortnight",
             ),
-            (format!("{PLUGIN}key_concurrency = -1\n"), "line 4", "key_concurrency"),
+            (
+                format!("{PLUGIN}key_concurrency = -1\n"),
+                "line 4",
+                "key_concurrency",
+            ),
             (
                 format!("{PLUGIN}key_concurrency = 0\n"),
                 "line 4: [plugins.a] key_concurrency: must be at least 1",

@@ -23,6 +23,7 @@ pub mod telemetry;
 mod units;
 pub mod vars;
 
+use crate::store::limits::Rate;
 pub use api::ApiConfig;
 pub use outbound::{HttpLimits, OutboundHost};
 pub use store::{
@@ -31,7 +32,6 @@ pub use store::{
 };
 pub use telemetry::TelemetryConfig;
 use units::{duration, optional_size, size};
-use crate::store::limits::Rate;
 pub use units::{parse_duration, parse_size};
 
 /// A config error, with the file it came from.

@@ -633,7 +633,7 @@ pub fn check_text(field: &str, value: &str) -> Result<(), String> {
 /// Whether `c` may appear in a name: not a control character (general category Cc), a line
 /// or paragraph separator (Zl, Zp), or one of the invisible format characters (Cf) that
 /// change how text around them shows.
-fn printable(c: char) -> bool {
+pub(crate) fn printable(c: char) -> bool {
     !(c.is_control()
         || matches!(
             c,

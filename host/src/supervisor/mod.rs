@@ -141,6 +141,11 @@ impl Supervisor {
                 .iter()
                 .filter_map(|t| config.plugins.get(t).map(|p| (t.clone(), p.max_attempts)))
                 .collect();
+            let target_keys = plugin_config
+                .enqueue_to
+                .iter()
+                .filter_map(|t| Some((t.clone(), config.key_source(t)?.clone())))
+                .collect();
             let ctx = Arc::new(PluginContext {
                 name: name.clone(),
                 config: plugin_config.clone(),
@@ -148,6 +153,7 @@ impl Supervisor {
                 consumer: format!("{host_id}/{name}"),
                 lease: config.host.lease,
                 targets,
+                target_keys,
                 config_dir: config.base_dir.clone(),
                 values: config.resolve_values(name)?,
                 tls_ca: config.tls_ca_files(name),

@@ -76,6 +76,9 @@ pub const MESSAGES_SENT: &str = "homing_messages_sent_total";
 pub const MESSAGES_ACKED: &str = "homing_messages_acked_total";
 /// From a message's send to its first hand-over to a guest on this host: `agent`.
 pub const MESSAGE_DELIVERY: &str = "homing_message_delivery_seconds";
+/// 1 while an agent's claims are paused (all of them, not one key), else 0: `agent` (read by
+/// the sweeper with the queue gauges).
+pub const AGENT_PAUSED: &str = "homing_agent_paused";
 /// Pending inbox messages in the store (read by the sweeper with the queue gauges).
 pub const MESSAGES_PENDING: &str = "homing_messages_pending";
 /// Follow-up dispatches the inbox started, counted when a host first claims one: `agent`.
@@ -190,6 +193,10 @@ fn describe() {
         "From a message's send to its first hand-over to a guest on this host."
     );
     describe_gauge!(MESSAGES_PENDING, "Pending inbox messages in the store.");
+    describe_gauge!(
+        AGENT_PAUSED,
+        "1 while an agent's claims are paused by an operator, else 0."
+    );
     describe_counter!(
         FOLLOW_UPS,
         "Follow-up dispatches the inbox started, counted at their first claim, by agent."
@@ -315,8 +322,7 @@ pub fn claim_throttled(agent: &str) {
 
 /// A run parked on upstream `status`.
 pub fn run_parked(agent: &str, status: u16) {
-    counter!(RUNS_PARKED, "agent" => agent.to_owned(), "status" => status.to_string())
-        .increment(1);
+    counter!(RUNS_PARKED, "agent" => agent.to_owned(), "status" => status.to_string()).increment(1);
 }
 
 /// An outbound request waited `waited` for origin limit `limit`.

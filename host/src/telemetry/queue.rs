@@ -1,10 +1,10 @@
 //! The queue as gauges: how many dispatches each agent has in each status, and how long its
-//! oldest queued dispatch has waited. Read from the store by the sweeper, so every host of a
+//! oldest queued dispatch has waited, and whether it is paused. Read from the store by the sweeper, so every host of a
 //! shared store reports the same numbers.
 
 use metrics::gauge;
 
-use super::{MESSAGES_PENDING, QUEUE_DEPTH, QUEUE_OLDEST_AGE};
+use super::{AGENT_PAUSED, MESSAGES_PENDING, QUEUE_DEPTH, QUEUE_OLDEST_AGE};
 use crate::store::{ListCursor, ListFilter, Status, Store, StoreResult};
 
 /// The statuses the depth gauge reports: live work. Settled work is counted as it settles
@@ -37,6 +37,12 @@ pub async fn refresh_queue(store: &Store, agents: &[String]) -> StoreResult<()> 
         gauge!(QUEUE_OLDEST_AGE, "agent" => agent.clone()).set(age);
     }
     gauge!(MESSAGES_PENDING).set(store.inbox.pending_total().await? as f64);
+    // One read of the pauses in force (a handful of records), whoever paused them.
+    let pauses = store.limits.pauses().await?;
+    for agent in agents {
+        let paused = crate::store::limits::paused(&pauses, agent, None);
+        gauge!(AGENT_PAUSED, "agent" => agent.clone()).set(if paused { 1.0 } else { 0.0 });
+    }
     Ok(())
 }
 

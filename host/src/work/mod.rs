@@ -15,8 +15,10 @@
 //! - `messages`: sending a message into a thread's inbox and waiting for its acknowledgement;
 //! - `waitpoints`: completing and cancelling waitpoints (the token check, the store call, the
 //!   metric), how a reader sees one, and a guest waiting in place for one to settle;
-//! - `journal`: how a reader sees a dispatch's journal (its call entries and steps).
+//! - `journal`: how a reader sees a dispatch's journal (its call entries and steps);
+//! - `flow`: pausing and resuming an agent's claims, and how its flow control stands.
 
+pub mod flow;
 pub mod journal;
 pub mod messages;
 mod ops;

@@ -45,7 +45,7 @@ pub async fn cancel(store: &Store, id: &str) -> Result<Dispatch, OpError> {
 }
 
 /// Re-enqueues a dead-lettered or cancelled dispatch as a new one (same agent, thread,
-/// payload, priority, metadata and dedupe key, with `retry-of` naming the original).
+/// payload, priority, metadata, dedupe key and concurrency key, with `retry-of` naming the original).
 ///
 /// # Errors
 ///
@@ -71,5 +71,6 @@ pub async fn retry(config: &Config, store: &Store, id: &str) -> Result<Dispatch,
         .map(|p| p.max_attempts)
         .unwrap_or(d.max_attempts);
     new.dedupe_key = d.dedupe_key.clone();
+    new.concurrency_key = d.concurrency_key.clone();
     Ok(store.mailbox.enqueue(new).await?)
 }

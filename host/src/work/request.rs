@@ -6,6 +6,7 @@ use std::collections::BTreeMap;
 use std::time::Duration;
 
 use crate::config::Config;
+use crate::config::limits::KeySource;
 use crate::store::{DEFAULT_MAX_ATTEMPTS, DEFAULT_PRIORITY, NewDispatch, millis};
 
 /// What a caller asks of a new dispatch. What a field leaves out gets the default: the
@@ -30,6 +31,8 @@ pub struct Request {
     pub dedupe_key: Option<String>,
     /// The failed attempts asked for before it dead-letters.
     pub max_attempts: Option<u32>,
+    /// The key its runs are limited by (flow control), when the caller named one.
+    pub concurrency_key: Option<String>,
 }
 
 /// The attempts a new dispatch gets, from what its [`Request`] asked and its agent's own
@@ -79,16 +82,22 @@ impl Request {
         }
     }
 
-    /// The dispatch this request asks for, with `attempts` deciding its `max_attempts`,
-    /// checked by the rules enqueue applies (names printable and bounded, metadata bounded,
-    /// at least one attempt; docs/contract.md, section 2).
+    /// The dispatch this request asks for, with `attempts` deciding its `max_attempts` and
+    /// `keys` (the target plugin's `concurrency_key`) its concurrency key when the request
+    /// names none, checked by the rules enqueue applies (names printable and bounded, metadata
+    /// bounded, at least one attempt, a key of at most 128 bytes; docs/contract.md, section 2).
     ///
     /// # Errors
     ///
     /// The store's description of the first rule broken, naming the field as the store names
-    /// it (`id`, `agent`, `thread`, `dedupe_key`, `metadata`, `max_attempts`); each caller
-    /// words it for its own fields.
-    pub fn into_dispatch(self, attempts: Attempts) -> Result<NewDispatch, String> {
+    /// it (`id`, `agent`, `thread`, `dedupe_key`, `metadata`, `max_attempts`,
+    /// `concurrency_key`); each caller words it for its own fields.
+    pub fn into_dispatch(
+        self,
+        attempts: Attempts,
+        keys: Option<&KeySource>,
+    ) -> Result<NewDispatch, String> {
+        let key = KeySource::key_for(keys, self.concurrency_key, &self.metadata);
         let mut new = NewDispatch::new(self.agent, self.thread, self.payload)
             .with_priority(self.priority.unwrap_or(DEFAULT_PRIORITY))
             .with_delay_ms(millis(self.delay))
@@ -96,6 +105,7 @@ impl Request {
         new.id = self.id;
         new.metadata = self.metadata;
         new.dedupe_key = self.dedupe_key;
+        new.concurrency_key = key;
         new.validate()?;
         Ok(new)
     }
@@ -109,7 +119,7 @@ mod tests {
     #[test]
     fn the_defaults_fill_what_a_request_leaves_out() {
         let new = Request::new("echo", "t1", b"hi".to_vec())
-            .into_dispatch(Attempts::AskedOr(3))
+            .into_dispatch(Attempts::AskedOr(3), None)
             .unwrap();
         assert_eq!(new.priority, DEFAULT_PRIORITY);
         assert_eq!(new.delay_ms, 0);
@@ -130,7 +140,7 @@ mod tests {
             max_attempts: Some(0),
             ..Request::new("echo", "t1", Vec::new())
         }
-        .into_dispatch(Attempts::AskedOr(3));
+        .into_dispatch(Attempts::AskedOr(3), None);
         assert_eq!(
             refused.err().as_deref(),
             Some("max_attempts must be at least 1")
@@ -142,12 +152,14 @@ mod tests {
         let mut request = Request::new("echo", "t\u{1b}1", Vec::new());
         let e = request
             .clone()
-            .into_dispatch(Attempts::AskedOr(1))
+            .into_dispatch(Attempts::AskedOr(1), None)
             .unwrap_err();
         assert!(e.starts_with("thread holds the non-printable"), "{e}");
         request.thread = "t1".into();
         request.dedupe_key = Some(String::new());
-        let e = request.into_dispatch(Attempts::AskedOr(1)).unwrap_err();
+        let e = request
+            .into_dispatch(Attempts::AskedOr(1), None)
+            .unwrap_err();
         assert_eq!(e, "dedupe_key is empty");
     }
 

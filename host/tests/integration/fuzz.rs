@@ -849,6 +849,7 @@ mod found {
         let ctx = Arc::new(PluginContext {
             name: "agent".into(),
             targets: vec![("helper".into(), 3)],
+            target_keys: Default::default(),
             config,
             store: store.clone(),
             consumer: "test-host/agent".into(),

@@ -36,6 +36,12 @@ fn fixture(plugin_toml: &str) -> Fixture {
     let ctx = Arc::new(PluginContext {
         name: "agent".into(),
         targets: config.enqueue_to.iter().map(|t| (t.clone(), 3)).collect(),
+        // `helper` takes its concurrency key from metadata `customer`.
+        target_keys: [(
+            "helper".to_owned(),
+            homing::config::limits::KeySource::Metadata("customer".into()),
+        )]
+        .into(),
         config,
         store: store.clone(),
         consumer: "test-host/agent".into(),
@@ -873,7 +879,8 @@ async fn waitpoints_are_created_once_awaited_and_suspended_on() {
 
 /// `emit` numbers a claim's deltas from 1 and refuses an empty or oversized chunk as invalid;
 /// the steps answer as `journal = "off"` does (nothing stored, nothing found) and still check
-/// their input; `info` counts the claim; a concurrency key is refused.
+/// their input; `info` counts the claim; a concurrency key is passed through (or taken from the
+/// metadata the target names), and one over 128 bytes is refused naming it.
 #[tokio::test]
 async fn emit_steps_off_and_info_answer_as_the_contract_says() {
     let f = fixture("enqueue_to = [\"helper\"]");
@@ -919,25 +926,46 @@ async fn emit_steps_off_and_info_answer_as_the_contract_says() {
         .unwrap();
     assert!(matches!(big, Err(GuestError::Invalid(_))), "{big:?}");
 
+    let request = |key: Option<String>, metadata: Vec<(String, String)>| EnqueueRequest {
+        agent: "helper".into(),
+        thread: None,
+        payload: b"x".to_vec(),
+        metadata,
+        priority: None,
+        delay_ms: None,
+        dedupe_key: None,
+        max_attempts: None,
+        concurrency_key: key,
+    };
     let keyed = HostClaim::enqueue(
         &mut guest,
         borrow(rep),
-        EnqueueRequest {
-            agent: "helper".into(),
-            thread: None,
-            payload: b"x".to_vec(),
-            metadata: vec![],
-            priority: None,
-            delay_ms: None,
-            dedupe_key: None,
-            max_attempts: None,
-            concurrency_key: Some("customer-1".into()),
-        },
+        request(Some("customer-1".into()), vec![]),
+    )
+    .await
+    .unwrap()
+    .unwrap();
+    let d = f.store.mailbox.load(&keyed).await.unwrap().unwrap();
+    assert_eq!(d.concurrency_key.as_deref(), Some("customer-1"));
+    let from_meta = HostClaim::enqueue(
+        &mut guest,
+        borrow(rep),
+        request(None, vec![("customer".into(), "c2".into())]),
+    )
+    .await
+    .unwrap()
+    .unwrap();
+    let d = f.store.mailbox.load(&from_meta).await.unwrap().unwrap();
+    assert_eq!(d.concurrency_key.as_deref(), Some("c2"));
+    let long = HostClaim::enqueue(
+        &mut guest,
+        borrow(rep),
+        request(Some("k".repeat(129)), vec![]),
     )
     .await
     .unwrap();
-    match keyed {
-        Err(GuestError::Invalid(text)) => assert!(text.contains("concurrency-key"), "{text}"),
+    match long {
+        Err(GuestError::Invalid(text)) => assert!(text.contains("concurrency_key"), "{text}"),
         other => panic!("expected invalid, got {other:?}"),
     }
 }

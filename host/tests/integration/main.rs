@@ -23,6 +23,8 @@
 //!   killed before suspending, two NATS hosts;
 //! - `journal_view`: a dispatch's journal through the API, the CLI and the dashboard of a real
 //!   `homing run`;
+//! - `flow_surface`: pausing and resuming agents and concurrency keys at enqueue, through the
+//!   API, the CLI and the dashboard of a real `homing run`;
 //! - `waitpoints`: waitpoints through the API and the CLI of a real `homing run` (the
 //!   dashboard's Waiting page is in `dashboard`);
 //! - `waitpoint_guests`: runs that wait for a person or a webhook: Rust, Python and JavaScript guests
@@ -65,6 +67,7 @@ mod embedded_conformance;
 mod embedded_store;
 mod faults;
 mod flow_control;
+mod flow_surface;
 mod fuzz;
 mod guest_imports;
 mod hostile_input;

@@ -315,6 +315,16 @@ pub(super) fn notice(name: Option<&str>, n: Option<&str>) -> Markup {
             true,
         ),
         Some("waitpoint-missing") => ("Not done: no such waitpoint.".to_owned(), true),
+        Some("paused") => (
+            "Paused: no host claims its dispatches until it is resumed.".to_owned(),
+            false,
+        ),
+        Some("resumed") => ("Resumed.".to_owned(), false),
+        Some("not-paused") => ("It was not paused.".to_owned(), false),
+        Some("pause-refused") => (
+            "Not paused: the reason must be printable and at most 1 KiB.".to_owned(),
+            true,
+        ),
         Some("waitpoint-refused") => ("Not done: the store refused the result.".to_owned(), true),
         _ => return html! {},
     };

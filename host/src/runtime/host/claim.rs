@@ -90,7 +90,7 @@ pub fn dispatch_info(d: &Dispatch) -> DispatchInfo {
         priority: d.priority,
         claims: d.claims,
         resumes: d.resumes,
-        concurrency_key: None,
+        concurrency_key: d.concurrency_key.clone(),
     }
 }
 

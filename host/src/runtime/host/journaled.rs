@@ -147,7 +147,7 @@ fn enqueue_identity(new: &NewDispatch) -> String {
         .filter(|(k, _)| k.as_str() != "traceparent")
         .collect();
     let metadata = serde_json::to_vec(&metadata).unwrap_or_default();
-    identity([
+    let parts = [
         new.agent.as_bytes(),
         new.thread.as_bytes(),
         &new.payload,
@@ -156,7 +156,13 @@ fn enqueue_identity(new: &NewDispatch) -> String {
         &new.delay_ms.to_be_bytes(),
         new.dedupe_key.as_deref().unwrap_or_default().as_bytes(),
         &new.max_attempts.to_be_bytes(),
-    ])
+    ];
+    // A concurrency key is part of the request when there is one; without one the identity is
+    // what it was before keys existed, so journals recorded then still replay.
+    match &new.concurrency_key {
+        Some(key) => identity(parts.into_iter().chain([key.as_bytes()])),
+        None => identity(parts),
+    }
 }
 
 /// Enqueues the follow-up `new` through the claim. Returns its id.

@@ -44,13 +44,6 @@ impl GuestState {
                 }
             )));
         };
-        if request.concurrency_key.is_some() {
-            return Err(GuestError::Invalid(
-                "concurrency-key: this host does not limit runs by concurrency key yet; leave it \
-                 unset"
-                    .into(),
-            ));
-        }
         let thread = match (request.thread, parent) {
             (Some(thread), _) => thread,
             (None, Some(parent)) => parent.thread.clone(),
@@ -84,12 +77,16 @@ impl GuestState {
             metadata,
             dedupe_key: request.dedupe_key,
             max_attempts: request.max_attempts,
+            concurrency_key: request.concurrency_key,
             ..Request::new(request.agent, thread, request.payload)
         };
-        // The rules every entry point applies (names printable and bounded, metadata bounded),
-        // before the store sees it: refused as `invalid`, naming the field.
+        // The target's `concurrency_key` takes the key from the metadata when none is named.
+        let keys = plugin.target_keys.get(&request.agent);
+        // The rules every entry point applies (names printable and bounded, metadata bounded,
+        // the concurrency key), before the store sees it: refused as `invalid`, naming the
+        // field.
         request
-            .into_dispatch(Attempts::AtMost(*target_max))
+            .into_dispatch(Attempts::AtMost(*target_max), keys)
             .map_err(GuestError::Invalid)
     }
 }

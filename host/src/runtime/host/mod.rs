@@ -69,6 +69,9 @@ pub struct PluginContext {
     pub lease: Duration,
     /// Max attempts of each plugin the guest may enqueue to (target name, default).
     pub targets: Vec<(String, u32)>,
+    /// Where each target the guest may enqueue to takes a dispatch's concurrency key from when
+    /// the request names none (its `concurrency_key`).
+    pub target_keys: std::collections::BTreeMap<String, crate::config::limits::KeySource>,
     /// The largest payload a follow-up may carry.
     pub max_payload: u64,
     /// The directory relative grant paths resolve against (the config file's).
@@ -101,6 +104,7 @@ impl PluginContext {
             consumer: format!("standalone/{name}"),
             lease: Duration::from_secs(30),
             targets: Vec::new(),
+            target_keys: Default::default(),
             max_payload: 1 << 20,
             config_dir,
             values: Resolved::default(),

@@ -89,10 +89,12 @@ fn bucket(tx: &Connection, scope: &str) -> StoreResult<Option<Bucket>> {
 }
 
 fn store_bucket(tx: &Connection, scope: &str, b: Bucket) -> StoreResult<()> {
-    tx.prepare_cached("INSERT OR REPLACE INTO limit_buckets (scope, tokens, at) VALUES (?1, ?2, ?3)")
-        .map_err(db)?
-        .execute(params![scope, b.tokens, clamp(b.at)])
-        .map_err(db)?;
+    tx.prepare_cached(
+        "INSERT OR REPLACE INTO limit_buckets (scope, tokens, at) VALUES (?1, ?2, ?3)",
+    )
+    .map_err(db)?
+    .execute(params![scope, b.tokens, clamp(b.at)])
+    .map_err(db)?;
     Ok(())
 }
 
@@ -338,13 +340,15 @@ impl EmbeddedStore {
 impl Limits for EmbeddedStore {
     async fn take_token(&self, scope: &str, rate: &Rate) -> StoreResult<Option<u64>> {
         let (scope, rate) = (scope.to_owned(), *rate);
-        self.write(move |tx, now| match Bucket::take(bucket(tx, &scope)?, &rate, now) {
-            Ok(b) => {
-                store_bucket(tx, &scope, b)?;
-                Ok(None)
-            }
-            Err(at) => Ok(Some(at)),
-        })
+        self.write(
+            move |tx, now| match Bucket::take(bucket(tx, &scope)?, &rate, now) {
+                Ok(b) => {
+                    store_bucket(tx, &scope, b)?;
+                    Ok(None)
+                }
+                Err(at) => Ok(Some(at)),
+            },
+        )
         .await
     }
 
@@ -388,11 +392,7 @@ impl Limits for EmbeddedStore {
 
     async fn pause(&self, agent: &str, key: Option<&str>, reason: &str) -> StoreResult<Pause> {
         check_pause(agent, key, reason)?;
-        let (agent, key, reason) = (
-            agent.to_owned(),
-            key.map(str::to_owned),
-            reason.to_owned(),
-        );
+        let (agent, key, reason) = (agent.to_owned(), key.map(str::to_owned), reason.to_owned());
         self.write(move |tx, now| {
             tx.prepare_cached(
                 "INSERT OR REPLACE INTO pauses (agent, key, reason, at) VALUES (?1, ?2, ?3, ?4)",

@@ -43,8 +43,10 @@ impl EmbeddedStore {
         self.write(move |tx, now| {
             promote_due(tx, now)?;
             let mut pick = |tx: &Connection| next_lane(tx, &agent);
-            Ok(claim_picked(tx, &agent, &consumer, lease_ms, start, now, &mut pick)?
-                .map(|(d, _)| d))
+            Ok(
+                claim_picked(tx, &agent, &consumer, lease_ms, start, now, &mut pick)?
+                    .map(|(d, _)| d),
+            )
         })
         .await
     }

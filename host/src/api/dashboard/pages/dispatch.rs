@@ -147,6 +147,7 @@ fn render(page: &DispatchPage, p: &Params, session: &Session) -> Markup {
                 dt { "Epoch" } dd { (r.epoch) }
                 dt { "Run id" } dd.mono { (r.run_id) }
                 @if let Some(key) = &r.dedupe_key { dt { "Dedupe key" } dd.mono { (key) } }
+                @if let Some(key) = &r.concurrency_key { dt { "Concurrency key" } dd.mono #concurrency-key { (key) } }
                 @if let Some(claim) = &r.claim {
                     dt { "Held by" } dd.mono { (claim.claimed_by) " (host " (stats::host_of(&claim.claimed_by)) ")" }
                 }

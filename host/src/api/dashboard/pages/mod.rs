@@ -11,7 +11,7 @@
 //! - `thread`: `/threads/{thread}`, with its interrupt and its send box (messages);
 //! - `dead_letters`: `/dead-letters`, with retrying the selected;
 //! - `waiting`: `/waiting`, the pending waitpoints, with approving and rejecting each;
-//! - `agents`: `/agents`;
+//! - `agents`: `/agents`, with pausing and resuming each agent;
 //! - `login`: `/login` and `/logout`;
 //! - this module: the route table, and what the pages share: the session of a page and of an
 //!   action, the error page, query parameters.
@@ -79,6 +79,8 @@ pub(super) fn routes() -> Router<Arc<Dashboard>> {
         .route("/waitpoints/{id}/approve", post(waiting::approve))
         .route("/waitpoints/{id}/reject", post(waiting::reject))
         .route("/agents", get(agents::page))
+        .route("/agents/{agent}/pause", post(agents::pause))
+        .route("/agents/{agent}/resume", post(agents::resume))
 }
 
 /// Why a page is not shown.
