@@ -118,6 +118,9 @@ impl EmbeddedStore {
     }
 }
 
+/// Chooses the lane a claim takes: its thread and head, or none.
+pub(super) type LanePick<'a> = dyn FnMut(&Connection) -> StoreResult<Option<(String, String)>> + 'a;
+
 /// The best lane of `agent` free to claim: its thread and head.
 fn next_lane(tx: &Connection, agent: &str) -> StoreResult<Option<(String, String)>> {
     tx.prepare_cached(
@@ -139,7 +142,7 @@ pub(super) fn claim_picked(
     lease_ms: u64,
     start: bool,
     now: u64,
-    pick: &mut dyn FnMut(&Connection) -> StoreResult<Option<(String, String)>>,
+    pick: &mut LanePick<'_>,
 ) -> Result<Option<(Dispatch, String)>, TxError> {
     // A lane whose head turns out unusable is repaired and the pick repeated; the bound only
     // guards against a store that keeps handing back the same broken lane. A head not yet due
