@@ -325,21 +325,23 @@ fn choose(
                 break;
             }
         }
-        if late.is_empty() || best.is_some() {
-            return Ok(match best {
-                Some((_, turn, d)) => {
-                    let served = limits
-                        .keyed()
-                        .then(|| (d.concurrency_key.clone().unwrap_or_default(), turn));
-                    Ok((d.clone(), served, throttled))
-                }
-                None => Err((throttled, retry_at)),
-            });
-        }
+        let chosen = best.map(|(_, turn, d)| {
+            let served = limits
+                .keyed()
+                .then(|| (d.concurrency_key.clone().unwrap_or_default(), turn));
+            (d.clone(), served)
+        });
         // A head not yet due (the clock stepped back since it was promoted) goes back to
-        // waiting, and the lanes are looked at again.
+        // waiting; when nothing else was found, the lanes are looked at again.
+        let again = chosen.is_none() && !late.is_empty();
         for d in &late {
             view.demote(d);
+        }
+        if !again {
+            return Ok(match chosen {
+                Some((d, served)) => Ok((d, served, throttled)),
+                None => Err((throttled, retry_at)),
+            });
         }
     }
 }
@@ -435,12 +437,20 @@ impl NatsStore {
         scope: &str,
         mut decide: impl FnMut(&LimitRec, &[bool], u64) -> (Option<LimitRec>, T),
     ) -> StoreResult<T> {
+        // A host decides on its view first; an answer that writes nothing (a refusal) is only
+        // given once confirmed on a view caught up with the stream.
+        let mut fresh = !self.follows();
         for attempt in 0..SCOPE_ATTEMPTS {
             let now = self.now();
             let (rec, seq, live) = self.read_scope(scope, now).await?;
             let (write, answer) = decide(&rec, &live, now);
             let Some(new) = write else {
-                return Ok(answer);
+                if fresh {
+                    return Ok(answer);
+                }
+                self.barrier().await?;
+                fresh = true;
+                continue;
             };
             match self
                 .commit(vec![scope_write(scope, seq, new)?], self.follows())
@@ -453,6 +463,7 @@ impl NatsStore {
                         tokio::time::sleep(pause).await;
                     }
                     self.barrier().await?;
+                    fresh = true;
                 }
             }
         }

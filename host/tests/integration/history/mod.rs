@@ -1828,6 +1828,7 @@ mod checker_tests {
             attempt: 0,
             claims: u32::from(token.is_some()),
             resumes: 0,
+            concurrency_key: None,
             epoch: 0,
             status,
             claim: token.map(|t| Claim {
