@@ -60,7 +60,7 @@ enum Claimed {
     /// Claimed: the record, the key served and its turn, and what was passed over.
     Got(Box<Dispatch>, Option<(String, u64)>, Vec<String>),
     /// Nothing claimed.
-    Nothing(Gated),
+    Nothing(Box<Gated>),
     /// A stale candidate was superseded; decide again.
     Again,
 }
@@ -175,25 +175,25 @@ impl NatsStore {
                     view.promote(agent, now);
                     let pauses = view.pauses_of(agent);
                     if paused(&pauses, agent, None) {
-                        return Ok(Plan::Done(Ok(Claimed::Nothing(Gated::default()))));
+                        return Ok(Plan::Done(Ok(Claimed::Nothing(Box::default()))));
                     }
                     for scope in &shared {
                         if let Err(retry_at) = admits(view, scope, now)? {
-                            return Ok(Plan::Done(Ok(Claimed::Nothing(Gated {
+                            return Ok(Plan::Done(Ok(Claimed::Nothing(Box::new(Gated {
                                 retry_at,
                                 ..Gated::default()
-                            }))));
+                            })))));
                         }
                     }
                     let (d, served, throttled) =
                         match choose(view, agent, limits, &pauses, &turns, now)? {
                             Ok(choice) => choice,
                             Err((throttled, retry_at)) => {
-                                return Ok(Plan::Done(Ok(Claimed::Nothing(Gated {
+                                return Ok(Plan::Done(Ok(Claimed::Nothing(Box::new(Gated {
                                     dispatch: None,
                                     retry_at,
                                     throttled,
-                                }))));
+                                })))));
                             }
                         };
                     let thread_epoch = view.thread(&d.thread)?.epoch;
@@ -244,7 +244,7 @@ impl NatsStore {
                         throttled,
                     });
                 }
-                Claimed::Nothing(gated) => return Ok(gated),
+                Claimed::Nothing(gated) => return Ok(*gated),
                 Claimed::Again => continue,
             }
         }
@@ -258,6 +258,10 @@ impl NatsStore {
 /// rotate across keys), the dispatches passed over, and when a key's bucket refills.
 type Choice = (Dispatch, Option<(String, u64)>, Vec<String>);
 
+/// What [`choose`] reports when nothing is eligible: the dispatches passed over, and when the
+/// first key's bucket refills.
+type Held = (Vec<String>, Option<u64>);
+
 /// Picks the dispatch a gated claim takes: the heads of `agent`'s open lanes in claim order,
 /// skipping those whose key is paused, full or out of tokens; with per-key limits, among the
 /// eligible heads of the best priority, the key with the lowest turn. When none is eligible:
@@ -269,7 +273,7 @@ fn choose(
     pauses: &[Pause],
     turns: &Turns,
     now: u64,
-) -> StoreResult<Result<Choice, (Vec<String>, Option<u64>)>> {
+) -> StoreResult<Result<Choice, Held>> {
     loop {
         let mut late: Vec<Dispatch> = Vec::new();
         let mut throttled: Vec<String> = Vec::new();

@@ -277,7 +277,7 @@ impl Inner {
             match decoded {
                 Some(Ok(record)) => {
                     // A dispatch becoming queued, or leaving `claimed` or `waiting` (its thread
-                    // is free).
+                    // is free), or a pause lifted.
                     wake = match &record {
                         Record::Dispatch(_, id, Some(s)) => {
                             s.dispatch.status == crate::store::Status::Queued
@@ -289,6 +289,8 @@ impl Inner {
                                     )
                                 })
                         }
+                        // A pause lifted: claims it held back may go.
+                        Record::Pause(_, None) => true,
                         _ => false,
                     };
                     if self.watches.open() > 0 {
