@@ -34,8 +34,9 @@ use base64::Engine;
 use base64::engine::general_purpose::URL_SAFE_NO_PAD;
 use bytes::{BufMut, Bytes, BytesMut};
 
-use super::view::{MessageHead, Record, Stored, ThreadRec};
+use super::view::{LimitRec, MessageHead, Record, Stored, ThreadRec};
 use crate::store::inbox::Message;
+use crate::store::limits::{Pause, pause_name};
 use crate::store::waitpoints::Waitpoint;
 use crate::store::{StoreError, StoreResult};
 
@@ -70,6 +71,12 @@ pub enum Key {
     /// A batch of deltas a claim of a dispatch streamed, by claim number and first sequence:
     /// `<p>.dl.<dispatch>.<claim>.<first>` (outside every tree; see `deltas`).
     Delta(String, u32, u64),
+    /// The slots and bucket of a flow-control scope, by its stored name: `<p>.lim.<scope>`
+    /// (outside every tree; see `limits`).
+    Limit(String),
+    /// A pause, by [`pause_name`](crate::store::limits::pause_name): `<p>.pz.<name>`; an
+    /// empty payload is a resume.
+    Pause(String),
 }
 
 /// The token of the empty string (base64 of nothing is empty, and subjects have no empty
@@ -107,6 +114,8 @@ impl Key {
             Key::JournalStep(d, key) => format!("{prefix}.jn.{}.s.{}", enc(d), enc(key)),
             Key::JournalMark(d) => format!("{prefix}.jx.{}", enc(d)),
             Key::Delta(d, claim, first) => format!("{prefix}.dl.{}.{claim}.{first}", enc(d)),
+            Key::Limit(scope) => format!("{prefix}.lim.{}", enc(scope)),
+            Key::Pause(name) => format!("{prefix}.pz.{}", enc(name)),
         }
     }
 
@@ -124,7 +133,9 @@ impl Key {
             | Key::JournalCall(..)
             | Key::JournalStep(..)
             | Key::JournalMark(_)
-            | Key::Delta(..) => None,
+            | Key::Delta(..)
+            | Key::Limit(_)
+            | Key::Pause(_) => None,
         }
     }
 
@@ -218,6 +229,16 @@ impl Key {
         format!("_HOMING_LIVE.{prefix}.{}", enc(dispatch))
     }
 
+    /// The subject filter of every flow-control scope record.
+    pub fn limits(prefix: &str) -> String {
+        format!("{prefix}.lim.*")
+    }
+
+    /// The subject filter of every pause record.
+    pub fn pauses(prefix: &str) -> String {
+        format!("{prefix}.pz.*")
+    }
+
     /// The subject filter of every log entry of a thread.
     pub fn entries_of(prefix: &str, thread: &str) -> String {
         format!("{prefix}.th.{}.e.*", enc(thread))
@@ -262,6 +283,8 @@ impl Key {
                 let claim = parts.next()?.parse().ok()?;
                 Key::Delta(dispatch, claim, parts.next()?.parse().ok()?)
             }
+            "lim" => Key::Limit(dec(parts.next()?)?),
+            "pz" => Key::Pause(dec(parts.next()?)?),
             _ => return None,
         };
         parts.next().is_none().then_some(key)
@@ -280,6 +303,8 @@ impl Key {
             Key::JournalStep(d, key) => format!("journal/{d}/steps/{key}"),
             Key::JournalMark(d) => format!("journal/{d}"),
             Key::Delta(d, claim, first) => format!("deltas/{d}/{claim}/{first}"),
+            Key::Limit(scope) => format!("limits/{scope}"),
+            Key::Pause(name) => format!("pauses/{}", name.replace('\u{1f}', "/")),
         }
     }
 
@@ -351,6 +376,28 @@ impl Key {
             | Key::JournalStep(d, _)
             | Key::JournalMark(d)
             | Key::Delta(d, _, _) => Ok(Record::Journal(d)),
+            Key::Limit(scope) => {
+                let rec: LimitRec = if payload.is_empty() {
+                    LimitRec::default()
+                } else {
+                    serde_json::from_slice(payload).map_err(|e| (name, e.to_string()))?
+                };
+                Ok(Record::Limit(scope, rec))
+            }
+            Key::Pause(pause) => {
+                if payload.is_empty() {
+                    return Ok(Record::Pause(pause, None));
+                }
+                let p: Pause =
+                    serde_json::from_slice(payload).map_err(|e| (name.clone(), e.to_string()))?;
+                if pause_name(&p.agent, p.key.as_deref()) != pause {
+                    return Err((
+                        name,
+                        format!("the record holds the pause of agent `{}`", p.agent),
+                    ));
+                }
+                Ok(Record::Pause(pause, Some(p)))
+            }
         }
     }
 }
@@ -766,6 +813,8 @@ mod tests {
                 Key::JournalStep(name.into(), format!("{name}.k")),
                 Key::JournalMark(name.into()),
                 Key::Delta(name.into(), 3, 17),
+                Key::Limit(format!("key:{name}:k")),
+                Key::Pause(format!("{name}\u{1f}k")),
             ] {
                 let subject = key.subject("hm");
                 assert_eq!(Key::parse("hm", &subject), Some(key.clone()), "{subject}");

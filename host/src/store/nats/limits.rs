@@ -1,70 +1,668 @@
-//! Flow control on the nats backend (the contract, docs/contract.md, section 13).
+//! Flow control on the NATS backend (the contract, docs/contract.md, section 13).
+//!
+//! Each scope is one record outside every thread's tree, `<p>.lim.<scope>`: the holders of its
+//! slots and its bucket ([`LimitRec`]). Each pause is one record, `<p>.pz.<agent>` or
+//! `<p>.pz.<agent 0x1f key>`, written empty when it is lifted. A host's view holds both (the
+//! watcher loads and follows them), so a gated claim reads nothing more than a plain one.
+//!
+//! A claim that takes a token or a slot writes the claimed dispatch record, fenced by its
+//! thread's tree, and every scope record it changes, each expecting its own subject's last
+//! sequence as the view knows it, in one atomic batch: a decision taken on a stale scope record
+//! fails at the server and is taken again after a barrier, so caps and rates hold exactly
+//! across every host. A slot is held while its claim lives ([`Holder::live`], read from the
+//! dispatch records in the view), so neither a settlement nor a dead host's expired lease
+//! writes the scope record: the next write prunes the dead holders. A claim with no limits and
+//! no pause of its agent is the plain claim: one message.
+//!
+//! Fairness across concurrency keys keeps a turn per key on this instance (start-time fair
+//! queuing): a claim of a key advances its turn by the key's cost, and a key seen for the first
+//! time starts at the turn of the last key served, not at zero.
+
+use std::collections::{HashMap, HashSet};
+use std::time::Duration;
 
 use async_trait::async_trait;
+use bytes::Bytes;
 
 use super::NatsStore;
-use crate::store::limits::{ClaimRequest, Gated, Limits, Pause, Rate, Usage};
-use crate::store::{Mailbox, StoreError, StoreResult};
+use super::commit::{CommitError, Expect, Plan, Write, plain, put_dispatch};
+use super::fetch::Read;
+use super::keys::Key;
+use super::view::{LimitRec, Record, View};
+use crate::store::limits::{
+    Bucket, ClaimRequest, Gated, Holder, Limits, Pause, Rate, Scope, Usage, pause_name, paused,
+};
+use crate::store::model::{Dispatch, check_concurrency_key};
+use crate::store::rules::{self, Take};
+use crate::store::{StoreError, StoreResult};
 
-fn unsupported() -> StoreError {
-    StoreError::Unavailable("flow control is not built on this backend yet".into())
+/// How many times an operation on one scope record decides again after a conflict.
+const SCOPE_ATTEMPTS: usize = 32;
+
+/// The round-robin turns of one agent's concurrency keys on this instance.
+#[derive(Debug, Clone, Default)]
+pub(super) struct Turns {
+    /// The turn of the key served last: a key without a turn, or behind it, starts here.
+    floor: u64,
+    /// Each key's next turn.
+    of: HashMap<String, u64>,
+}
+
+impl Turns {
+    /// The turn `key` would be served at now.
+    fn turn(&self, key: &str) -> u64 {
+        self.of.get(key).copied().unwrap_or(0).max(self.floor)
+    }
+}
+
+/// What a gated claim decided.
+enum Claimed {
+    /// Claimed: the record, the key served and its turn, and what was passed over.
+    Got(Box<Dispatch>, Option<(String, u64)>, Vec<String>),
+    /// Nothing claimed.
+    Nothing(Box<Gated>),
+    /// A stale candidate was superseded; decide again.
+    Again,
+}
+
+/// Whether a key can be claimed now.
+#[derive(Clone, Copy)]
+enum KeyState {
+    Open,
+    /// Paused, or all its slots held.
+    Shut,
+    /// Its bucket is empty until then.
+    Until(u64),
+}
+
+/// The liveness of every holder of `rec` as `view` has their claims.
+fn live_holders<'a>(view: &View, rec: Option<&'a LimitRec>, now: u64) -> Vec<&'a Holder> {
+    rec.map(|r| {
+        r.holders
+            .iter()
+            .filter(|h| {
+                let current = view.dispatch(&h.id).ok().flatten().map(|s| &s.dispatch);
+                h.live(current, now)
+            })
+            .collect()
+    })
+    .unwrap_or_default()
+}
+
+/// Whether `scope` admits one more claim now: `Ok(())`, or why not (`None`: all slots held;
+/// `Some(t)`: no token until `t`).
+fn admits(view: &View, scope: &Scope, now: u64) -> StoreResult<Result<(), Option<u64>>> {
+    let (rec, _) = view.limit(&scope.name)?;
+    if let Some(cap) = scope.concurrency
+        && live_holders(view, rec, now).len() >= cap as usize
+    {
+        return Ok(Err(None));
+    }
+    if let Some(rate) = &scope.rate
+        && let Err(at) = Bucket::take(rec.and_then(|r| r.bucket), rate, now)
+    {
+        return Ok(Err(Some(at)));
+    }
+    Ok(Ok(()))
+}
+
+/// The write of `scope`'s record after a claim of `d`: its dead holders pruned, the claim's
+/// slot added (with a cap), one token taken (with a rate), expecting the record's subject as
+/// the view knows it.
+fn take_scope(view: &View, scope: &Scope, d: &Dispatch, now: u64) -> StoreResult<Write> {
+    let (rec, seq) = view.limit(&scope.name)?;
+    let mut holders: Vec<Holder> = live_holders(view, rec, now)
+        .into_iter()
+        .filter(|h| h.id != d.id)
+        .cloned()
+        .collect();
+    if scope.concurrency.is_some() {
+        holders.push(Holder::of_claim(d));
+    }
+    let stored = rec.and_then(|r| r.bucket);
+    let bucket = match &scope.rate {
+        Some(rate) => Bucket::take(stored, rate, now).ok().or(stored),
+        None => stored,
+    };
+    scope_write(&scope.name, seq, LimitRec { holders, bucket })
+}
+
+/// The write of a scope record expecting its subject's last sequence `seq`.
+fn scope_write(scope: &str, seq: u64, rec: LimitRec) -> StoreResult<Write> {
+    let payload = serde_json::to_vec(&rec)
+        .map_err(|e| StoreError::Invalid(format!("limits/{scope}: cannot encode: {e}")))?;
+    Ok(Write {
+        key: Key::Limit(scope.to_owned()),
+        expect: Expect::Subject(seq),
+        payload: Bytes::from(payload),
+        record: Record::Limit(scope.to_owned(), rec),
+    })
+}
+
+/// The shared scopes of a claim, each name once.
+fn distinct(scopes: &[Scope]) -> Vec<&Scope> {
+    let mut seen = HashSet::new();
+    scopes
+        .iter()
+        .filter(|s| seen.insert(s.name.as_str()))
+        .collect()
 }
 
 impl NatsStore {
     /// `claim_gated`: the claim with its limits and pauses decided in the same step.
     pub(super) async fn claim_gated_inner(&self, req: &ClaimRequest<'_>) -> StoreResult<Gated> {
-        if !req.limits.is_empty() {
-            return Err(unsupported());
+        // The best dispatch may have been enqueued on another host a moment ago.
+        self.barrier().await?;
+        let agent = req.agent;
+        let limits = req.limits;
+        let shared = distinct(&limits.shared);
+        for _ in 0..64 {
+            let turns = if limits.keyed() {
+                self.inner
+                    .turns
+                    .lock()
+                    .map(|t| t.get(agent).cloned().unwrap_or_default())
+                    .unwrap_or_default()
+            } else {
+                Turns::default()
+            };
+            let mut held: Option<String> = None;
+            let out = self
+                .run(&[Read::All], |view, now, _| {
+                    if let Some(thread) = held.take() {
+                        view.release(&thread);
+                    }
+                    view.promote(agent, now);
+                    let pauses = view.pauses_of(agent);
+                    if paused(&pauses, agent, None) {
+                        return Ok(Plan::Done(Ok(Claimed::Nothing(Box::default()))));
+                    }
+                    for scope in &shared {
+                        if let Err(retry_at) = admits(view, scope, now)? {
+                            return Ok(Plan::Done(Ok(Claimed::Nothing(Box::new(Gated {
+                                retry_at,
+                                ..Gated::default()
+                            })))));
+                        }
+                    }
+                    let (d, served, throttled) =
+                        match choose(view, agent, limits, &pauses, &turns, now)? {
+                            Ok(choice) => choice,
+                            Err((throttled, retry_at)) => {
+                                return Ok(Plan::Done(Ok(Claimed::Nothing(Box::new(Gated {
+                                    dispatch: None,
+                                    retry_at,
+                                    throttled,
+                                })))));
+                            }
+                        };
+                    let thread_epoch = view.thread(&d.thread)?.epoch;
+                    match rules::take(d, thread_epoch, req.consumer, req.lease_ms, now, req.start) {
+                        Take::Stale(d) => Ok(Plan::Write {
+                            writes: put_dispatch(view, plain(d))?,
+                            answer: Ok(Claimed::Again),
+                            wake: false,
+                        }),
+                        Take::Claimed(d) => {
+                            let mut writes = put_dispatch(view, plain(d.clone()))?;
+                            for scope in &shared {
+                                writes.push(take_scope(view, scope, &d, now)?);
+                            }
+                            if let Some(key) = &d.concurrency_key
+                                && let Some(scope) = limits.key_scope(agent, key)
+                            {
+                                writes.push(take_scope(view, &scope, &d, now)?);
+                            }
+                            view.reserve(&d.thread);
+                            held = Some(d.thread.clone());
+                            Ok(Plan::Write {
+                                writes,
+                                answer: Ok(Claimed::Got(Box::new(d), served, throttled)),
+                                wake: false,
+                            })
+                        }
+                    }
+                })
+                .await;
+            if let Some(thread) = held {
+                self.view()?.release(&thread);
+            }
+            match out? {
+                Claimed::Got(d, served, throttled) => {
+                    if let Some((key, turn)) = served
+                        && let Ok(mut all) = self.inner.turns.lock()
+                    {
+                        let turns = all.entry(agent.to_owned()).or_default();
+                        let next = turn.saturating_add(limits.turn_cost(&key));
+                        turns.floor = turns.floor.max(turn);
+                        let slot = turns.of.entry(key).or_default();
+                        *slot = (*slot).max(next);
+                    }
+                    return Ok(Gated {
+                        dispatch: Some(*d),
+                        retry_at: None,
+                        throttled,
+                    });
+                }
+                Claimed::Nothing(gated) => return Ok(*gated),
+                Claimed::Again => continue,
+            }
         }
-        let d = if req.start {
-            self.claim_started(req.agent, req.consumer, req.lease_ms)
-                .await?
-        } else {
-            self.claim(req.agent, req.consumer, req.lease_ms).await?
-        };
-        Ok(Gated {
-            dispatch: d,
-            ..Gated::default()
-        })
+        Err(StoreError::Contention(format!(
+            "claim for agent `{agent}` kept finding stale dispatches"
+        )))
     }
+}
+
+/// What [`choose`] found: the dispatch to claim, the key served and its turn (when claims
+/// rotate across keys), the dispatches passed over, and when a key's bucket refills.
+type Choice = (Dispatch, Option<(String, u64)>, Vec<String>);
+
+/// What [`choose`] reports when nothing is eligible: the dispatches passed over, and when the
+/// first key's bucket refills.
+type Held = (Vec<String>, Option<u64>);
+
+/// Picks the dispatch a gated claim takes: the heads of `agent`'s open lanes in claim order,
+/// skipping those whose key is paused, full or out of tokens; with per-key limits, among the
+/// eligible heads of the best priority, the key with the lowest turn. When none is eligible:
+/// the dispatches passed over, and when the first key's bucket refills.
+fn choose(
+    view: &mut View,
+    agent: &str,
+    limits: &crate::store::limits::LimitSet,
+    pauses: &[Pause],
+    turns: &Turns,
+    now: u64,
+) -> StoreResult<Result<Choice, Held>> {
+    loop {
+        let mut late: Vec<Dispatch> = Vec::new();
+        let mut throttled: Vec<String> = Vec::new();
+        let mut retry_at: Option<u64> = None;
+        let mut states: HashMap<String, KeyState> = HashMap::new();
+        // (priority, turn, the record)
+        let mut best: Option<(u8, u64, &Dispatch)> = None;
+        for s in view.heads(agent) {
+            let d = &s.dispatch;
+            if let Some((priority, _, _)) = best
+                && d.priority > priority
+            {
+                break;
+            }
+            if !rules::due(d, now) {
+                late.push(d.clone());
+                continue;
+            }
+            let key = d.concurrency_key.as_deref();
+            let state = match key {
+                Some(k) => match states.get(k) {
+                    Some(state) => *state,
+                    None => {
+                        let state = key_state(view, agent, k, limits, pauses, now)?;
+                        states.insert(k.to_owned(), state);
+                        state
+                    }
+                },
+                None => KeyState::Open,
+            };
+            match state {
+                KeyState::Open => {}
+                KeyState::Shut => {
+                    throttled.push(d.id.clone());
+                    continue;
+                }
+                KeyState::Until(at) => {
+                    retry_at = Some(retry_at.map_or(at, |r| r.min(at)));
+                    throttled.push(d.id.clone());
+                    continue;
+                }
+            }
+            if !limits.keyed() {
+                best = Some((d.priority, 0, d));
+                break;
+            }
+            let turn = turns.turn(key.unwrap_or(""));
+            if best.is_none_or(|(_, t, _)| turn < t) {
+                best = Some((d.priority, turn, d));
+            }
+            // No key can be served before the floor.
+            if turn <= turns.floor {
+                break;
+            }
+        }
+        let chosen = best.map(|(_, turn, d)| {
+            let served = limits
+                .keyed()
+                .then(|| (d.concurrency_key.clone().unwrap_or_default(), turn));
+            (d.clone(), served)
+        });
+        // A head not yet due (the clock stepped back since it was promoted) goes back to
+        // waiting; when nothing else was found, the lanes are looked at again.
+        let again = chosen.is_none() && !late.is_empty();
+        for d in &late {
+            view.demote(d);
+        }
+        if !again {
+            return Ok(match chosen {
+                Some((d, served)) => Ok((d, served, throttled)),
+                None => Err((throttled, retry_at)),
+            });
+        }
+    }
+}
+
+/// Whether key `key` of `agent` admits a claim now.
+fn key_state(
+    view: &View,
+    agent: &str,
+    key: &str,
+    limits: &crate::store::limits::LimitSet,
+    pauses: &[Pause],
+    now: u64,
+) -> StoreResult<KeyState> {
+    if paused(pauses, agent, Some(key)) {
+        return Ok(KeyState::Shut);
+    }
+    let Some(scope) = limits.key_scope(agent, key) else {
+        return Ok(KeyState::Open);
+    };
+    Ok(match admits(view, &scope, now)? {
+        Ok(()) => KeyState::Open,
+        Err(None) => KeyState::Shut,
+        Err(Some(at)) => KeyState::Until(at),
+    })
+}
+
+/// A pause's name, checked.
+fn pause_key(agent: &str, key: Option<&str>) -> StoreResult<Key> {
+    if agent.trim().is_empty() {
+        return Err(StoreError::Invalid("agent is blank".into()));
+    }
+    if let Some(key) = key {
+        check_concurrency_key(key).map_err(StoreError::Invalid)?;
+    }
+    Ok(Key::Pause(pause_name(agent, key)))
+}
+
+/// A random pause before deciding again after a conflict on a scope record (none after the
+/// first), so that writers that lost a race spread out.
+fn backoff(attempt: usize) -> Option<Duration> {
+    (attempt > 0).then(|| {
+        Duration::from_micros(100)
+            .saturating_mul(1u32 << attempt.min(8))
+            .min(Duration::from_millis(20))
+            .mul_f64(fastrand::f64())
+    })
+}
+
+impl NatsStore {
+    /// A scope record, the sequence of its last message, and whether each of its holders is
+    /// live now: from the view on a host, else read from the server (with the records of the
+    /// claims holding slots).
+    async fn read_scope(&self, scope: &str, now: u64) -> StoreResult<(LimitRec, u64, Vec<bool>)> {
+        if self.follows() {
+            let view = self.view()?;
+            let (rec, seq) = view.limit(scope)?;
+            let rec = rec.cloned().unwrap_or_default();
+            let live = rec
+                .holders
+                .iter()
+                .map(|h| {
+                    let current = view.dispatch(&h.id).ok().flatten().map(|s| &s.dispatch);
+                    h.live(current, now)
+                })
+                .collect();
+            return Ok((rec, seq, live));
+        }
+        let key = Key::Limit(scope.to_owned());
+        let (rec, seq) = match self.get_last(&key.subject(self.prefix())).await? {
+            None => (LimitRec::default(), 0),
+            Some((seq, payload)) => match key.decode(&payload) {
+                Ok(Record::Limit(_, rec)) => (rec, seq),
+                Ok(_) => (LimitRec::default(), seq),
+                Err((key, reason)) => return Err(StoreError::Corrupt { key, reason }),
+            },
+        };
+        let mut live = Vec::with_capacity(rec.holders.len());
+        for h in &rec.holders {
+            let current = if h.claims == 0 {
+                None
+            } else {
+                self.load_dispatch(&h.id).await?
+            };
+            live.push(h.live(current.as_ref(), now));
+        }
+        Ok((rec, seq, live))
+    }
+
+    /// Reads `scope`'s record, lets `decide` say what to store (`None`: nothing) and what to
+    /// answer, and stores it expecting the record as read; decides again after a conflict.
+    async fn on_scope<T>(
+        &self,
+        scope: &str,
+        mut decide: impl FnMut(&LimitRec, &[bool], u64) -> (Option<LimitRec>, T),
+    ) -> StoreResult<T> {
+        // A host decides on its view first; an answer that writes nothing (a refusal) is only
+        // given once confirmed on a view caught up with the stream.
+        let mut fresh = !self.follows();
+        for attempt in 0..SCOPE_ATTEMPTS {
+            let now = self.now();
+            let (rec, seq, live) = self.read_scope(scope, now).await?;
+            let (write, answer) = decide(&rec, &live, now);
+            let Some(new) = write else {
+                if fresh {
+                    return Ok(answer);
+                }
+                self.barrier().await?;
+                fresh = true;
+                continue;
+            };
+            match self
+                .commit(vec![scope_write(scope, seq, new)?], self.follows())
+                .await
+            {
+                Ok(()) => return Ok(answer),
+                Err(CommitError::Store(e)) => return Err(e),
+                Err(CommitError::Conflict) => {
+                    if let Some(pause) = backoff(attempt) {
+                        tokio::time::sleep(pause).await;
+                    }
+                    self.barrier().await?;
+                    fresh = true;
+                }
+            }
+        }
+        Err(StoreError::Contention(format!(
+            "limits/{scope}: too many concurrent writers; retry later"
+        )))
+    }
+}
+
+/// The live holders of `rec` (by `live`).
+fn pruned(rec: &LimitRec, live: &[bool]) -> Vec<Holder> {
+    rec.holders
+        .iter()
+        .zip(live)
+        .filter(|(_, live)| **live)
+        .map(|(h, _)| h.clone())
+        .collect()
 }
 
 #[async_trait]
 impl Limits for NatsStore {
-    async fn take_token(&self, _scope: &str, _rate: &Rate) -> StoreResult<Option<u64>> {
-        Err(unsupported())
+    async fn take_token(&self, scope: &str, rate: &Rate) -> StoreResult<Option<u64>> {
+        self.on_scope(scope, |rec, live, now| {
+            match Bucket::take(rec.bucket, rate, now) {
+                Ok(bucket) => (
+                    Some(LimitRec {
+                        holders: pruned(rec, live),
+                        bucket: Some(bucket),
+                    }),
+                    None,
+                ),
+                Err(at) => (None, Some(at)),
+            }
+        })
+        .await
     }
 
     async fn acquire_slot(
         &self,
-        _scope: &str,
-        _cap: u32,
-        _holder: &str,
-        _until: u64,
+        scope: &str,
+        cap: u32,
+        holder: &str,
+        until: u64,
     ) -> StoreResult<bool> {
-        Err(unsupported())
+        self.on_scope(scope, |rec, live, _| {
+            let mut holders: Vec<Holder> = pruned(rec, live)
+                .into_iter()
+                .filter(|h| !(h.id == holder && h.claims == 0))
+                .collect();
+            if holders.len() >= cap as usize {
+                return (None, false);
+            }
+            holders.push(Holder {
+                id: holder.to_owned(),
+                claims: 0,
+                until,
+            });
+            (
+                Some(LimitRec {
+                    holders,
+                    bucket: rec.bucket,
+                }),
+                true,
+            )
+        })
+        .await
     }
 
-    async fn release_slot(&self, _scope: &str, _holder: &str) -> StoreResult<()> {
-        Err(unsupported())
+    async fn release_slot(&self, scope: &str, holder: &str) -> StoreResult<()> {
+        self.on_scope(scope, |rec, live, _| {
+            if !rec.holders.iter().any(|h| h.id == holder && h.claims == 0) {
+                return (None, ());
+            }
+            let holders = pruned(rec, live)
+                .into_iter()
+                .filter(|h| !(h.id == holder && h.claims == 0))
+                .collect();
+            (
+                Some(LimitRec {
+                    holders,
+                    bucket: rec.bucket,
+                }),
+                (),
+            )
+        })
+        .await
     }
 
-    async fn pause(&self, _agent: &str, _key: Option<&str>, _reason: &str) -> StoreResult<Pause> {
-        Err(unsupported())
+    async fn pause(&self, agent: &str, key: Option<&str>, reason: &str) -> StoreResult<Pause> {
+        let name = pause_key(agent, key)?;
+        let pause = Pause {
+            agent: agent.to_owned(),
+            key: key.map(str::to_owned),
+            reason: crate::store::rules::error_text(reason),
+            at: self.now(),
+        };
+        let payload = serde_json::to_vec(&pause)
+            .map_err(|e| StoreError::Invalid(format!("{}: cannot encode: {e}", name.describe())))?;
+        let Key::Pause(stored) = name.clone() else {
+            return Err(StoreError::Invalid("not a pause".into()));
+        };
+        let write = Write {
+            key: name,
+            expect: Expect::None,
+            payload: Bytes::from(payload),
+            record: Record::Pause(stored, Some(pause.clone())),
+        };
+        match self.commit(vec![write], self.follows()).await {
+            Ok(()) => Ok(pause),
+            Err(CommitError::Store(e)) => Err(e),
+            Err(CommitError::Conflict) => Err(StoreError::Contention(
+                "a pause met a conflict it does not expect".into(),
+            )),
+        }
     }
 
-    async fn resume(&self, _agent: &str, _key: Option<&str>) -> StoreResult<bool> {
-        Err(unsupported())
+    async fn resume(&self, agent: &str, key: Option<&str>) -> StoreResult<bool> {
+        let name = pause_key(agent, key)?;
+        let Key::Pause(stored) = name.clone() else {
+            return Err(StoreError::Invalid("not a pause".into()));
+        };
+        for attempt in 0..SCOPE_ATTEMPTS {
+            let (found, seq) = if self.follows() {
+                self.barrier().await?;
+                let view = self.view()?;
+                let (p, seq) = view.pause(&stored);
+                (p.is_some(), seq)
+            } else {
+                match self.get_last(&name.subject(self.prefix())).await? {
+                    Some((seq, payload)) => (!payload.is_empty(), seq),
+                    None => (false, 0),
+                }
+            };
+            if !found {
+                return Ok(false);
+            }
+            let write = Write {
+                key: name.clone(),
+                expect: Expect::Subject(seq),
+                payload: Bytes::new(),
+                record: Record::Pause(stored.clone(), None),
+            };
+            match self.commit(vec![write], self.follows()).await {
+                Ok(()) => {
+                    // Claims held back by the pause may go now.
+                    self.signal();
+                    return Ok(true);
+                }
+                Err(CommitError::Store(e)) => return Err(e),
+                Err(CommitError::Conflict) => {
+                    if let Some(pause) = backoff(attempt) {
+                        tokio::time::sleep(pause).await;
+                    }
+                }
+            }
+        }
+        Err(StoreError::Contention(format!(
+            "{}: too many concurrent writers; retry later",
+            name.describe()
+        )))
     }
 
     async fn pauses(&self) -> StoreResult<Vec<Pause>> {
-        Ok(Vec::new())
+        let mut out = if self.follows() {
+            self.barrier().await?;
+            self.view()?.all_pauses()
+        } else {
+            let prefix = self.prefix().to_owned();
+            let mut out = Vec::new();
+            for (subject, (_, payload)) in self.last_of_each(&Key::pauses(&prefix)).await? {
+                let Some(key @ Key::Pause(_)) = Key::parse(&prefix, &subject) else {
+                    continue;
+                };
+                match key.decode(&payload) {
+                    Ok(Record::Pause(_, Some(p))) => out.push(p),
+                    Ok(_) => {}
+                    Err((key, reason)) => return Err(StoreError::Corrupt { key, reason }),
+                }
+            }
+            out
+        };
+        out.sort_by(|a, b| (&a.agent, &a.key).cmp(&(&b.agent, &b.key)));
+        Ok(out)
     }
 
-    async fn usage(&self, scope: &str, _rate: Option<&Rate>) -> StoreResult<Usage> {
+    async fn usage(&self, scope: &str, rate: Option<&Rate>) -> StoreResult<Usage> {
+        if self.follows() {
+            self.barrier().await?;
+        }
+        let now = self.now();
+        let (rec, _, live) = self.read_scope(scope, now).await?;
         Ok(Usage {
             scope: scope.to_owned(),
-            ..Usage::default()
+            running: u32::try_from(live.iter().filter(|l| **l).count()).unwrap_or(u32::MAX),
+            tokens: rate.map(|r| Bucket::level(rec.bucket, r, now)),
         })
     }
 }

@@ -20,6 +20,8 @@
 //! | `<p>.jn.<dispatch>.s.<key>` | a journal step (framed: JSON fields, then the value) |
 //! | `<p>.jx.<dispatch>` | the mark of a dispatch with a journal (its thread), for the sweep |
 //! | `<p>.dl.<dispatch>.<claim>.<first>` | a batch of streamed deltas, `Nats-TTL` = until its expiry (`deltas`) |
+//! | `<p>.lim.<scope>` | a flow-control scope: its slots' holders and its bucket (`limits`) |
+//! | `<p>.pz.<agent>` or `<p>.pz.<agent 0x1f key>` | a pause; an empty payload once resumed |
 //!
 //! Live deltas travel outside the stream, on the core subject `_HOMING_LIVE.<p>.<dispatch>`
 //! (never stored; no prefix may start with `_HOMING`, so no deployment's stream captures it).
@@ -271,6 +273,9 @@ struct Inner {
     watch_error: Mutex<Option<String>>,
     /// The live bus of deltas on this instance's connection (`deltas`).
     live: Arc<deltas::NatsLive>,
+    /// Per agent, the round-robin turns of its concurrency keys (`limits`; this instance's
+    /// own, as fairness needs no more).
+    turns: Mutex<std::collections::HashMap<String, limits::Turns>>,
 }
 
 impl Drop for Inner {
@@ -356,6 +361,7 @@ impl NatsStore {
                 &config.prefix,
                 config.request_timeout,
             )),
+            turns: Mutex::new(std::collections::HashMap::new()),
         });
         if !follow {
             return Ok(NatsStore { inner });

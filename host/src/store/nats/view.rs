@@ -15,6 +15,7 @@ use serde::{Deserialize, Serialize};
 
 use super::keys::Key;
 use crate::store::inbox::{InboxMarks, Message, MessageKind, MessageState};
+use crate::store::limits::{Bucket, Holder, Pause};
 use crate::store::model::{Dispatch, Status};
 use crate::store::rules::Found;
 use crate::store::waitpoints::Waitpoint;
@@ -78,6 +79,18 @@ fn is_zero(n: &u64) -> bool {
     *n == 0
 }
 
+/// The record of one flow-control scope (`<p>.lim.<scope>`): the holders of its slots and its
+/// bucket (see `limits`).
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct LimitRec {
+    /// The holders of its slots as last written (dead ones are pruned by the next write).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub holders: Vec<Holder>,
+    /// Its bucket (missing: full).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub bucket: Option<Bucket>,
+}
+
 /// What the view keeps of an inbox message: everything its decisions read, not its payload
 /// (which one direct get fetches when it is needed).
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -138,6 +151,10 @@ pub enum Record {
     /// A record of a dispatch's journal, or a batch of its deltas (outside every tree; the view
     /// keeps nothing of it).
     Journal(String),
+    /// The record of a flow-control scope, by its stored name (outside every tree).
+    Limit(String, LimitRec),
+    /// A pause by its name, or `None` once resumed (outside every tree).
+    Pause(String, Option<Pause>),
 }
 
 impl Record {
@@ -148,7 +165,7 @@ impl Record {
             | Record::Entry(t, _)
             | Record::Message(t, _, _)
             | Record::Waitpoint(t, _, _) => Some(t),
-            Record::Id(..) | Record::Journal(_) => None,
+            Record::Id(..) | Record::Journal(_) | Record::Limit(..) | Record::Pause(..) => None,
         }
     }
 
@@ -262,6 +279,13 @@ pub struct View {
     waitpoint_marker_order: BTreeSet<(u64, String)>,
     /// Threads a local claim is deciding on right now; other local claims skip them.
     reserved: HashSet<String>,
+    /// Flow-control scope records by stored name (every one the stream holds).
+    limits: HashMap<String, Entry<LimitRec>>,
+    /// Pause records by name (`None` once resumed).
+    pauses: HashMap<String, Entry<Pause>>,
+    /// How many pauses are in force per agent (so a claim of an agent with none looks no
+    /// further).
+    paused_agents: HashMap<String, usize>,
 }
 
 impl View {
@@ -346,6 +370,20 @@ impl View {
             // A host finds chosen ids on the server when it needs them (an enqueue's write of
             // the id record expects it absent, and reads it after a conflict).
             Record::Journal(_) => {}
+            Record::Limit(scope, rec) => {
+                if self.limits.get(&scope).is_some_and(|e| e.seq >= seq) {
+                    return;
+                }
+                self.corrupt.remove(&format!("limits/{scope}"));
+                self.limits.insert(
+                    scope,
+                    Entry {
+                        seq,
+                        value: Some(rec),
+                    },
+                );
+            }
+            Record::Pause(name, value) => self.apply_pause(seq, name, value),
             Record::Id(..) if self.lean => {}
             Record::Id(id, thread) => {
                 if self.ids.get(&id).is_some_and(|e| e.seq >= seq) {
@@ -358,6 +396,24 @@ impl View {
                         value: Some(thread),
                     },
                 );
+            }
+        }
+    }
+
+    fn apply_pause(&mut self, seq: u64, name: String, value: Option<Pause>) {
+        if self.pauses.get(&name).is_some_and(|e| e.seq >= seq) {
+            return;
+        }
+        if let Some(agent) = value.as_ref().map(|p| p.agent.clone()) {
+            *self.paused_agents.entry(agent).or_default() += 1;
+        }
+        let old = self.pauses.insert(name, Entry { seq, value });
+        if let Some(agent) = old.and_then(|e| e.value).map(|p| p.agent)
+            && let Some(n) = self.paused_agents.get_mut(&agent)
+        {
+            *n = n.saturating_sub(1);
+            if *n == 0 {
+                self.paused_agents.remove(&agent);
             }
         }
     }
@@ -795,6 +851,71 @@ impl View {
             return self.dispatches.get(&best.2)?.value.as_ref();
         }
         None
+    }
+
+    /// The head of every open lane of `agent` that no other local claim reserved, in the order
+    /// [`View::pick`] would take them.
+    pub fn heads(&self, agent: &str) -> impl Iterator<Item = &Stored> {
+        self.lanes.get(agent).into_iter().flat_map(move |lanes| {
+            lanes
+                .open
+                .iter()
+                .filter(|(_, _, _, thread)| !self.reserved.contains(thread))
+                .filter_map(move |(_, _, _, thread)| {
+                    let best = lanes.ready.get(thread)?.first()?;
+                    self.dispatches.get(&best.2)?.value.as_ref()
+                })
+        })
+    }
+
+    /// The record of a flow-control scope and the sequence of its last message (0: never
+    /// written).
+    pub fn limit(&self, scope: &str) -> StoreResult<(Option<&LimitRec>, u64)> {
+        let name = format!("limits/{scope}");
+        if let Some(reason) = self.corrupt.get(&name) {
+            return Err(StoreError::Corrupt {
+                key: name,
+                reason: reason.clone(),
+            });
+        }
+        Ok(self
+            .limits
+            .get(scope)
+            .map_or((None, 0), |e| (e.value.as_ref(), e.seq)))
+    }
+
+    /// Whether any pause of `agent` (of the agent or of one of its keys) is in force.
+    pub fn has_pauses(&self, agent: &str) -> bool {
+        self.paused_agents.contains_key(agent)
+    }
+
+    /// The pauses of `agent` in force.
+    pub fn pauses_of(&self, agent: &str) -> Vec<Pause> {
+        if !self.has_pauses(agent) {
+            return Vec::new();
+        }
+        self.pauses
+            .values()
+            .filter_map(|e| e.value.as_ref())
+            .filter(|p| p.agent == agent)
+            .cloned()
+            .collect()
+    }
+
+    /// Every pause in force.
+    pub fn all_pauses(&self) -> Vec<Pause> {
+        self.pauses
+            .values()
+            .filter_map(|e| e.value.as_ref())
+            .cloned()
+            .collect()
+    }
+
+    /// The pause of `name` and the sequence of its last message (0: never written).
+    pub fn pause(&self, name: &str) -> (Option<&Pause>, u64) {
+        self.pauses
+            .get(name)
+            .map_or((None, 0), |e| (e.value.as_ref(), e.seq))
     }
 
     /// Keeps other local claims off `thread` until [`View::release`].

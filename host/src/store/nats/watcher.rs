@@ -89,9 +89,9 @@ enum Phase {
 /// Follows the stream into the view until the store is dropped; restarts its consumer from the
 /// last applied sequence whenever it fails.
 ///
-/// It starts with a *load*: a consumer filtered to the threads' trees (`<p>.th.>`) delivers
-/// their messages up to the stream's last sequence as of the start, and the server skips the
-/// rest (archived records and id records, which a host's view does not hold; see `archive`).
+/// It starts with a *load*: a consumer filtered to the threads' trees (`<p>.th.>`) and the
+/// flow-control records (`<p>.lim.*`, `<p>.pz.*`) delivers their messages up to the stream's
+/// last sequence as of the start, and the server skips the rest (archived records and id records, which a host's view does not hold; see `archive`).
 /// So a host's start costs what the trees hold (thread records, live and recently settled
 /// dispatch records, log entries not yet trimmed), not what the archive retains. From there it
 /// follows every message, so that `pos` (what barriers wait for) reaches the stream's last
@@ -155,9 +155,15 @@ pub(super) async fn watch(weak: Weak<Inner>) {
                     deliver_subject: deliver,
                     deliver_policy: policy,
                     name: Some(name.clone()),
-                    filter_subject: match load {
-                        Some(_) => Key::trees(&stream),
-                        None => String::new(),
+                    // The load also takes the flow-control records (scopes and pauses),
+                    // which a claim decides on from the view.
+                    filter_subjects: match load {
+                        Some(_) => vec![
+                            Key::trees(&stream),
+                            Key::limits(&stream),
+                            Key::pauses(&stream),
+                        ],
+                        None => Vec::new(),
                     },
                     ..Default::default()
                 })
@@ -271,7 +277,7 @@ impl Inner {
             match decoded {
                 Some(Ok(record)) => {
                     // A dispatch becoming queued, or leaving `claimed` or `waiting` (its thread
-                    // is free).
+                    // is free), or a pause lifted.
                     wake = match &record {
                         Record::Dispatch(_, id, Some(s)) => {
                             s.dispatch.status == crate::store::Status::Queued
@@ -283,6 +289,8 @@ impl Inner {
                                     )
                                 })
                         }
+                        // A pause lifted: claims it held back may go.
+                        Record::Pause(_, None) => true,
                         _ => false,
                     };
                     if self.watches.open() > 0 {

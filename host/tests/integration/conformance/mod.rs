@@ -1,4 +1,4 @@
-//! The store conformance suite (the contract, docs/contract.md, sections 1 to 4 and 9 to 12),
+//! The store conformance suite (the contract, docs/contract.md, sections 1 to 4 and 9 to 13),
 //! generic over a backend [`Factory`].
 //!
 //! Every test is a `pub async fn name<F: Factory>(factory: &F)` (or a plain `fn` for the property
@@ -33,6 +33,7 @@ pub mod deltas;
 pub mod fencing;
 pub mod inbox;
 pub mod journal;
+pub mod limits;
 pub mod log;
 pub mod mailbox;
 pub mod maintenance;
@@ -611,6 +612,18 @@ macro_rules! suite {
                     a_gap_stops_the_read,
                     an_unknown_dispatch_reads_no_deltas,
                     deltas_go_when_they_expire,
+                },
+                limits::{
+                    a_key_cap_is_never_exceeded_by_claimers_on_several_instances,
+                    a_slot_frees_on_ack_and_on_lease_expiry_and_a_waiting_dispatch_holds_none,
+                    a_rate_admits_its_burst_then_says_when_the_next_token_comes,
+                    a_rate_is_exact_across_two_instances,
+                    a_named_limit_is_shared_by_two_agents,
+                    a_pause_of_an_agent_or_of_one_key_holds_back_only_what_it_names,
+                    every_small_key_is_served_before_the_big_keys_tenth_claim,
+                    release_requeues_without_an_attempt_honouring_available_at,
+                    tokens_and_request_slots_are_exact_across_two_instances,
+                    a_concurrency_key_over_128_bytes_is_invalid_at_enqueue,
                 },
                 concurrency::{
                     no_dispatch_lost_or_invented_under_concurrent_chaos,
