@@ -37,7 +37,8 @@ use serde::Serialize;
 
 use crate::natsd::NatsServer;
 use scenarios::{
-    Guest, claim_latency, end_to_end, end_to_end_limited, instance_start, requests_per_dispatch, store_ops,
+    Guest, claim_latency, end_to_end, end_to_end_limited, instance_start, requests_per_dispatch,
+    store_ops,
 };
 use target::Target;
 

@@ -180,7 +180,11 @@ fn an_origin_limit_shared_by_two_plugins_holds_their_requests_at_its_concurrency
     env.run_until_idle();
     acked(&env, &ids);
     let seen = api.inner.lock().unwrap();
-    assert!(seen.max <= 2, "{} requests reached the API at once", seen.max);
+    assert!(
+        seen.max <= 2,
+        "{} requests reached the API at once",
+        seen.max
+    );
     assert_eq!(seen.max, 2, "the limit's two slots were both used");
 }
 
@@ -189,7 +193,11 @@ fn a_plugin_rate_spaces_its_claims_across_the_period() {
     let (_api, served) = start_api();
     let env = Env::new(&format!(
         "{HOST}{}",
-        plugin("probe", &served, "concurrency = 4\nrate = \"5/s\"\nburst = 1")
+        plugin(
+            "probe",
+            &served,
+            "concurrency = 4\nrate = \"5/s\"\nburst = 1"
+        )
     ));
     let ids: Vec<String> = (0..6)
         .map(|i| env.enqueue("probe", &format!("t{i}"), "{}", &[]))
@@ -239,5 +247,9 @@ fn a_429_with_retry_after_parks_the_run_and_it_completes_with_no_attempt_counted
     // It waited for the Retry-After before running again.
     let started = d["started_at"].as_u64().unwrap();
     let created = d["created_at"].as_u64().unwrap();
-    assert!(started - created >= 1_900, "ran again {} ms in", started - created);
+    assert!(
+        started - created >= 1_900,
+        "ran again {} ms in",
+        started - created
+    );
 }

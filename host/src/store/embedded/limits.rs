@@ -56,7 +56,9 @@ fn live_holders(tx: &Connection, scope: &str, now: u64) -> StoreResult<u32> {
             let row: Option<(String, u32, Option<u64>)> = tx
                 .prepare_cached("SELECT status, claims, lease_until FROM dispatches WHERE id = ?1")
                 .map_err(db)?
-                .query_row(params![h.id], |row| Ok((row.get(0)?, row.get(1)?, row.get(2)?)))
+                .query_row(params![h.id], |row| {
+                    Ok((row.get(0)?, row.get(1)?, row.get(2)?))
+                })
                 .optional()
                 .map_err(db)?;
             row.is_some_and(|(status, claims, lease)| {
@@ -157,7 +159,7 @@ fn pick_lane(
     agent: &str,
     keyed: bool,
     blocked: &HashSet<String>,
-) -> StoreResult<Option<(String, String, String)>> {
+) -> StoreResult<Option<(String, String, String, u64)>> {
     if !keyed {
         let mut stmt = tx
             .prepare_cached(
@@ -173,13 +175,14 @@ fn pick_lane(
                     row.get(0).map_err(db)?,
                     row.get(1).map_err(db)?,
                     key,
+                    0,
                 )));
             }
         }
         return Ok(None);
     }
     let floor = turn_floor(tx, agent)?;
-    let groups: Vec<(i64, String)> = {
+    let groups: Vec<(i64, String, u64)> = {
         let mut stmt = tx
             .prepare_cached(
                 "SELECT l.priority, l.ckey, MAX(COALESCE(k.turn, 0), ?2) AS t FROM \
@@ -189,11 +192,13 @@ fn pick_lane(
             )
             .map_err(db)?;
         let rows = stmt
-            .query_map(params![agent, floor], |row| Ok((row.get(0)?, row.get(1)?)))
+            .query_map(params![agent, floor], |row| {
+                Ok((row.get(0)?, row.get(1)?, row.get(2)?))
+            })
             .map_err(db)?;
         rows.collect::<Result<_, _>>().map_err(db)?
     };
-    for (priority, key) in groups {
+    for (priority, key, turn) in groups {
         if blocked.contains(&key) {
             continue;
         }
@@ -209,7 +214,7 @@ fn pick_lane(
             .optional()
             .map_err(db)?;
         if let Some((thread, head)) = lane {
-            return Ok(Some((thread, head, key)));
+            return Ok(Some((thread, head, key, turn)));
         }
     }
     Ok(None)
@@ -226,16 +231,9 @@ fn turn_floor(tx: &Connection, agent: &str) -> StoreResult<u64> {
     .unwrap_or(0))
 }
 
-/// Advances `key`'s turn after a claim of it.
-fn advance_turn(tx: &Connection, agent: &str, key: &str, cost: u64) -> StoreResult<()> {
-    let floor = turn_floor(tx, agent)?;
-    let turn = super::rows::scalar_u64(
-        tx,
-        "SELECT turn FROM key_turns WHERE agent = ?1 AND key = ?2",
-        &[&agent, &key],
-    )?
-    .unwrap_or(0)
-    .max(floor);
+/// Advances `key`'s turn after a claim of it at `turn` (its turn as the pick read it, at least
+/// the floor), and makes that turn the floor.
+fn advance_turn(tx: &Connection, agent: &str, key: &str, turn: u64, cost: u64) -> StoreResult<()> {
     tx.prepare_cached("INSERT OR REPLACE INTO key_turns (agent, key, turn) VALUES (?1, ?2, ?3)")
         .map_err(db)?
         .execute(params![agent, key, clamp(turn.saturating_add(cost))])
@@ -279,13 +277,15 @@ fn claim_gated_tx(
     let mut blocked: HashSet<String> = paused.into_iter().collect();
     let keyed = limits.keyed();
     let mut key_room = None;
+    let mut picked_turn = 0;
     let claimed = {
         // Each turn of the loop claims or blocks one more key, so the keys bound it.
         let mut pick = |tx: &Connection| -> StoreResult<Option<(String, String)>> {
             loop {
-                let Some((thread, head, key)) = pick_lane(tx, agent, keyed, &blocked)? else {
+                let Some((thread, head, key, turn)) = pick_lane(tx, agent, keyed, &blocked)? else {
                     return Ok(None);
                 };
+                picked_turn = turn;
                 let scope = (!key.is_empty())
                     .then(|| limits.key_scope(agent, &key))
                     .flatten();
@@ -318,7 +318,7 @@ fn claim_gated_tx(
     }
     if keyed {
         let key = d.concurrency_key.as_deref().unwrap_or_default();
-        advance_turn(tx, agent, key, limits.turn_cost(key))?;
+        advance_turn(tx, agent, key, picked_turn, limits.turn_cost(key))?;
     }
     out.dispatch = Some(d);
     Ok(out)
