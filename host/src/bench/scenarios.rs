@@ -303,7 +303,8 @@ pub(super) async fn end_to_end_limited(
     let mut samples = Vec::new();
     for _ in 0..size.repeats {
         let scratch = target.scratch().await?;
-        super::target::fill_keyed(&scratch.store, size.dispatches, super::target::THREADS, 50).await?;
+        super::target::fill_keyed(&scratch.store, size.dispatches, super::target::THREADS, 50)
+            .await?;
         let (elapsed, _) = target
             .run_host_with(&scratch, echo, workers, UNBINDING_LIMITS)
             .await?;
