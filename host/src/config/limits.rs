@@ -4,13 +4,103 @@
 //! origin limits its outbound requests honour.
 
 use std::collections::BTreeMap;
+use std::fmt;
+use std::str::FromStr;
 use std::time::Duration;
 
 use serde::{Deserialize, Deserializer};
 
 use super::outbound::{HostPattern, OutboundHost};
 use super::{Config, PluginConfig};
-use crate::store::limits::{LimitSet, Rate, Scope, agent_scope_name, named_scope_name};
+
+/// A rate: `count` events per `per_ms` milliseconds, with bursts up to `burst`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Rate {
+    /// Events per period.
+    pub count: u32,
+    /// The period.
+    pub per_ms: u64,
+    /// The most events at once after a quiet spell (the bucket's size); defaults to `count`.
+    pub burst: u32,
+}
+
+impl Rate {
+    /// `count` per `per_ms` with a burst of `count`.
+    pub fn new(count: u32, per_ms: u64) -> Rate {
+        Rate {
+            count,
+            per_ms,
+            burst: count,
+        }
+    }
+
+    /// The same rate with another burst (at least 1).
+    pub fn with_burst(self, burst: u32) -> Rate {
+        Rate {
+            burst: burst.max(1),
+            ..self
+        }
+    }
+
+    /// Milliseconds per token (fractional).
+    pub fn ms_per_token(&self) -> f64 {
+        self.per_ms as f64 / f64::from(self.count.max(1))
+    }
+}
+
+impl fmt::Display for Rate {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let unit = match self.per_ms {
+            1_000 => "s".to_owned(),
+            60_000 => "min".to_owned(),
+            3_600_000 => "h".to_owned(),
+            86_400_000 => "day".to_owned(),
+            ms => format!("{ms}ms"),
+        };
+        write!(f, "{}/{unit}", self.count)
+    }
+}
+
+impl FromStr for Rate {
+    type Err = String;
+
+    /// `"60/min"`, `"10/s"`, `"500/minute"`, `"1000/h"`, `"5/day"`, `"3/250ms"`.
+    fn from_str(text: &str) -> Result<Rate, String> {
+        let bad = || {
+            format!(
+                "`{text}` is not a rate: write events per unit, like \"60/min\" (units: ms, s, \
+                 min, h, day, or a number before one, as in \"3/250ms\")"
+            )
+        };
+        let (count, unit) = text.trim().split_once('/').ok_or_else(bad)?;
+        let count: u64 = count.trim().parse().map_err(|_| bad())?;
+        if count == 0 {
+            return Err(format!("`{text}`: a rate must allow at least 1 event"));
+        }
+        let count = u32::try_from(count).map_err(|_| format!("`{text}`: too many events"))?;
+        let unit = unit.trim();
+        let digits = unit.chars().take_while(char::is_ascii_digit).count();
+        let (n, name) = unit.split_at(digits);
+        let n: u64 = if n.is_empty() {
+            1
+        } else {
+            n.parse().map_err(|_| bad())?
+        };
+        let per = match name.trim() {
+            "ms" | "millisecond" | "milliseconds" => 1,
+            "s" | "sec" | "second" | "seconds" => 1_000,
+            "m" | "min" | "minute" | "minutes" => 60_000,
+            "h" | "hour" | "hours" => 3_600_000,
+            "d" | "day" | "days" => 86_400_000,
+            _ => return Err(bad()),
+        };
+        let per_ms = n.saturating_mul(per);
+        if per_ms == 0 {
+            return Err(format!("`{text}`: the period must be more than 0"));
+        }
+        Ok(Rate::new(count, per_ms))
+    }
+}
 
 /// `[limits.<name>]`: a limit shared by the plugins that list it. Without `origins` it limits
 /// their claims (at most `concurrency` running at once across every host, at most `rate`
@@ -88,7 +178,7 @@ pub(crate) fn rate<'de, D: Deserializer<'de>>(deserializer: D) -> Result<Option<
     text.parse().map(Some).map_err(serde::de::Error::custom)
 }
 
-fn with_burst(rate: Option<Rate>, burst: Option<u32>) -> Option<Rate> {
+pub(crate) fn with_burst(rate: Option<Rate>, burst: Option<u32>) -> Option<Rate> {
     rate.map(|r| match burst {
         Some(b) => r.with_burst(b),
         None => r,
@@ -98,71 +188,10 @@ fn with_burst(rate: Option<Rate>, burst: Option<u32>) -> Option<Rate> {
 /// The longest a run is parked on a `park_on` status when `max_park` is not set.
 pub const DEFAULT_MAX_PARK: Duration = Duration::from_secs(300);
 
-/// A limit a plugin's outbound requests honour.
-#[derive(Debug, Clone, PartialEq)]
-pub struct OriginLimit {
-    /// The origins it covers.
-    pub origins: Vec<OutboundHost>,
-    /// Its stored scope (`limit:<name>`).
-    pub scope: Scope,
-}
-
 impl Config {
     /// Where plugin `name` takes a dispatch's concurrency key from when its enqueue names none.
     pub fn key_source(&self, name: &str) -> Option<&KeySource> {
         self.plugins.get(name)?.concurrency_key.as_ref()
-    }
-
-    /// The limits plugin `name`'s claims honour (empty when it sets none).
-    pub fn limit_set(&self, name: &str) -> LimitSet {
-        let Some(plugin) = self.plugins.get(name) else {
-            return LimitSet::default();
-        };
-        let mut shared = Vec::new();
-        if let Some(rate) = with_burst(plugin.rate, plugin.burst) {
-            shared.push(Scope {
-                name: agent_scope_name(name),
-                concurrency: None,
-                rate: Some(rate),
-            });
-        }
-        for limit in &plugin.limits {
-            if let Some(l) = self.limits.get(limit).filter(|l| l.origins.is_empty()) {
-                shared.push(Scope {
-                    name: named_scope_name(limit),
-                    concurrency: l.concurrency,
-                    rate: l.rate(),
-                });
-            }
-        }
-        LimitSet {
-            shared,
-            key_concurrency: plugin.key_concurrency,
-            key_rate: with_burst(plugin.key_rate, plugin.key_burst),
-            weights: plugin.key_weights.clone(),
-        }
-    }
-
-    /// The origin limits plugin `name`'s outbound requests honour.
-    pub fn origin_limits(&self, name: &str) -> Vec<OriginLimit> {
-        let Some(plugin) = self.plugins.get(name) else {
-            return Vec::new();
-        };
-        plugin
-            .limits
-            .iter()
-            .filter_map(|limit| {
-                let l = self.limits.get(limit).filter(|l| !l.origins.is_empty())?;
-                Some(OriginLimit {
-                    origins: l.origins.clone(),
-                    scope: Scope {
-                        name: named_scope_name(limit),
-                        concurrency: l.concurrency,
-                        rate: l.rate(),
-                    },
-                })
-            })
-            .collect()
     }
 
     /// Checks the limits and the plugins' flow-control keys. An error names the table and
@@ -326,51 +355,6 @@ mod tests {
 
     const PLUGIN: &str =
         "[plugins.a]\npath = \"a.wasm\"\nallowed_outbound_hosts = [\"https://api.openai.com\"]\n";
-
-    #[test]
-    fn limits_become_the_plugins_limit_set_and_origin_limits() {
-        let text = format!(
-            "{PLUGIN}rate = \"60/min\"\nburst = 5\nconcurrency_key = \"meta:customer\"\n\
-             key_concurrency = 1\nkey_rate = \"10/s\"\nlimits = [\"gpu\", \"openai\"]\n\
-             key_weights = {{ vip = 3 }}\n\
-             [limits.gpu]\nconcurrency = 20\n\
-             [limits.openai]\norigins = [\"https://api.openai.com\"]\nrate = \"500/min\"\nconcurrency = 8\n"
-        );
-        let config = parse(&text).unwrap();
-        let set = config.limit_set("a");
-        assert_eq!(set.shared.len(), 2);
-        assert_eq!(set.shared[0].name, "agent:a");
-        assert_eq!(
-            set.shared[0].rate,
-            Some(Rate::new(60, 60_000).with_burst(5))
-        );
-        assert_eq!(set.shared[1].name, "limit:gpu");
-        assert_eq!(set.shared[1].concurrency, Some(20));
-        assert_eq!(set.key_concurrency, Some(1));
-        assert_eq!(set.turn_cost("vip"), 333);
-        let origins = config.origin_limits("a");
-        assert_eq!(origins.len(), 1);
-        assert_eq!(origins[0].scope.name, "limit:openai");
-        assert_eq!(origins[0].scope.concurrency, Some(8));
-        let plugin = &config.plugins["a"];
-        let meta = BTreeMap::from([("customer".to_owned(), "c1".to_owned())]);
-        assert_eq!(
-            plugin.concurrency_key.as_ref().unwrap().key_of(&meta),
-            Some("c1".into())
-        );
-        assert!(parse(PLUGIN).unwrap().limit_set("a").is_empty());
-        // The key an enqueue names wins; else the metadata's; a blank value gives none.
-        let source = config.key_source("a");
-        assert_eq!(
-            KeySource::key_for(source, Some("named".into()), &meta),
-            Some("named".into())
-        );
-        assert_eq!(KeySource::key_for(source, None, &meta), Some("c1".into()));
-        let blank = BTreeMap::from([("customer".to_owned(), " ".to_owned())]);
-        assert_eq!(KeySource::key_for(source, None, &blank), None);
-        assert_eq!(KeySource::key_for(None, None, &meta), None);
-        assert!(config.key_source("nope").is_none());
-    }
 
     #[test]
     fn bad_limits_are_refused_naming_file_line_and_key() {

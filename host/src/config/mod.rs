@@ -23,8 +23,8 @@ pub mod telemetry;
 mod units;
 pub mod vars;
 
-use crate::store::limits::Rate;
 pub use api::ApiConfig;
+use limits::Rate;
 pub use outbound::{HttpLimits, OutboundHost};
 pub use store::{
     Backend, DEFAULT_NATS_URL, EmbeddedSettings, NatsSettings, StoreConfig, UrlCredentials, Urls,

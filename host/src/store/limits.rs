@@ -10,7 +10,6 @@
 
 use std::collections::BTreeMap;
 use std::fmt;
-use std::str::FromStr;
 
 use async_trait::async_trait;
 use serde::{Deserialize, Serialize};
@@ -18,94 +17,7 @@ use serde::{Deserialize, Serialize};
 use super::StoreResult;
 use super::model::Dispatch;
 
-/// A rate: `count` events per `per_ms` milliseconds, with bursts up to `burst`.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Rate {
-    /// Events per period.
-    pub count: u32,
-    /// The period.
-    pub per_ms: u64,
-    /// The most events at once after a quiet spell (the bucket's size); defaults to `count`.
-    pub burst: u32,
-}
-
-impl Rate {
-    /// `count` per `per_ms` with a burst of `count`.
-    pub fn new(count: u32, per_ms: u64) -> Rate {
-        Rate {
-            count,
-            per_ms,
-            burst: count,
-        }
-    }
-
-    /// The same rate with another burst (at least 1).
-    pub fn with_burst(self, burst: u32) -> Rate {
-        Rate {
-            burst: burst.max(1),
-            ..self
-        }
-    }
-
-    /// Milliseconds per token (fractional).
-    fn ms_per_token(&self) -> f64 {
-        self.per_ms as f64 / f64::from(self.count.max(1))
-    }
-}
-
-impl fmt::Display for Rate {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        let unit = match self.per_ms {
-            1_000 => "s".to_owned(),
-            60_000 => "min".to_owned(),
-            3_600_000 => "h".to_owned(),
-            86_400_000 => "day".to_owned(),
-            ms => format!("{ms}ms"),
-        };
-        write!(f, "{}/{unit}", self.count)
-    }
-}
-
-impl FromStr for Rate {
-    type Err = String;
-
-    /// `"60/min"`, `"10/s"`, `"500/minute"`, `"1000/h"`, `"5/day"`, `"3/250ms"`.
-    fn from_str(text: &str) -> Result<Rate, String> {
-        let bad = || {
-            format!(
-                "`{text}` is not a rate: write events per unit, like \"60/min\" (units: ms, s, \
-                 min, h, day, or a number before one, as in \"3/250ms\")"
-            )
-        };
-        let (count, unit) = text.trim().split_once('/').ok_or_else(bad)?;
-        let count: u64 = count.trim().parse().map_err(|_| bad())?;
-        if count == 0 {
-            return Err(format!("`{text}`: a rate must allow at least 1 event"));
-        }
-        let count = u32::try_from(count).map_err(|_| format!("`{text}`: too many events"))?;
-        let unit = unit.trim();
-        let digits = unit.chars().take_while(char::is_ascii_digit).count();
-        let (n, name) = unit.split_at(digits);
-        let n: u64 = if n.is_empty() {
-            1
-        } else {
-            n.parse().map_err(|_| bad())?
-        };
-        let per = match name.trim() {
-            "ms" | "millisecond" | "milliseconds" => 1,
-            "s" | "sec" | "second" | "seconds" => 1_000,
-            "m" | "min" | "minute" | "minutes" => 60_000,
-            "h" | "hour" | "hours" => 3_600_000,
-            "d" | "day" | "days" => 86_400_000,
-            _ => return Err(bad()),
-        };
-        let per_ms = n.saturating_mul(per);
-        if per_ms == 0 {
-            return Err(format!("`{text}`: the period must be more than 0"));
-        }
-        Ok(Rate::new(count, per_ms))
-    }
-}
+pub use crate::config::limits::Rate;
 
 /// A token bucket as stored: the tokens it held at `at` (milliseconds). A missing bucket is
 /// full.

@@ -162,8 +162,8 @@ impl Supervisor {
                 shutdown: shutdown.clone(),
                 public_url: config.api.public_url.clone(),
                 live: live.clone(),
-                limits: config.limit_set(name),
-                origin_limits: config.origin_limits(name),
+                limits: crate::work::flow::limit_set(&config, name),
+                origin_limits: crate::work::flow::origin_limits(&config, name),
             });
             let path = config.resolve(&plugin_config.path);
             let plugin = runtime.load_plugin(ctx, &path)?;

@@ -4,7 +4,10 @@
 use serde::Serialize;
 
 use crate::config::Config;
+use crate::config::limits::with_burst;
+use crate::config::outbound::OutboundHost;
 use crate::store::limits::Pause;
+use crate::store::limits::{LimitSet, Scope, agent_scope_name, named_scope_name};
 use crate::store::model::{check_concurrency_key, printable};
 use crate::store::{ListCursor, ListFilter, Status, Store, StoreError};
 
@@ -213,13 +216,13 @@ pub async fn flow(
             })
         })
         .collect();
-    let set = config.limit_set(agent);
+    let set = limit_set(config, agent);
     let mut limits = Vec::new();
     let scopes = set
         .shared
         .iter()
         .map(|s| (s, "claims", Vec::new()))
-        .chain(config.origin_limits(agent).iter().map(|o| {
+        .chain(origin_limits(config, agent).iter().map(|o| {
             (
                 &o.scope,
                 "requests",
@@ -337,5 +340,129 @@ mod tests {
         assert!(known_agent(&config, "echo").is_ok());
         let e = known_agent(&config, "nope").unwrap_err().to_string();
         assert_eq!(e, "no agent `nope` (configured: echo)");
+    }
+}
+
+/// A limit a plugin's outbound requests honour.
+#[derive(Debug, Clone, PartialEq)]
+pub struct OriginLimit {
+    /// The origins it covers.
+    pub origins: Vec<OutboundHost>,
+    /// Its stored scope (`limit:<name>`).
+    pub scope: Scope,
+}
+
+/// The limits plugin `name`'s claims honour (empty when it sets none).
+pub fn limit_set(config: &Config, name: &str) -> LimitSet {
+    let Some(plugin) = config.plugins.get(name) else {
+        return LimitSet::default();
+    };
+    let mut shared = Vec::new();
+    if let Some(rate) = with_burst(plugin.rate, plugin.burst) {
+        shared.push(Scope {
+            name: agent_scope_name(name),
+            concurrency: None,
+            rate: Some(rate),
+        });
+    }
+    for limit in &plugin.limits {
+        if let Some(l) = config.limits.get(limit).filter(|l| l.origins.is_empty()) {
+            shared.push(Scope {
+                name: named_scope_name(limit),
+                concurrency: l.concurrency,
+                rate: l.rate(),
+            });
+        }
+    }
+    LimitSet {
+        shared,
+        key_concurrency: plugin.key_concurrency,
+        key_rate: with_burst(plugin.key_rate, plugin.key_burst),
+        weights: plugin.key_weights.clone(),
+    }
+}
+
+/// The origin limits plugin `name`'s outbound requests honour.
+pub fn origin_limits(config: &Config, name: &str) -> Vec<OriginLimit> {
+    let Some(plugin) = config.plugins.get(name) else {
+        return Vec::new();
+    };
+    plugin
+        .limits
+        .iter()
+        .filter_map(|limit| {
+            let l = config.limits.get(limit).filter(|l| !l.origins.is_empty())?;
+            Some(OriginLimit {
+                origins: l.origins.clone(),
+                scope: Scope {
+                    name: named_scope_name(limit),
+                    concurrency: l.concurrency,
+                    rate: l.rate(),
+                },
+            })
+        })
+        .collect()
+}
+
+#[cfg(test)]
+mod limit_set_tests {
+    #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+
+    use std::collections::BTreeMap;
+    use std::path::Path;
+
+    use super::*;
+    use crate::config::limits::{KeySource, Rate};
+
+    fn parse(text: &str) -> Result<Config, String> {
+        Config::parse(text, "homing.toml", Path::new("/etc/homing")).map_err(|e| e.to_string())
+    }
+
+    const PLUGIN: &str =
+        "[plugins.a]\npath = \"a.wasm\"\nallowed_outbound_hosts = [\"https://api.openai.com\"]\n";
+
+    #[test]
+    fn limits_become_the_plugins_limit_set_and_origin_limits() {
+        let text = format!(
+            "{PLUGIN}rate = \"60/min\"\nburst = 5\nconcurrency_key = \"meta:customer\"\n\
+             key_concurrency = 1\nkey_rate = \"10/s\"\nlimits = [\"gpu\", \"openai\"]\n\
+             key_weights = {{ vip = 3 }}\n\
+             [limits.gpu]\nconcurrency = 20\n\
+             [limits.openai]\norigins = [\"https://api.openai.com\"]\nrate = \"500/min\"\nconcurrency = 8\n"
+        );
+        let config = parse(&text).unwrap();
+        let set = limit_set(&config, "a");
+        assert_eq!(set.shared.len(), 2);
+        assert_eq!(set.shared[0].name, "agent:a");
+        assert_eq!(
+            set.shared[0].rate,
+            Some(Rate::new(60, 60_000).with_burst(5))
+        );
+        assert_eq!(set.shared[1].name, "limit:gpu");
+        assert_eq!(set.shared[1].concurrency, Some(20));
+        assert_eq!(set.key_concurrency, Some(1));
+        assert_eq!(set.turn_cost("vip"), 333);
+        let origins = origin_limits(&config, "a");
+        assert_eq!(origins.len(), 1);
+        assert_eq!(origins[0].scope.name, "limit:openai");
+        assert_eq!(origins[0].scope.concurrency, Some(8));
+        let plugin = &config.plugins["a"];
+        let meta = BTreeMap::from([("customer".to_owned(), "c1".to_owned())]);
+        assert_eq!(
+            plugin.concurrency_key.as_ref().unwrap().key_of(&meta),
+            Some("c1".into())
+        );
+        assert!(limit_set(&parse(PLUGIN).unwrap(), "a").is_empty());
+        // The key an enqueue names wins; else the metadata's; a blank value gives none.
+        let source = config.key_source("a");
+        assert_eq!(
+            KeySource::key_for(source, Some("named".into()), &meta),
+            Some("named".into())
+        );
+        assert_eq!(KeySource::key_for(source, None, &meta), Some("c1".into()));
+        let blank = BTreeMap::from([("customer".to_owned(), " ".to_owned())]);
+        assert_eq!(KeySource::key_for(source, None, &blank), None);
+        assert_eq!(KeySource::key_for(None, None, &meta), None);
+        assert!(config.key_source("nope").is_none());
     }
 }

@@ -91,7 +91,7 @@ pub struct PluginContext {
     /// The limits its claims honour (`[plugins.x] rate`, `key_concurrency`, `limits`, ...).
     pub limits: crate::store::LimitSet,
     /// The limits its outbound requests honour (`[limits.x]` with `origins`).
-    pub origin_limits: Vec<crate::config::limits::OriginLimit>,
+    pub origin_limits: Vec<crate::work::flow::OriginLimit>,
 }
 
 impl PluginContext {

@@ -16,8 +16,8 @@ use wasmtime_wasi_http::Error as HttpError;
 use super::Job;
 use super::send::Target;
 use crate::claim::Park;
-use crate::config::limits::OriginLimit;
 use crate::store::Store;
+use crate::work::flow::OriginLimit;
 
 /// The longest a slot is held when the dispatch has no deadline.
 const UNBOUNDED_HOLD: Duration = Duration::from_secs(600);
