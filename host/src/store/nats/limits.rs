@@ -151,10 +151,15 @@ fn distinct(scopes: &[Scope]) -> Vec<&Scope> {
 impl NatsStore {
     /// `claim_gated`: the claim with its limits and pauses decided in the same step.
     pub(super) async fn claim_gated_inner(&self, req: &ClaimRequest<'_>) -> StoreResult<Gated> {
+        let limits = req.limits;
+        let _one_at_a_time = if limits.is_empty() {
+            None
+        } else {
+            Some(self.inner.gate.lock().await)
+        };
         // The best dispatch may have been enqueued on another host a moment ago.
         self.barrier().await?;
         let agent = req.agent;
-        let limits = req.limits;
         let shared = distinct(&limits.shared);
         for _ in 0..64 {
             let turns = if limits.keyed() {
