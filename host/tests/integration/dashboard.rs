@@ -325,7 +325,8 @@ async fn an_operator_retries_cancels_and_interrupts() {
     assert_eq!(browser.count("#cancel").await, 0);
     std::fs::write(api.env.path().join("data").join("ready"), "ready").unwrap();
     browser.click("#retry").await;
-    browser.wait_path("/dispatches/").await;
+    // The dead letter's own page is under /dispatches/ too: wait for the redirect's notice.
+    browser.wait_path_with("notice=retried").await;
     let path = browser.path().await;
     assert!(
         !path.contains(&dead) && path.contains("notice=retried"),

@@ -607,8 +607,9 @@ fn bench_quick_reports_every_scenario_as_json() {
     let names = scenario_names(&figures);
     // Instance start and start + call, pooling on and off; store ops; four end-to-end runs,
     // each with its host overhead; p50 and p99 at two backlogs; API enqueue throughput and
-    // enqueue-to-result p50 and p99; a message's send to delivery p50 and p99.
-    assert_eq!(figures.len(), 22, "{names:?}");
+    // enqueue-to-result p50 and p99; a message's send to delivery p50 and p99; the end-to-end
+    // run again with flow control set but not binding.
+    assert_eq!(figures.len(), 23, "{names:?}");
     for f in &figures {
         let (median, min, max) = (
             f["median"].as_f64().unwrap(),
@@ -689,8 +690,9 @@ fn bench_quick_on_nats_starts_its_own_server_and_counts_requests() {
     let names = scenario_names(&figures);
     // Store ops, requests per dispatch twice, four end-to-end runs each with its host
     // overhead, p50 and p99 at two backlogs, API enqueue throughput and enqueue-to-result p50
-    // and p99, a message's send to delivery (across two store instances) p50 and p99.
-    assert_eq!(figures.len(), 20, "{names:?}");
+    // and p99, a message's send to delivery (across two store instances) p50 and p99, the
+    // end-to-end run with flow control set but not binding.
+    assert_eq!(figures.len(), 21, "{names:?}");
     for f in &figures {
         assert!(f["median"].as_f64().unwrap() > 0.0, "{f}");
         assert!(f["scenario"].as_str().unwrap().contains("nats"), "{f}");

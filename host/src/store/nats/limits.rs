@@ -152,13 +152,15 @@ impl NatsStore {
     /// `claim_gated`: the claim with its limits and pauses decided in the same step.
     pub(super) async fn claim_gated_inner(&self, req: &ClaimRequest<'_>) -> StoreResult<Gated> {
         let limits = req.limits;
+        // The best dispatch may have been enqueued on another host a moment ago. The barrier
+        // comes before the turn below, so a host's claimers wait for the server together; the
+        // writes of the claims ahead in the turn are in the view when they commit.
+        self.barrier().await?;
         let _one_at_a_time = if limits.is_empty() {
             None
         } else {
             Some(self.inner.gate.lock().await)
         };
-        // The best dispatch may have been enqueued on another host a moment ago.
-        self.barrier().await?;
         let agent = req.agent;
         let shared = distinct(&limits.shared);
         for _ in 0..64 {

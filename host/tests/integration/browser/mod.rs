@@ -199,6 +199,24 @@ impl Browser {
         text.chars().take(400).collect()
     }
 
+    /// Waits until the current path (with its query) holds `needle`.
+    pub async fn wait_path_with(&self, needle: &str) -> String {
+        let deadline = Instant::now() + WAIT;
+        loop {
+            let path = self.path().await;
+            if path.contains(needle) {
+                return path;
+            }
+            if Instant::now() >= deadline {
+                panic!(
+                    "still at {path}, waiting for a path with {needle}:\n{}",
+                    self.excerpt().await
+                );
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    }
+
     /// Waits until the current path starts with `prefix`.
     pub async fn wait_path(&self, prefix: &str) -> String {
         let deadline = Instant::now() + WAIT;
