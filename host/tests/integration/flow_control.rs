@@ -5,7 +5,9 @@
 //! other keys run beside it; an origin limit shared by two plugins never lets more than its
 //! `concurrency` requests reach the API at once; a plugin `rate` spaces its claims (no window
 //! of one period holds more than the burst plus the rate); a 429 with `Retry-After` parks the
-//! run, which completes later with no attempt counted (its `max_attempts` is 1).
+//! run, which completes later with no attempt counted (its `max_attempts` is 1); a pause made
+//! by another process (the CLI) holds a running host's claims of that agent, and only those,
+//! until it is lifted.
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
@@ -252,4 +254,31 @@ fn a_429_with_retry_after_parks_the_run_and_it_completes_with_no_attempt_counted
         "ran again {} ms in",
         started - created
     );
+}
+
+#[test]
+fn a_pause_from_another_process_stops_a_running_hosts_claims_until_resumed() {
+    let (_api, served) = start_api();
+    let env = Env::new(&format!(
+        "{HOST}{}{}",
+        plugin("probe", &served, ""),
+        plugin("marker", &served, "")
+    ));
+    let mut host = env.spawn_run();
+    let paused = env.ok(&["agent", "pause", "probe", "--reason", "incident 42"]);
+    assert!(paused.contains("probe"), "{paused}");
+    let held = env.enqueue("probe", "t1", "{}", &[]);
+    // The host is claiming: a dispatch of another agent, enqueued after, runs to the end...
+    let marker = env.enqueue("marker", "t2", "{}", &[]);
+    env.wait_status(&marker, "acked", Duration::from_secs(30));
+    // ...while the paused agent's stays queued, with no attempt counted.
+    let d = env.show(&held);
+    assert_eq!(d["status"], "queued", "{d}");
+    assert_eq!(d["attempt"], 0, "{d}");
+    let status = env.ok(&["agent", "status", "probe"]);
+    assert!(status.contains("incident 42"), "{status}");
+    env.ok(&["agent", "resume", "probe"]);
+    env.wait_status(&held, "acked", Duration::from_secs(30));
+    crate::common::signal(&host, "TERM");
+    crate::common::wait_exit(&mut host, Duration::from_secs(30));
 }
