@@ -253,6 +253,30 @@ pub fn paused(pauses: &[Pause], agent: &str, key: Option<&str>) -> bool {
         .any(|p| p.agent == agent && (p.key.is_none() || p.key.as_deref() == key))
 }
 
+/// The checks every backend makes of a pause before storing it.
+///
+/// # Errors
+///
+/// `Invalid` naming the agent, the key or the reason.
+pub fn check_pause(agent: &str, key: Option<&str>, reason: &str) -> super::StoreResult<()> {
+    crate::store::model::check_name("agent", agent).map_err(super::StoreError::Invalid)?;
+    if let Some(key) = key {
+        crate::store::model::check_concurrency_key(key).map_err(super::StoreError::Invalid)?;
+    }
+    if reason.len() > 1024 {
+        return Err(super::StoreError::Invalid(format!(
+            "reason is {} bytes; at most 1024",
+            reason.len()
+        )));
+    }
+    if reason.chars().any(char::is_control) {
+        return Err(super::StoreError::Invalid(
+            "reason holds a control character".into(),
+        ));
+    }
+    Ok(())
+}
+
 /// Flow control state outside the claim: pauses, and the slots and buckets the outbound HTTP
 /// client takes one request at a time (the contract, section 13). Every method is atomic
 /// across every instance of the backend.

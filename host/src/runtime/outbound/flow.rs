@@ -67,11 +67,12 @@ impl Drop for SlotGuard {
 impl Job {
     /// Waits for the slots and tokens of every origin limit `target` falls under.
     pub(super) async fn wait_for_limits(&mut self, target: &Target) -> Result<(), HttpError> {
-        let flow = self.outbound.flow.clone();
-        let Some(store) = flow.store.as_ref() else {
+        // The setup is shared (an `Arc`): cloned for the loop below, which borrows `self`.
+        let outbound = self.outbound.clone();
+        let Some(store) = outbound.flow.store.as_ref() else {
             return Ok(());
         };
-        for limit in &flow.limits {
+        for limit in &outbound.flow.limits {
             if !limit
                 .origins
                 .iter()

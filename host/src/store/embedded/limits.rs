@@ -13,12 +13,12 @@ use rusqlite::{Connection, OptionalExtension, params};
 use super::mailbox::claim_picked;
 use super::rows::db;
 use super::{EmbeddedStore, TxError, lanes};
+use crate::store::StoreResult;
 use crate::store::limits::{
     Bucket, ClaimRequest, Gated, Holder, LimitSet, Limits, Pause, Rate, Scope, Usage,
 };
 use crate::store::model::{Dispatch, Status};
 use crate::store::rules::clamp;
-use crate::store::{StoreError, StoreResult};
 
 /// Where a scope stands for one more holder.
 enum Room {
@@ -391,7 +391,7 @@ impl Limits for EmbeddedStore {
     }
 
     async fn pause(&self, agent: &str, key: Option<&str>, reason: &str) -> StoreResult<Pause> {
-        check_pause(agent, key, reason)?;
+        crate::store::limits::check_pause(agent, key, reason)?;
         let (agent, key, reason) = (agent.to_owned(), key.map(str::to_owned), reason.to_owned());
         self.write(move |tx, now| {
             tx.prepare_cached(
@@ -465,24 +465,4 @@ impl Limits for EmbeddedStore {
         })
         .await
     }
-}
-
-/// The checks every backend makes of a pause before storing it.
-pub(crate) fn check_pause(agent: &str, key: Option<&str>, reason: &str) -> StoreResult<()> {
-    crate::store::model::check_name("agent", agent).map_err(StoreError::Invalid)?;
-    if let Some(key) = key {
-        crate::store::model::check_concurrency_key(key).map_err(StoreError::Invalid)?;
-    }
-    if reason.len() > 1024 {
-        return Err(StoreError::Invalid(format!(
-            "reason is {} bytes; at most 1024",
-            reason.len()
-        )));
-    }
-    if reason.chars().any(char::is_control) {
-        return Err(StoreError::Invalid(
-            "reason holds a control character".into(),
-        ));
-    }
-    Ok(())
 }

@@ -564,6 +564,7 @@ impl Limits for NatsStore {
     }
 
     async fn pause(&self, agent: &str, key: Option<&str>, reason: &str) -> StoreResult<Pause> {
+        crate::store::limits::check_pause(agent, key, reason)?;
         let name = pause_key(agent, key)?;
         let pause = Pause {
             agent: agent.to_owned(),
