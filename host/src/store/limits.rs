@@ -188,6 +188,9 @@ pub struct ClaimRequest<'a> {
     pub start: bool,
     /// The limits to honour.
     pub limits: &'a LimitSet,
+    /// The versions the claimer can run (section 14): the claim records the one it runs and
+    /// passes over dispatches pinned elsewhere. `None` records nothing.
+    pub offer: Option<&'a super::versions::Offer>,
 }
 
 /// What a gated claim found.

@@ -81,6 +81,7 @@ pub mod limits;
 pub mod model;
 pub mod nats;
 pub(crate) mod rules;
+pub mod versions;
 pub mod waitpoints;
 
 use std::fmt::Debug;
@@ -104,6 +105,7 @@ pub use model::{
     StatusCount, Watermarks,
 };
 pub use rules::MAX_ERROR_TEXT;
+pub use versions::{Choice, Offer, OfferedVersion, VersionRun};
 pub use waitpoints::{
     Created, NewWaitpoint, Settlement, Waitpoint, WaitpointFilter, WaitpointState, Waitpoints,
 };

@@ -202,6 +202,11 @@ pub struct Dispatch {
     /// plugin's dispatches with one key run at once). Serialized only when set.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub concurrency_key: Option<String>,
+    /// The version of its plugin each claim ran, oldest first (at most
+    /// [`MAX_VERSION_RUNS`](super::versions::MAX_VERSION_RUNS)); the last is the version its run
+    /// is pinned to. Serialized only when set.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub versions: Vec<super::versions::VersionRun>,
     /// The thread's epoch when this dispatch was enqueued (stamped by the store).
     pub epoch: u64,
     /// Lifecycle state.

@@ -19,6 +19,7 @@ use crate::store::limits::{
 };
 use crate::store::model::{Dispatch, Status};
 use crate::store::rules::clamp;
+use crate::store::versions::Offer;
 
 /// Where a scope stands for one more holder.
 enum Room {
@@ -246,6 +247,7 @@ fn advance_turn(tx: &Connection, agent: &str, key: &str, turn: u64, cost: u64) -
 }
 
 /// The gated claim inside the writer's transaction.
+#[allow(clippy::too_many_arguments)]
 fn claim_gated_tx(
     tx: &Connection,
     agent: &str,
@@ -253,6 +255,7 @@ fn claim_gated_tx(
     lease_ms: u64,
     start: bool,
     limits: &LimitSet,
+    offer: Option<&Offer>,
     now: u64,
 ) -> Result<Gated, TxError> {
     lanes::promote_due(tx, now)?;
@@ -305,7 +308,7 @@ fn claim_gated_tx(
                 blocked.insert(key);
             }
         };
-        claim_picked(tx, agent, consumer, lease_ms, start, now, &mut pick)?
+        claim_picked(tx, agent, consumer, lease_ms, start, now, offer, &mut pick)?
     };
     let Some((d, _thread)) = claimed else {
         return Ok(out);
@@ -329,8 +332,18 @@ impl EmbeddedStore {
     pub(super) async fn claim_gated_inner(&self, req: &ClaimRequest<'_>) -> StoreResult<Gated> {
         let (agent, consumer) = (req.agent.to_owned(), req.consumer.to_owned());
         let (lease_ms, start, limits) = (req.lease_ms, req.start, req.limits.clone());
+        let offer = req.offer.cloned();
         self.write(move |tx, now| {
-            claim_gated_tx(tx, &agent, &consumer, lease_ms, start, &limits, now)
+            claim_gated_tx(
+                tx,
+                &agent,
+                &consumer,
+                lease_ms,
+                start,
+                &limits,
+                offer.as_ref(),
+                now,
+            )
         })
         .await
     }

@@ -23,6 +23,7 @@ use crate::store::model::{
 use crate::store::rules::{
     self, Holder, HolderOp, SupersedeClaimed, Take, clamp, lease_extended, lease_live, same_content,
 };
+use crate::store::versions::{Choice, Offer};
 use crate::store::waitpoints::{BY_DISPATCH_ENDED, BY_INTERRUPT};
 use crate::store::{Mailbox, StoreError, StoreResult};
 
@@ -44,7 +45,7 @@ impl EmbeddedStore {
             promote_due(tx, now)?;
             let mut pick = |tx: &Connection| next_lane(tx, &agent);
             Ok(
-                claim_picked(tx, &agent, &consumer, lease_ms, start, now, &mut pick)?
+                claim_picked(tx, &agent, &consumer, lease_ms, start, now, None, &mut pick)?
                     .map(|(d, _)| d),
             )
         })
@@ -134,7 +135,11 @@ fn next_lane(tx: &Connection, agent: &str) -> StoreResult<Option<(String, String
 }
 
 /// Claims the head of the lane `pick` chooses (T2), repairing a lane whose head turns out
-/// unusable and picking again. Returns the claimed record and the thread it was on.
+/// unusable and picking again. Returns the claimed record and the thread it was on. With an
+/// `offer` (section 14), the claim records the version it runs, and a head pinned to a version
+/// not offered is passed over: its lane is set busy for the rest of this transaction (so no pick
+/// returns it) and set free again before it commits.
+#[allow(clippy::too_many_arguments)]
 pub(super) fn claim_picked(
     tx: &Connection,
     agent: &str,
@@ -142,7 +147,39 @@ pub(super) fn claim_picked(
     lease_ms: u64,
     start: bool,
     now: u64,
+    offer: Option<&Offer>,
     pick: &mut LanePick<'_>,
+) -> Result<Option<(Dispatch, String)>, TxError> {
+    let mut passed = Vec::new();
+    let out = claim_offered(
+        tx,
+        agent,
+        (consumer, lease_ms, start, now),
+        offer,
+        pick,
+        &mut passed,
+    );
+    for thread in &passed {
+        set_busy(tx, thread, false)?;
+    }
+    out
+}
+
+fn set_busy(tx: &Connection, thread: &str, busy: bool) -> StoreResult<()> {
+    tx.prepare_cached("UPDATE lanes SET busy = ?2 WHERE thread = ?1")
+        .map_err(db)?
+        .execute(params![thread, busy])
+        .map_err(db)?;
+    Ok(())
+}
+
+fn claim_offered(
+    tx: &Connection,
+    agent: &str,
+    (consumer, lease_ms, start, now): (&str, u64, bool, u64),
+    offer: Option<&Offer>,
+    pick: &mut LanePick<'_>,
+    passed: &mut Vec<String>,
 ) -> Result<Option<(Dispatch, String)>, TxError> {
     // A lane whose head turns out unusable is repaired and the pick repeated; the bound only
     // guards against a store that keeps handing back the same broken lane. A head not yet due
@@ -161,9 +198,18 @@ pub(super) fn claim_picked(
                     demote(tx, &d)?;
                     continue;
                 }
+                let choice = offer.map(|o| (o, o.choose(&d, now)));
+                if let Some((_, Choice::Elsewhere)) = choice {
+                    set_busy(tx, &thread, true)?;
+                    passed.push(thread);
+                    continue;
+                }
                 repairs += 1;
                 match rules::take(d, t.epoch, consumer, lease_ms, now, start) {
-                    Take::Claimed(d) => {
+                    Take::Claimed(mut d) => {
+                        if let Some((o, Choice::Run(index))) = choice {
+                            o.record(&mut d, index);
+                        }
                         store_claimed(tx, &d)?;
                         return Ok(Some((d, thread)));
                     }

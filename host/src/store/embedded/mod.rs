@@ -84,7 +84,7 @@ pub(crate) const MAX_VALUE_WHY: &str =
     "the embedded store's cap, well below SQLite's limit of 1,000,000,000 bytes per row";
 
 /// The schema version this build writes.
-pub const SCHEMA_VERSION: i64 = 4;
+pub const SCHEMA_VERSION: i64 = 5;
 
 /// Migrations, index `i` moves the schema from version `i` to `i + 1`. Public so a test can
 /// write a file as an earlier release did (the first `n` of them) and open it with this one.
@@ -311,6 +311,11 @@ CREATE TABLE pauses (
     at     INTEGER NOT NULL,
     PRIMARY KEY (agent, key)
 ) WITHOUT ROWID;
+"#,
+    // Version 5: the version of its plugin each claim of a dispatch ran (docs/contract.md
+    // section 14), as JSON; NULL until a versioned claim ran it.
+    r#"
+ALTER TABLE dispatches ADD COLUMN versions TEXT;
 "#,
 ];
 

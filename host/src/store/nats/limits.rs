@@ -34,6 +34,7 @@ use crate::store::limits::{
 };
 use crate::store::model::{Dispatch, check_concurrency_key};
 use crate::store::rules::{self, Take};
+use crate::store::versions::{Choice as VersionChoice, Offer};
 use crate::store::{StoreError, StoreResult};
 
 /// How many times an operation on one scope record decides again after a conflict.
@@ -193,7 +194,7 @@ impl NatsStore {
                         }
                     }
                     let (d, served, throttled) =
-                        match choose(view, agent, limits, &pauses, &turns, now)? {
+                        match choose(view, agent, limits, req.offer, &pauses, &turns, now)? {
                             Ok(choice) => choice,
                             Err((throttled, retry_at)) => {
                                 return Ok(Plan::Done(Ok(Claimed::Nothing(Box::new(Gated {
@@ -204,13 +205,17 @@ impl NatsStore {
                             }
                         };
                     let thread_epoch = view.thread(&d.thread)?.epoch;
+                    let version = req.offer.map(|o| (o, o.choose(&d, now)));
                     match rules::take(d, thread_epoch, req.consumer, req.lease_ms, now, req.start) {
                         Take::Stale(d) => Ok(Plan::Write {
                             writes: put_dispatch(view, plain(d))?,
                             answer: Ok(Claimed::Again),
                             wake: false,
                         }),
-                        Take::Claimed(d) => {
+                        Take::Claimed(mut d) => {
+                            if let Some((o, VersionChoice::Run(index))) = version {
+                                o.record(&mut d, index);
+                            }
                             let mut writes = put_dispatch(view, plain(d.clone()))?;
                             for scope in &shared {
                                 writes.push(take_scope(view, scope, &d, now)?);
@@ -277,6 +282,7 @@ fn choose(
     view: &mut View,
     agent: &str,
     limits: &crate::store::limits::LimitSet,
+    offer: Option<&Offer>,
     pauses: &[Pause],
     turns: &Turns,
     now: u64,
@@ -297,6 +303,11 @@ fn choose(
             }
             if !rules::due(d, now) {
                 late.push(d.clone());
+                continue;
+            }
+            // Pinned to a version this claimer does not run, and still left to those that do
+            // (section 14): passed over like a held key, without holding anything.
+            if offer.is_some_and(|o| o.choose(d, now) == VersionChoice::Elsewhere) {
                 continue;
             }
             let key = d.concurrency_key.as_deref();

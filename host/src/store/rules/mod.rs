@@ -121,6 +121,7 @@ pub(crate) fn queued_record(id: &str, new: &NewDispatch, epoch: u64, now: u64) -
         claims: 0,
         resumes: 0,
         concurrency_key: new.concurrency_key.clone(),
+        versions: Vec::new(),
         epoch,
         status: Status::Queued,
         claim: None,

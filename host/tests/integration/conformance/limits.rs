@@ -29,6 +29,7 @@ async fn gated_as(store: &Store, agent: &str, limits: &LimitSet) -> Gated {
         lease_ms: LEASE,
         start: false,
         limits,
+        offer: None,
     };
     retry(|| store.mailbox.claim_gated(&req))
         .await

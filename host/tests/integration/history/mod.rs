@@ -1829,6 +1829,7 @@ mod checker_tests {
             claims: u32::from(token.is_some()),
             resumes: 0,
             concurrency_key: None,
+            versions: Vec::new(),
             epoch: 0,
             status,
             claim: token.map(|t| Claim {
