@@ -293,7 +293,7 @@ pub(super) async fn enqueue(
     let mut metadata = fields.metadata()?;
     fields.finish()?;
     name("agent", &agent)?;
-    if !state.config.plugins.contains_key(&agent) {
+    if !state.config().plugins.contains_key(&agent) {
         return Err(ApiError::not_found(format!("no agent `{agent}`")).with("field", "agent"));
     }
     if payload.len() as u64 > state.max_payload {
@@ -310,7 +310,7 @@ pub(super) async fn enqueue(
     if let Some(parent) = traceparent(&headers) {
         metadata.insert("traceparent".into(), parent);
     }
-    let attempts = Attempts::configured(&state.config, &agent);
+    let attempts = Attempts::configured(&state.config(), &agent);
     let request = Request {
         id,
         priority: priority.map(|p| p as u8),
@@ -321,7 +321,8 @@ pub(super) async fn enqueue(
         concurrency_key,
         ..Request::new(agent, thread, payload)
     };
-    let keys = state.config.key_source(&request.agent);
+    let config = state.config();
+    let keys = config.key_source(&request.agent);
     // The store's rules, refused naming the field (the first word of the message).
     let new = request.into_dispatch(attempts, keys).map_err(|message| {
         let field = message
@@ -480,7 +481,7 @@ pub(super) async fn show(
 ) -> Result<Json<Value>, ApiError> {
     name("id", &id)?;
     let pairs = params(query, &["wait"])?;
-    let max_wait = state.config.api.max_wait;
+    let max_wait = state.config().api.max_wait;
     let wait = match param(&pairs, "wait") {
         None => Duration::ZERO,
         Some(text) => {
@@ -516,7 +517,7 @@ pub(super) async fn retry(
     Path(id): Path<String>,
 ) -> Result<Response, ApiError> {
     name("id", &id)?;
-    let d = work::retry(&state.config, &state.store, &id).await?;
+    let d = work::retry(&state.config(), &state.store, &id).await?;
     Ok((
         StatusCode::CREATED,
         [(header::LOCATION, view::dispatch_path(&d.id))],

@@ -55,6 +55,12 @@ impl ApiError {
         ApiError::new(StatusCode::NOT_FOUND, error)
     }
 
+    /// 422: the request was understood but what it asks cannot be done now (a reload of a
+    /// config that no longer loads).
+    pub fn unprocessable(error: impl Into<String>) -> ApiError {
+        ApiError::new(StatusCode::UNPROCESSABLE_ENTITY, error)
+    }
+
     /// 409.
     pub fn conflict(error: impl Into<String>) -> ApiError {
         ApiError::new(StatusCode::CONFLICT, error)

@@ -43,8 +43,8 @@ pub(super) async fn readyz(State(state): State<Arc<ApiState>>) -> Response {
                 .map(|a| a.iter().map(|a| a.name.clone()).collect::<Vec<_>>())
         })
         .unwrap_or_default();
-    let missing: Vec<&String> = state
-        .config
+    let config = state.config();
+    let missing: Vec<&String> = config
         .plugins
         .keys()
         .filter(|name| !loaded.as_ref().is_some_and(|l| l.contains(name)))

@@ -23,6 +23,7 @@
 //! | `GET /v1/agents` | reader | plugins: world, limits and their use, grants, queue counts, pauses |
 //! | `POST /v1/agents/{agent}/pause` | operator | pause the agent's claims (or one concurrency key's) |
 //! | `POST /v1/agents/{agent}/resume` | operator | lift a pause |
+//! | `POST /v1/agents/{agent}/reload` | operator | reload the config and the agent's component |
 //! | `GET /v1/openapi.json` | reader | the description of all of the above |
 //! | `GET /metrics` | reader | Prometheus metrics (no token with `[api] public_metrics`) |
 //! | `GET /livez`, `/readyz` | none | health, for probes |
@@ -90,7 +91,9 @@ pub const OPENAPI: &str = include_str!("openapi.json");
 #[derive(Debug)]
 pub(crate) struct ApiState {
     store: Store,
-    config: Arc<Config>,
+    /// The config the API started with, its `[plugins]` and `[limits]` replaced by each reload
+    /// of the host in this process (`[api]`, `[host]` and `[store]` stay as they started).
+    config: RwLock<Arc<Config>>,
     /// The payload cap in force: `[host] max_payload`, clamped to what the store holds.
     max_payload: u64,
     body_limit: u64,
@@ -98,6 +101,8 @@ pub(crate) struct ApiState {
     metrics: Option<PrometheusHandle>,
     /// The plugins, once loaded (`/readyz` is 503 until then).
     agents: RwLock<Option<Vec<AgentInfo>>>,
+    /// The host running in this process: how to ask it to reload, and what it serves.
+    reload: RwLock<Option<(crate::supervisor::Reloader, Arc<crate::supervisor::Fleet>)>>,
     shutdown: watch::Receiver<bool>,
     /// `[api] max_concurrent`: a slot is taken once a request is authenticated.
     in_flight: Semaphore,
@@ -110,6 +115,14 @@ pub(crate) struct ApiState {
 }
 
 impl ApiState {
+    /// The config in force.
+    pub(crate) fn config(&self) -> Arc<Config> {
+        match self.config.read() {
+            Ok(config) => config.clone(),
+            Err(poisoned) => poisoned.into_inner().clone(),
+        }
+    }
+
     /// A slot of `[api] max_concurrent` for an authenticated request, held while it runs;
     /// 503 when none is free.
     fn slot(&self) -> Result<SemaphorePermit<'_>, ApiError> {
@@ -264,6 +277,12 @@ pub(crate) fn routes() -> Vec<Route> {
             Role::Operator,
             post(agents::resume),
         ),
+        route(
+            Method::POST,
+            "/v1/agents/{agent}/reload",
+            Role::Operator,
+            post(agents::reload),
+        ),
         route(Method::GET, "/v1/openapi.json", Role::Reader, get(openapi)),
     ]
 }
@@ -297,11 +316,11 @@ fn router(state: Arc<ApiState>) -> Router {
         };
         v1 = v1.route(path, handler);
     }
-    if state.config.api.dashboard {
+    if state.config().api.dashboard {
         v1 = v1.merge(dashboard::router(state.clone()));
     }
     let mut metrics = get(health::metrics);
-    if state.config.api.public_metrics {
+    if state.config().api.public_metrics {
         metrics = metrics.route_layer(axum::middleware::from_fn_with_state(
             state.clone(),
             in_flight,
@@ -337,7 +356,7 @@ async fn in_flight(State(state): State<Arc<ApiState>>, request: Request, next: N
 /// `max_stream`), `body_timeout` for its body (408 when it runs out), and a count by route.
 /// The slot of `max_concurrent` is taken later, once the request is authenticated.
 async fn guard(State(state): State<Arc<ApiState>>, request: Request, next: Next) -> Response {
-    let body_timeout = state.config.api.body_timeout;
+    let body_timeout = state.config().api.body_timeout;
     let expired = Arc::new(AtomicBool::new(false));
     let request = request.map(|body| {
         axum::body::Body::new(limits::TimedBody::new(body, body_timeout, expired.clone()))
@@ -347,7 +366,7 @@ async fn guard(State(state): State<Arc<ApiState>>, request: Request, next: Next)
         .get::<MatchedPath>()
         .map_or_else(|| "unmatched".to_owned(), |p| p.as_str().to_owned());
     let method = method_label(request.method());
-    let api = &state.config.api;
+    let api = &state.config().api;
     let limit = if route.ends_with("/stream") {
         None
     } else if route == "/v1/dispatches/{id}" {
@@ -528,12 +547,13 @@ impl ApiServer {
             tokens,
             metrics,
             agents: RwLock::new(None),
+            reload: RwLock::new(None),
             shutdown: shutdown.clone(),
             in_flight: Semaphore::new(api.max_concurrent),
             failures: limits::Failures::default(),
             streams: limits::Streams::new(api.max_streams, api.max_streams_per_token),
             live,
-            config: config.clone(),
+            config: RwLock::new(config.clone()),
         });
         let app = router(state.clone());
         let serving = config.clone();
@@ -557,6 +577,32 @@ impl ApiServer {
         if let Ok(mut slot) = self.state.agents.write() {
             *slot = Some(agents);
         }
+    }
+
+    /// Serves the host running in this process: `POST /v1/agents/{agent}/reload` asks it to
+    /// reload, and `/v1/agents` follows what each reload installed. Returns what the host calls
+    /// after each reload.
+    pub fn serve_host(
+        &self,
+        reloader: crate::supervisor::Reloader,
+        fleet: Arc<crate::supervisor::Fleet>,
+    ) -> crate::supervisor::OnReload {
+        self.plugins_loaded(AgentInfo::of_fleet(&fleet));
+        if let Ok(mut slot) = self.state.reload.write() {
+            *slot = Some((reloader, fleet));
+        }
+        let state = self.state.clone();
+        Box::new(move |fleet, config| {
+            if let Ok(mut slot) = state.agents.write() {
+                *slot = Some(AgentInfo::of_fleet(fleet));
+            }
+            if let Ok(mut held) = state.config.write() {
+                let mut next = (**held).clone();
+                next.plugins = config.plugins.clone();
+                next.limits = config.limits.clone();
+                *held = Arc::new(next);
+            }
+        })
     }
 
     /// What `homing config check` says of `[api]`: each token read as [`ApiServer::start`]

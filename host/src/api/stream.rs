@@ -76,7 +76,7 @@ pub(super) async fn open(
     };
     let watch = Watch {
         follower,
-        until: tokio::time::Instant::now() + state.config.api.max_stream,
+        until: tokio::time::Instant::now() + state.config().api.max_stream,
         shutdown: state.shutdown.clone(),
         done: false,
         _permit: permit,

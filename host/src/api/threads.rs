@@ -279,7 +279,7 @@ pub(super) async fn stream(
         sent_after,
         sent: VecDeque::new(),
         watch,
-        until: tokio::time::Instant::now() + state.config.api.max_stream,
+        until: tokio::time::Instant::now() + state.config().api.max_stream,
         shutdown: state.shutdown.clone(),
         done: false,
         deltas,
@@ -366,7 +366,7 @@ pub(super) async fn send(
         agent,
         sent_by: format!("api:{token}"),
     };
-    let sent = messages::send(&state.store, &state.config, &thread, new).await?;
+    let sent = messages::send(&state.store, &state.config(), &thread, new).await?;
     info!(
         thread = %thread.escape_debug(),
         seq = sent.message.seq,

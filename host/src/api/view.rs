@@ -58,6 +58,12 @@ pub(crate) fn dispatch(d: &Dispatch) -> Value {
         "metadata": d.metadata,
         "dedupe_key": d.dedupe_key,
         "concurrency_key": d.concurrency_key,
+        // The version of its plugin each claim ran, oldest first; the last is its pin.
+        "versions": d.versions.iter().map(|v| json!({
+            "claim": v.claim,
+            "version": v.version,
+            "label": v.label,
+        })).collect::<Vec<_>>(),
         "claimed_by": d.claim.as_ref().map(|c| c.claimed_by.clone()),
         "lease_until": d.claim.as_ref().map(|c| c.lease_until),
         "result": d.result.as_ref().map(|r| json!({

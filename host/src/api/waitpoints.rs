@@ -248,7 +248,7 @@ async fn completion(
         Completer::Operator(name) => by_operator(name),
         Completer::Token => BY_TOKEN.to_owned(),
     };
-    let w = work::complete(&state.store, &state.config, id, result, &settled_by)
+    let w = work::complete(&state.store, &state.config(), id, result, &settled_by)
         .await
         .map_err(|e| ApiError::from(e).into_response())?;
     info!(

@@ -19,12 +19,18 @@ pub enum StopReason {
     Shutdown,
     /// The dispatch's time is nearly up: finish soon.
     Deadline,
+    /// The run outlived `drain_timeout` on a version a reload replaced: it is stopped and its
+    /// dispatch given back to the queue without an attempt.
+    Drained,
 }
 
 impl StopReason {
     /// Whether the guest must be cancelled for this reason (its writes would be refused).
     pub fn is_final(self) -> bool {
-        matches!(self, StopReason::Interrupted | StopReason::LeaseLost)
+        matches!(
+            self,
+            StopReason::Interrupted | StopReason::LeaseLost | StopReason::Drained
+        )
     }
 
     fn code(self) -> u8 {
@@ -33,6 +39,7 @@ impl StopReason {
             StopReason::LeaseLost => STOP_LEASE_LOST,
             StopReason::Shutdown => STOP_SHUTDOWN,
             StopReason::Deadline => STOP_DEADLINE,
+            StopReason::Drained => STOP_DRAINED,
         }
     }
 
@@ -42,6 +49,7 @@ impl StopReason {
             STOP_LEASE_LOST => Some(StopReason::LeaseLost),
             STOP_SHUTDOWN => Some(StopReason::Shutdown),
             STOP_DEADLINE => Some(StopReason::Deadline),
+            STOP_DRAINED => Some(StopReason::Drained),
             _ => None,
         }
     }
@@ -51,6 +59,7 @@ const STOP_INTERRUPTED: u8 = 1;
 const STOP_LEASE_LOST: u8 = 2;
 const STOP_SHUTDOWN: u8 = 3;
 const STOP_DEADLINE: u8 = 4;
+const STOP_DRAINED: u8 = 5;
 
 /// A run parked on an upstream status (`park_on`): the claim is given back to the queue,
 /// without an attempt, when it settles as a failure.

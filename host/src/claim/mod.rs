@@ -22,7 +22,9 @@ use std::time::Duration;
 
 use crate::config::RetryPolicy;
 use crate::store::inbox::FOLLOW_UP_BY;
-use crate::store::{ClaimRequest, Dispatch, Fence, Gated, LimitSet, Store, StoreError, millis};
+use crate::store::{
+    ClaimRequest, Dispatch, Fence, Gated, LimitSet, Offer, Store, StoreError, millis,
+};
 pub use control::{ClaimControl, Park, StopReason};
 pub use journal::{JournalSettings, Recorder};
 pub use lease::{INTERRUPT_POLL, LeaseGuard};
@@ -45,6 +47,9 @@ pub struct Claimer<'a> {
     pub limits: &'a LimitSet,
     /// What its claims journal.
     pub journal: JournalSettings,
+    /// The versions its claims may run (recorded on each claim; pinned dispatches of versions
+    /// not offered are passed over).
+    pub offer: Option<&'a Offer>,
 }
 
 /// A claimed dispatch as the host holds it (as a guest's `claim` resource, or in a worker).
@@ -129,6 +134,7 @@ pub async fn claim_gated(claimer: &Claimer<'_>) -> Result<Gated, StoreError> {
             lease_ms: millis(claimer.lease),
             start: true,
             limits: claimer.limits,
+            offer: claimer.offer,
         })
         .await?;
     if gated.dispatch.is_none() && (gated.retry_at.is_some() || !gated.throttled.is_empty()) {

@@ -32,6 +32,9 @@ pub enum Settlement {
     Suspended,
     /// parked: an upstream status (`park_on`) gave it back to the queue without an attempt.
     Parked,
+    /// drained: it outlived `drain_timeout` on a replaced version and went back to the queue
+    /// without an attempt.
+    Drained,
 }
 
 impl Settlement {
@@ -44,6 +47,7 @@ impl Settlement {
             Settlement::Superseded => "superseded",
             Settlement::Suspended => "suspended",
             Settlement::Parked => "parked",
+            Settlement::Drained => "drained",
         }
     }
 }
@@ -201,6 +205,25 @@ impl ClaimHandle {
             crate::telemetry::run_parked(&self.dispatch.agent, park.status);
         }
         self.settled_by(Settlement::Parked, out)
+    }
+
+    /// Gives the dispatch back to the queue, available at once and counting no attempt: its run
+    /// outlived `drain_timeout` on a version a reload replaced. The next claim runs it on the
+    /// version it is pinned to while a host keeps that version, else on the newest.
+    ///
+    /// # Errors
+    ///
+    /// When the store refuses the write or fails.
+    pub async fn drain(&mut self, store: &Store) -> Result<Dispatch, StoreError> {
+        self.end_stream().await;
+        let reason = "drained: the run outlived drain_timeout on a replaced version; \
+                      runs again without counting an attempt";
+        let out = store
+            .mailbox
+            .release(&self.dispatch.id, &self.token, store.now(), reason)
+            .instrument(self.span.clone())
+            .await;
+        self.settled_by(Settlement::Drained, out)
     }
 
     /// Ends what this claim streamed, its last deltas persisted, before the claim settles: a

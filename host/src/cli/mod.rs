@@ -24,7 +24,7 @@ use clap::{Parser, Subcommand};
 
 // From the API, only what starts the server (and the loaded plugins it is told of): what the
 // CLI does with work comes from `crate::work`, as the API's does (`cargo xtask house` checks).
-use crate::api::{AgentInfo, ApiServer};
+use crate::api::ApiServer;
 use crate::bench;
 use crate::config::{Config, LogFormat, StoreConfig};
 use crate::store::embedded::{EmbeddedOptions, EmbeddedStore};
@@ -382,15 +382,10 @@ async fn run(config: Config, store: Store, until_idle: bool) -> anyhow::Result<(
     };
     // Loading compiles components (seconds for a large one): off the async workers, so the API
     // answers meanwhile.
-    let supervisor = tokio::task::block_in_place(|| Supervisor::with_hub(config, store, live))?;
+    let mut supervisor = tokio::task::block_in_place(|| Supervisor::with_hub(config, store, live))?;
     if let Some(api) = &api {
-        api.plugins_loaded(
-            supervisor
-                .plugins()
-                .iter()
-                .map(|p| AgentInfo::of(p))
-                .collect(),
-        );
+        let on_reload = api.serve_host(supervisor.reloader(), supervisor.fleet());
+        supervisor.on_reload(on_reload);
     }
     let report = supervisor.run(until_idle).await;
     if let Some(api) = api {

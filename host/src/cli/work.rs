@@ -1178,6 +1178,17 @@ fn print_dispatch(d: &Dispatch) {
     if let Some(key) = &d.concurrency_key {
         println!("concurrency key: {}", text(key));
     }
+    for v in &d.versions {
+        match &v.label {
+            Some(label) => println!(
+                "claim {:<7} ran version {} ({})",
+                v.claim,
+                v.version,
+                text(label)
+            ),
+            None => println!("claim {:<7} ran version {}", v.claim, v.version),
+        }
+    }
     if let Some(claim) = &d.claim {
         println!(
             "claimed by:   {} (lease until {})",

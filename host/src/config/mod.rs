@@ -31,7 +31,7 @@ pub use store::{
     check_nats, shown_nats_url, shown_nats_urls, split_nats_url,
 };
 pub use telemetry::TelemetryConfig;
-use units::{duration, optional_size, size};
+use units::{duration, optional_duration, optional_size, size};
 pub use units::{parse_duration, parse_size};
 
 /// A config error, with the file it came from.
@@ -82,6 +82,12 @@ pub const DEFAULT_MAX_STREAM_BYTES: u64 = 4 << 20;
 
 /// The most deltas per second one claim may stream when `[host] max_emit_rate` is not set.
 pub const DEFAULT_MAX_EMIT_RATE: u32 = 100_000;
+
+/// How many versions of a plugin a host keeps loaded when `[host] keep_versions` is not set.
+pub const DEFAULT_KEEP_VERSIONS: u32 = 3;
+
+/// The longest `[plugins.x] version` label.
+pub const MAX_VERSION_LABEL: usize = 64;
 
 /// How many times a dispatch may come back from waiting when its plugin's `max_resumes` is
 /// not set.
@@ -140,6 +146,18 @@ pub struct HostConfig {
     /// The address rules still apply: a name pinned to a private address is reachable only
     /// when `allowed_outbound_hosts` names that address.
     pub hosts: BTreeMap<String, std::net::IpAddr>,
+    /// After a plugin is reloaded, how long a dispatch still running on the version it replaced
+    /// may finish before it is stopped and given back to the queue, counting no attempt; also
+    /// how long a dispatch pinned to a version no host runs waits before the newest takes it
+    /// (default: the plugin's `timeout`).
+    #[serde(deserialize_with = "optional_duration")]
+    pub drain_timeout: Option<Duration>,
+    /// How many versions of each plugin a host keeps loaded, the newest included, so a dispatch
+    /// that started on an older one resumes on it.
+    pub keep_versions: u32,
+    /// Reload when `homing.toml` or a plugin's component file changes (a debounced watch).
+    /// SIGHUP and `POST /v1/agents/{agent}/reload` reload with or without it.
+    pub watch: bool,
 }
 
 /// `[host] log_format`.
@@ -173,6 +191,9 @@ impl Default for HostConfig {
             log_format: LogFormat::Text,
             tls_ca: None,
             hosts: BTreeMap::new(),
+            drain_timeout: None,
+            keep_versions: DEFAULT_KEEP_VERSIONS,
+            watch: true,
         }
     }
 }
@@ -288,6 +309,33 @@ pub struct PluginConfig {
     /// The longest a run is parked.
     #[serde(default = "default_max_park", deserialize_with = "duration")]
     pub max_park: Duration,
+    /// A label for the component's version (`"2.3.1"`), shown beside its content hash and
+    /// recorded with each claim that ran it.
+    #[serde(default)]
+    pub version: Option<String>,
+    /// `"run"`: a dispatch that ran goes back to the version it ran on (while a host keeps it);
+    /// `"none"`: every claim takes the newest.
+    #[serde(default)]
+    pub pin: Pin,
+}
+
+/// `[plugins.x] pin`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, Default)]
+#[serde(rename_all = "lowercase")]
+pub enum Pin {
+    /// A run stays on the version it started on.
+    #[default]
+    Run,
+    /// Every claim takes the newest version.
+    None,
+}
+
+impl PluginConfig {
+    /// How long a run on a replaced version may finish (`[host] drain_timeout`, else this
+    /// plugin's `timeout`).
+    pub fn drain_timeout(&self, host: &HostConfig) -> Duration {
+        host.drain_timeout.unwrap_or(self.timeout)
+    }
 }
 
 fn default_max_park() -> Duration {
@@ -520,6 +568,14 @@ impl Config {
         if self.host.max_message == Some(0) {
             return Err("[host] max_message: must be at least 1 byte".into());
         }
+        if self.host.keep_versions == 0 {
+            return Err(
+                "[host] keep_versions: must be at least 1 (the version being served)".into(),
+            );
+        }
+        if self.host.drain_timeout.is_some_and(|d| d.is_zero()) {
+            return Err("[host] drain_timeout: must be more than 0".into());
+        }
         for (name, plugin) in &self.plugins {
             let key = |k: &str| format!("[plugins.{name}] {k}");
             if name.is_empty()
@@ -533,6 +589,16 @@ impl Config {
             }
             if plugin.concurrency == 0 {
                 return Err(format!("{}: must be at least 1", key("concurrency")));
+            }
+            if let Some(label) = &plugin.version
+                && (label.trim().is_empty()
+                    || label.len() > MAX_VERSION_LABEL
+                    || label.chars().any(char::is_control))
+            {
+                return Err(format!(
+                    "{}: a label of 1 to {MAX_VERSION_LABEL} bytes with no control characters",
+                    key("version")
+                ));
             }
             if plugin.memory < 64 * 1024 {
                 return Err(format!(

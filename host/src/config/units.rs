@@ -103,6 +103,12 @@ pub(crate) fn size<'de, D: Deserializer<'de>>(deserializer: D) -> Result<u64, D:
 }
 
 /// An optional size (`"64KiB"` or bytes), present when the key is.
+pub(crate) fn optional_duration<'de, D: Deserializer<'de>>(
+    deserializer: D,
+) -> Result<Option<Duration>, D::Error> {
+    duration(deserializer).map(Some)
+}
+
 pub(crate) fn optional_size<'de, D: Deserializer<'de>>(
     deserializer: D,
 ) -> Result<Option<u64>, D::Error> {

@@ -136,7 +136,16 @@ impl Runtime {
                 .collect(),
         );
         let secrets = Arc::new(Secrets::new(ctx.values.secrets()));
-        info!(plugin = %ctx.name, world = world.name(), contract = contract.name(), "plugin loaded");
+        // The first load of a context sets its version; a context is loaded once.
+        let _ = ctx.offer.set(ctx.offer_of(&sha256));
+        info!(
+            plugin = %ctx.name,
+            world = world.name(),
+            contract = contract.name(),
+            version = %super::host::short_version(&sha256),
+            label = ctx.config.version.as_deref().unwrap_or(""),
+            "plugin loaded"
+        );
         Ok(Plugin {
             ctx,
             world,

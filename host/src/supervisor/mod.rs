@@ -25,8 +25,10 @@
 //! guests are told through `stop-requested` and get `shutdown_grace` to finish; whatever is still
 //! held after that is nacked (its lease would otherwise block its thread until it runs out).
 
+pub mod fleet;
 pub mod histogram;
 mod outcome;
+mod reload;
 
 use crate::live::{Hub, LiveSettings};
 use std::collections::HashMap;
@@ -35,16 +37,17 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use anyhow::Context;
-use tokio::sync::Notify;
+use tokio::sync::{Notify, mpsc, oneshot};
 use tokio::task::JoinSet;
 use tracing::{Instrument, debug, info, warn};
 
 use crate::claim::{self, ClaimControl, ClaimHandle, StopReason};
 use crate::config::Config;
-use crate::runtime::host::{Abort, PluginContext};
+use crate::runtime::host::Abort;
 use crate::runtime::{CallEnd, HandlerRun, Plugin, Runtime, WarmInstance, World};
 use crate::store::{Dispatch, Status, Store, StoreError, millis};
 use crate::telemetry;
+pub use fleet::{Fleet, Reloaded, Shared, Slot};
 pub use histogram::Histogram;
 pub use outcome::Outcome;
 
@@ -67,18 +70,35 @@ pub struct RunReport {
     pub host_overhead: Histogram,
 }
 
-/// Claims held by this host's workers, for shutdown.
+/// A claim held by one of this host's workers.
+#[derive(Debug, Clone)]
+struct Held {
+    token: String,
+    control: Arc<ClaimControl>,
+    /// The plugin and the version (content hash) it runs on.
+    plugin: String,
+    sha256: String,
+    since: std::time::Instant,
+}
+
+/// Claims held by this host's workers, for shutdown and for draining replaced versions.
 #[derive(Debug, Default)]
 struct InFlight {
-    claims: Mutex<HashMap<String, (String, Arc<ClaimControl>)>>,
+    claims: Mutex<HashMap<String, Held>>,
 }
 
 impl InFlight {
-    fn add(&self, claim: &ClaimHandle) {
+    fn add(&self, claim: &ClaimHandle, plugin: &Plugin) {
         if let Ok(mut claims) = self.claims.lock() {
             claims.insert(
                 claim.dispatch.id.clone(),
-                (claim.token.clone(), claim.control.clone()),
+                Held {
+                    token: claim.token.clone(),
+                    control: claim.control.clone(),
+                    plugin: plugin.ctx.name.clone(),
+                    sha256: plugin.sha256.clone(),
+                    since: std::time::Instant::now(),
+                },
             );
         }
     }
@@ -87,30 +107,95 @@ impl InFlight {
             claims.remove(id);
         }
     }
-    fn snapshot(&self) -> Vec<(String, String, Arc<ClaimControl>)> {
+    fn snapshot(&self) -> Vec<(String, Held)> {
         self.claims
             .lock()
             .map(|claims| {
                 claims
                     .iter()
-                    .map(|(id, (t, c))| (id.clone(), t.clone(), c.clone()))
+                    .map(|(id, held)| (id.clone(), held.clone()))
                     .collect()
             })
             .unwrap_or_default()
     }
 }
 
-/// A running host: plugins, workers and maintenance over one store.
+/// Asks a running host to reload its config and plugins (SIGHUP, the file watch and
+/// `POST /v1/agents/{agent}/reload` all come through one).
+#[derive(Debug, Clone)]
+pub struct Reloader {
+    asks: mpsc::Sender<ReloadAsk>,
+}
+
 #[derive(Debug)]
+struct ReloadAsk {
+    /// Only this plugin (its component and terms); `None`: the whole config.
+    only: Option<String>,
+    /// What asked, for the log.
+    why: &'static str,
+    reply: Option<oneshot::Sender<Result<Reloaded, String>>>,
+}
+
+impl Reloader {
+    /// Reloads `only` that plugin (or every plugin and the config's plugin and limit tables)
+    /// and says what changed.
+    ///
+    /// # Errors
+    ///
+    /// When the config no longer parses (nothing changed), or the host has stopped.
+    pub async fn reload(
+        &self,
+        only: Option<String>,
+        why: &'static str,
+    ) -> Result<Reloaded, String> {
+        let (reply, answer) = oneshot::channel();
+        self.asks
+            .send(ReloadAsk {
+                only,
+                why,
+                reply: Some(reply),
+            })
+            .await
+            .map_err(|_| "the host has stopped".to_owned())?;
+        answer
+            .await
+            .map_err(|_| "the host stopped before reloading".to_owned())?
+    }
+
+    fn ask(&self, why: &'static str) {
+        let _ = self.asks.try_send(ReloadAsk {
+            only: None,
+            why,
+            reply: None,
+        });
+    }
+}
+
+/// Called with the fleet and the config in force after every reload (the API refreshes what
+/// `/v1/agents` shows and the plugins it accepts work for).
+pub type OnReload = Box<dyn Fn(&Fleet, &Config) + Send + Sync>;
+
+/// A running host: plugins, workers and maintenance over one store.
 pub struct Supervisor {
     config: Config,
     store: Store,
     runtime: Arc<Runtime>,
-    plugins: Vec<Arc<Plugin>>,
-    shutdown: Arc<AtomicBool>,
+    fleet: Arc<Fleet>,
+    shared: Shared,
     wake: Arc<Notify>,
     in_flight: Arc<InFlight>,
     report: Arc<Mutex<RunReport>>,
+    reloader: Reloader,
+    asks: mpsc::Receiver<ReloadAsk>,
+    on_reload: Option<OnReload>,
+}
+
+impl std::fmt::Debug for Supervisor {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Supervisor")
+            .field("fleet", &self.fleet)
+            .finish_non_exhaustive()
+    }
 }
 
 impl Supervisor {
@@ -132,103 +217,134 @@ impl Supervisor {
     /// When a plugin cannot be loaded (the error names it).
     pub fn with_hub(config: Config, store: Store, live: Hub) -> anyhow::Result<Supervisor> {
         let runtime = Arc::new(Runtime::new(&config)?);
-        let shutdown = Arc::new(AtomicBool::new(false));
-        let host_id = config.host_id();
+        let shared = Shared {
+            store: store.clone(),
+            live,
+            shutdown: Arc::new(AtomicBool::new(false)),
+        };
         let mut plugins = Vec::new();
-        for (name, plugin_config) in &config.plugins {
-            let targets = plugin_config
-                .enqueue_to
-                .iter()
-                .filter_map(|t| config.plugins.get(t).map(|p| (t.clone(), p.max_attempts)))
-                .collect();
-            let target_keys = plugin_config
-                .enqueue_to
-                .iter()
-                .filter_map(|t| Some((t.clone(), config.key_source(t)?.clone())))
-                .collect();
-            let ctx = Arc::new(PluginContext {
-                name: name.clone(),
-                config: plugin_config.clone(),
-                store: store.clone(),
-                consumer: format!("{host_id}/{name}"),
-                lease: config.host.lease,
-                targets,
-                target_keys,
-                config_dir: config.base_dir.clone(),
-                values: config.resolve_values(name)?,
-                tls_ca: config.tls_ca_files(name),
-                hosts: config.host.hosts.clone(),
-                max_payload: config.host.max_payload,
-                shutdown: shutdown.clone(),
-                public_url: config.api.public_url.clone(),
-                live: live.clone(),
-                limits: crate::work::flow::limit_set(&config, name),
-                origin_limits: crate::work::flow::origin_limits(&config, name),
-            });
-            let path = config.resolve(&plugin_config.path);
-            let plugin = runtime.load_plugin(ctx, &path)?;
-            plugins.push(Arc::new(plugin));
+        for name in config.plugins.keys() {
+            plugins.push(fleet::load(&runtime, &config, name, &shared)?);
         }
+        let (tx, asks) = mpsc::channel(16);
         Ok(Supervisor {
             config,
             store,
             runtime,
-            plugins,
-            shutdown,
+            fleet: Arc::new(Fleet::of(plugins)),
+            shared,
             wake: Arc::new(Notify::new()),
             in_flight: Arc::new(InFlight::default()),
             report: Arc::new(Mutex::new(RunReport::default())),
+            reloader: Reloader { asks: tx },
+            asks,
+            on_reload: None,
         })
     }
 
-    /// The loaded plugins.
-    pub fn plugins(&self) -> &[Arc<Plugin>] {
-        &self.plugins
+    /// The newest version of every plugin served.
+    pub fn plugins(&self) -> Vec<Arc<Plugin>> {
+        self.fleet.newest()
+    }
+
+    /// The plugins served and the versions kept of each.
+    pub fn fleet(&self) -> Arc<Fleet> {
+        self.fleet.clone()
+    }
+
+    /// A handle that asks this host to reload.
+    pub fn reloader(&self) -> Reloader {
+        self.reloader.clone()
+    }
+
+    /// Calls `f` with the fleet after every reload.
+    pub fn on_reload(&mut self, f: OnReload) {
+        self.on_reload = Some(f);
+    }
+
+    fn spawn_workers(&self, workers: &mut JoinSet<()>) {
+        for (slot, index) in self.fleet.workers_to_start() {
+            workers.spawn(worker(
+                slot,
+                self.runtime.clone(),
+                self.shared.shutdown.clone(),
+                self.wake.clone(),
+                self.in_flight.clone(),
+                self.report.clone(),
+                index,
+            ));
+        }
     }
 
     /// Runs until SIGINT/SIGTERM, or (with `until_idle`) until no dispatch is queued or claimed.
+    /// SIGHUP, a change to a watched file (`[host] watch`) and the reloader reload the plugins
+    /// meanwhile.
     ///
     /// # Errors
     ///
     /// When the store fails while checking for idleness.
-    pub async fn run(self, until_idle: bool) -> anyhow::Result<RunReport> {
+    pub async fn run(mut self, until_idle: bool) -> anyhow::Result<RunReport> {
         // Listen before any worker can claim: from here on SIGINT/SIGTERM is a graceful stop,
         // never the default action ending the process with claims held.
         let signals = shutdown_signal();
-        let mut workers = JoinSet::new();
-        for plugin in &self.plugins {
-            for index in 0..plugin.ctx.config.concurrency {
-                workers.spawn(worker(
-                    plugin.clone(),
-                    self.runtime.clone(),
-                    self.shutdown.clone(),
-                    self.wake.clone(),
-                    self.in_flight.clone(),
-                    self.report.clone(),
-                    index,
-                ));
+        listen_for_hangup(self.reloader.clone());
+        let mut watcher = if self.config.host.watch {
+            match reload::Watch::start(&self.config, self.reloader.clone()) {
+                Ok(w) => Some(w),
+                Err(e) => {
+                    warn!(
+                        "watching the config and plugin files failed ({e:#}); reload with SIGHUP or the API"
+                    );
+                    None
+                }
             }
-        }
+        } else {
+            None
+        };
+        let mut workers = JoinSet::new();
+        self.spawn_workers(&mut workers);
         let sweeper = tokio::spawn(sweep_loop(
             self.store.clone(),
             self.config.host.sweep_interval,
             self.config.host.retention,
-            self.shutdown.clone(),
+            self.shared.shutdown.clone(),
             self.config.plugins.keys().cloned().collect(),
         ));
         info!(
-            plugins = self.plugins.len(),
+            plugins = self.fleet.slots().len(),
             workers = workers.len(),
             "homing host running"
         );
-        let stop = wait_for_stop(&self.store, until_idle, signals).await;
+        let store = self.store.clone();
+        let stop = wait_for_stop(&store, until_idle, signals);
+        tokio::pin!(stop);
+        let stop = loop {
+            tokio::select! {
+                stop = &mut stop => break stop,
+                Some(ask) = self.asks.recv() => {
+                    let out = self.reload(ask.only.as_deref(), ask.why).await;
+                    self.spawn_workers(&mut workers);
+                    if let (Some(w), Ok(_)) = (&mut watcher, &out) {
+                        w.follow(&self.config);
+                    }
+                    if let Some(f) = &self.on_reload {
+                        f(&self.fleet, &self.config);
+                    }
+                    if let Some(reply) = ask.reply {
+                        let _ = reply.send(out);
+                    }
+                }
+                Some(_) = workers.join_next(), if !workers.is_empty() => {}
+            }
+        };
         if let Err(e) = &stop {
             warn!("stopping: {e:#}");
         }
-        self.shutdown.store(true, Ordering::SeqCst);
+        drop(watcher);
+        self.shared.shutdown.store(true, Ordering::SeqCst);
         self.wake.notify_waiters();
-        for (_, _, control) in self.in_flight.snapshot() {
-            control.request_stop(StopReason::Shutdown);
+        for (_, held) in self.in_flight.snapshot() {
+            held.control.request_stop(StopReason::Shutdown);
         }
         let grace = self.config.host.shutdown_grace;
         let drained = tokio::time::timeout(grace, async {
@@ -239,14 +355,14 @@ impl Supervisor {
             warn!("shutdown grace of {grace:?} passed; releasing unfinished dispatches");
             workers.abort_all();
             while workers.join_next().await.is_some() {}
-            for (id, token, _) in self.in_flight.snapshot() {
+            for (id, held) in self.in_flight.snapshot() {
                 let now = self.store.now();
                 match self
                     .store
                     .mailbox
                     .nack(
                         &id,
-                        &token,
+                        &held.token,
                         now,
                         "host shut down before the dispatch finished",
                     )
@@ -262,6 +378,136 @@ impl Supervisor {
         let report = self.report.lock().map(|r| r.clone()).unwrap_or_default();
         Ok(report)
     }
+
+    /// Reloads the config file and the plugins it names (`only`: that one), installs what
+    /// loaded, and starts the drain of the versions replaced.
+    async fn reload(&mut self, only: Option<&str>, why: &'static str) -> Result<Reloaded, String> {
+        let started = std::time::Instant::now();
+        let path = std::path::PathBuf::from(&self.config.source);
+        let config = match Config::load(&path) {
+            Ok(config) => config,
+            Err(e) => {
+                let why_not = format!("the config no longer loads, so nothing changed: {e}");
+                warn!(trigger = why, "reload refused: {why_not}");
+                self.fleet.config_failed(Some(why_not.clone()));
+                return Err(why_not);
+            }
+        };
+        self.fleet.config_failed(None);
+        if let Some(name) = only
+            && !config.plugins.contains_key(name)
+            && self.fleet.slot(name).is_none()
+        {
+            return Err(format!("no plugin `{name}` in {}", config.source));
+        }
+        for note in reload::restart_only(&self.config, &config) {
+            warn!("{note}");
+        }
+        let (runtime, shared, only_owned) = (
+            self.runtime.clone(),
+            self.shared.clone(),
+            only.map(str::to_owned),
+        );
+        let cfg = config.clone();
+        // Compiling is seconds of CPU for a large component: off the async workers.
+        let loaded = tokio::task::spawn_blocking(move || {
+            fleet::load_all(&runtime, &cfg, only_owned.as_deref(), &shared)
+        })
+        .await
+        .map_err(|e| format!("loading the plugins failed: {e}"))?;
+        let mut checked = Vec::with_capacity(loaded.len());
+        for (name, result) in loaded {
+            let result = match result {
+                Ok(plugin) => match self.runtime.start_instance(&plugin).await {
+                    Ok(()) => Ok(plugin),
+                    Err(e) => Err(e.context(format!("plugin `{name}` does not instantiate"))),
+                },
+                Err(e) => Err(e),
+            };
+            checked.push((name, result));
+        }
+        let configured = config.plugins.keys().cloned().collect();
+        let keep = usize::try_from(config.host.keep_versions).unwrap_or(usize::MAX);
+        let out = self.fleet.install(checked, &configured, only, keep);
+        for (name, old, new) in &out.swapped {
+            info!(plugin = %name, from = %old, to = %new, trigger = why, elapsed_ms = started.elapsed().as_millis() as u64, "plugin swapped to a new version; new claims run it");
+            if let Some(slot) = self.fleet.slot(name)
+                && let Some(current) = slot.current()
+            {
+                tokio::spawn(drain_after(
+                    slot.clone(),
+                    self.in_flight.clone(),
+                    current.newest.ctx.drain_timeout,
+                ));
+            }
+        }
+        for name in &out.updated {
+            debug!(plugin = %name, trigger = why, "plugin terms reloaded; same version");
+        }
+        for name in &out.added {
+            info!(plugin = %name, trigger = why, "plugin added");
+        }
+        for name in &out.removed {
+            info!(plugin = %name, trigger = why, "plugin removed; it claims nothing more and its runs in flight finish");
+        }
+        for (name, e) in &out.failed {
+            warn!(plugin = %name, trigger = why, "reload left the plugin as it was: {e}");
+        }
+        // The plugin and limit tables in force: all of the new ones on a full reload; on a
+        // reload of one plugin, its own table (added or replaced).
+        match only {
+            None => {
+                self.config.plugins = config.plugins;
+                self.config.limits = config.limits;
+            }
+            Some(name) => {
+                if let Some(p) = config.plugins.get(name) {
+                    self.config.plugins.insert(name.to_owned(), p.clone());
+                }
+            }
+        }
+        // Workers waiting for work read their terms again.
+        self.wake.notify_waiters();
+        Ok(out)
+    }
+}
+
+/// After `timeout`, stops the runs of `slot` still going on a version other than its newest
+/// that started before the swap; each is given back to the queue without an attempt.
+async fn drain_after(slot: Arc<Slot>, in_flight: Arc<InFlight>, timeout: Duration) {
+    let swapped = std::time::Instant::now();
+    tokio::time::sleep(timeout).await;
+    let Some(current) = slot.current() else {
+        return;
+    };
+    for (id, held) in in_flight.snapshot() {
+        if held.plugin == slot.name && held.sha256 != current.newest.sha256 && held.since <= swapped
+        {
+            info!(plugin = %slot.name, dispatch = %id, "drain_timeout passed on a replaced version; stopping the run");
+            held.control.request_stop(StopReason::Drained);
+        }
+    }
+}
+
+/// Reloads on SIGHUP, for as long as the process runs.
+fn listen_for_hangup(reloader: Reloader) {
+    #[cfg(unix)]
+    {
+        use tokio::signal::unix::{SignalKind, signal};
+        match signal(SignalKind::hangup()) {
+            Ok(mut hangup) => {
+                tokio::spawn(async move {
+                    while hangup.recv().await.is_some() {
+                        info!("SIGHUP received; reloading");
+                        reloader.ask("SIGHUP");
+                    }
+                });
+            }
+            Err(e) => warn!("cannot listen for SIGHUP: {e}"),
+        }
+    }
+    #[cfg(not(unix))]
+    let _ = reloader;
 }
 
 async fn wait_for_stop(
@@ -389,7 +635,7 @@ async fn sweep_loop(
 }
 
 async fn worker(
-    plugin: Arc<Plugin>,
+    slot: Arc<Slot>,
     runtime: Arc<Runtime>,
     shutdown: Arc<AtomicBool>,
     wake: Arc<Notify>,
@@ -397,23 +643,37 @@ async fn worker(
     report: Arc<Mutex<RunReport>>,
     index: u32,
 ) {
-    let signal = plugin.ctx.store.mailbox.work_signal();
     let mut failures: u32 = 0;
-    let mut warm = None;
-    debug!(plugin = %plugin.ctx.name, worker = index, "worker started");
+    // A kept instance, and the version it is an instance of.
+    let mut warm: Option<WarmInstance> = None;
+    let mut warm_of = String::new();
+    debug!(plugin = %slot.name, worker = index, "worker started");
     while !shutdown.load(Ordering::SeqCst) {
+        // Read the terms before each claim: a reload may have changed them.
+        if !slot.keep_worker(index) {
+            debug!(plugin = %slot.name, worker = index, "worker leaves (removed, or past the concurrency)");
+            break;
+        }
+        let Some(current) = slot.current() else {
+            break;
+        };
+        let newest = &current.newest;
+        let signal = newest.ctx.store.mailbox.work_signal();
         let notified = signal.notified();
         let woken = wake.notified();
         tokio::pin!(notified, woken);
         notified.as_mut().enable();
         woken.as_mut().enable();
-        let claimer = plugin.ctx.claimer();
+        let claimer = crate::claim::Claimer {
+            offer: Some(&current.offer),
+            ..newest.ctx.claimer()
+        };
         let gated = claim::claim_gated(&claimer).await;
         // A rate that held work back says when its next token comes: sleep until then (or a
         // signal) rather than the whole idle poll.
         let idle = match &gated {
             Ok(g) => g.retry_at.map_or(IDLE_POLL, |at| {
-                Duration::from_millis(at.saturating_sub(plugin.ctx.store.now()).max(1))
+                Duration::from_millis(at.saturating_sub(newest.ctx.store.now()).max(1))
                     .min(IDLE_POLL)
             }),
             Err(_) => IDLE_POLL,
@@ -423,14 +683,23 @@ async fn worker(
                 failures = 0;
                 let claimed = std::time::Instant::now();
                 telemetry::queue_wait(
-                    &plugin.ctx.name,
+                    &slot.name,
                     dispatch
                         .started_at
                         .unwrap_or(dispatch.updated_at)
                         .saturating_sub(dispatch.available_at),
                 );
-                let claim = claim::hold(&claimer, dispatch);
-                in_flight.add(&claim);
+                // The store recorded the version this claim runs: a kept one it is pinned to,
+                // or the newest.
+                let plugin = crate::store::versions::pinned(&dispatch)
+                    .and_then(|v| slot.version(v))
+                    .unwrap_or_else(|| newest.clone());
+                if warm_of != plugin.sha256 {
+                    warm = None;
+                    warm_of.clone_from(&plugin.sha256);
+                }
+                let claim = claim::hold(&plugin.ctx.claimer(), dispatch);
+                in_flight.add(&claim, &plugin);
                 let id = claim.dispatch.id.clone();
                 let span = claim.span.clone();
                 let (outcome, settling) = run_one(&runtime, &plugin, claim, &mut warm)
@@ -441,7 +710,7 @@ async fn worker(
                     *report.outcomes.entry(outcome).or_default() += 1;
                     if let Some(settling) = settling {
                         let own = claimed.elapsed().saturating_sub(settling);
-                        telemetry::host_overhead(&plugin.ctx.name, own);
+                        telemetry::host_overhead(&slot.name, own);
                         report
                             .host_overhead
                             .record(u64::try_from(own.as_micros()).unwrap_or(u64::MAX));
@@ -458,7 +727,7 @@ async fn worker(
             Err(e) => {
                 failures = failures.saturating_add(1);
                 let backoff = Duration::from_millis(50u64.saturating_mul(1 << failures.min(6)));
-                warn!(plugin = %plugin.ctx.name, "claim failed ({e}); retrying in {backoff:?}");
+                warn!(plugin = %slot.name, "claim failed ({e}); retrying in {backoff:?}");
                 tokio::select! {
                     () = &mut woken => {}
                     () = tokio::time::sleep(backoff) => {}
@@ -519,10 +788,15 @@ async fn run_one(
         }
     };
     telemetry::dispatch_finished(&name, outcome.as_str(), started.elapsed());
+    let version = plugin
+        .sha256
+        .get(..crate::runtime::host::SHORT_VERSION)
+        .unwrap_or(&plugin.sha256);
     info!(
         plugin = %name,
         dispatch = %id,
         attempt,
+        version,
         %outcome,
         elapsed_us = started.elapsed().as_micros() as u64,
         "dispatch finished"
@@ -558,6 +832,10 @@ async fn settle(plugin: &Plugin, mut claim: ClaimHandle, end: CallEnd) -> Outcom
             .await
             .map(|_| Outcome::Superseded),
         CallEnd::Trapped {
+            abort: Some(Abort::Cancelled(StopReason::Drained)),
+            ..
+        } => claim.drain(store).await.map(|_| Outcome::Drained),
+        CallEnd::Trapped {
             abort: Some(Abort::Cancelled(_)),
             ..
         } => Ok(Outcome::LeaseLost),
@@ -591,6 +869,7 @@ fn trap_kind(abort: Option<&Abort>) -> &'static str {
         Some(Abort::Cancelled(StopReason::LeaseLost)) => "lease_lost",
         Some(Abort::Cancelled(StopReason::Shutdown)) => "shutdown",
         Some(Abort::Cancelled(StopReason::Deadline)) => "deadline",
+        Some(Abort::Cancelled(StopReason::Drained)) => "drained",
     }
 }
 

@@ -21,6 +21,9 @@ pub enum Outcome {
     Suspended,
     /// An upstream status (`park_on`) parked it: queued again without an attempt.
     Parked,
+    /// It outlived `drain_timeout` on a replaced version: stopped, queued again without an
+    /// attempt.
+    Drained,
     /// The handler returned and the host completed it.
     Completed,
     /// The handler failed or trapped and the host nacked it for a retry.
@@ -49,6 +52,7 @@ impl Outcome {
             Outcome::Superseded => "superseded",
             Outcome::Suspended => "suspended",
             Outcome::Parked => "parked",
+            Outcome::Drained => "drained",
             Outcome::Completed => "completed",
             Outcome::Retrying => "retrying",
             Outcome::LeaseLost => "lease-lost",
@@ -69,6 +73,7 @@ impl Outcome {
                 | Outcome::Superseded
                 | Outcome::Suspended
                 | Outcome::Parked
+                | Outcome::Drained
                 | Outcome::RunReturned
         )
     }
@@ -83,6 +88,7 @@ impl From<Settlement> for Outcome {
             Settlement::Superseded => Outcome::Superseded,
             Settlement::Suspended => Outcome::Suspended,
             Settlement::Parked => Outcome::Parked,
+            Settlement::Drained => Outcome::Drained,
         }
     }
 }
@@ -106,6 +112,7 @@ mod tests {
             Settlement::Superseded,
             Settlement::Suspended,
             Settlement::Parked,
+            Settlement::Drained,
         ] {
             assert_eq!(Outcome::from(s).as_str(), s.as_str());
         }

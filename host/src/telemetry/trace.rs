@@ -134,6 +134,7 @@ pub fn dispatch_span(agent: &str, dispatch: &Dispatch) -> Span {
         homing.thread = %dispatch.thread,
         homing.dispatch_id = %dispatch.id,
         homing.attempt = dispatch.attempt,
+        homing.version = crate::store::versions::pinned(dispatch).unwrap_or_default(),
         homing.outcome = tracing::field::Empty,
         otel.status_code = tracing::field::Empty,
     );

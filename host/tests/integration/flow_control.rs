@@ -23,7 +23,7 @@ use crate::common::{Env, Served, guest, toml_path};
 
 /// What the stand-in API saw: requests in flight now and at most, overall and per `x-key`.
 #[derive(Clone, Default)]
-struct Api {
+pub(crate) struct Api {
     inner: Arc<Mutex<Seen>>,
 }
 
@@ -80,7 +80,7 @@ async fn flaky(State(api): State<Api>) -> (StatusCode, HeaderMap, &'static str) 
     }
 }
 
-fn start_api() -> (Api, Served) {
+pub(crate) fn start_api() -> (Api, Served) {
     let api = Api::default();
     let app = Router::new()
         .route("/hold", get(hold))
@@ -100,7 +100,7 @@ fn plugin(name: &str, served: &Served, extra: &str) -> String {
 
 const HOST: &str = "[host]\nlease = \"5s\"\nsweep_interval = \"200ms\"\n";
 
-fn hold_payload(served: &Served, ms: u64, key: &str) -> String {
+pub(crate) fn hold_payload(served: &Served, ms: u64, key: &str) -> String {
     json!({
         "url": format!("http://127.0.0.1:{}/hold?ms={ms}", served.addr.port()),
         "headers": [["x-key", key]],

@@ -864,6 +864,9 @@ mod found {
             live: homing::live::Hub::new(&store, Default::default()),
             limits: Default::default(),
             origin_limits: Vec::new(),
+            drain_timeout: std::time::Duration::from_secs(30),
+            offer: Default::default(),
+            retired: Default::default(),
         });
         let mut guest = GuestState::new(
             WasiCtxBuilder::new().build(),

@@ -75,6 +75,7 @@ mod inbox;
 mod journal_guests;
 mod journal_runs;
 mod journal_view;
+mod live_reload;
 mod nats_conformance;
 mod nats_hosts;
 mod new_and_build;

@@ -75,7 +75,7 @@ pub(super) struct Dashboard {
 /// The dashboard's routes, for the API's router (which adds its own layers around them).
 pub(super) fn router(api: Arc<ApiState>) -> Router<Arc<ApiState>> {
     let dashboard = Arc::new(Dashboard {
-        host_id: api.config.host_id(),
+        host_id: api.config().host_id(),
         sessions: session::Sessions::default(),
         stats: Arc::new(stats::Stats::default()),
         api: api.clone(),

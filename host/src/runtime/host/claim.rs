@@ -41,6 +41,7 @@ impl From<claim::StopReason> for StopReason {
             claim::StopReason::LeaseLost => StopReason::LeaseLost,
             claim::StopReason::Shutdown => StopReason::Shutdown,
             claim::StopReason::Deadline => StopReason::Deadline,
+            claim::StopReason::Drained => StopReason::Upgrade,
         }
     }
 }
@@ -401,6 +402,9 @@ impl mailbox::HostClaim for GuestState {
         }
         if self.plugin.shutdown.load(Ordering::SeqCst) {
             return Ok(Some(StopReason::Shutdown));
+        }
+        if self.plugin.retired.load(Ordering::SeqCst) {
+            return Ok(Some(StopReason::Upgrade));
         }
         Ok(None)
     }

@@ -92,6 +92,15 @@ pub struct PluginContext {
     pub limits: crate::store::LimitSet,
     /// The limits its outbound requests honour (`[limits.x]` with `origins`).
     pub origin_limits: Vec<crate::work::flow::OriginLimit>,
+    /// How long a dispatch pinned to a version no claimer here runs is left for the hosts that
+    /// run it (`[host] drain_timeout`, else the plugin's timeout).
+    pub drain_timeout: Duration,
+    /// This context's version, offered alone (set once its component is loaded): what the
+    /// claims of its agent-world runs record and are pinned by.
+    pub offer: std::sync::OnceLock<crate::store::Offer>,
+    /// Set once a newer version replaced this one (or the plugin was removed): its agent-world
+    /// runs are told `upgrade` and claim nothing more.
+    pub retired: Arc<AtomicBool>,
 }
 
 impl PluginContext {
@@ -116,6 +125,22 @@ impl PluginContext {
             public_url: None,
             limits: Default::default(),
             origin_limits: Vec::new(),
+            drain_timeout: Duration::from_secs(30),
+            offer: std::sync::OnceLock::new(),
+            retired: Default::default(),
+        }
+    }
+
+    /// The offer of one version of this plugin: its content hash (`sha256`, hex) in short form
+    /// and its label, under its `pin`.
+    pub fn offer_of(&self, sha256: &str) -> crate::store::Offer {
+        crate::store::Offer {
+            versions: vec![crate::store::OfferedVersion {
+                version: short_version(sha256),
+                label: self.config.version.clone(),
+            }],
+            pin: self.config.pin == crate::config::Pin::Run,
+            foreign_after_ms: crate::store::millis(self.drain_timeout),
         }
     }
 
@@ -133,8 +158,17 @@ impl PluginContext {
                 mode: self.config.journal,
                 max_bytes: self.config.journal_max_bytes,
             },
+            offer: self.offer.get(),
         }
     }
+}
+
+/// How many hex digits of a component's SHA-256 name its version.
+pub const SHORT_VERSION: usize = 12;
+
+/// The short form of a content hash: its first [`SHORT_VERSION`] hex digits.
+pub fn short_version(sha256: &str) -> String {
+    sha256.chars().take(SHORT_VERSION).collect()
 }
 
 /// Why a call into the guest was cut short by the epoch callback.

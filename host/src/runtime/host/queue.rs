@@ -26,7 +26,8 @@ impl queue::Host for GuestState {
         &mut self,
         wait_ms: u32,
     ) -> wasmtime::Result<Result<Option<Resource<ClaimHandle>>, GuestError>> {
-        if self.plugin.shutdown.load(Ordering::SeqCst) {
+        if self.plugin.shutdown.load(Ordering::SeqCst) || self.plugin.retired.load(Ordering::SeqCst)
+        {
             return Ok(Ok(None));
         }
         if let Some(first) = self.first_claim.take() {
@@ -54,7 +55,10 @@ impl queue::Host for GuestState {
                 Err(e) => return Ok(Err(guest_error(e))),
             }
             let now = Instant::now();
-            if now >= until || plugin.shutdown.load(Ordering::SeqCst) {
+            if now >= until
+                || plugin.shutdown.load(Ordering::SeqCst)
+                || plugin.retired.load(Ordering::SeqCst)
+            {
                 return Ok(Ok(None));
             }
             let nap = (until - now).min(CLAIM_RECHECK);

@@ -3,6 +3,7 @@
 //! limit's use; an operator pauses and resumes it from here.
 
 use std::collections::BTreeMap;
+use std::sync::Arc;
 
 use axum::Form;
 use axum::extract::rejection::{FormRejection, QueryRejection};
@@ -20,13 +21,13 @@ use super::{
     see_other,
 };
 use crate::api::AgentInfo;
-use crate::config::PluginConfig;
 use crate::work::flow::{self, AgentFlow, FlowError};
 
 /// What the agents page shows: the config's plugins, what this host loaded of them, and how
 /// their flow control stands.
-struct Agents<'a> {
-    plugins: &'a BTreeMap<String, PluginConfig>,
+struct Agents {
+    /// The config in force (its plugin tables).
+    config: Arc<crate::config::Config>,
     /// `None` until the plugins are loaded.
     loaded: Option<Vec<AgentInfo>>,
     /// Per agent, its pauses and limits.
@@ -52,15 +53,16 @@ pub(super) async fn page(
     ))
 }
 
-async fn read(d: &Dashboard, notice: Option<String>) -> Result<Agents<'_>, PageError> {
+async fn read(d: &Dashboard, notice: Option<String>) -> Result<Agents, PageError> {
     let pauses = d.api.store.limits.pauses().await?;
+    let config = d.api.config();
     let mut flows = BTreeMap::new();
-    for name in d.api.config.plugins.keys() {
-        let state = flow::flow(&d.api.config, &d.api.store, name, &pauses).await?;
+    for name in config.plugins.keys() {
+        let state = flow::flow(&config, &d.api.store, name, &pauses).await?;
         flows.insert(name.clone(), state);
     }
     Ok(Agents {
-        plugins: &d.api.config.plugins,
+        config,
         loaded: d.api.agents.read().map(|a| a.clone()).unwrap_or_default(),
         flows,
         notice,
@@ -102,7 +104,7 @@ pub(super) async fn pause(
     Dashboard::csrf_ok(&session, &form.csrf, "pause")?;
     name("agent", &agent)?;
     let reason = form.reason.trim();
-    match flow::pause(&d.api.config, &d.api.store, &agent, None, reason).await {
+    match flow::pause(&d.api.config(), &d.api.store, &agent, None, reason).await {
         Ok(_) => {}
         Err(FlowError::Invalid { .. } | FlowError::ReasonTooLong { .. }) => {
             return Ok(see_other(agent_href(&agent, "pause-refused")));
@@ -123,7 +125,7 @@ pub(super) async fn resume(
     let form = form.map(|Form(f)| f).unwrap_or_default();
     Dashboard::csrf_ok(&session, &form.csrf, "resume")?;
     name("agent", &agent)?;
-    let lifted = flow::resume(&d.api.config, &d.api.store, &agent, None).await?;
+    let lifted = flow::resume(&d.api.config(), &d.api.store, &agent, None).await?;
     info!(%agent, token = %session.name, lifted, "agent resumed from the dashboard");
     Ok(see_other(agent_href(
         &agent,
@@ -187,9 +189,9 @@ fn pause_actions(name: &str, state: &AgentFlow, session: &Session) -> Markup {
     }
 }
 
-fn render(agents: &Agents<'_>, session: &Session) -> Markup {
+fn render(agents: &Agents, session: &Session) -> Markup {
     let Agents {
-        plugins,
+        config,
         loaded,
         flows,
         notice: shown,
@@ -198,7 +200,7 @@ fn render(agents: &Agents<'_>, session: &Session) -> Markup {
         h1 { "Agents" }
         (notice(shown.as_deref(), None))
         div.cards {
-            @for (name, p) in *plugins {
+            @for (name, p) in &config.plugins {
                 @let info = loaded.as_ref().and_then(|a| a.iter().find(|a| &a.name == name));
                 @let world = info.map(|a| a.world);
                 @let state = flows.get(name);

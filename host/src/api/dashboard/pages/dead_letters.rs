@@ -139,7 +139,7 @@ pub(super) async fn retry_selected(
     }
     let mut retried = 0;
     for id in ids {
-        match work::retry(&d.api.config, &d.api.store, id).await {
+        match work::retry(&d.api.config(), &d.api.store, id).await {
             Ok(r) => {
                 retried += 1;
                 info!(dispatch = %id, new = %r.id, token = %session.name, "retried from the dashboard");

@@ -148,6 +148,16 @@ fn render(page: &DispatchPage, p: &Params, session: &Session) -> Markup {
                 dt { "Run id" } dd.mono { (r.run_id) }
                 @if let Some(key) = &r.dedupe_key { dt { "Dedupe key" } dd.mono { (key) } }
                 @if let Some(key) = &r.concurrency_key { dt { "Concurrency key" } dd.mono #concurrency-key { (key) } }
+                @if !r.versions.is_empty() {
+                    dt { "Versions" }
+                    dd #versions {
+                        ol.versions {
+                            @for v in &r.versions {
+                                li { "claim " (v.claim) ": " span.mono { (v.version) } @if let Some(label) = &v.label { " (" (label) ")" } }
+                            }
+                        }
+                    }
+                }
                 @if let Some(claim) = &r.claim {
                     dt { "Held by" } dd.mono { (claim.claimed_by) " (host " (stats::host_of(&claim.claimed_by)) ")" }
                 }
@@ -372,7 +382,7 @@ pub(super) async fn retry(
 ) -> Result<Response, PageError> {
     Dashboard::csrf_ok(&session, &action_form(form).csrf, "retry")?;
     name("id", &id)?;
-    let r = work::retry(&d.api.config, &d.api.store, &id).await?;
+    let r = work::retry(&d.api.config(), &d.api.store, &id).await?;
     info!(dispatch = %id, new = %r.id, token = %session.name, "retried from the dashboard");
     Ok(see_other(format!(
         "{}?notice=retried",

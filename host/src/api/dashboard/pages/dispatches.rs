@@ -134,7 +134,7 @@ async fn read(d: &Dashboard, p: &Params) -> Result<List, PageError> {
         }
     }
     Ok(List {
-        agents: d.api.config.plugins.keys().cloned().collect(),
+        agents: d.api.config().plugins.keys().cloned().collect(),
         agent: agent.map(str::to_owned),
         thread: thread.map(str::to_owned),
         id: id.map(str::to_owned),

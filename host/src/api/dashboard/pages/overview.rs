@@ -73,7 +73,7 @@ async fn read(d: &Dashboard) -> Result<Overview, PageError> {
         })
         .await?;
     d.stats.observe_claims(now, &claimed);
-    let mut names: BTreeSet<String> = d.api.config.plugins.keys().cloned().collect();
+    let mut names: BTreeSet<String> = d.api.config().plugins.keys().cloned().collect();
     names.extend(counts.iter().map(|c| c.agent.clone()));
     let mut rows = Vec::new();
     for name in names {

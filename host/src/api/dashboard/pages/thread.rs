@@ -112,7 +112,7 @@ async fn read(d: &Dashboard, thread: String) -> Result<ThreadPage, PageError> {
         })
         .await?
         .is_empty();
-    let agents = d.api.config.plugins.keys().cloned().collect();
+    let agents = d.api.config().plugins.keys().cloned().collect();
     Ok(ThreadPage {
         thread,
         epoch,
@@ -376,7 +376,7 @@ pub(super) async fn send(
         agent,
         sent_by: format!("dashboard:{}", session.name),
     };
-    match messages::send(&d.api.store, &d.api.config, &thread, new).await {
+    match messages::send(&d.api.store, &d.api.config(), &thread, new).await {
         Ok(sent) => {
             info!(thread = %thread.escape_debug(), seq = sent.message.seq, token = %session.name, "message sent from the dashboard");
             let notice = if sent.follow_ups.is_empty() {

@@ -185,7 +185,7 @@ async fn decide(
     Dashboard::csrf_ok(session, csrf_token, what)?;
     let result = if approved { APPROVED } else { REJECTED };
     let by = by_operator(&session.name);
-    let notice = match waitpoints::complete(&d.api.store, &d.api.config, id, result.to_vec(), &by)
+    let notice = match waitpoints::complete(&d.api.store, &d.api.config(), id, result.to_vec(), &by)
         .await
     {
         Ok(w) => {
