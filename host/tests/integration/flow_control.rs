@@ -21,19 +21,32 @@ use serde_json::{Value, json};
 
 use crate::common::{Env, Served, guest, toml_path};
 
-/// What the stand-in API saw: requests in flight now and at most, overall and per `x-key`.
+/// What the stand-in API saw: requests in flight now and at most, overall and per `x-key`, and
+/// a journal of every request held. Shared with `flow_hosts`.
 #[derive(Clone, Default)]
 pub(crate) struct Api {
-    inner: Arc<Mutex<Seen>>,
+    pub(crate) inner: Arc<Mutex<Seen>>,
 }
 
 #[derive(Default)]
-struct Seen {
-    now: usize,
-    max: usize,
-    per_key_now: HashMap<String, usize>,
-    per_key_max: HashMap<String, usize>,
+pub(crate) struct Seen {
+    pub(crate) now: usize,
+    pub(crate) max: usize,
+    pub(crate) per_key_now: HashMap<String, usize>,
+    pub(crate) per_key_max: HashMap<String, usize>,
     flaky_calls: usize,
+    /// Every `/hold` request, once it ended (answered, or dropped when its caller went away).
+    pub(crate) held: Vec<Held>,
+}
+
+/// One `/hold` request: its `x-key` and `x-host` headers and when it was in flight (wall-clock
+/// milliseconds, the clock the store stamps records with).
+#[derive(Debug, Clone)]
+pub(crate) struct Held {
+    pub(crate) key: String,
+    pub(crate) host: String,
+    pub(crate) start: u64,
+    pub(crate) end: u64,
 }
 
 #[derive(serde::Deserialize)]
@@ -41,14 +54,43 @@ struct Hold {
     ms: u64,
 }
 
-/// `/hold?ms=N` answers after N ms, counting itself in flight meanwhile.
-async fn hold(State(api): State<Api>, Query(q): Query<Hold>, headers: HeaderMap) -> &'static str {
-    let key = headers
-        .get("x-key")
+/// Wall-clock milliseconds, as the store stamps records.
+pub(crate) fn now_ms() -> u64 {
+    homing::store::Clock::now_ms(&homing::store::SystemClock)
+}
+
+fn header(headers: &HeaderMap, name: &str) -> String {
+    headers
+        .get(name)
         .and_then(|v| v.to_str().ok())
         .unwrap_or_default()
-        .to_owned();
-    {
+        .to_owned()
+}
+
+/// Counts one request out when dropped: when it is answered, and also when its caller dies
+/// mid-request and the server drops the handler (a host SIGKILLed while holding a request).
+struct InFlight {
+    api: Api,
+    held: Held,
+}
+
+impl Drop for InFlight {
+    fn drop(&mut self) {
+        let mut seen = self.api.inner.lock().unwrap();
+        seen.now -= 1;
+        if let Some(n) = seen.per_key_now.get_mut(&self.held.key) {
+            *n -= 1;
+        }
+        let mut held = self.held.clone();
+        held.end = now_ms();
+        seen.held.push(held);
+    }
+}
+
+/// `/hold?ms=N` answers after N ms, counting itself in flight meanwhile.
+async fn hold(State(api): State<Api>, Query(q): Query<Hold>, headers: HeaderMap) -> &'static str {
+    let key = header(&headers, "x-key");
+    let _in_flight = {
         let mut seen = api.inner.lock().unwrap();
         seen.now += 1;
         seen.max = seen.max.max(seen.now);
@@ -57,13 +99,17 @@ async fn hold(State(api): State<Api>, Query(q): Query<Hold>, headers: HeaderMap)
         let n = *n;
         let max = seen.per_key_max.entry(key.clone()).or_default();
         *max = (*max).max(n);
-    }
+        InFlight {
+            api: api.clone(),
+            held: Held {
+                key,
+                host: header(&headers, "x-host"),
+                start: now_ms(),
+                end: 0,
+            },
+        }
+    };
     tokio::time::sleep(Duration::from_millis(q.ms)).await;
-    let mut seen = api.inner.lock().unwrap();
-    seen.now -= 1;
-    if let Some(n) = seen.per_key_now.get_mut(&key) {
-        *n -= 1;
-    }
     "held"
 }
 
@@ -90,7 +136,7 @@ pub(crate) fn start_api() -> (Api, Served) {
 }
 
 /// A plugin `name` running the probe, allowed to call `served`, with `extra` keys.
-fn plugin(name: &str, served: &Served, extra: &str) -> String {
+pub(crate) fn plugin(name: &str, served: &Served, extra: &str) -> String {
     format!(
         "[plugins.{name}]\npath = {}\ntimeout = \"30s\"\nallowed_outbound_hosts = [\"http://127.0.0.1:{}\"]\n{extra}\n",
         toml_path(&guest("http_probe")),
@@ -100,6 +146,7 @@ fn plugin(name: &str, served: &Served, extra: &str) -> String {
 
 const HOST: &str = "[host]\nlease = \"5s\"\nsweep_interval = \"200ms\"\n";
 
+/// A probe payload: hold a request for `ms` at the stand-in API, sent with `x-key: key`.
 pub(crate) fn hold_payload(served: &Served, ms: u64, key: &str) -> String {
     json!({
         "url": format!("http://127.0.0.1:{}/hold?ms={ms}", served.addr.port()),

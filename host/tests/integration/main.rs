@@ -23,6 +23,9 @@
 //!   killed before suspending, two NATS hosts;
 //! - `journal_view`: a dispatch's journal through the API, the CLI and the dashboard of a real
 //!   `homing run`;
+//! - `flow_hosts`: flow control across real hosts: a rate, a concurrency key (with a host
+//!   SIGKILLed holding slots), an origin limit and a pause on two NATS hosts; fairness across
+//!   keys on the embedded store;
 //! - `flow_surface`: pausing and resuming agents and concurrency keys at enqueue, through the
 //!   API, the CLI and the dashboard of a real `homing run`;
 //! - `waitpoints`: waitpoints through the API and the CLI of a real `homing run` (the
@@ -67,6 +70,7 @@ mod embedded_conformance;
 mod embedded_store;
 mod faults;
 mod flow_control;
+mod flow_hosts;
 mod flow_surface;
 mod fuzz;
 mod guest_imports;
