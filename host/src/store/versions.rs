@@ -115,13 +115,7 @@ mod tests {
     }
 
     fn dispatch() -> Dispatch {
-        let new = NewDispatch {
-            agent: "a".into(),
-            thread: "t".into(),
-            max_attempts: 3,
-            ..NewDispatch::default()
-        };
-        queued_record("d", &new, 0, 100)
+        queued_record("d", &NewDispatch::new("a", "t", Vec::new()), 0, 100)
     }
 
     #[test]

@@ -501,13 +501,16 @@ async fn a_config_edit_raises_concurrency_adds_a_plugin_and_removes_one() {
         api.wait_terminal(&added).await["result"]["output"],
         "newplugin"
     );
-    // The removed plugin claims nothing: its dispatch stays queued.
-    let stays = api
-        .enqueue(json!({"agent": "gone", "thread": "g", "payload": "echo nobody"}))
+    // The removed plugin is gone from the config the API enqueues by, and its slot says so.
+    let (status, reply) = api
+        .post(
+            "/v1/dispatches",
+            crate::api::PRODUCER,
+            json!({"agent": "gone", "thread": "g", "payload": "echo nobody"}),
+        )
         .await;
-    tokio::time::sleep(Duration::from_millis(600)).await;
-    let (_, d) = api.get(&format!("/v1/dispatches/{stays}")).await;
-    assert_eq!(d["status"], "queued", "a removed plugin claimed: {d}");
+    assert_eq!(status, 404, "{reply}");
+    assert_eq!(agent(&agents(&api).await, "gone")["removed"], true);
     assert!(api.log().contains("plugin removed"), "{}", api.log());
 }
 
