@@ -70,12 +70,24 @@ pub struct Holder {
     /// The claim number holding it (a claim slot); 0 for a request slot.
     #[serde(default)]
     pub claims: u32,
-    /// A request slot's expiry (a claim slot is held while its claim lives).
+    /// A request slot's expiry. A claim slot is held while its claim lives; when the slot is
+    /// written ahead of its claim (NATS), this is the lease that claim is given, and the slot
+    /// is held until then while the dispatch's record has not reached that claim number.
     #[serde(default)]
     pub until: u64,
 }
 
 impl Holder {
+    /// The slot of `d`'s claim, written ahead of the claim itself: held while that claim
+    /// lives, or, until the lease it is given runs out, while it may still land.
+    pub fn ahead_of_claim(d: &Dispatch) -> Holder {
+        Holder {
+            id: d.id.clone(),
+            claims: d.claims,
+            until: d.claim.as_ref().map_or(0, |c| c.lease_until),
+        }
+    }
+
     /// The slot held by `d`'s current claim.
     pub fn of_claim(d: &Dispatch) -> Holder {
         Holder {
@@ -106,7 +118,12 @@ impl Holder {
         if self.claims == 0 {
             return self.until > now;
         }
-        claimed && claims == self.claims && lease_until.is_some_and(|l| l > now)
+        if claimed && claims == self.claims && lease_until.is_some_and(|l| l > now) {
+            return true;
+        }
+        // Written ahead of its claim, which has not landed (yet): held for as long as that
+        // claim could live. A claim that landed is judged by its record alone.
+        claims < self.claims && self.until > now
     }
 }
 
@@ -376,6 +393,16 @@ mod tests {
             until: 100,
         };
         assert!(req.live(None, 99) && !req.live(None, 100));
+        // A slot written ahead of its claim: held while the claim may still land, then by the
+        // claim itself.
+        let queued = crate::store::rules::queued_record("d", &new, 0, 0);
+        let ahead = Holder::ahead_of_claim(&d);
+        assert_eq!((ahead.claims, ahead.until), (1, 1_010));
+        assert!(ahead.live(Some(&queued), 500), "the claim may still land");
+        assert!(!ahead.live(Some(&queued), 1_010), "it could no longer live");
+        assert!(ahead.live(Some(&d), 500), "landed");
+        assert!(!ahead.live(Some(&again), 500), "a later claim");
+        assert!(!ahead.live(None, 500), "gone");
     }
 
     #[test]

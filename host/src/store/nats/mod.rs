@@ -276,10 +276,12 @@ struct Inner {
     /// Per agent, the round-robin turns of its concurrency keys (`limits`; this instance's
     /// own, as fairness needs no more).
     turns: Mutex<std::collections::HashMap<String, limits::Turns>>,
-    /// Held by a gated claim with limits while it decides and writes: the claims of one host
-    /// take their scope records one at a time instead of racing each other's compare-and-set
-    /// (hosts still race, and the compare-and-set keeps them exact).
-    gate: tokio::sync::Mutex<()>,
+    /// Per rate-only scope, the tokens this instance took from its shared bucket ahead of its
+    /// claims (`limits`).
+    blocks: Mutex<std::collections::HashMap<String, limits::Block>>,
+    /// Held while this instance takes a block of tokens: its claimers wait for one block
+    /// instead of racing each other's compare-and-set on the scope record.
+    refill: tokio::sync::Mutex<()>,
 }
 
 impl Drop for Inner {
@@ -366,7 +368,8 @@ impl NatsStore {
                 config.request_timeout,
             )),
             turns: Mutex::new(std::collections::HashMap::new()),
-            gate: tokio::sync::Mutex::new(()),
+            blocks: Mutex::new(std::collections::HashMap::new()),
+            refill: tokio::sync::Mutex::new(()),
         });
         if !follow {
             return Ok(NatsStore { inner });

@@ -333,6 +333,68 @@ pub async fn a_pause_of_an_agent_or_of_one_key_holds_back_only_what_it_names<F: 
     assert_eq!(gated_id(&store, &none).await.as_deref(), Some("w"));
 }
 
+/// Claims from every claimer of `hosts` under `limits` until each is held back by a rate;
+/// how many were claimed.
+async fn claim_until_held(hosts: &[Store], limits: &Arc<LimitSet>) -> usize {
+    let claimed = Arc::new(AtomicUsize::new(0));
+    let mut set = JoinSet::new();
+    for w in 0..8usize {
+        let host = hosts[w % hosts.len()].clone();
+        let (limits, claimed) = (limits.clone(), claimed.clone());
+        set.spawn(async move {
+            loop {
+                let g = gated(&host, &limits).await;
+                if g.dispatch.is_some() {
+                    claimed.fetch_add(1, Ordering::SeqCst);
+                    continue;
+                }
+                assert!(g.retry_at.is_some(), "held back by the rate: {g:?}");
+                return;
+            }
+        });
+    }
+    join_all(set).await;
+    claimed.load(Ordering::SeqCst)
+}
+
+pub async fn a_plugin_rate_never_exceeds_its_bucket_across_two_instances<F: Factory>(factory: &F) {
+    // 100/s with a burst of 10: a backend may take its tokens in blocks (NATS takes 100 ms
+    // worth, here the whole burst), but never more than the bucket holds.
+    let env = Env::new(factory).await;
+    let hosts = env.open_many(2).await;
+    for i in 0..40 {
+        put_on(&hosts[i % 2], &format!("t{i:02}"), &format!("d{i:02}")).await;
+    }
+    let limits = Arc::new(LimitSet {
+        shared: vec![Scope {
+            name: agent_scope_name(AGENT),
+            concurrency: None,
+            rate: Some(Rate::new(100, 1_000).with_burst(10)),
+        }],
+        ..LimitSet::default()
+    });
+    assert_eq!(
+        claim_until_held(&hosts, &limits).await,
+        10,
+        "the burst, exactly"
+    );
+    // 50 ms refill 5 tokens, whichever host takes them.
+    env.advance(50);
+    assert_eq!(
+        claim_until_held(&hosts, &limits).await,
+        5,
+        "the refill, exactly"
+    );
+    // A long quiet spell refills the bucket to its burst, no more.
+    env.advance(60_000);
+    assert_eq!(
+        claim_until_held(&hosts, &limits).await,
+        10,
+        "the burst again"
+    );
+    assert_eq!(all_in(&hosts[0], Status::Claimed).await.len(), 25);
+}
+
 pub async fn every_small_key_is_served_before_the_big_keys_tenth_claim<F: Factory>(factory: &F) {
     let env = Env::new(factory).await;
     let store = env.open().await;

@@ -618,6 +618,7 @@ macro_rules! suite {
                     a_slot_frees_on_ack_and_on_lease_expiry_and_a_waiting_dispatch_holds_none,
                     a_rate_admits_its_burst_then_says_when_the_next_token_comes,
                     a_rate_is_exact_across_two_instances,
+                    a_plugin_rate_never_exceeds_its_bucket_across_two_instances,
                     a_named_limit_is_shared_by_two_agents,
                     a_pause_of_an_agent_or_of_one_key_holds_back_only_what_it_names,
                     every_small_key_is_served_before_the_big_keys_tenth_claim,
