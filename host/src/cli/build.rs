@@ -69,6 +69,11 @@ struct Project {
     name: String,
 }
 
+/// Whether `dir` holds an agent project `homing build` builds.
+pub(super) fn is_project(dir: &Path) -> bool {
+    Project::find(dir).is_ok()
+}
+
 impl Project {
     fn find(dir: &Path) -> anyhow::Result<Project> {
         let dir = std::fs::canonicalize(dir)

@@ -10,6 +10,7 @@
 
 mod agent;
 mod build;
+mod dev;
 pub mod exit;
 mod inspect;
 mod new;
@@ -63,6 +64,10 @@ pub enum Command {
         #[arg(long)]
         until_idle: bool,
     },
+    /// Runs the host for agent authors: builds the config's agents (those `homing build`
+    /// builds into `<folder>/build/`), rebuilds one when its sources change and swaps it in
+    /// live, printing each dispatch's outcome.
+    Dev,
     /// Enqueues a dispatch and prints its id.
     Enqueue(EnqueueArgs),
     /// Lists, shows, cancels and retries dispatches.
@@ -326,6 +331,23 @@ async fn execute(cli: Cli) -> anyhow::Result<()> {
         store.close().await;
         return out;
     }
+    if let Command::Dev = &cli.command {
+        let mut config = config;
+        let projects = dev::projects(&config);
+        if projects.is_empty() {
+            tracing::warn!(
+                "no plugin of {} is built by `homing build` (a path of <folder>/build/<name>.wasm); serving them as they are",
+                config.source
+            );
+        }
+        tokio::task::block_in_place(|| dev::build_all(&projects))?;
+        config.host.watch = true;
+        let store = open_store(&config, Role::Host).await?;
+        let _sources = dev::watch_sources(projects)?;
+        let out = run(config, store.clone(), false).await;
+        store.close().await;
+        return out;
+    }
     let role = match cli.command {
         Command::Run { .. } => Role::Host,
         _ => Role::Client,
@@ -338,6 +360,7 @@ async fn execute(cli: Cli) -> anyhow::Result<()> {
         Command::Waitpoint(command) => work::waitpoint(&config, &store, command).await,
         Command::Agent(command) => agent::run(&config, &store, command).await,
         Command::Enqueue(_)
+        | Command::Dev
         | Command::Config(_)
         | Command::Plugin(_)
         | Command::Bench { .. }

@@ -11,6 +11,7 @@
 
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output, Stdio};
+use std::time::Duration;
 
 use serde_json::Value;
 
@@ -414,4 +415,82 @@ fn python_sdk_builds_a_wheel() {
     ] {
         assert!(listing.contains(file), "the wheel lacks {file}:\n{listing}");
     }
+}
+
+/// `homing dev` in the agent's folder: serves it, and a change to its source rebuilds it and
+/// swaps it in while the host runs; the next dispatch answers with the new code.
+fn dev_rebuilds_and_swaps(lang: &str, source: &str) {
+    let (_tmp, agent) = new_and_build(lang, "handler");
+    /// Stops `homing dev` however the test ends.
+    struct Dev(std::process::Child);
+    impl Drop for Dev {
+        fn drop(&mut self) {
+            let _ = self.0.kill();
+            let _ = self.0.wait();
+        }
+    }
+    let _dev = Dev(homing(&agent, &["dev"])
+        .stdout(Stdio::null())
+        .stderr(std::fs::File::create(agent.join("dev.log")).unwrap())
+        .spawn()
+        .unwrap());
+    let log = || std::fs::read_to_string(agent.join("dev.log")).unwrap_or_default();
+    let ask = |thread: &str| {
+        run(
+            homing(
+                &agent,
+                &[
+                    "enqueue",
+                    "--agent",
+                    "hello",
+                    "--thread",
+                    thread,
+                    "--payload",
+                    "dev",
+                    "--wait",
+                    "--timeout",
+                    "120s",
+                ],
+            ),
+            "homing enqueue --wait",
+        )
+    };
+    assert_eq!(
+        ask("d0"),
+        "hello, dev! (message 1 on thread d0)",
+        "{}",
+        log()
+    );
+    let path = agent.join(source);
+    let code = std::fs::read_to_string(&path).unwrap();
+    assert!(code.contains("hello, {text}!"), "{code}");
+    std::fs::write(&path, code.replace("hello, {text}!", "howdy, {text}!")).unwrap();
+    let deadline = std::time::Instant::now() + Duration::from_secs(300);
+    let mut n = 1;
+    loop {
+        let answer = ask(&format!("d{n}"));
+        if answer.starts_with("howdy") {
+            assert_eq!(answer, format!("howdy, dev! (message 1 on thread d{n})"));
+            break;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "{lang}: the edit never reached the host:\n{}",
+            log()
+        );
+        n += 1;
+    }
+    let log = log();
+    assert!(log.contains("rebuilding"), "{log}");
+    assert!(log.contains("plugin swapped to a new version"), "{log}");
+}
+
+#[test]
+fn dev_rebuilds_and_swaps_a_rust_agent() {
+    dev_rebuilds_and_swaps("rust", "src/lib.rs");
+}
+
+#[test]
+fn dev_rebuilds_and_swaps_a_python_agent() {
+    dev_rebuilds_and_swaps("python", "app.py");
 }
