@@ -581,13 +581,13 @@ impl ApiServer {
 
     /// Serves the host running in this process: `POST /v1/agents/{agent}/reload` asks it to
     /// reload, and `/v1/agents` follows what each reload installed. Returns what the host calls
-    /// after each reload.
+    /// once it runs (its file watch up, its workers started: `/readyz` answers 200 from then)
+    /// and after each reload.
     pub fn serve_host(
         &self,
         reloader: crate::supervisor::Reloader,
         fleet: Arc<crate::supervisor::Fleet>,
     ) -> crate::supervisor::OnReload {
-        self.plugins_loaded(AgentInfo::of_fleet(&fleet));
         if let Ok(mut slot) = self.state.reload.write() {
             *slot = Some((reloader, fleet));
         }

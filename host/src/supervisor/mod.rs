@@ -310,6 +310,10 @@ impl Supervisor {
             self.shared.shutdown.clone(),
             self.config.plugins.keys().cloned().collect(),
         ));
+        // The watch is up and the workers run: from here on the API may say it is ready.
+        if let Some(f) = &self.on_reload {
+            f(&self.fleet, &self.config);
+        }
         info!(
             plugins = self.fleet.slots().len(),
             workers = workers.len(),

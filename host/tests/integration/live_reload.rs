@@ -571,3 +571,129 @@ fn signal_pid(pid: u32, name: &str) {
         .unwrap();
     assert!(status.success());
 }
+
+/// A host config on the NATS server `url` with `agent` on `agent.wasm` and `host` keys.
+fn nats_host(url: &str, host: &str) -> String {
+    format!(
+        "[host]\nlease = \"5s\"\nsweep_interval = \"200ms\"\nshutdown_grace = \"2s\"\n{host}\n\n\
+         [store]\nbackend = \"nats\"\nurl = \"{url}\"\nprefix = \"versions\"\n\
+         request_timeout = \"2s\"\nconnect_timeout = \"60s\"\n\n{AGENT}"
+    )
+}
+
+/// Polls the store until dispatch `id` is in `status`.
+async fn store_wait(
+    store: &homing::store::Store,
+    id: &str,
+    status: &str,
+) -> homing::store::Dispatch {
+    let deadline = Instant::now() + Duration::from_secs(60);
+    loop {
+        if let Some(d) = store.mailbox.load(id).await.unwrap()
+            && d.status.as_str() == status
+        {
+            return d;
+        }
+        assert!(Instant::now() < deadline, "{id} never reached {status}");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+/// Completes the one waitpoint of dispatch `id`.
+async fn complete(store: &homing::store::Store, id: &str) -> u64 {
+    let w = store.waitpoints.waitpoints_of(id).await.unwrap();
+    let w = w.first().expect("a waitpoint");
+    store
+        .waitpoints
+        .complete_waitpoint(&w.id, b"yes".to_vec(), "operator:test")
+        .await
+        .unwrap();
+    now_ms()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn on_two_nats_hosts_a_pinned_dispatch_waits_for_the_host_that_runs_its_version() {
+    use crate::common::{Env, wait_exit};
+    use crate::hosts::{host_log, open_nats, spawn_run};
+    let server = crate::natsd::NatsServer::start();
+    let old = guest("waitpoint_probe");
+    let dir = tempfile::tempdir().unwrap();
+    let newer = dir.path().join("newer.wasm");
+    variant(&old, &newer, "v2");
+    let (old_v, new_v) = (sha_short(&old), sha_short(&newer));
+    // Host a keeps only its newest version and leaves a dispatch pinned elsewhere for 3 s;
+    // host b keeps three.
+    let env_a = Env::new(&nats_host(
+        &server.url(),
+        "keep_versions = 1\ndrain_timeout = \"3s\"",
+    ));
+    let env_b = Env::new(&nats_host(&server.url(), ""));
+    for env in [&env_a, &env_b] {
+        std::fs::copy(&old, env.path().join("agent.wasm")).unwrap();
+    }
+    let store = open_nats(&[server.url()], "versions", 1).await;
+    let a = spawn_run(&env_a, "host-a");
+    let mut b = spawn_run(&env_b, "host-b");
+    let mut waiting = Vec::new();
+    for thread in ["w1", "w2"] {
+        let new = homing::store::NewDispatch::new("agent", thread, b"wait 60000".to_vec());
+        waiting.push(store.mailbox.enqueue(new).await.unwrap().id);
+    }
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while !(host_log(&env_a, "host-a").contains("homing host running")
+        && host_log(&env_b, "host-b").contains("homing host running"))
+    {
+        assert!(Instant::now() < deadline, "{}", host_log(&env_a, "host-a"));
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    for id in &waiting {
+        let d = store_wait(&store, id, "waiting").await;
+        assert_eq!(
+            d.versions.last().map(|v| v.version.clone()),
+            Some(old_v.clone())
+        );
+    }
+    // Host a moves to the new version and drops the old one; host b still runs it.
+    replace(&newer, &env_a.path().join("agent.wasm"));
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while !host_log(&env_a, "host-a").contains("plugin swapped") {
+        assert!(Instant::now() < deadline, "{}", host_log(&env_a, "host-a"));
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    // The first resumes on host b, the one host that runs its version.
+    complete(&store, &waiting[0]).await;
+    let d = store_wait(&store, &waiting[0], "acked").await;
+    let ran: Vec<&str> = d.versions.iter().map(|v| v.version.as_str()).collect();
+    assert_eq!(ran, vec![old_v.as_str(), old_v.as_str()], "{d:?}");
+    assert!(
+        host_log(&env_b, "host-b").contains(&waiting[0]),
+        "host b ran it"
+    );
+    assert!(
+        !crate::hosts::finished(&host_log(&env_a, "host-a"))
+            .iter()
+            .any(|(id, _)| id == &waiting[0]),
+        "host a does not run the old version"
+    );
+    // With host b gone, the second is left for its version until drain_timeout has passed since
+    // it became available; then host a takes it on its newest, and the pin moves.
+    signal(&b, "TERM");
+    wait_exit(&mut b.0, Duration::from_secs(30));
+    let completed = complete(&store, &waiting[1]).await;
+    let d = store_wait(&store, &waiting[1], "acked").await;
+    let ran: Vec<&str> = d.versions.iter().map(|v| v.version.as_str()).collect();
+    assert_eq!(ran, vec![old_v.as_str(), new_v.as_str()], "{d:?}");
+    let second = d.started_at.unwrap_or_default();
+    assert!(
+        second >= completed + 2_500,
+        "taken {} ms after it became available, before drain_timeout",
+        second.saturating_sub(completed)
+    );
+    assert_eq!(d.attempt, 0);
+    drop(a);
+    store.close().await;
+}
+
+fn signal(host: &crate::hosts::Host, name: &str) {
+    crate::common::signal(&host.0, name);
+}
