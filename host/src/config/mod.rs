@@ -870,6 +870,56 @@ mod tests {
     }
 
     #[test]
+    fn the_version_keys_parse_and_their_refusals_name_the_key() {
+        let config = parse("[plugins.a]\npath = \"a.wasm\"\n").unwrap();
+        assert_eq!(config.host.keep_versions, DEFAULT_KEEP_VERSIONS);
+        assert!(config.host.watch);
+        assert_eq!(config.plugins["a"].pin, Pin::Run);
+        assert_eq!(
+            config.plugins["a"].drain_timeout(&config.host),
+            config.plugins["a"].timeout,
+            "drain_timeout defaults to the plugin's timeout"
+        );
+        let config = parse(
+            "[host]\ndrain_timeout = \"2m\"\nkeep_versions = 5\nwatch = false\n\
+             [plugins.a]\npath = \"a.wasm\"\nversion = \"2.3.1\"\npin = \"none\"\n",
+        )
+        .unwrap();
+        assert_eq!(
+            config.plugins["a"].drain_timeout(&config.host),
+            Duration::from_secs(120)
+        );
+        assert_eq!(config.plugins["a"].version.as_deref(), Some("2.3.1"));
+        assert_eq!(config.plugins["a"].pin, Pin::None);
+        for (text, key) in [
+            ("[host]\nkeep_versions = 0\n", "keep_versions"),
+            ("[host]\ndrain_timeout = \"0s\"\n", "drain_timeout"),
+            ("[host]\ndrain_timeout = \"a while\"\n", "a while"),
+            (
+                "[plugins.a]\npath = \"a.wasm\"\npin = \"always\"\n",
+                "always",
+            ),
+            (
+                "[plugins.a]\npath = \"a.wasm\"\nversion = \" \"\n",
+                "[plugins.a] version",
+            ),
+        ] {
+            let err = parse(text).unwrap_err().to_string();
+            assert!(err.contains(key), "{text}: {err}");
+        }
+        let long = format!(
+            "[plugins.a]\npath = \"a.wasm\"\nversion = \"{}\"\n",
+            "v".repeat(65)
+        );
+        assert!(
+            parse(&long)
+                .unwrap_err()
+                .to_string()
+                .contains("[plugins.a] version")
+        );
+    }
+
+    #[test]
     fn enqueue_to_must_name_a_configured_plugin() {
         let err = parse("[plugins.a]\npath = \"a.wasm\"\nenqueue_to = [\"b\"]\n").unwrap_err();
         assert!(
