@@ -58,6 +58,14 @@ impl AgentInfo {
         }
     }
 
+    /// The versions kept, newest first, as `/v1/agents` lists them.
+    fn kept(&self) -> Value {
+        self.versions
+            .iter()
+            .map(|(version, label)| json!({ "version": version, "label": label }))
+            .collect()
+    }
+
     /// The description of every plugin a host serves, with its versions and reload state.
     pub fn of_fleet(fleet: &Fleet) -> Vec<AgentInfo> {
         fleet
@@ -109,7 +117,7 @@ pub(super) async fn list(State(state): State<Arc<ApiState>>) -> Result<Json<Valu
             "component_sha256": info.map(|a| a.sha256.as_str()),
             "version": info.map(|a| short_version(&a.sha256)),
             "version_label": info.and_then(|a| a.label.as_deref()),
-            "versions": info.map(|a| a.versions.iter().map(|(v, l)| json!({ "version": v, "label": l })).collect::<Vec<_>>()),
+            "versions": info.map(AgentInfo::kept),
             "reload_error": info.and_then(|a| a.reload_error.as_deref()),
             "removed": info.is_some_and(|a| a.removed),
             "limits": {
@@ -154,7 +162,7 @@ pub(super) async fn list(State(state): State<Arc<ApiState>>) -> Result<Json<Valu
             "component_sha256": info.sha256,
             "version": short_version(&info.sha256),
             "version_label": info.label,
-            "versions": info.versions.iter().map(|(v, l)| json!({ "version": v, "label": l })).collect::<Vec<_>>(),
+            "versions": info.kept(),
             "reload_error": info.reload_error,
             "removed": info.removed,
         }));

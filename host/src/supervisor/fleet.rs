@@ -19,7 +19,7 @@ use anyhow::Context;
 
 use crate::config::Config;
 use crate::live::Hub;
-use crate::runtime::host::{PluginContext, short_version};
+use crate::runtime::host::{PluginContext, SHORT_VERSION, short_version};
 use crate::runtime::{Plugin, Runtime};
 use crate::store::{Offer, OfferedVersion, Store};
 
@@ -98,10 +98,11 @@ impl Slot {
     /// The kept version whose short hash is `version`.
     pub fn version(&self, version: &str) -> Option<Arc<Plugin>> {
         let state = self.state.read().ok()?;
+        // Compared on the hash's prefix: no short form is built on the claim path.
         state
             .versions
             .iter()
-            .find(|p| short_version(&p.sha256) == version)
+            .find(|p| p.sha256.get(..SHORT_VERSION) == Some(version))
             .cloned()
     }
 
@@ -169,20 +170,19 @@ impl Slot {
         }
     }
 
-    /// Whether worker `index` stays (called by the worker before each claim). A worker that
-    /// leaves is taken off the running set in the same step, so a reload that raises the
-    /// concurrency again starts it anew.
-    pub fn keep_worker(&self, index: u32) -> bool {
-        let Ok(mut alive) = self.alive.lock() else {
-            return false;
-        };
-        let stays = self
+    /// The terms of worker `index`'s next claim, or `None` when it leaves (the plugin was
+    /// removed, or `index` is past the concurrency). A worker that leaves is taken off the
+    /// running set in the same step, so a reload that raises the concurrency again starts it
+    /// anew.
+    pub fn keep_worker(&self, index: u32) -> Option<Current> {
+        let mut alive = self.alive.lock().ok()?;
+        let current = self
             .current()
-            .is_some_and(|c| index < c.newest.ctx.config.concurrency);
-        if !stays {
+            .filter(|c| index < c.newest.ctx.config.concurrency);
+        if current.is_none() {
             alive.remove(&index);
         }
-        stays
+        current
     }
 
     /// The worker indexes to start: those below the newest version's concurrency not running.

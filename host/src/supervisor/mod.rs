@@ -654,11 +654,8 @@ async fn worker(
     debug!(plugin = %slot.name, worker = index, "worker started");
     while !shutdown.load(Ordering::SeqCst) {
         // Read the terms before each claim: a reload may have changed them.
-        if !slot.keep_worker(index) {
+        let Some(current) = slot.keep_worker(index) else {
             debug!(plugin = %slot.name, worker = index, "worker leaves (removed, or past the concurrency)");
-            break;
-        }
-        let Some(current) = slot.current() else {
             break;
         };
         let newest = &current.newest;

@@ -19,6 +19,7 @@ use serde_json::{Value, json};
 
 use crate::api::{Api, OPERATOR, READER, TOKENS};
 use crate::common::guest;
+use crate::flow_control::now_ms;
 
 fn config(port: u16, host: &str, plugins: &str) -> String {
     format!(
@@ -213,16 +214,6 @@ async fn a_swap_under_steady_load_runs_every_dispatch_once_and_switches_at_one_p
     );
     let log = api.log();
     assert!(log.contains("plugin swapped to a new version"), "{log}");
-}
-
-fn now_ms() -> u64 {
-    u64::try_from(
-        std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .unwrap()
-            .as_millis(),
-    )
-    .unwrap()
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
