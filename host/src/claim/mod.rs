@@ -128,19 +128,31 @@ pub async fn claim_gated(claimer: &Claimer<'_>) -> Result<Gated, StoreError> {
     let gated = claimer
         .store
         .mailbox
-        .claim_gated(&ClaimRequest {
-            agent: claimer.agent,
-            consumer: claimer.consumer,
-            lease_ms: millis(claimer.lease),
-            start: true,
-            limits: claimer.limits,
-            offer: claimer.offer,
-        })
+        .claim_gated(&claimer.request())
         .await?;
-    if gated.dispatch.is_none() && (gated.retry_at.is_some() || !gated.throttled.is_empty()) {
-        crate::telemetry::claim_throttled(claimer.agent);
+    Ok(claimer.noted(gated))
+}
+
+impl Claimer<'_> {
+    /// The store request of a claim (its start recorded in the same step).
+    pub fn request(&self) -> ClaimRequest<'_> {
+        ClaimRequest {
+            agent: self.agent,
+            consumer: self.consumer,
+            lease_ms: millis(self.lease),
+            start: true,
+            limits: self.limits,
+            offer: self.offer,
+        }
     }
-    Ok(gated)
+
+    /// `gated`, counted as throttled when a limit or pause held work back.
+    fn noted(&self, gated: Gated) -> Gated {
+        if gated.dispatch.is_none() && (gated.retry_at.is_some() || !gated.throttled.is_empty()) {
+            crate::telemetry::claim_throttled(self.agent);
+        }
+        gated
+    }
 }
 
 /// The host half of [`claim_for`]: holds a claimed dispatch and starts its lease guard.

@@ -216,6 +216,20 @@ pub trait Mailbox: Send + Sync + Debug + 'static {
     /// `record_result` and `ack` in one step.
     async fn complete(&self, id: &str, token: &str, result: RunResult) -> StoreResult<Dispatch>;
 
+    /// `complete`, then `claim_gated(next)`: what a worker does between two runs. The two are
+    /// independent (a refused completion still claims, a failed claim leaves the completion
+    /// in place); backends override it to do both in one step.
+    async fn complete_and_claim(
+        &self,
+        id: &str,
+        token: &str,
+        result: RunResult,
+        next: &ClaimRequest<'_>,
+    ) -> (StoreResult<Dispatch>, StoreResult<Gated>) {
+        let done = self.complete(id, token, result).await;
+        (done, self.claim_gated(next).await)
+    }
+
     /// Cancels a queued or waiting dispatch (a waiting one frees its thread; its pending
     /// waitpoints are cancelled). `None` when it is missing or neither.
     async fn cancel(&self, id: &str) -> StoreResult<Option<Dispatch>>;

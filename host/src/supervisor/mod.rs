@@ -41,11 +41,11 @@ use tokio::sync::{Notify, mpsc, oneshot};
 use tokio::task::JoinSet;
 use tracing::{Instrument, debug, info, warn};
 
-use crate::claim::{self, ClaimControl, ClaimHandle, StopReason};
+use crate::claim::{self, ClaimControl, ClaimHandle, Claimer, StopReason};
 use crate::config::Config;
 use crate::runtime::host::Abort;
 use crate::runtime::{CallEnd, HandlerRun, Plugin, Runtime, WarmInstance, World};
-use crate::store::{Dispatch, Status, Store, StoreError, millis};
+use crate::store::{Dispatch, Gated, Status, Store, StoreError, millis};
 use crate::telemetry;
 pub use fleet::{Fleet, Reloaded, Shared, Slot};
 pub use histogram::Histogram;
@@ -651,6 +651,8 @@ async fn worker(
     // A kept instance, and the version it is an instance of.
     let mut warm: Option<WarmInstance> = None;
     let mut warm_of = String::new();
+    // The claim made with the last completion (one store step for both): run next.
+    let mut prefetched: Option<Result<Gated, StoreError>> = None;
     debug!(plugin = %slot.name, worker = index, "worker started");
     while !shutdown.load(Ordering::SeqCst) {
         // Read the terms before each claim: a reload may have changed them.
@@ -669,7 +671,24 @@ async fn worker(
             offer: Some(&current.offer),
             ..newest.ctx.claimer()
         };
-        let gated = claim::claim_gated(&claimer).await;
+        // A claim made with the last completion is used when it got a dispatch whose version
+        // this worker still runs; otherwise (nothing claimed, or a reload in between dropped
+        // the version it recorded) the worker claims now, with its wake-ups armed.
+        let gated = match prefetched.take() {
+            Some(Ok(g)) if g.dispatch.as_ref().is_some_and(|d| runs_here(&slot, d)) => Ok(g),
+            Some(Ok(Gated {
+                dispatch: Some(d), ..
+            })) => {
+                give_back(
+                    &newest.ctx.store,
+                    &d,
+                    "its version was replaced before it ran",
+                )
+                .await;
+                claim::claim_gated(&claimer).await
+            }
+            _ => claim::claim_gated(&claimer).await,
+        };
         // A rate that held work back says when its next token comes: sleep until then (or a
         // signal) rather than the whole idle poll.
         let idle = match &gated {
@@ -703,9 +722,13 @@ async fn worker(
                 in_flight.add(&claim, &plugin);
                 let id = claim.dispatch.id.clone();
                 let span = claim.span.clone();
-                let (outcome, settling) = run_one(&runtime, &plugin, claim, &mut warm)
-                    .instrument(span)
-                    .await;
+                // With no stop asked, the completion claims the next dispatch in the same step.
+                let next = (!shutdown.load(Ordering::SeqCst)).then_some(&claimer);
+                let (outcome, settling, claimed_next) =
+                    run_one(&runtime, &plugin, claim, &mut warm, next)
+                        .instrument(span)
+                        .await;
+                prefetched = claimed_next;
                 in_flight.remove(&id);
                 if let Ok(mut report) = report.lock() {
                     *report.outcomes.entry(outcome).or_default() += 1;
@@ -736,6 +759,33 @@ async fn worker(
             }
         }
     }
+    // Stopped (or leaving) with a dispatch claimed for a next run: back to the queue.
+    if let Some(Ok(Gated {
+        dispatch: Some(d), ..
+    })) = prefetched
+        && let Some(current) = slot.current()
+    {
+        give_back(
+            &current.newest.ctx.store,
+            &d,
+            "the worker stopped before running it",
+        )
+        .await;
+    }
+}
+
+/// Whether `d`'s claim runs on a version this worker's slot still keeps.
+fn runs_here(slot: &Slot, d: &Dispatch) -> bool {
+    crate::store::versions::pinned(d).is_none_or(|v| slot.version(v).is_some())
+}
+
+/// Gives a dispatch claimed but not run back to the queue, available now, with no attempt
+/// counted (T19); when that fails its lease runs out and the sweeper reclaims it.
+async fn give_back(store: &Store, d: &Dispatch, why: &str) {
+    let Some(token) = d.token() else { return };
+    if let Err(e) = store.mailbox.release(&d.id, token, store.now(), why).await {
+        warn!(dispatch = %d.id, "could not give back a claimed dispatch ({e}); its lease will run out");
+    }
 }
 
 /// Runs one claimed dispatch and settles it. Returns the outcome's name and, for a `handler`
@@ -745,17 +795,23 @@ async fn run_one(
     plugin: &Plugin,
     claim: ClaimHandle,
     warm: &mut Option<WarmInstance>,
-) -> (Outcome, Option<Duration>) {
+    next: Option<&Claimer<'_>>,
+) -> (Outcome, Option<Duration>, Option<Result<Gated, StoreError>>) {
     let started = std::time::Instant::now();
     let (id, attempt) = (claim.dispatch.id.clone(), claim.dispatch.attempt);
     let name = plugin.ctx.name.clone();
     let mut settling = None;
+    let mut claimed_next = None;
     let outcome = match plugin.world {
         World::Handler => {
             let run = runtime.run_handler(plugin, claim, warm).await;
             let settle_started = std::time::Instant::now();
             let outcome = match run {
-                HandlerRun::Finished { claim, end } => settle(plugin, *claim, end).await,
+                HandlerRun::Finished { claim, end } => {
+                    let (outcome, gated) = settle(plugin, *claim, end, next).await;
+                    claimed_next = gated;
+                    outcome
+                }
                 HandlerRun::ClaimLost { .. } => {
                     crate::telemetry::trace::record_outcome(
                         &tracing::Span::current(),
@@ -802,25 +858,40 @@ async fn run_one(
         elapsed_us = started.elapsed().as_micros() as u64,
         "dispatch finished"
     );
-    (outcome, settling)
+    (outcome, settling, claimed_next)
 }
 
 /// Settles what the guest left unsettled, by how its call ended (see the module's table).
-async fn settle(plugin: &Plugin, mut claim: ClaimHandle, end: CallEnd) -> Outcome {
+/// A completion with `next` also makes that claim, in the same store step; its result is
+/// returned.
+async fn settle(
+    plugin: &Plugin,
+    mut claim: ClaimHandle,
+    end: CallEnd,
+    next: Option<&Claimer<'_>>,
+) -> (Outcome, Option<Result<Gated, StoreError>>) {
     // Stop renewing: from here on the host settles promptly or not at all.
     claim.stop_renewing();
     if let Some(settled) = claim.settled {
-        return settled.into();
+        return (settled.into(), None);
     }
+    let mut claimed_next = None;
     let (store, retry) = (&plugin.ctx.store, &plugin.ctx.config.retry);
     if let CallEnd::Trapped { abort, .. } = &end {
         telemetry::guest_trap(&plugin.ctx.name, trap_kind(abort.as_ref()));
     }
     let result = match end {
-        CallEnd::Returned(output) => claim
-            .complete(store, output)
-            .await
-            .map(|_| Outcome::Completed),
+        CallEnd::Returned(output) => match next {
+            Some(next) => {
+                let (done, gated) = claim.complete_and_claim(store, output, next).await;
+                claimed_next = Some(gated);
+                done.map(|_| Outcome::Completed)
+            }
+            None => claim
+                .complete(store, output)
+                .await
+                .map(|_| Outcome::Completed),
+        },
         CallEnd::Failed(message) => claim
             .nack(store, retry, &message, None)
             .await
@@ -858,7 +929,7 @@ async fn settle(plugin: &Plugin, mut claim: ClaimHandle, end: CallEnd) -> Outcom
     if claim.settled.is_none() {
         crate::telemetry::trace::record_outcome(&claim.span, outcome.as_str(), outcome.failed());
     }
-    outcome
+    (outcome, claimed_next)
 }
 
 /// The `kind` label of a trapped or cut-short call.

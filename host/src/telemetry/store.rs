@@ -77,11 +77,15 @@ async fn timed<T>(
     };
     histogram!(STORE_OPERATION, "backend" => backend, "operation" => operation)
         .record(started.elapsed().as_secs_f64());
-    if let Err(e) = &out {
+    count_error(backend, operation, &out);
+    out
+}
+
+fn count_error<T>(backend: &'static str, operation: &'static str, out: &StoreResult<T>) {
+    if let Err(e) = out {
         counter!(STORE_ERRORS, "backend" => backend, "operation" => operation, "error" => kind(e))
             .increment(1);
     }
-    out
 }
 
 #[derive(Debug)]
@@ -215,6 +219,24 @@ impl Mailbox for TimedMailbox {
             self.inner.complete(id, token, result),
         )
         .await
+    }
+    async fn complete_and_claim(
+        &self,
+        id: &str,
+        token: &str,
+        result: RunResult,
+        next: &crate::store::ClaimRequest<'_>,
+    ) -> (StoreResult<Dispatch>, StoreResult<crate::store::Gated>) {
+        let both = async { Ok(self.inner.complete_and_claim(id, token, result, next).await) };
+        match timed(self.backend, "complete_and_claim", both).await {
+            Ok((done, next)) => {
+                count_error(self.backend, "complete", &done);
+                count_error(self.backend, "claim_gated", &next);
+                (done, next)
+            }
+            // `both` never fails: the two results are inside it.
+            Err(e) => (Err(e.clone()), Err(e)),
+        }
     }
     async fn cancel(&self, id: &str) -> StoreResult<Option<Dispatch>> {
         timed(self.backend, "cancel", self.inner.cancel(id)).await

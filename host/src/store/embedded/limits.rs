@@ -330,22 +330,45 @@ fn claim_gated_tx(
 impl EmbeddedStore {
     /// `claim_gated`: the claim with its limits and pauses decided in the same step.
     pub(super) async fn claim_gated_inner(&self, req: &ClaimRequest<'_>) -> StoreResult<Gated> {
-        let (agent, consumer) = (req.agent.to_owned(), req.consumer.to_owned());
-        let (lease_ms, start, limits) = (req.lease_ms, req.start, req.limits.clone());
-        let offer = req.offer.cloned();
-        self.write(move |tx, now| {
-            claim_gated_tx(
-                tx,
-                &agent,
-                &consumer,
-                lease_ms,
-                start,
-                &limits,
-                offer.as_ref(),
-                now,
-            )
-        })
-        .await
+        let claim = OwnedClaim::of(req);
+        self.write(move |tx, now| claim.run(tx, now)).await
+    }
+}
+
+/// A [`ClaimRequest`] owned, to be sent to the writer thread.
+pub(super) struct OwnedClaim {
+    agent: String,
+    consumer: String,
+    lease_ms: u64,
+    start: bool,
+    limits: LimitSet,
+    offer: Option<Offer>,
+}
+
+impl OwnedClaim {
+    pub(super) fn of(req: &ClaimRequest<'_>) -> OwnedClaim {
+        OwnedClaim {
+            agent: req.agent.to_owned(),
+            consumer: req.consumer.to_owned(),
+            lease_ms: req.lease_ms,
+            start: req.start,
+            limits: req.limits.clone(),
+            offer: req.offer.cloned(),
+        }
+    }
+
+    /// The gated claim, in the write transaction `tx`.
+    pub(super) fn run(&self, tx: &Connection, now: u64) -> Result<Gated, TxError> {
+        claim_gated_tx(
+            tx,
+            &self.agent,
+            &self.consumer,
+            self.lease_ms,
+            self.start,
+            &self.limits,
+            self.offer.as_ref(),
+            now,
+        )
     }
 }
 

@@ -14,6 +14,7 @@ use super::lanes::{
     store_reclaim, store_superseded, thread_row,
 };
 use super::rows::{self, COLUMNS, ROW_COLUMNS, db};
+use super::writer::in_savepoint;
 use super::{EmbeddedStore, MAX_VALUE, MAX_VALUE_WHY, TxError};
 use crate::store::check_size;
 use crate::store::limits::{ClaimRequest, Gated};
@@ -56,51 +57,15 @@ impl EmbeddedStore {
     /// record, store it and keep the thread's scheduling state in step.
     async fn holder_write(&self, id: &str, token: &str, op: HolderOp) -> StoreResult<Dispatch> {
         let (id, token) = (id.to_owned(), token.to_owned());
-        let settles = op.settles();
         let out = self
-            .write(move |tx, now| {
-                let row = rows::load(tx, &id)?;
-                let t = match &row {
-                    Some(row) => thread_row(tx, &row.dispatch.thread)?,
-                    None => Default::default(),
-                };
-                let made = row.as_ref().map_or(0, |row| row.waitpoints);
-                let found = row.as_ref().map(rows::StoredRow::found);
-                match rules::check_holder(found, &id, &token, settles, t.epoch, now) {
-                    Holder::Repeat(d) => Ok((d, false)),
-                    Holder::Refuse(e) => Err(TxError::Abort(e)),
-                    Holder::Supersede {
-                        record,
-                        token,
-                        error,
-                    } => {
-                        store_superseded(tx, &record, Some(&token))?;
-                        Err(TxError::Commit(error))
-                    }
-                    Holder::Live(mut d) => {
-                        let ready = op.apply(&mut d, now);
-                        let settled = settles.map(|op| (token.as_str(), op.as_str()));
-                        rows::store(tx, &d, ready, settled)?;
-                        if d.status != Status::Claimed {
-                            release_thread(tx, &d.thread, &d.id)?;
-                        }
-                        // W4: a terminal settlement cancels the waitpoints still pending;
-                        // the row's counter says whether there can be any.
-                        super::waitpoints::on_terminal(tx, &d, made, now)?;
-                        if d.status == Status::Queued {
-                            refresh_lane(tx, &d.agent, &d.thread)?;
-                        }
-                        // T8, T10, T11: answer the inbox when this left the thread idle. The
-                        // thread row read above holds its inbox marks (this write does not
-                        // change them): with nothing pending, that is all it costs.
-                        if d.status != Status::Claimed && t.inbox.pending > 0 {
-                            super::inbox::answer_inbox(tx, &d.thread, Some(&d.agent), now)?;
-                        }
-                        Ok((d, settles.is_some()))
-                    }
-                }
-            })
+            .write(move |tx, now| holder_tx(tx, now, &id, &token, op))
             .await;
+        self.after_holder(out)
+    }
+
+    /// What follows a holder write once it is committed: wake the claimers and the watchers
+    /// of a settled dispatch's thread (and the claimers after a stale epoch).
+    fn after_holder(&self, out: StoreResult<(Dispatch, bool)>) -> StoreResult<Dispatch> {
         match out {
             Ok((d, settled)) => {
                 if settled {
@@ -115,6 +80,59 @@ impl EmbeddedStore {
                 }
                 Err(e)
             }
+        }
+    }
+}
+
+/// A holder operation in the write transaction: checks the claim as the rules say, applies
+/// `op` to a live holder's record, stores it and keeps the thread's scheduling state in step.
+/// Returns the record and whether `op` settled it.
+fn holder_tx(
+    tx: &Connection,
+    now: u64,
+    id: &str,
+    token: &str,
+    op: HolderOp,
+) -> Result<(Dispatch, bool), TxError> {
+    let settles = op.settles();
+    let row = rows::load(tx, id)?;
+    let t = match &row {
+        Some(row) => thread_row(tx, &row.dispatch.thread)?,
+        None => Default::default(),
+    };
+    let made = row.as_ref().map_or(0, |row| row.waitpoints);
+    let found = row.as_ref().map(rows::StoredRow::found);
+    match rules::check_holder(found, id, token, settles, t.epoch, now) {
+        Holder::Repeat(d) => Ok((d, false)),
+        Holder::Refuse(e) => Err(TxError::Abort(e)),
+        Holder::Supersede {
+            record,
+            token,
+            error,
+        } => {
+            store_superseded(tx, &record, Some(&token))?;
+            Err(TxError::Commit(error))
+        }
+        Holder::Live(mut d) => {
+            let ready = op.apply(&mut d, now);
+            let settled = settles.map(|op| (token, op.as_str()));
+            rows::store(tx, &d, ready, settled)?;
+            if d.status != Status::Claimed {
+                release_thread(tx, &d.thread, &d.id)?;
+            }
+            // W4: a terminal settlement cancels the waitpoints still pending;
+            // the row's counter says whether there can be any.
+            super::waitpoints::on_terminal(tx, &d, made, now)?;
+            if d.status == Status::Queued {
+                refresh_lane(tx, &d.agent, &d.thread)?;
+            }
+            // T8, T10, T11: answer the inbox when this left the thread idle. The
+            // thread row read above holds its inbox marks (this write does not
+            // change them): with nothing pending, that is all it costs.
+            if d.status != Status::Claimed && t.inbox.pending > 0 {
+                super::inbox::answer_inbox(tx, &d.thread, Some(&d.agent), now)?;
+            }
+            Ok((d, settles.is_some()))
         }
     }
 }
@@ -433,6 +451,35 @@ impl Mailbox for EmbeddedStore {
         check_size("output", &result.output, MAX_VALUE, MAX_VALUE_WHY)?;
         self.holder_write(id, token, HolderOp::Complete(result))
             .await
+    }
+
+    /// One writer operation for both: the completion and the claim each run in a savepoint of
+    /// their own inside it, so either may fail alone, and both commit together.
+    async fn complete_and_claim(
+        &self,
+        id: &str,
+        token: &str,
+        result: RunResult,
+        next: &ClaimRequest<'_>,
+    ) -> (StoreResult<Dispatch>, StoreResult<Gated>) {
+        if let Err(e) = check_size("output", &result.output, MAX_VALUE, MAX_VALUE_WHY) {
+            return (Err(e), self.claim_gated_inner(next).await);
+        }
+        let (id, token) = (id.to_owned(), token.to_owned());
+        let claim = super::limits::OwnedClaim::of(next);
+        let out = self
+            .write(move |tx, now| {
+                let done = in_savepoint(tx, |tx| {
+                    holder_tx(tx, now, &id, &token, HolderOp::Complete(result))
+                })?;
+                let next = in_savepoint(tx, |tx| claim.run(tx, now))?;
+                Ok((done, next))
+            })
+            .await;
+        match out {
+            Ok((done, next)) => (self.after_holder(done), next),
+            Err(e) => (Err(e.clone()), Err(e)),
+        }
     }
 
     async fn cancel(&self, id: &str) -> StoreResult<Option<Dispatch>> {

@@ -125,6 +125,28 @@ fn serve(conn: &Connection, clock: &SharedClock, location: &str, jobs: &Receiver
     }
 }
 
+/// Runs `op` inside a savepoint of the operation that calls it, for an operation made of parts
+/// that may fail alone: a part that aborts is rolled back to its savepoint (its error
+/// returned inside `Ok`), a part that fails with changes to keep keeps them. `Err` only when
+/// the savepoint itself could not be taken or ended.
+pub(super) fn in_savepoint<T>(
+    conn: &Connection,
+    op: impl FnOnce(&Connection) -> Result<T, TxError>,
+) -> Result<Result<T, StoreError>, TxError> {
+    let fail = |e: rusqlite::Error| TxError::Abort(super::rows::db(e));
+    exec(conn, "SAVEPOINT part").map_err(fail)?;
+    let (out, keep) = match op(conn) {
+        Ok(value) => (Ok(value), true),
+        Err(TxError::Commit(err)) => (Err(err), true),
+        Err(TxError::Abort(err)) => (Err(err), false),
+    };
+    if !keep {
+        exec(conn, "ROLLBACK TO part").map_err(fail)?;
+    }
+    exec(conn, "RELEASE part").map_err(fail)?;
+    Ok(out)
+}
+
 fn exec(conn: &Connection, sql: &str) -> rusqlite::Result<()> {
     conn.prepare_cached(sql)?.execute([])?;
     Ok(())
