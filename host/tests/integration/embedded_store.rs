@@ -178,6 +178,79 @@ async fn everything_acknowledged_survives_closing_and_reopening_the_file() {
     assert_eq!(store.log.latest("t").await.unwrap(), 1);
 }
 
+/// A schema 5 file with keyed work queued opens with this one, and the keys it had rotate: the
+/// migration gives each key with a lane its turn.
+#[tokio::test]
+async fn a_schema_5_file_with_keyed_lanes_migrates_and_its_keys_take_turns() {
+    use homing::store::embedded::MIGRATIONS;
+    use homing::store::{ClaimRequest, LimitSet};
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("five.db");
+    {
+        let conn = rusqlite::Connection::open(&path).unwrap();
+        for sql in &MIGRATIONS[..5] {
+            conn.execute_batch(sql).unwrap();
+        }
+        conn.pragma_update(None, "user_version", 5).unwrap();
+        for (i, key) in ["a", "a", "b", "b"].iter().enumerate() {
+            conn.execute(
+                "INSERT INTO dispatches (id, agent, thread, run_id, payload, metadata, priority, \
+                 available_at, max_attempts, attempt, epoch, status, ready, created_at, \
+                 updated_at, concurrency_key) VALUES (?1, 'x', ?2, ?1, x'', '{}', 128, 0, 5, 0, \
+                 0, 'queued', 1, ?3, ?3, ?4)",
+                rusqlite::params![format!("d{i}"), format!("t{i}"), i, key],
+            )
+            .unwrap();
+            conn.execute(
+                "INSERT INTO threads (thread) VALUES (?1)",
+                rusqlite::params![format!("t{i}")],
+            )
+            .unwrap();
+            conn.execute(
+                "INSERT INTO lanes (agent, thread, priority, served, created, head, busy, ckey) \
+                 VALUES ('x', ?1, 128, 0, ?2, ?3, 0, ?4)",
+                rusqlite::params![format!("t{i}"), i, format!("d{i}"), key],
+            )
+            .unwrap();
+        }
+    }
+    let store = EmbeddedStore::open(&path, clock()).unwrap().store();
+    let limits = LimitSet {
+        key_concurrency: Some(10),
+        ..LimitSet::default()
+    };
+    let req = ClaimRequest {
+        agent: "x",
+        consumer: "w",
+        lease_ms: 30_000,
+        start: false,
+        limits: &limits,
+        offer: None,
+    };
+    let mut keys = Vec::new();
+    for _ in 0..4 {
+        let d = store
+            .mailbox
+            .claim_gated(&req)
+            .await
+            .unwrap()
+            .dispatch
+            .expect("a keyed dispatch");
+        keys.push(d.concurrency_key.unwrap_or_default());
+    }
+    assert_ne!(keys[0], keys[1], "the two keys take turns: {keys:?}");
+    assert_ne!(keys[2], keys[3], "the two keys take turns: {keys:?}");
+    assert!(
+        store
+            .mailbox
+            .claim_gated(&req)
+            .await
+            .unwrap()
+            .dispatch
+            .is_none()
+    );
+}
+
 /// A file written by the previous release (schema 2) opens with this one: the migration keeps
 /// every record and entry, the new counters start at 0, and claims count from there.
 #[tokio::test]

@@ -183,42 +183,147 @@ fn pick_lane(
         return Ok(None);
     }
     let floor = turn_floor(tx, agent)?;
-    let groups: Vec<(i64, String, u64)> = {
-        let mut stmt = tx
-            .prepare_cached(
-                "SELECT l.priority, l.ckey, MAX(COALESCE(k.turn, 0), ?2) AS t FROM \
-                 (SELECT DISTINCT priority, ckey FROM lanes WHERE agent = ?1 AND busy = 0) l \
-                 LEFT JOIN key_turns k ON k.agent = ?1 AND k.key = l.ckey \
-                 ORDER BY l.priority, t, l.ckey",
-            )
-            .map_err(db)?;
-        let rows = stmt
-            .query_map(params![agent, floor], |row| {
-                Ok((row.get(0)?, row.get(1)?, row.get(2)?))
-            })
-            .map_err(db)?;
-        rows.collect::<Result<_, _>>().map_err(db)?
-    };
-    for (priority, key, turn) in groups {
-        if blocked.contains(&key) {
-            continue;
+    // The priorities with a free lane, best first; the rotation is within the first that has
+    // a lane of a key not blocked.
+    let mut after = i64::MIN;
+    while let Some(priority) = free_priority(tx, agent, after)? {
+        if let Some(lane) = rotate(tx, agent, priority, floor, blocked)? {
+            return Ok(Some(lane));
         }
-        let lane: Option<(String, String)> = tx
-            .prepare_cached(
-                "SELECT thread, head FROM lanes WHERE agent = ?1 AND busy = 0 AND priority = ?2 \
-                 AND ckey = ?3 ORDER BY served, created LIMIT 1",
-            )
-            .map_err(db)?
-            .query_row(params![agent, priority, key], |row| {
-                Ok((row.get(0)?, row.get(1)?))
-            })
-            .optional()
-            .map_err(db)?;
-        if let Some((thread, head)) = lane {
-            return Ok(Some((thread, head, key, turn)));
-        }
+        after = priority;
     }
     Ok(None)
+}
+
+/// The best free lane of `agent` at `priority` with a key not in `blocked`, with its key and
+/// turn: the key whose turn comes first, a key's turn counting as `floor` when below it
+/// (ties: the lower stored turn, then the key). Keys are read in turn order (the index
+/// `key_turns_order`) only until one has a free lane, so a claim reads the keys that are
+/// running, blocked or idle before it, not every key. An idle key at or below the floor (no
+/// lane left) has nothing to remember and its row is deleted on the way. Dispatches without a
+/// key form the key `""`, which has a row only once claimed.
+fn rotate(
+    tx: &Connection,
+    agent: &str,
+    priority: i64,
+    floor: u64,
+    blocked: &HashSet<String>,
+) -> StoreResult<Option<(String, String, String, u64)>> {
+    let unkeyed = if blocked.contains("") {
+        None
+    } else {
+        key_lane(tx, agent, "", priority)?
+    };
+    let unkeyed = match unkeyed {
+        Some(lane) => {
+            let turn = super::rows::scalar_u64(
+                tx,
+                "SELECT turn FROM key_turns WHERE agent = ?1 AND key = ''",
+                &[&agent],
+            )?
+            .unwrap_or(0)
+            .max(floor);
+            Some((lane, turn))
+        }
+        None => None,
+    };
+    let mut idle = Vec::new();
+    let mut found = None;
+    {
+        let mut stmt = tx
+            .prepare_cached(
+                "SELECT key, turn FROM key_turns INDEXED BY key_turns_order \
+                 WHERE agent = ?1 ORDER BY turn, key",
+            )
+            .map_err(db)?;
+        let mut rows = stmt.query(params![agent]).map_err(db)?;
+        while let Some(row) = rows.next().map_err(db)? {
+            let key: String = row.get(0).map_err(db)?;
+            let stored: u64 = row.get(1).map_err(db)?;
+            let turn = stored.max(floor);
+            if unkeyed.as_ref().is_some_and(|(_, t)| *t <= turn) {
+                break;
+            }
+            if key.is_empty() || blocked.contains(&key) {
+                continue;
+            }
+            if let Some(lane) = key_lane(tx, agent, &key, priority)? {
+                found = Some((lane, key, turn));
+                break;
+            }
+            if stored <= floor && !has_lane(tx, agent, &key)? {
+                idle.push(key);
+            }
+        }
+    }
+    for key in &idle {
+        tx.prepare_cached("DELETE FROM key_turns WHERE agent = ?1 AND key = ?2")
+            .map_err(db)?
+            .execute(params![agent, key])
+            .map_err(db)?;
+    }
+    Ok(match (found, unkeyed) {
+        (Some(((thread, head), key, turn)), _) => Some((thread, head, key, turn)),
+        (None, Some(((thread, head), turn))) => Some((thread, head, String::new(), turn)),
+        (None, None) => None,
+    })
+}
+
+/// The best priority above `after` at which `agent` has a free lane.
+fn free_priority(tx: &Connection, agent: &str, after: i64) -> StoreResult<Option<i64>> {
+    tx.prepare_cached(
+        "SELECT priority FROM lanes INDEXED BY lanes_pick WHERE agent = ?1 AND busy = 0 \
+         AND priority > ?2 ORDER BY priority LIMIT 1",
+    )
+    .map_err(db)?
+    .query_row(params![agent, after], |row| row.get(0))
+    .optional()
+    .map_err(db)
+}
+
+/// The free lane of `key` at `priority` served first: its thread and head.
+fn key_lane(
+    tx: &Connection,
+    agent: &str,
+    key: &str,
+    priority: i64,
+) -> StoreResult<Option<(String, String)>> {
+    tx.prepare_cached(
+        "SELECT thread, head FROM lanes INDEXED BY lanes_by_key \
+         WHERE agent = ?1 AND ckey = ?2 AND busy = 0 AND priority = ?3 \
+         ORDER BY served, created LIMIT 1",
+    )
+    .map_err(db)?
+    .query_row(params![agent, key, priority], |row| {
+        Ok((row.get(0)?, row.get(1)?))
+    })
+    .optional()
+    .map_err(db)
+}
+
+/// Whether `key` has a lane of `agent`, free or busy.
+fn has_lane(tx: &Connection, agent: &str, key: &str) -> StoreResult<bool> {
+    Ok(super::rows::scalar_u64(
+        tx,
+        "SELECT 1 FROM lanes INDEXED BY lanes_by_key WHERE agent = ?1 AND ckey = ?2 LIMIT 1",
+        &[&agent, &key],
+    )?
+    .is_some())
+}
+
+/// Deletes the turns that carry nothing: keys with no lane whose turn is at or below their
+/// agent's floor (they would count as the floor). The rotation deletes those it passes; this
+/// catches the rest (agents without keyed limits never rotate).
+pub(super) fn forget_idle_keys(tx: &Connection) -> StoreResult<usize> {
+    tx.prepare_cached(
+        "DELETE FROM key_turns WHERE key <> '' \
+         AND turn <= COALESCE((SELECT value FROM counters WHERE name = 'turn:' || key_turns.agent), 0) \
+         AND NOT EXISTS (SELECT 1 FROM lanes INDEXED BY lanes_by_key \
+             WHERE lanes.agent = key_turns.agent AND lanes.ckey = key_turns.key)",
+    )
+    .map_err(db)?
+    .execute([])
+    .map_err(db)
 }
 
 /// The turn every key of `agent` is brought up to (the turn of the key claimed last), so a key

@@ -84,7 +84,7 @@ pub(crate) const MAX_VALUE_WHY: &str =
     "the embedded store's cap, well below SQLite's limit of 1,000,000,000 bytes per row";
 
 /// The schema version this build writes.
-pub const SCHEMA_VERSION: i64 = 5;
+pub const SCHEMA_VERSION: i64 = 6;
 
 /// Migrations, index `i` moves the schema from version `i` to `i + 1`. Public so a test can
 /// write a file as an earlier release did (the first `n` of them) and open it with this one.
@@ -316,6 +316,17 @@ CREATE TABLE pauses (
     // section 14), as JSON; NULL until a versioned claim ran it.
     r#"
 ALTER TABLE dispatches ADD COLUMN versions TEXT;
+"#,
+    // Version 6: the keyed rotation reads the keys in turn order instead of grouping every
+    // free lane by key: `key_turns` gets that order as an index and a row for every key with
+    // a lane (at turn 0, below any floor, until its first claim), and `lanes_by_key` leads
+    // with the key, so a key's best free lane (and whether it has any lane) is one probe.
+    r#"
+CREATE INDEX key_turns_order ON key_turns (agent, turn, key);
+INSERT OR IGNORE INTO key_turns (agent, key, turn)
+    SELECT DISTINCT agent, ckey, 0 FROM lanes WHERE ckey <> '';
+DROP INDEX lanes_by_key;
+CREATE INDEX lanes_by_key ON lanes (agent, ckey, busy, priority, served, created);
 "#,
 ];
 

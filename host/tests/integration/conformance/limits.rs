@@ -439,6 +439,75 @@ pub async fn every_small_key_is_served_before_the_big_keys_tenth_claim<F: Factor
     }
 }
 
+/// Keys and dispatches without a key (the key `""`) take turns: in every four claims each of
+/// the three keys and the unkeyed dispatches get one.
+pub async fn keys_and_unkeyed_dispatches_take_turns<F: Factory>(factory: &F) {
+    let env = Env::new(factory).await;
+    let store = env.open().await;
+    for i in 0..4 {
+        for key in ["a", "b", "c"] {
+            put(
+                &store,
+                keyed(&format!("{key}{i}"), &format!("{key}-{i}"), key),
+            )
+            .await;
+        }
+        put(&store, nd(&format!("none{i}"), &format!("none-{i}"))).await;
+    }
+    let limits = per_key(1_000);
+    let mut order = Vec::new();
+    for _ in 0..16 {
+        let d = gated(&store, &limits)
+            .await
+            .dispatch
+            .expect("something claimable");
+        order.push(d.concurrency_key.clone().unwrap_or_default());
+        ack(&store, &d).await;
+    }
+    for (round, window) in order.chunks(4).enumerate() {
+        let groups: BTreeSet<&str> = window.iter().map(String::as_str).collect();
+        assert_eq!(
+            groups,
+            BTreeSet::from(["", "a", "b", "c"]),
+            "round {round} of the claims ({order:?})"
+        );
+    }
+}
+
+/// A key that runs out of work and gets more keeps its place in the rotation: it does not come
+/// back ahead of a key with a deep backlog each time (which would starve that key).
+pub async fn a_key_that_goes_idle_and_returns_does_not_starve_a_deep_key<F: Factory>(factory: &F) {
+    let env = Env::new(factory).await;
+    let store = env.open().await;
+    for i in 0..20 {
+        put(
+            &store,
+            keyed(&format!("deep{i:02}"), &format!("deep-{i:02}"), "deep"),
+        )
+        .await;
+    }
+    put(&store, keyed("brief", "brief-0", "brief")).await;
+    let limits = per_key(1_000);
+    let mut deep = 0;
+    for n in 0..20 {
+        let d = gated(&store, &limits)
+            .await
+            .dispatch
+            .expect("something claimable");
+        ack(&store, &d).await;
+        if d.concurrency_key.as_deref() == Some("deep") {
+            deep += 1;
+        } else {
+            // The brief key is idle now; its next dispatch comes at once.
+            put(&store, keyed("brief", &format!("brief-{}", n + 1), "brief")).await;
+        }
+    }
+    assert!(
+        deep >= 9,
+        "the deep key got {deep} of 20 claims against a key that kept coming back"
+    );
+}
+
 pub async fn release_requeues_without_an_attempt_honouring_available_at<F: Factory>(factory: &F) {
     let env = Env::new(factory).await;
     let store = env.open().await;

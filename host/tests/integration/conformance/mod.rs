@@ -622,6 +622,8 @@ macro_rules! suite {
                     a_named_limit_is_shared_by_two_agents,
                     a_pause_of_an_agent_or_of_one_key_holds_back_only_what_it_names,
                     every_small_key_is_served_before_the_big_keys_tenth_claim,
+                    keys_and_unkeyed_dispatches_take_turns,
+                    a_key_that_goes_idle_and_returns_does_not_starve_a_deep_key,
                     release_requeues_without_an_attempt_honouring_available_at,
                     tokens_and_request_slots_are_exact_across_two_instances,
                     a_concurrency_key_over_128_bytes_is_invalid_at_enqueue,
