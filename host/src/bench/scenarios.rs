@@ -287,13 +287,16 @@ pub(super) async fn end_to_end(
 }
 
 /// The keys of [`end_to_end_limited`]: a plugin rate, a per-key concurrency and a per-key
-/// rate, each far above what the run reaches, so they cost their checks but never bind.
-const UNBINDING_LIMITS: &str =
-    "rate = \"100000000/s\"\nkey_concurrency = 1000\nkey_rate = \"100000000/s\"\n";
+/// rate, each far above what the run reaches, so they cost their checks but never bind; the
+/// journal on (each claim gets its recorder; the echo guest records nothing); a version label
+/// with runs pinned to their version (each claim records it).
+const UNBINDING_LIMITS: &str = "rate = \"100000000/s\"\nkey_concurrency = 1000\n\
+    key_rate = \"100000000/s\"\njournal = \"run\"\nversion = \"bench-1\"\npin = \"run\"\n";
 
-/// The end-to-end scenario with flow control configured but not binding: every dispatch
-/// carries one of 50 concurrency keys, and the plugin sets [`UNBINDING_LIMITS`]. Its cost is
-/// the gap to the plain run.
+/// The end-to-end scenario with the claim path's features configured but not binding: every
+/// dispatch carries one of 50 concurrency keys, and the plugin sets [`UNBINDING_LIMITS`]. The
+/// inbox, waitpoints and streaming cost nothing until a guest calls them (the echo guest does
+/// not). Its cost is the gap to the plain run.
 pub(super) async fn end_to_end_limited(
     target: &Target,
     echo: &Path,
@@ -313,7 +316,7 @@ pub(super) async fn end_to_end_limited(
     }
     Ok(figure(
         format!(
-            "end to end, echo, rate and concurrency keys set but not binding, {}, {workers} workers",
+            "end to end, echo, limits, keys, journal and version set but not binding, {}, {workers} workers",
             target.name()
         ),
         "dispatches/s",

@@ -78,6 +78,23 @@ fn live_holders(tx: &Connection, scope: &str, now: u64) -> StoreResult<u32> {
     Ok(live)
 }
 
+/// Up to this many slot rows of a scope are not checked one by one while they are fewer than
+/// its cap: rows count every live holder (and some gone), so fewer rows than the cap means room.
+const UNCHECKED_ROWS: u64 = 8;
+
+/// Whether `scope` has fewer slot rows than `cap` and than [`UNCHECKED_ROWS`]: then it has
+/// room without reading whether each holder still holds (a dispatch read per row). Past that
+/// the rows are checked, which deletes those of holders that are gone.
+fn clearly_below(tx: &Connection, scope: &str, cap: u32) -> StoreResult<bool> {
+    let rows = super::rows::scalar_u64(
+        tx,
+        "SELECT count(*) FROM limit_slots WHERE scope = ?1",
+        &[&scope],
+    )?
+    .unwrap_or(0);
+    Ok(rows < u64::from(cap) && rows < UNCHECKED_ROWS)
+}
+
 fn bucket(tx: &Connection, scope: &str) -> StoreResult<Option<Bucket>> {
     tx.prepare_cached("SELECT tokens, at FROM limit_buckets WHERE scope = ?1")
         .map_err(db)?
@@ -114,6 +131,7 @@ fn add_holder(tx: &Connection, scope: &str, h: &Holder) -> StoreResult<()> {
 /// Whether `scope` has room for one more holder at `now`.
 fn room(tx: &Connection, scope: &Scope, now: u64) -> StoreResult<Room> {
     if let Some(cap) = scope.concurrency
+        && !clearly_below(tx, &scope.name, cap)?
         && live_holders(tx, &scope.name, now)? >= cap
     {
         return Ok(Room::Full);
