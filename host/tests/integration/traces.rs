@@ -185,8 +185,11 @@ fn spans_reach_the_collector_under_the_enqueued_traceparent() {
         .iter()
         .filter_map(|s| s.attributes.get("homing.operation").cloned())
         .collect();
+    // The worker's next claim may go with the completion, in one store step.
     assert!(
-        settled.iter().any(|op| op == "complete"),
+        settled
+            .iter()
+            .any(|op| op == "complete" || op == "complete_and_claim"),
         "settling is a store span of the attempt: {settled:?}"
     );
     // The server saw the request's own span as the parent, in the same trace.

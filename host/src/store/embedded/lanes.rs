@@ -61,6 +61,17 @@ pub(super) fn ensure_thread(tx: &Connection, thread: &str) -> StoreResult<()> {
 
 /// Recomputes the lane of (agent, thread): its best ready dispatch, or no lane.
 pub(super) fn refresh_lane(tx: &Connection, agent: &str, thread: &str) -> StoreResult<()> {
+    refresh_lane_as(tx, agent, thread, None)
+}
+
+/// [`refresh_lane`], with the thread's `served` and whether it is held when the caller has
+/// just written them (saving the read of the thread's row).
+fn refresh_lane_as(
+    tx: &Connection,
+    agent: &str,
+    thread: &str,
+    known: Option<(u64, bool)>,
+) -> StoreResult<()> {
     let head = tx
         .prepare_cached(
             "SELECT id, priority, created_at, concurrency_key FROM dispatches \
@@ -91,7 +102,13 @@ pub(super) fn refresh_lane(tx: &Connection, agent: &str, thread: &str) -> StoreR
                 .execute(params![agent, key])
                 .map_err(db)?;
             }
-            let t = thread_row(tx, thread)?;
+            let (served, busy) = match known {
+                Some(known) => known,
+                None => {
+                    let t = thread_row(tx, thread)?;
+                    (t.served, t.holder.is_some())
+                }
+            };
             tx.prepare_cached(
                 "INSERT INTO lanes (agent, thread, priority, served, created, head, busy, ckey) \
                  VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8) ON CONFLICT (agent, thread) DO UPDATE SET \
@@ -103,10 +120,10 @@ pub(super) fn refresh_lane(tx: &Connection, agent: &str, thread: &str) -> StoreR
                 agent,
                 thread,
                 priority,
-                t.served,
+                served,
                 created,
                 id,
-                t.holder.is_some(),
+                busy,
                 key.unwrap_or_default()
             ])
             .map_err(db)?;
@@ -122,13 +139,9 @@ pub(super) fn refresh_lane(tx: &Connection, agent: &str, thread: &str) -> StoreR
 }
 
 /// Marks the thread as held by `id` (of `agent`, now its last agent) and moves it to the back
-/// of its priority class.
-pub(super) fn occupy_thread(
-    tx: &Connection,
-    thread: &str,
-    id: &str,
-    agent: &str,
-) -> StoreResult<()> {
+/// of its priority class: the thread's row, and the lanes of the thread's other agents (the
+/// caller refreshes `agent`'s own). Returns the thread's new `served`.
+fn occupy_thread(tx: &Connection, thread: &str, id: &str, agent: &str) -> StoreResult<u64> {
     let served = tx
         .prepare_cached(
             "INSERT INTO counters (name, value) VALUES ('served', 1) \
@@ -137,18 +150,19 @@ pub(super) fn occupy_thread(
         .map_err(db)?
         .query_row([], |row| row.get::<_, u64>(0))
         .map_err(db)?;
-    ensure_thread(tx, thread)?;
     tx.prepare_cached(
-        "UPDATE threads SET holder = ?2, served = ?3, last_agent = ?4 WHERE thread = ?1",
+        "INSERT INTO threads (thread, holder, served, last_agent) VALUES (?1, ?2, ?3, ?4) \
+         ON CONFLICT (thread) DO UPDATE SET holder = excluded.holder, served = excluded.served, \
+         last_agent = excluded.last_agent",
     )
     .map_err(db)?
     .execute(params![thread, id, served, agent])
     .map_err(db)?;
-    tx.prepare_cached("UPDATE lanes SET busy = 1, served = ?2 WHERE thread = ?1")
+    tx.prepare_cached("UPDATE lanes SET busy = 1, served = ?2 WHERE thread = ?1 AND agent <> ?3")
         .map_err(db)?
-        .execute(params![thread, served])
+        .execute(params![thread, served, agent])
         .map_err(db)?;
-    Ok(())
+    Ok(served)
 }
 
 /// Frees the thread if `id` holds it.
@@ -223,8 +237,8 @@ pub(super) fn store_superseded(
 /// Stores a freshly claimed record and occupies its thread.
 pub(super) fn store_claimed(tx: &Connection, d: &Dispatch) -> StoreResult<()> {
     rows::store(tx, d, false, None)?;
-    occupy_thread(tx, &d.thread, &d.id, &d.agent)?;
-    refresh_lane(tx, &d.agent, &d.thread)
+    let served = occupy_thread(tx, &d.thread, &d.id, &d.agent)?;
+    refresh_lane_as(tx, &d.agent, &d.thread, Some((served, true)))
 }
 
 /// Stores a new queued dispatch stamped with its thread's epoch (T1's write, after its checks)
