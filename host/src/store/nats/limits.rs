@@ -362,11 +362,17 @@ impl NatsStore {
         if !self.follows() {
             return self.claim_gated_batched(req).await;
         }
+        // The best dispatch may have been enqueued on another host a moment ago.
+        self.barrier().await?;
+        self.claim_gated_caught_up(req).await
+    }
+
+    /// [`claim_gated_inner`](Self::claim_gated_inner) for an instance that follows the stream,
+    /// once a barrier that began after the caller asked for the claim has passed.
+    pub(super) async fn claim_gated_caught_up(&self, req: &ClaimRequest<'_>) -> StoreResult<Gated> {
         let limits = req.limits;
         let agent = req.agent;
         let shared = distinct(&limits.shared);
-        // The best dispatch may have been enqueued on another host a moment ago.
-        self.barrier().await?;
         for attempt in 0..64 {
             let turns = if limits.keyed() {
                 self.inner

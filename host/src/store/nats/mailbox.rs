@@ -486,6 +486,29 @@ impl Mailbox for NatsStore {
             .await
     }
 
+    /// The completion's write and the claim's barrier go at once (one round trip instead of
+    /// two before the claim can be decided); the claim is decided once both are done, so it
+    /// sees the completion (applied to this instance's view when acknowledged) and everything
+    /// stored before the call.
+    async fn complete_and_claim(
+        &self,
+        id: &str,
+        token: &str,
+        result: RunResult,
+        next: &ClaimRequest<'_>,
+    ) -> (StoreResult<Dispatch>, StoreResult<Gated>) {
+        if !self.follows() {
+            let done = self.complete(id, token, result).await;
+            return (done, self.claim_gated_inner(next).await);
+        }
+        let (done, caught_up) = tokio::join!(self.complete(id, token, result), self.barrier());
+        let next = match caught_up {
+            Ok(()) => self.claim_gated_caught_up(next).await,
+            Err(e) => Err(e),
+        };
+        (done, next)
+    }
+
     async fn cancel(&self, id: &str) -> StoreResult<Option<Dispatch>> {
         self.run(&[Read::Dispatch(id)], |view, now, _| {
             let Some(stored) = view
