@@ -107,7 +107,7 @@ fn has_live_work(tx: &Connection, thread: &str) -> StoreResult<bool> {
     Ok(tx
         .prepare_cached(
             "SELECT 1 FROM dispatches INDEXED BY dispatches_live \
-             WHERE status IN ('queued', 'claimed', 'waiting') AND thread = ?1 LIMIT 1",
+             WHERE (status = 'queued' OR status = 'claimed' OR status = 'waiting') AND thread = ?1 LIMIT 1",
         )
         .map_err(db)?
         .query_row(params![thread], |_| Ok(()))

@@ -273,8 +273,9 @@ impl Mailbox for EmbeddedStore {
                 if let Some(key) = &new.dedupe_key {
                     let holder: Option<String> = tx
                         .prepare_cached(
-                            "SELECT id FROM dispatches WHERE thread = ?1 AND dedupe_key = ?2 \
-                         AND status IN ('queued', 'claimed', 'waiting') LIMIT 1",
+                            "SELECT id FROM dispatches INDEXED BY dispatches_live_dedupe \
+                             WHERE thread = ?1 AND dedupe_key = ?2 \
+                         AND (status = 'queued' OR status = 'claimed' OR status = 'waiting') LIMIT 1",
                         )
                         .map_err(db)?
                         .query_row(params![new.thread, key], |row| row.get(0))
@@ -719,8 +720,13 @@ impl Mailbox for EmbeddedStore {
 
     async fn live_counts(&self) -> StoreResult<Vec<StatusCount>> {
         // Through the `dispatches_live` partial index: as many rows as there is live work.
-        self.read(|tx| count_rows(tx, "WHERE status IN ('queued', 'claimed', 'waiting')"))
-            .await
+        self.read(|tx| {
+            count_rows(
+                tx,
+                "WHERE (status = 'queued' OR status = 'claimed' OR status = 'waiting')",
+            )
+        })
+        .await
     }
 
     async fn list_terminal(&self, limit: usize, offset: usize) -> StoreResult<Vec<Dispatch>> {
@@ -756,7 +762,7 @@ impl Mailbox for EmbeddedStore {
             let mut stmt = tx
                 .prepare_cached(
                     "SELECT DISTINCT thread FROM dispatches INDEXED BY dispatches_live \
-                     WHERE status IN ('queued', 'claimed', 'waiting') AND status = 'queued' ORDER BY thread",
+                     WHERE (status = 'queued' OR status = 'claimed' OR status = 'waiting') AND status = 'queued' ORDER BY thread",
                 )
                 .map_err(db)?;
             let rows = stmt
@@ -772,7 +778,7 @@ impl Mailbox for EmbeddedStore {
 
             Ok(rows::scalar_u64(
                 tx,
-                "SELECT 1 FROM dispatches INDEXED BY dispatches_live WHERE status IN ('queued', 'claimed', 'waiting') LIMIT 1",
+                "SELECT 1 FROM dispatches INDEXED BY dispatches_live WHERE (status = 'queued' OR status = 'claimed' OR status = 'waiting') LIMIT 1",
                 &[],
             )?
             .is_some())

@@ -321,7 +321,18 @@ ALTER TABLE dispatches ADD COLUMN versions TEXT;
     // free lane by key: `key_turns` gets that order as an index and a row for every key with
     // a lane (at turn 0, below any floor, until its first claim), and `lanes_by_key` leads
     // with the key, so a key's best free lane (and whether it has any lane) is one probe.
+    // The two partial indexes over live statuses say so with `=` and `OR`: SQLite evaluates an
+    // `IN` list in an index's condition through a temporary table it builds on every write of
+    // the row (four per update: a quarter of the cost of storing a dispatch). Queries that use
+    // them repeat the condition word for word (and name the index, so a query SQLite could not
+    // run on it fails instead of scanning).
     r#"
+DROP INDEX dispatches_live_dedupe;
+CREATE UNIQUE INDEX dispatches_live_dedupe ON dispatches (thread, dedupe_key)
+    WHERE dedupe_key IS NOT NULL AND (status = 'queued' OR status = 'claimed' OR status = 'waiting');
+DROP INDEX dispatches_live;
+CREATE INDEX dispatches_live ON dispatches (status, thread)
+    WHERE (status = 'queued' OR status = 'claimed' OR status = 'waiting');
 CREATE INDEX key_turns_order ON key_turns (agent, turn, key);
 INSERT OR IGNORE INTO key_turns (agent, key, turn)
     SELECT DISTINCT agent, ckey, 0 FROM lanes WHERE ckey <> '';
