@@ -110,7 +110,8 @@ fn bucket(tx: &Connection, scope: &str) -> StoreResult<Option<Bucket>> {
 
 fn store_bucket(tx: &Connection, scope: &str, b: Bucket) -> StoreResult<()> {
     tx.prepare_cached(
-        "INSERT OR REPLACE INTO limit_buckets (scope, tokens, at) VALUES (?1, ?2, ?3)",
+        "INSERT INTO limit_buckets (scope, tokens, at) VALUES (?1, ?2, ?3) \
+         ON CONFLICT (scope) DO UPDATE SET tokens = excluded.tokens, at = excluded.at",
     )
     .map_err(db)?
     .execute(params![scope, b.tokens, clamp(b.at)])
@@ -120,7 +121,8 @@ fn store_bucket(tx: &Connection, scope: &str, b: Bucket) -> StoreResult<()> {
 
 fn add_holder(tx: &Connection, scope: &str, h: &Holder) -> StoreResult<()> {
     tx.prepare_cached(
-        "INSERT OR REPLACE INTO limit_slots (scope, holder, claims, until) VALUES (?1, ?2, ?3, ?4)",
+        "INSERT INTO limit_slots (scope, holder, claims, until) VALUES (?1, ?2, ?3, ?4) \
+         ON CONFLICT (scope, holder) DO UPDATE SET claims = excluded.claims, until = excluded.until",
     )
     .map_err(db)?
     .execute(params![scope, h.id, h.claims, clamp(h.until)])
@@ -356,16 +358,26 @@ fn turn_floor(tx: &Connection, agent: &str) -> StoreResult<u64> {
 }
 
 /// Advances `key`'s turn after a claim of it at `turn` (its turn as the pick read it, at least
-/// the floor), and makes that turn the floor.
+/// the floor), and makes that turn the floor. Both are updated in place (a replace would delete
+/// and insert the row), and the floor only when it moves: in a steady rotation most claims are
+/// at the floor.
 fn advance_turn(tx: &Connection, agent: &str, key: &str, turn: u64, cost: u64) -> StoreResult<()> {
-    tx.prepare_cached("INSERT OR REPLACE INTO key_turns (agent, key, turn) VALUES (?1, ?2, ?3)")
-        .map_err(db)?
-        .execute(params![agent, key, clamp(turn.saturating_add(cost))])
-        .map_err(db)?;
-    tx.prepare_cached("INSERT OR REPLACE INTO counters (name, value) VALUES (?1, ?2)")
+    tx.prepare_cached(
+        "INSERT INTO key_turns (agent, key, turn) VALUES (?1, ?2, ?3) \
+         ON CONFLICT (agent, key) DO UPDATE SET turn = excluded.turn",
+    )
+    .map_err(db)?
+    .execute(params![agent, key, clamp(turn.saturating_add(cost))])
+    .map_err(db)?;
+    if turn_floor(tx, agent)? != turn {
+        tx.prepare_cached(
+            "INSERT INTO counters (name, value) VALUES (?1, ?2) \
+             ON CONFLICT (name) DO UPDATE SET value = excluded.value",
+        )
         .map_err(db)?
         .execute(params![format!("turn:{agent}"), clamp(turn)])
         .map_err(db)?;
+    }
     Ok(())
 }
 
