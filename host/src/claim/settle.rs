@@ -81,7 +81,8 @@ impl ClaimHandle {
 
     /// [`complete`](Self::complete), and the worker's next claim in the same store step (one
     /// write on the embedded store instead of two). The claim's result is returned whatever
-    /// became of the completion.
+    /// became of the completion; it is not counted as throttled here (a worker claims again
+    /// when it got nothing, and that claim is).
     pub async fn complete_and_claim(
         &mut self,
         store: &Store,
@@ -99,10 +100,7 @@ impl ClaimHandle {
             )
             .instrument(self.span.clone())
             .await;
-        (
-            self.settled_by(Settlement::Acked, done),
-            gated.map(|g| next.noted(g)),
-        )
+        (self.settled_by(Settlement::Acked, done), gated)
     }
 
     /// Acks the dispatch (its result, if any, was recorded before).

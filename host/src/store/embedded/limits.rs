@@ -174,14 +174,15 @@ fn earliest(a: Option<u64>, b: u64) -> Option<u64> {
 }
 
 /// The best lane of `agent` whose key is not in `blocked`: in lane order, or, with keyed
-/// limits, the lane of the key whose turn comes first within the best priority.
+/// limits (`floor` is then the agent's turn floor), the lane of the key whose turn comes first
+/// within the best priority.
 fn pick_lane(
     tx: &Connection,
     agent: &str,
-    keyed: bool,
+    floor: Option<u64>,
     blocked: &HashSet<String>,
 ) -> StoreResult<Option<(String, String, String, u64)>> {
-    if !keyed {
+    let Some(floor) = floor else {
         let mut stmt = tx
             .prepare_cached(
                 "SELECT thread, head, ckey FROM lanes WHERE agent = ?1 AND busy = 0 \
@@ -201,8 +202,7 @@ fn pick_lane(
             }
         }
         return Ok(None);
-    }
-    let floor = turn_floor(tx, agent)?;
+    };
     // The priorities with a free lane, best first; the rotation is within the first that has
     // a lane of a key not blocked.
     let mut after = i64::MIN;
@@ -358,10 +358,16 @@ fn turn_floor(tx: &Connection, agent: &str) -> StoreResult<u64> {
 }
 
 /// Advances `key`'s turn after a claim of it at `turn` (its turn as the pick read it, at least
-/// the floor), and makes that turn the floor. Both are updated in place (a replace would delete
-/// and insert the row), and the floor only when it moves: in a steady rotation most claims are
-/// at the floor.
-fn advance_turn(tx: &Connection, agent: &str, key: &str, turn: u64, cost: u64) -> StoreResult<()> {
+/// `floor`, the floor the pick read), and makes that turn the floor. Both are updated in place
+/// (a replace would delete and insert the row), and the floor only when it moves: in a steady
+/// rotation most claims are at the floor.
+fn advance_turn(
+    tx: &Connection,
+    agent: &str,
+    key: &str,
+    (turn, floor): (u64, u64),
+    cost: u64,
+) -> StoreResult<()> {
     tx.prepare_cached(
         "INSERT INTO key_turns (agent, key, turn) VALUES (?1, ?2, ?3) \
          ON CONFLICT (agent, key) DO UPDATE SET turn = excluded.turn",
@@ -369,7 +375,7 @@ fn advance_turn(tx: &Connection, agent: &str, key: &str, turn: u64, cost: u64) -
     .map_err(db)?
     .execute(params![agent, key, clamp(turn.saturating_add(cost))])
     .map_err(db)?;
-    if turn_floor(tx, agent)? != turn {
+    if turn != floor {
         tx.prepare_cached(
             "INSERT INTO counters (name, value) VALUES (?1, ?2) \
              ON CONFLICT (name) DO UPDATE SET value = excluded.value",
@@ -413,14 +419,19 @@ fn claim_gated_tx(
         }
     }
     let mut blocked: HashSet<String> = paused.into_iter().collect();
-    let keyed = limits.keyed();
+    // The floor is read once: nothing before the turn's advance below moves it.
+    let floor = if limits.keyed() {
+        Some(turn_floor(tx, agent)?)
+    } else {
+        None
+    };
     let mut key_room = None;
     let mut picked_turn = 0;
     let claimed = {
         // Each turn of the loop claims or blocks one more key, so the keys bound it.
         let mut pick = |tx: &Connection| -> StoreResult<Option<(String, String)>> {
             loop {
-                let Some((thread, head, key, turn)) = pick_lane(tx, agent, keyed, &blocked)? else {
+                let Some((thread, head, key, turn)) = pick_lane(tx, agent, floor, &blocked)? else {
                     return Ok(None);
                 };
                 picked_turn = turn;
@@ -454,9 +465,9 @@ fn claim_gated_tx(
     if let Some((scope, b)) = &key_room {
         take_room(tx, scope, *b, &d)?;
     }
-    if keyed {
+    if let Some(floor) = floor {
         let key = d.concurrency_key.as_deref().unwrap_or_default();
-        advance_turn(tx, agent, key, picked_turn, limits.turn_cost(key))?;
+        advance_turn(tx, agent, key, (picked_turn, floor), limits.turn_cost(key))?;
     }
     out.dispatch = Some(d);
     Ok(out)

@@ -45,16 +45,22 @@ struct TypedJob<T> {
     reply: oneshot::Sender<StoreResult<T>>,
 }
 
+/// An operation's result, and whether its changes are kept: an error with changes to keep
+/// (`Commit`) keeps them, an abort rolls them back.
+fn kept<T>(out: Result<T, TxError>) -> (Result<T, StoreError>, bool) {
+    match out {
+        Ok(value) => (Ok(value), true),
+        Err(TxError::Commit(err)) => (Err(err), true),
+        Err(TxError::Abort(err)) => (Err(err), false),
+    }
+}
+
 impl<T: Send> Job for TypedJob<T> {
     fn run(&mut self, conn: &Connection, now: u64) -> bool {
         let Some(op) = self.op.take() else {
             return false;
         };
-        let (out, keep) = match op(conn, now) {
-            Ok(value) => (Ok(value), true),
-            Err(TxError::Commit(err)) => (Err(err), true),
-            Err(TxError::Abort(err)) => (Err(err), false),
-        };
+        let (out, keep) = kept(op(conn, now));
         self.out = Some(out);
         keep
     }
@@ -135,11 +141,7 @@ pub(super) fn in_savepoint<T>(
 ) -> Result<Result<T, StoreError>, TxError> {
     let fail = |e: rusqlite::Error| TxError::Abort(super::rows::db(e));
     exec(conn, "SAVEPOINT part").map_err(fail)?;
-    let (out, keep) = match op(conn) {
-        Ok(value) => (Ok(value), true),
-        Err(TxError::Commit(err)) => (Err(err), true),
-        Err(TxError::Abort(err)) => (Err(err), false),
-    };
+    let (out, keep) = kept(op(conn));
     if !keep {
         exec(conn, "ROLLBACK TO part").map_err(fail)?;
     }
