@@ -264,7 +264,7 @@ pub async fn run(args: &BenchArgs) -> anyhow::Result<()> {
             for workers in [1, 4, 8, 16] {
                 figures.extend(end_to_end(target, echo, workers, size).await?);
             }
-            figures.push(end_to_end_limited(target, echo, 8, size).await?);
+            figures.extend(end_to_end_limited(target, echo, 8, size).await?);
         }
         if args.wants(Scenario::Latency) {
             let mut backlogs = size.backlogs.to_vec();

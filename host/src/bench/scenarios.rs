@@ -296,33 +296,63 @@ const UNBINDING_LIMITS: &str = "rate = \"100000000/s\"\nkey_concurrency = 1000\n
 /// The end-to-end scenario with the claim path's features configured but not binding: every
 /// dispatch carries one of 50 concurrency keys, and the plugin sets [`UNBINDING_LIMITS`]. The
 /// inbox, waitpoints and streaming cost nothing until a guest calls them (the echo guest does
-/// not). Its cost is the gap to the plain run.
+/// not). Its cost is the gap to the plain run, so each of its samples is paired with a plain
+/// run taken just before it: on a shared machine two rows measured minutes apart differ by
+/// more than the features cost, while the two runs of a pair see the same machine. Three
+/// figures: the plain runs, the runs with features, and the median of the pairs' gaps (in %,
+/// negative when the features cost throughput).
 pub(super) async fn end_to_end_limited(
     target: &Target,
     echo: &Path,
     workers: u32,
     size: Size,
-) -> anyhow::Result<Figure> {
-    let mut samples = Vec::new();
-    for _ in 0..size.repeats {
+) -> anyhow::Result<Vec<Figure>> {
+    let (mut plain, mut limited, mut gaps) = (Vec::new(), Vec::new(), Vec::new());
+    for _ in 0..size.repeats.max(PAIRS) {
+        let scratch = target.scratch().await?;
+        fill(&scratch.store, size.dispatches).await?;
+        let (elapsed, _) = target.run_host(&scratch, echo, workers).await?;
+        let base = size.dispatches as f64 / elapsed.as_secs_f64();
+        target.drop_scratch(scratch).await;
+
         let scratch = target.scratch().await?;
         super::target::fill_keyed(&scratch.store, size.dispatches, super::target::THREADS, 50)
             .await?;
         let (elapsed, _) = target
             .run_host_with(&scratch, echo, workers, UNBINDING_LIMITS)
             .await?;
-        samples.push(size.dispatches as f64 / elapsed.as_secs_f64());
+        let with = size.dispatches as f64 / elapsed.as_secs_f64();
         target.drop_scratch(scratch).await;
+
+        plain.push(base);
+        limited.push(with);
+        gaps.push((with / base - 1.0) * 100.0);
     }
-    Ok(figure(
-        format!(
-            "end to end, echo, limits, keys, journal and version set but not binding, {}, {workers} workers",
-            target.name()
+    let name = target.name();
+    Ok(vec![
+        figure(
+            format!("end to end, echo, {name}, {workers} workers, paired with the next row"),
+            "dispatches/s",
+            plain,
         ),
-        "dispatches/s",
-        samples,
-    ))
+        figure(
+            format!(
+                "end to end, echo, limits, keys, journal and version set but not binding, {name}, {workers} workers"
+            ),
+            "dispatches/s",
+            limited,
+        ),
+        figure(
+            format!("with features against plain, paired runs, {name}, {workers} workers"),
+            "%",
+            gaps,
+        ),
+    ])
 }
+
+/// At least this many pairs of [`end_to_end_limited`]: a gap of a few percent needs more
+/// samples than a throughput figure.
+const PAIRS: usize = 9;
 
 /// NATS only: the requests (client messages) per dispatch lifecycle, once for the store
 /// operations alone (enqueue, claim and start, complete) and once end to end through a host

@@ -62,6 +62,98 @@ impl Bucket {
     }
 }
 
+/// How long a block of tokens lasts: a host (or an embedded store's writer) takes enough of a
+/// scope's tokens for this long at the rate (at least one, at most the burst) for its claims,
+/// and the tokens it has not spent by then lapse.
+pub const BLOCK_MS: u64 = 100;
+
+/// Tokens taken from a shared bucket for claims and not spent yet.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct Block {
+    /// Tokens left.
+    pub left: u32,
+    /// When the tokens left lapse.
+    pub until: u64,
+}
+
+impl Block {
+    /// Takes a block of `rate`'s tokens out of the bucket `stored` at `now`: [`BLOCK_MS`]
+    /// worth, at least one, at most the burst, fewer when the bucket holds fewer. The bucket
+    /// to store and how many were taken, or when the next token arrives.
+    ///
+    /// # Errors
+    ///
+    /// The time (milliseconds) at which a token will be there.
+    pub fn take(stored: Option<Bucket>, rate: &Rate, now: u64) -> Result<(Bucket, u32), u64> {
+        let want = block_size(rate);
+        let level = Bucket::level(stored, rate, now);
+        let take = if level >= f64::from(want) {
+            want
+        } else {
+            // The level is within 0 and the burst, a u32.
+            level.floor() as u32
+        };
+        if take == 0 {
+            return Err(Bucket::take(stored, rate, now)
+                .err()
+                .unwrap_or(now.saturating_add(1)));
+        }
+        Ok((
+            Bucket {
+                tokens: level - f64::from(take),
+                at: now,
+            },
+            take,
+        ))
+    }
+
+    /// The block after `left` more tokens were taken at `at`: added to what `old` has left
+    /// (tokens given back by a claim that did not land stay), lapsing with the older tokens,
+    /// so none is spent later than a block after its take.
+    pub fn refilled(old: Option<Block>, left: u32, at: u64) -> Block {
+        let fresh = Block {
+            left,
+            until: at.saturating_add(BLOCK_MS),
+        };
+        match old {
+            Some(old) if old.left > 0 && old.until > at => Block {
+                left: old.left.saturating_add(fresh.left),
+                until: old.until.min(fresh.until),
+            },
+            _ => fresh,
+        }
+    }
+
+    /// Spends one token at `now`, if one is left and has not lapsed.
+    pub fn spend(&mut self, now: u64) -> bool {
+        if self.left > 0 && self.until > now {
+            self.left -= 1;
+            true
+        } else {
+            false
+        }
+    }
+
+    /// Whether a token is left at `now`.
+    pub fn has(&self, now: u64) -> bool {
+        self.left > 0 && self.until > now
+    }
+}
+
+/// How many tokens of `rate` a block takes: [`BLOCK_MS`] worth, at least one, at most the
+/// burst.
+fn block_size(rate: &Rate) -> u32 {
+    let worth = (BLOCK_MS as f64 / rate.ms_per_token()).floor();
+    let burst = rate.burst.max(1);
+    if worth >= f64::from(burst) {
+        burst
+    } else if worth >= 1.0 {
+        worth as u32
+    } else {
+        1
+    }
+}
+
 /// One holder of a concurrency slot.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Holder {

@@ -251,6 +251,106 @@ async fn a_schema_5_file_with_keyed_lanes_migrates_and_its_keys_take_turns() {
     );
 }
 
+/// A schema 6 file opens with this one, and its concurrency keys' slots are their running
+/// dispatches: a claim whose lease is alive holds its key's slot with no slot row, and the slot
+/// rows the earlier release wrote for key scopes are gone (a stale one no longer counts).
+#[tokio::test]
+async fn a_schema_6_file_counts_a_keys_slots_from_its_running_dispatches() {
+    use homing::store::embedded::MIGRATIONS;
+    use homing::store::{ClaimRequest, LimitSet};
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("six.db");
+    let now = 1_700_000_000_000_u64;
+    {
+        let conn = rusqlite::Connection::open(&path).unwrap();
+        for sql in &MIGRATIONS[..6] {
+            conn.execute_batch(sql).unwrap();
+        }
+        conn.pragma_update(None, "user_version", 6).unwrap();
+        // d0 of key a runs (its lease is alive); d1 of key a and d2 of key b wait.
+        for (i, (key, status)) in [("a", "claimed"), ("a", "queued"), ("b", "queued")]
+            .iter()
+            .enumerate()
+        {
+            let claimed = *status == "claimed";
+            conn.execute(
+                "INSERT INTO dispatches (id, agent, thread, run_id, payload, metadata, priority, \
+                 available_at, max_attempts, attempt, epoch, status, ready, created_at, \
+                 updated_at, concurrency_key, claim_token, claimed_by, lease_until, claims) \
+                 VALUES (?1, 'x', ?2, ?1, x'', '{}', 128, 0, 5, ?5, 0, ?3, 1, ?4, ?4, ?6, ?7, ?8, \
+                 ?9, ?5)",
+                rusqlite::params![
+                    format!("d{i}"),
+                    format!("t{i}"),
+                    status,
+                    i,
+                    u32::from(claimed),
+                    key,
+                    claimed.then_some("token"),
+                    claimed.then_some("w"),
+                    claimed.then_some(now + 60_000),
+                ],
+            )
+            .unwrap();
+            conn.execute(
+                "INSERT INTO threads (thread, holder) VALUES (?1, ?2)",
+                rusqlite::params![format!("t{i}"), claimed.then(|| format!("d{i}"))],
+            )
+            .unwrap();
+            if !claimed {
+                conn.execute(
+                    "INSERT INTO lanes (agent, thread, priority, served, created, head, busy, ckey) \
+                     VALUES ('x', ?1, 128, 0, ?2, ?3, 0, ?4)",
+                    rusqlite::params![format!("t{i}"), i, format!("d{i}"), key],
+                )
+                .unwrap();
+                conn.execute(
+                    "INSERT OR IGNORE INTO key_turns (agent, key, turn) VALUES ('x', ?1, 0)",
+                    rusqlite::params![key],
+                )
+                .unwrap();
+            }
+        }
+        // What the earlier release left: a row of d0's claim, and one of a claim long gone.
+        conn.execute(
+            "INSERT INTO limit_slots (scope, holder, claims, until) VALUES \
+             ('key:x:a', 'd0', 1, 0), ('key:x:b', 'gone', 1, 0)",
+            [],
+        )
+        .unwrap();
+    }
+    let store = EmbeddedStore::open(&path, clock()).unwrap().store();
+    let limits = LimitSet {
+        key_concurrency: Some(1),
+        ..LimitSet::default()
+    };
+    let req = ClaimRequest {
+        agent: "x",
+        consumer: "w",
+        lease_ms: 30_000,
+        start: false,
+        limits: &limits,
+        offer: None,
+    };
+    let first = store.mailbox.claim_gated(&req).await.unwrap();
+    assert_eq!(
+        first.dispatch.map(|d| d.id).as_deref(),
+        Some("d2"),
+        "key a's one slot is d0's; key b's is free"
+    );
+    let second = store.mailbox.claim_gated(&req).await.unwrap();
+    assert!(second.dispatch.is_none(), "both keys are at their cap");
+    assert_eq!(second.throttled, vec!["d1".to_owned()]);
+    let rows: i64 = rusqlite::Connection::open(&path)
+        .unwrap()
+        .query_row("SELECT count(*) FROM limit_slots", [], |row| row.get(0))
+        .unwrap();
+    assert_eq!(
+        rows, 0,
+        "keyed claims write no slot rows, and the old ones went"
+    );
+}
+
 /// A file written by the previous release (schema 2) opens with this one: the migration keeps
 /// every record and entry, the new counters start at 0, and claims count from there.
 #[tokio::test]

@@ -1,11 +1,21 @@
 //! Flow control on the embedded backend (the contract, docs/contract.md, section 13).
 //!
-//! Four tables of schema 4: `limit_slots` (who holds a scope's slots), `limit_buckets` (a
-//! scope's tokens), `key_turns` (how far each concurrency key has come in the rotation) and
-//! `pauses`. Every decision is taken inside the claim's write transaction, so one writer
-//! makes them all: exact with any number of processes on the file.
+//! Four tables of schema 4: `limit_slots` (who holds a shared scope's slots), `limit_buckets`
+//! (a scope's tokens), `key_turns` (how far each concurrency key has come in the rotation) and
+//! `pauses`. The slots of a concurrency key's scope are not rows: they are the key's running
+//! dispatches, counted from their records (schema 7's `dispatches_claimed_keys`), so a keyed
+//! claim writes no slot. Every decision is taken inside the claim's write transaction, so one
+//! writer makes them all: caps are exact with any number of processes on the file.
+//!
+//! A claim's rate tokens are taken from a scope's bucket in blocks ([`Block`]), as a NATS host
+//! takes them, and spent by the claims of this store instance: a claim writes its scope's
+//! bucket once per block instead of once per claim. The blocks live with the writer thread
+//! (a thread-local: that thread runs every claim of its store instance, and nothing else
+//! needs them); one taken by an operation that is then rolled back is forgotten with the
+//! rest, so no token is spent that the bucket did not give.
 
-use std::collections::HashSet;
+use std::cell::RefCell;
+use std::collections::{HashMap, HashSet};
 
 use async_trait::async_trait;
 use rusqlite::{Connection, OptionalExtension, params};
@@ -15,20 +25,67 @@ use super::rows::db;
 use super::{EmbeddedStore, TxError, lanes};
 use crate::store::StoreResult;
 use crate::store::limits::{
-    Bucket, ClaimRequest, Gated, Holder, LimitSet, Limits, Pause, Rate, Scope, Usage,
+    Block, Bucket, ClaimRequest, Gated, Holder, LimitSet, Limits, Pause, Rate, Scope, Usage,
 };
 use crate::store::model::{Dispatch, Status};
 use crate::store::rules::clamp;
 use crate::store::versions::Offer;
 
+thread_local! {
+    /// The rate tokens this writer thread took from scopes' buckets and has not spent.
+    static BLOCKS: RefCell<HashMap<String, Block>> = RefCell::new(HashMap::new());
+}
+
+/// Past this many scopes with blocks, the lapsed ones are dropped when another is added.
+const KEPT_BLOCKS: usize = 1024;
+
+/// Forgets this writer thread's blocks: called when an operation or a batch is rolled back,
+/// since a block it took from a bucket was then never taken.
+pub(super) fn forget_blocks() {
+    BLOCKS.with(|b| b.borrow_mut().clear());
+}
+
 /// Where a scope stands for one more holder.
 enum Room {
-    /// A claim may take it: the bucket to store after the take, if it has a rate.
-    Free(Option<Bucket>),
+    /// A claim may take it, with the token it takes.
+    Free(Token),
     /// Its slots are all held.
     Full,
     /// Its bucket is empty until then.
     Empty(u64),
+}
+
+/// The rate token a claim takes of a scope.
+#[derive(Debug, Clone, Copy)]
+enum Token {
+    /// The scope has no rate.
+    Unrated,
+    /// One of this writer's block.
+    Held,
+    /// A new block: the bucket to store, and how many tokens it gave (the claim spends one).
+    Block(Bucket, u32),
+}
+
+/// Whose claims hold a scope's slots.
+#[derive(Debug, Clone, Copy)]
+enum Holders<'a> {
+    /// The rows of `limit_slots` (the scopes of a whole agent or of named limits, which
+    /// outbound requests may hold too).
+    Slots,
+    /// The running dispatches of `agent` with concurrency key `key`.
+    Claims { agent: &'a str, key: &'a str },
+}
+
+/// How many dispatches of `agent` with concurrency key `key` run at `now` (claimed, lease
+/// alive): the holders of the key's scope.
+fn running_with_key(tx: &Connection, agent: &str, key: &str, now: u64) -> StoreResult<u64> {
+    Ok(super::rows::scalar_u64(
+        tx,
+        "SELECT count(*) FROM dispatches INDEXED BY dispatches_claimed_keys \
+         WHERE agent = ?1 AND concurrency_key = ?2 AND status = 'claimed' AND lease_until > ?3",
+        &[&agent, &key, &clamp(now)],
+    )?
+    .unwrap_or(0))
 }
 
 /// The live holders of `scope` at `now`, deleting the rows of holders that are gone.
@@ -130,29 +187,62 @@ fn add_holder(tx: &Connection, scope: &str, h: &Holder) -> StoreResult<()> {
     Ok(())
 }
 
-/// Whether `scope` has room for one more holder at `now`.
-fn room(tx: &Connection, scope: &Scope, now: u64) -> StoreResult<Room> {
-    if let Some(cap) = scope.concurrency
-        && !clearly_below(tx, &scope.name, cap)?
-        && live_holders(tx, &scope.name, now)? >= cap
-    {
-        return Ok(Room::Full);
+/// Whether `scope`, its slots held by `holders`, has room for one more holder at `now`.
+fn room(tx: &Connection, scope: &Scope, holders: Holders<'_>, now: u64) -> StoreResult<Room> {
+    if let Some(cap) = scope.concurrency {
+        let full = match holders {
+            Holders::Slots => {
+                !clearly_below(tx, &scope.name, cap)? && live_holders(tx, &scope.name, now)? >= cap
+            }
+            Holders::Claims { agent, key } => {
+                running_with_key(tx, agent, key, now)? >= u64::from(cap)
+            }
+        };
+        if full {
+            return Ok(Room::Full);
+        }
     }
-    match &scope.rate {
-        None => Ok(Room::Free(None)),
-        Some(rate) => match Bucket::take(bucket(tx, &scope.name)?, rate, now) {
-            Ok(b) => Ok(Room::Free(Some(b))),
-            Err(at) => Ok(Room::Empty(at)),
-        },
+    let Some(rate) = &scope.rate else {
+        return Ok(Room::Free(Token::Unrated));
+    };
+    if BLOCKS.with(|b| b.borrow().get(&scope.name).is_some_and(|b| b.has(now))) {
+        return Ok(Room::Free(Token::Held));
     }
+    Ok(match Block::take(bucket(tx, &scope.name)?, rate, now) {
+        Ok((b, taken)) => Room::Free(Token::Block(b, taken)),
+        Err(at) => Room::Empty(at),
+    })
 }
 
-/// Takes what a claim of `d` holds of `scope` (its token, its slot).
-fn take_room(tx: &Connection, scope: &Scope, b: Option<Bucket>, d: &Dispatch) -> StoreResult<()> {
-    if let Some(b) = b {
-        store_bucket(tx, &scope.name, b)?;
+/// Takes what a claim of `d` holds of `scope` (its token, its slot row when its slots are
+/// rows).
+fn take_room(
+    tx: &Connection,
+    scope: &Scope,
+    (token, holders): (Token, Holders<'_>),
+    d: &Dispatch,
+    now: u64,
+) -> StoreResult<()> {
+    match token {
+        Token::Unrated => {}
+        Token::Held => BLOCKS.with(|b| {
+            if let Some(block) = b.borrow_mut().get_mut(&scope.name) {
+                block.spend(now);
+            }
+        }),
+        Token::Block(bucket, taken) => {
+            store_bucket(tx, &scope.name, bucket)?;
+            BLOCKS.with(|b| {
+                let mut blocks = b.borrow_mut();
+                if blocks.len() >= KEPT_BLOCKS {
+                    blocks.retain(|_, block| block.has(now));
+                }
+                let block = Block::refilled(blocks.get(&scope.name).copied(), taken - 1, now);
+                blocks.insert(scope.name.clone(), block);
+            });
+        }
     }
-    if scope.concurrency.is_some() {
+    if scope.concurrency.is_some() && matches!(holders, Holders::Slots) {
         add_holder(tx, &scope.name, &Holder::of_claim(d))?;
     }
     Ok(())
@@ -409,8 +499,8 @@ fn claim_gated_tx(
     // nothing of the agent may start.
     let mut shared = Vec::with_capacity(limits.shared.len());
     for scope in &limits.shared {
-        match room(tx, scope, now)? {
-            Room::Free(b) => shared.push((scope, b)),
+        match room(tx, scope, Holders::Slots, now)? {
+            Room::Free(token) => shared.push((scope, token)),
             Room::Full => return Ok(out),
             Room::Empty(at) => {
                 out.retry_at = Some(at);
@@ -442,9 +532,9 @@ fn claim_gated_tx(
                     key_room = None;
                     return Ok(Some((thread, head)));
                 };
-                match room(tx, &scope, now)? {
-                    Room::Free(b) => {
-                        key_room = Some((scope, b));
+                match room(tx, &scope, Holders::Claims { agent, key: &key }, now)? {
+                    Room::Free(token) => {
+                        key_room = Some((scope, token));
                         return Ok(Some((thread, head)));
                     }
                     Room::Full => {}
@@ -459,11 +549,12 @@ fn claim_gated_tx(
     let Some((d, _thread)) = claimed else {
         return Ok(out);
     };
-    for (scope, b) in &shared {
-        take_room(tx, scope, *b, &d)?;
+    for (scope, token) in &shared {
+        take_room(tx, scope, (*token, Holders::Slots), &d, now)?;
     }
-    if let Some((scope, b)) = &key_room {
-        take_room(tx, scope, *b, &d)?;
+    if let Some((scope, token)) = &key_room {
+        let key = d.concurrency_key.as_deref().unwrap_or_default();
+        take_room(tx, scope, (*token, Holders::Claims { agent, key }), &d, now)?;
     }
     if let Some(floor) = floor {
         let key = d.concurrency_key.as_deref().unwrap_or_default();

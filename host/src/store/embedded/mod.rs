@@ -84,7 +84,7 @@ pub(crate) const MAX_VALUE_WHY: &str =
     "the embedded store's cap, well below SQLite's limit of 1,000,000,000 bytes per row";
 
 /// The schema version this build writes.
-pub const SCHEMA_VERSION: i64 = 6;
+pub const SCHEMA_VERSION: i64 = 7;
 
 /// Migrations, index `i` moves the schema from version `i` to `i + 1`. Public so a test can
 /// write a file as an earlier release did (the first `n` of them) and open it with this one.
@@ -338,6 +338,14 @@ INSERT OR IGNORE INTO key_turns (agent, key, turn)
     SELECT DISTINCT agent, ckey, 0 FROM lanes WHERE ckey <> '';
 DROP INDEX lanes_by_key;
 CREATE INDEX lanes_by_key ON lanes (agent, ckey, busy, priority, served, created);
+"#,
+    // Version 7: the slots of a concurrency key's scope are its running dispatches, read from
+    // their records through this index (only keyed claims enter it), so a keyed claim writes
+    // no slot row; the rows earlier versions wrote for key scopes go.
+    r#"
+CREATE INDEX dispatches_claimed_keys ON dispatches (agent, concurrency_key, lease_until)
+    WHERE status = 'claimed' AND concurrency_key IS NOT NULL;
+DELETE FROM limit_slots WHERE scope LIKE 'key:%';
 "#,
 ];
 

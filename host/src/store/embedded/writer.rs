@@ -143,6 +143,7 @@ pub(super) fn in_savepoint<T>(
     exec(conn, "SAVEPOINT part").map_err(fail)?;
     let (out, keep) = kept(op(conn));
     if !keep {
+        super::limits::forget_blocks();
         exec(conn, "ROLLBACK TO part").map_err(fail)?;
     }
     exec(conn, "RELEASE part").map_err(fail)?;
@@ -172,6 +173,7 @@ fn run_batch(conn: &Connection, clock: &SharedClock, location: &str, mut batch: 
         let end = if keep {
             exec(conn, "RELEASE op")
         } else {
+            super::limits::forget_blocks();
             exec(conn, "ROLLBACK TO op").and_then(|()| exec(conn, "RELEASE op"))
         };
         if let Err(e) = end {
@@ -186,6 +188,7 @@ fn run_batch(conn: &Connection, clock: &SharedClock, location: &str, mut batch: 
             .map_err(|e| sql_error(location, e)),
     };
     if committed.is_err() {
+        super::limits::forget_blocks();
         let _ = conn.execute_batch("ROLLBACK");
     }
     for job in batch {

@@ -35,7 +35,8 @@ use super::fetch::Read;
 use super::keys::Key;
 use super::view::{LimitRec, Record, View};
 use crate::store::limits::{
-    Bucket, ClaimRequest, Gated, Holder, Limits, Pause, Rate, Scope, Usage, pause_name, paused,
+    Block, Bucket, ClaimRequest, Gated, Holder, Limits, Pause, Rate, Scope, Usage, pause_name,
+    paused,
 };
 use crate::store::model::{Dispatch, check_concurrency_key};
 use crate::store::rules::{self, Take};
@@ -283,34 +284,6 @@ impl NatsStore {
     }
 }
 
-/// How long a block of tokens lasts: a host takes enough of a rate-only scope's tokens for this
-/// long at the rate (at least one, at most the burst), and the tokens it has not spent by then
-/// lapse.
-pub(super) const BLOCK_MS: u64 = 100;
-
-/// Tokens this instance took from a shared bucket and has not spent yet.
-#[derive(Debug, Clone, Copy, Default)]
-pub(super) struct Block {
-    /// Tokens left.
-    left: u32,
-    /// When the tokens left lapse.
-    until: u64,
-}
-
-/// How many tokens of `rate` a block takes: [`BLOCK_MS`] worth, at least one, at most the
-/// burst.
-fn block_size(rate: &Rate) -> u32 {
-    let worth = (BLOCK_MS as f64 / rate.ms_per_token()).floor();
-    let burst = rate.burst.max(1);
-    if worth >= f64::from(burst) {
-        burst
-    } else if worth >= 1.0 {
-        worth as u32
-    } else {
-        1
-    }
-}
-
 /// What a gated claim decided on the view.
 enum Decided {
     /// Nothing to claim.
@@ -390,11 +363,7 @@ impl NatsStore {
                 .lock()
                 .map(|b| b.clone())
                 .unwrap_or_default();
-            let local = |scope: &str| {
-                blocks
-                    .get(scope)
-                    .is_some_and(|b| b.left > 0 && b.until > now)
-            };
+            let local = |scope: &str| blocks.get(scope).is_some_and(|b| b.has(now));
             let decided = {
                 let mut view = self.view()?;
                 decide(&mut view, req, &shared, &turns, now, &local)?
@@ -523,13 +492,7 @@ impl NatsStore {
         let Ok(mut blocks) = self.inner.blocks.lock() else {
             return false;
         };
-        match blocks.get_mut(scope) {
-            Some(b) if b.left > 0 && b.until > now => {
-                b.left -= 1;
-                true
-            }
-            _ => false,
-        }
+        blocks.get_mut(scope).is_some_and(|b| b.spend(now))
     }
 
     /// Gives tokens spent on a claim that did not land back to this instance's blocks.
@@ -554,31 +517,18 @@ impl NatsStore {
         if self.spend(scope, self.now()) {
             return Ok(Ok(()));
         }
-        let want = block_size(rate);
         let taken = self
             .on_scope(scope, |rec, live, now| {
-                let level = Bucket::level(rec.bucket, rate, now);
-                let take = if level >= f64::from(want) {
-                    want
-                } else {
-                    // The level is within 0 and the burst, a u32.
-                    level.floor() as u32
-                };
-                if take == 0 {
-                    let at = Bucket::take(rec.bucket, rate, now).err();
-                    return (None, Err(at.unwrap_or(now.saturating_add(1))));
+                match Block::take(rec.bucket, rate, now) {
+                    Err(at) => (None, Err(at)),
+                    Ok((bucket, take)) => (
+                        Some(LimitRec {
+                            holders: pruned(rec, live),
+                            bucket: Some(bucket),
+                        }),
+                        Ok((take, now)),
+                    ),
                 }
-                let bucket = Bucket {
-                    tokens: level - f64::from(take),
-                    at: now,
-                };
-                (
-                    Some(LimitRec {
-                        holders: pruned(rec, live),
-                        bucket: Some(bucket),
-                    }),
-                    Ok((take, now)),
-                )
             })
             .await?;
         let (take, at) = match taken {
@@ -586,19 +536,7 @@ impl NatsStore {
             Err(at) => return Ok(Err(at)),
         };
         if let Ok(mut blocks) = self.inner.blocks.lock() {
-            let fresh = Block {
-                left: take - 1,
-                until: at.saturating_add(BLOCK_MS),
-            };
-            // Tokens given back meanwhile (by a claim that did not land) stay, and the block
-            // lapses with the older tokens: none is spent later than a block after its take.
-            let block = match blocks.get(scope) {
-                Some(old) if old.left > 0 && old.until > at => Block {
-                    left: old.left.saturating_add(fresh.left),
-                    until: old.until.min(fresh.until),
-                },
-                _ => fresh,
-            };
+            let block = Block::refilled(blocks.get(scope).copied(), take - 1, at);
             blocks.insert(scope.to_owned(), block);
         }
         Ok(Ok(()))

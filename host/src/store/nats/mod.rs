@@ -278,7 +278,7 @@ struct Inner {
     turns: Mutex<std::collections::HashMap<String, limits::Turns>>,
     /// Per rate-only scope, the tokens this instance took from its shared bucket ahead of its
     /// claims (`limits`).
-    blocks: Mutex<std::collections::HashMap<String, limits::Block>>,
+    blocks: Mutex<std::collections::HashMap<String, crate::store::limits::Block>>,
     /// Held while this instance takes a block of tokens: its claimers wait for one block
     /// instead of racing each other's compare-and-set on the scope record.
     refill: tokio::sync::Mutex<()>,
