@@ -433,8 +433,11 @@ impl NatsStore {
         }
     }
 
-    /// Stores a decided claim: its tokens, its slots one scope at a time, then the claim. What
-    /// was taken is given back when a later step fails.
+    /// Stores a decided claim: its tokens, then its slots (one scope at a time) and the claim
+    /// at once, so a capped claim waits for one round trip, not two. When the claim lands but a
+    /// slot does not (another claim took the scope's record first), the claim is given back
+    /// unrun ([`Mailbox::release`], no attempt counted), so no claim runs without its slots.
+    /// What was taken is given back when a step fails.
     async fn store_claim(
         &self,
         d: &Dispatch,
@@ -452,39 +455,50 @@ impl NatsStore {
                 }
             }
         }
-        let mut slotted: Vec<String> = Vec::new();
-        let mut missed = None;
-        for w in slots {
-            let Key::Limit(scope) = w.key.clone() else {
-                continue;
-            };
-            match self.commit(vec![w], true).await {
-                Ok(()) => slotted.push(scope),
-                Err(CommitError::Conflict) => {
-                    missed = Some(Missed::Conflict);
-                    break;
-                }
-                Err(CommitError::Store(e)) => {
-                    missed = Some(Missed::Failed(e));
-                    break;
+        let take_slots = async {
+            let mut slotted: Vec<String> = Vec::new();
+            for w in slots {
+                let Key::Limit(scope) = w.key.clone() else {
+                    continue;
+                };
+                match self.commit(vec![w], true).await {
+                    Ok(()) => slotted.push(scope),
+                    Err(CommitError::Conflict) => return (slotted, Some(Missed::Conflict)),
+                    Err(CommitError::Store(e)) => return (slotted, Some(Missed::Failed(e))),
                 }
             }
-        }
-        if missed.is_none() {
-            match self.commit(claim, true).await {
-                Ok(()) => return Ok(()),
-                Err(CommitError::Conflict) => missed = Some(Missed::Conflict),
-                Err(CommitError::Store(e)) => missed = Some(Missed::Failed(e)),
+            (slotted, None)
+        };
+        let ((slotted, slot_missed), claimed) = tokio::join!(take_slots, self.commit(claim, true));
+        let missed = match (slot_missed, claimed) {
+            (None, Ok(())) => return Ok(()),
+            (Some(missed), Ok(())) => {
+                if let Some(token) = d.token() {
+                    // Best effort: a claim not given back lapses with its lease and is
+                    // reclaimed, never run by this host.
+                    let _ = crate::store::Mailbox::release(
+                        self,
+                        &d.id,
+                        token,
+                        self.now(),
+                        "claimed without its concurrency slot: given back unrun",
+                    )
+                    .await;
+                }
+                missed
             }
-        }
-        // The claim did not land: its slots go back (else they lapse with the lease it would
-        // have had), and its tokens to this instance's blocks.
+            (Some(missed), Err(_)) => missed,
+            (None, Err(CommitError::Conflict)) => Missed::Conflict,
+            (None, Err(CommitError::Store(e))) => Missed::Failed(e),
+        };
+        // The claim did not land (or was given back): its slots go back (else they lapse with
+        // the lease it would have had), and its tokens to this instance's blocks.
         for scope in slotted {
             // Best effort: a slot not given back lapses with the lease it was written for.
             let _ = self.give_back_slot(&scope, &d.id, d.claims).await;
         }
         self.unspend(&spent);
-        Err(missed.unwrap_or(Missed::Conflict))
+        Err(missed)
     }
 
     /// Takes one of this instance's tokens of `scope`, if it holds one that has not lapsed.
