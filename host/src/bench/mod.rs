@@ -89,6 +89,9 @@ struct Size {
     backlogs: &'static [u64],
     /// Claims timed per backlog point.
     claims: usize,
+    /// Pairs of runs (plain, then with features) of the with-features row: a gap of a few
+    /// percent needs more samples than a throughput figure.
+    pairs: usize,
 }
 
 /// Which backends `homing bench` measures.
@@ -195,6 +198,7 @@ pub async fn run(args: &BenchArgs) -> anyhow::Result<()> {
             instances: 200,
             backlogs: &[1_000, 10_000],
             claims: 100,
+            pairs: 3,
         }
     } else {
         Size {
@@ -203,6 +207,7 @@ pub async fn run(args: &BenchArgs) -> anyhow::Result<()> {
             instances: 2_000,
             backlogs: &[1_000, 100_000],
             claims: 500,
+            pairs: 9,
         }
     };
     let mut figures = Vec::new();

@@ -308,7 +308,7 @@ pub(super) async fn end_to_end_limited(
     size: Size,
 ) -> anyhow::Result<Vec<Figure>> {
     let (mut plain, mut limited, mut gaps) = (Vec::new(), Vec::new(), Vec::new());
-    for _ in 0..size.repeats.max(PAIRS) {
+    for _ in 0..size.pairs {
         let scratch = target.scratch().await?;
         fill(&scratch.store, size.dispatches).await?;
         let (elapsed, _) = target.run_host(&scratch, echo, workers).await?;
@@ -349,10 +349,6 @@ pub(super) async fn end_to_end_limited(
         ),
     ])
 }
-
-/// At least this many pairs of [`end_to_end_limited`]: a gap of a few percent needs more
-/// samples than a throughput figure.
-const PAIRS: usize = 9;
 
 /// NATS only: the requests (client messages) per dispatch lifecycle, once for the store
 /// operations alone (enqueue, claim and start, complete) and once end to end through a host

@@ -608,16 +608,28 @@ fn bench_quick_reports_every_scenario_as_json() {
     // Instance start and start + call, pooling on and off; store ops; four end-to-end runs,
     // each with its host overhead; p50 and p99 at two backlogs; API enqueue throughput and
     // enqueue-to-result p50 and p99; a message's send to delivery p50 and p99; the end-to-end
-    // run again with flow control set but not binding.
-    assert_eq!(figures.len(), 23, "{names:?}");
+    // run in pairs, plain and with flow control set but not binding, and the pairs' gap.
+    assert_eq!(figures.len(), 25, "{names:?}");
     for f in &figures {
         let (median, min, max) = (
             f["median"].as_f64().unwrap(),
             f["min"].as_f64().unwrap(),
             f["max"].as_f64().unwrap(),
         );
-        assert!(median > 0.0 && min <= median && median <= max, "{f}");
+        assert!(min <= median && median <= max, "{f}");
+        // The gap is a signed percentage; everything else is a positive measure.
+        if f["unit"] == "%" {
+            assert!(median > -100.0, "{f}");
+        } else {
+            assert!(median > 0.0, "{f}");
+        }
     }
+    assert!(
+        names
+            .iter()
+            .any(|n| n.starts_with("with features against plain, paired runs, embedded")),
+        "{names:?}"
+    );
     assert!(names.iter().any(|n| n.contains("16 workers")), "{names:?}");
     assert!(
         names
@@ -691,10 +703,12 @@ fn bench_quick_on_nats_starts_its_own_server_and_counts_requests() {
     // Store ops, requests per dispatch twice, four end-to-end runs each with its host
     // overhead, p50 and p99 at two backlogs, API enqueue throughput and enqueue-to-result p50
     // and p99, a message's send to delivery (across two store instances) p50 and p99, the
-    // end-to-end run with flow control set but not binding.
-    assert_eq!(figures.len(), 21, "{names:?}");
+    // end-to-end run in pairs, plain and with flow control set but not binding, and their gap.
+    assert_eq!(figures.len(), 23, "{names:?}");
     for f in &figures {
-        assert!(f["median"].as_f64().unwrap() > 0.0, "{f}");
+        // The gap is a signed percentage; everything else is a positive measure.
+        let floor = if f["unit"] == "%" { -100.0 } else { 0.0 };
+        assert!(f["median"].as_f64().unwrap() > floor, "{f}");
         assert!(f["scenario"].as_str().unwrap().contains("nats"), "{f}");
     }
     let requests = figures

@@ -178,12 +178,31 @@ async fn everything_acknowledged_survives_closing_and_reopening_the_file() {
     assert_eq!(store.log.latest("t").await.unwrap(), 1);
 }
 
+/// Limits of at most `cap` running dispatches per concurrency key.
+fn per_key(cap: u32) -> homing::store::LimitSet {
+    homing::store::LimitSet {
+        key_concurrency: Some(cap),
+        ..homing::store::LimitSet::default()
+    }
+}
+
+/// A gated claim of agent `x` under `limits`.
+fn claim_of_x(limits: &homing::store::LimitSet) -> homing::store::ClaimRequest<'_> {
+    homing::store::ClaimRequest {
+        agent: "x",
+        consumer: "w",
+        lease_ms: 30_000,
+        start: false,
+        limits,
+        offer: None,
+    }
+}
+
 /// A schema 5 file with keyed work queued opens with this one, and the keys it had rotate: the
 /// migration gives each key with a lane its turn.
 #[tokio::test]
 async fn a_schema_5_file_with_keyed_lanes_migrates_and_its_keys_take_turns() {
     use homing::store::embedded::MIGRATIONS;
-    use homing::store::{ClaimRequest, LimitSet};
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join("five.db");
     {
@@ -215,18 +234,8 @@ async fn a_schema_5_file_with_keyed_lanes_migrates_and_its_keys_take_turns() {
         }
     }
     let store = EmbeddedStore::open(&path, clock()).unwrap().store();
-    let limits = LimitSet {
-        key_concurrency: Some(10),
-        ..LimitSet::default()
-    };
-    let req = ClaimRequest {
-        agent: "x",
-        consumer: "w",
-        lease_ms: 30_000,
-        start: false,
-        limits: &limits,
-        offer: None,
-    };
+    let limits = per_key(10);
+    let req = claim_of_x(&limits);
     let mut keys = Vec::new();
     for _ in 0..4 {
         let d = store
@@ -257,7 +266,6 @@ async fn a_schema_5_file_with_keyed_lanes_migrates_and_its_keys_take_turns() {
 #[tokio::test]
 async fn a_schema_6_file_counts_a_keys_slots_from_its_running_dispatches() {
     use homing::store::embedded::MIGRATIONS;
-    use homing::store::{ClaimRequest, LimitSet};
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join("six.db");
     let now = 1_700_000_000_000_u64;
@@ -320,18 +328,8 @@ async fn a_schema_6_file_counts_a_keys_slots_from_its_running_dispatches() {
         .unwrap();
     }
     let store = EmbeddedStore::open(&path, clock()).unwrap().store();
-    let limits = LimitSet {
-        key_concurrency: Some(1),
-        ..LimitSet::default()
-    };
-    let req = ClaimRequest {
-        agent: "x",
-        consumer: "w",
-        lease_ms: 30_000,
-        start: false,
-        limits: &limits,
-        offer: None,
-    };
+    let limits = per_key(1);
+    let req = claim_of_x(&limits);
     let first = store.mailbox.claim_gated(&req).await.unwrap();
     assert_eq!(
         first.dispatch.map(|d| d.id).as_deref(),
