@@ -349,6 +349,57 @@ async fn a_schema_6_file_counts_a_keys_slots_from_its_running_dispatches() {
     );
 }
 
+/// A plugin rate's tokens are taken from its bucket a block at a time (100 ms at the rate):
+/// five claims at 100/s write the bucket once, down by ten tokens, not five times; a rate
+/// whose block is one token writes it at every claim, and stops at its burst.
+#[tokio::test]
+async fn claims_take_a_rates_tokens_in_blocks_of_100_ms() {
+    use homing::store::limits::{Scope, agent_scope_name};
+    use homing::store::{NewDispatch, Rate};
+    for (rate, claims, left) in [
+        (Rate::new(100, 1_000), 5, 90.0),
+        (Rate::new(2, 1_000), 2, 0.0),
+    ] {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("rate.db");
+        let store = EmbeddedStore::open(&path, clock()).unwrap().store();
+        for i in 0..6 {
+            store
+                .mailbox
+                .enqueue(NewDispatch::new("x", format!("t{i}"), "p"))
+                .await
+                .unwrap();
+        }
+        let limits = homing::store::LimitSet {
+            shared: vec![Scope {
+                name: agent_scope_name("x"),
+                concurrency: None,
+                rate: Some(rate),
+            }],
+            ..homing::store::LimitSet::default()
+        };
+        let req = claim_of_x(&limits);
+        for n in 0..claims {
+            let gated = store.mailbox.claim_gated(&req).await.unwrap();
+            assert!(gated.dispatch.is_some(), "claim {n} at {rate:?}");
+        }
+        let tokens: f64 = rusqlite::Connection::open(&path)
+            .unwrap()
+            .query_row(
+                "SELECT tokens FROM limit_buckets WHERE scope = 'agent:x'",
+                [],
+                |row| row.get(0),
+            )
+            .unwrap();
+        assert_eq!(tokens, left, "{rate:?} after {claims} claims");
+        if left == 0.0 {
+            let held = store.mailbox.claim_gated(&req).await.unwrap();
+            assert!(held.dispatch.is_none(), "past the burst of {rate:?}");
+            assert!(held.retry_at.is_some());
+        }
+    }
+}
+
 /// A file written by the previous release (schema 2) opens with this one: the migration keeps
 /// every record and entry, the new counters start at 0, and claims count from there.
 #[tokio::test]
