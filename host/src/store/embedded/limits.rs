@@ -739,3 +739,58 @@ impl Limits for EmbeddedStore {
         .await
     }
 }
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+
+    use super::*;
+    use crate::store::{ManualClock, StoreError};
+
+    /// How many scopes the writer thread holds blocks of.
+    async fn blocks_held(store: &EmbeddedStore) -> usize {
+        store
+            .write(|_, _| Ok(BLOCKS.with(|b| b.borrow().len())))
+            .await
+            .unwrap()
+    }
+
+    /// Puts a block of `scope` on the writer thread, as a claim taking one does.
+    fn hold(scope: &str, now: u64) {
+        BLOCKS.with(|b| {
+            b.borrow_mut().insert(
+                scope.to_owned(),
+                Block {
+                    left: 3,
+                    until: now + 100,
+                },
+            )
+        });
+    }
+
+    /// A block lives with the writer thread while the operation that took it is kept, and is
+    /// forgotten (with the others) when an operation rolls back: its bucket write never
+    /// happened, so its tokens were never taken.
+    #[tokio::test]
+    async fn a_block_taken_by_an_operation_that_rolls_back_is_forgotten() {
+        let store = EmbeddedStore::open_in_memory(ManualClock::new(1_000)).unwrap();
+        store
+            .write(|_, now| {
+                hold("agent:kept", now);
+                Ok(())
+            })
+            .await
+            .unwrap();
+        assert_eq!(blocks_held(&store).await, 1);
+        let aborted: StoreResult<()> = store
+            .write(|_, now| {
+                hold("agent:lost", now);
+                Err(TxError::Abort(StoreError::Unavailable(
+                    "rolled back".into(),
+                )))
+            })
+            .await;
+        assert!(aborted.is_err());
+        assert_eq!(blocks_held(&store).await, 0);
+    }
+}
