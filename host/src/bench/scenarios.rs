@@ -247,6 +247,22 @@ pub(super) async fn calls_on(
     Ok(samples)
 }
 
+/// One plain end-to-end run on a fresh store: `size.dispatches` enqueued over 50 threads, then
+/// a host with `workers` echo workers until idle. Dispatches per second of the run, and the
+/// run's report.
+async fn plain_run(
+    target: &Target,
+    echo: &Path,
+    workers: u32,
+    size: Size,
+) -> anyhow::Result<(f64, crate::supervisor::RunReport)> {
+    let scratch = target.scratch().await?;
+    fill(&scratch.store, size.dispatches).await?;
+    let (elapsed, report) = target.run_host(&scratch, echo, workers).await?;
+    target.drop_scratch(scratch).await;
+    Ok((size.dispatches as f64 / elapsed.as_secs_f64(), report))
+}
+
 /// Enqueue `dispatches` over 50 threads, then run a host with `workers` echo workers until
 /// idle; dispatches per second of the run.
 /// Also the host's own time per dispatch (see [`RunReport::host_overhead`]), p50 over each
@@ -260,14 +276,11 @@ pub(super) async fn end_to_end(
     let mut samples = Vec::new();
     let mut overhead = Vec::new();
     for _ in 0..size.repeats {
-        let scratch = target.scratch().await?;
-        fill(&scratch.store, size.dispatches).await?;
-        let (elapsed, report) = target.run_host(&scratch, echo, workers).await?;
-        samples.push(size.dispatches as f64 / elapsed.as_secs_f64());
+        let (rate, report) = plain_run(target, echo, workers, size).await?;
+        samples.push(rate);
         if let Some(p50) = report.host_overhead.quantile(0.5) {
             overhead.push(p50 as f64);
         }
-        target.drop_scratch(scratch).await;
     }
     Ok(vec![
         figure(
@@ -309,12 +322,7 @@ pub(super) async fn end_to_end_limited(
 ) -> anyhow::Result<Vec<Figure>> {
     let (mut plain, mut limited, mut gaps) = (Vec::new(), Vec::new(), Vec::new());
     for _ in 0..size.pairs {
-        let scratch = target.scratch().await?;
-        fill(&scratch.store, size.dispatches).await?;
-        let (elapsed, _) = target.run_host(&scratch, echo, workers).await?;
-        let base = size.dispatches as f64 / elapsed.as_secs_f64();
-        target.drop_scratch(scratch).await;
-
+        let (base, _) = plain_run(target, echo, workers, size).await?;
         let scratch = target.scratch().await?;
         super::target::fill_keyed(&scratch.store, size.dispatches, super::target::THREADS, 50)
             .await?;

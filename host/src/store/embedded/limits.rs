@@ -214,13 +214,13 @@ fn room(tx: &Connection, scope: &Scope, holders: Holders<'_>, now: u64) -> Store
     })
 }
 
-/// Takes what a claim of `d` holds of `scope` (its token, its slot row when its slots are
-/// rows).
+/// Takes what a claim holds of `scope`: its token, and with `slot_of` (the claimed dispatch,
+/// when the scope's slots are rows) its slot row.
 fn take_room(
     tx: &Connection,
     scope: &Scope,
-    (token, holders): (Token, Holders<'_>),
-    d: &Dispatch,
+    token: Token,
+    slot_of: Option<&Dispatch>,
     now: u64,
 ) -> StoreResult<()> {
     match token {
@@ -242,7 +242,9 @@ fn take_room(
             });
         }
     }
-    if scope.concurrency.is_some() && matches!(holders, Holders::Slots) {
+    if scope.concurrency.is_some()
+        && let Some(d) = slot_of
+    {
         add_holder(tx, &scope.name, &Holder::of_claim(d))?;
     }
     Ok(())
@@ -550,11 +552,11 @@ fn claim_gated_tx(
         return Ok(out);
     };
     for (scope, token) in &shared {
-        take_room(tx, scope, (*token, Holders::Slots), &d, now)?;
+        take_room(tx, scope, *token, Some(&d), now)?;
     }
     if let Some((scope, token)) = &key_room {
-        let key = d.concurrency_key.as_deref().unwrap_or_default();
-        take_room(tx, scope, (*token, Holders::Claims { agent, key }), &d, now)?;
+        // A key's slots are its running dispatches: this claim holds one by being claimed.
+        take_room(tx, scope, *token, None, now)?;
     }
     if let Some(floor) = floor {
         let key = d.concurrency_key.as_deref().unwrap_or_default();
