@@ -83,6 +83,12 @@ fn backoff(attempt: usize) -> Option<Duration> {
         .min(MAX_BACKOFF);
     Some(ceiling.mul_f64(fastrand::f64()))
 }
+tokio::task_local! {
+    /// The highest stream sequence the server acknowledged to the commits made inside a
+    /// [`NatsStore::acked_in`] scope (0 while none).
+    static ACKED: std::cell::Cell<u64>;
+}
+
 /// Messages per atomic batch (the server allows 1,000).
 pub(super) const MAX_BATCH: usize = 999;
 
@@ -274,6 +280,8 @@ impl NatsStore {
                 .map_err(CommitError::Store)?;
             last_seq = stored_seq(&reply)?;
         }
+        // Outside an `acked_in` scope there is nothing to tell.
+        let _ = ACKED.try_with(|acked| acked.set(acked.get().max(last_seq)));
         if !self.follows() || !on_view {
             return Ok(());
         }
@@ -297,6 +305,17 @@ impl NatsStore {
             self.inner.watches.notify(&thread);
         }
         Ok(())
+    }
+
+    /// Runs `op`, and says the highest stream sequence the server acknowledged to the commits
+    /// it made (0 when it stored nothing, or stored from another task).
+    pub(super) async fn acked_in<T>(op: impl std::future::Future<Output = T>) -> (T, u64) {
+        ACKED
+            .scope(std::cell::Cell::new(0), async move {
+                let out = op.await;
+                (out, ACKED.with(std::cell::Cell::get))
+            })
+            .await
     }
 
     /// Runs an operation: decide, commit, and decide again on fresh records when an

@@ -486,10 +486,12 @@ impl Mailbox for NatsStore {
             .await
     }
 
-    /// The completion's write and the claim's barrier go at once (one round trip instead of
-    /// two before the claim can be decided); the claim is decided once both are done, so it
-    /// sees the completion (applied to this instance's view when acknowledged) and everything
-    /// stored before the call.
+    /// The completion's own write stands in for the claim's barrier: everything stored before
+    /// this call has a lower stream sequence than the completion, which the server stored
+    /// after the call began, so once the watcher has applied the completion's sequence the
+    /// view holds all of it, and the claim needs no request for the stream's last sequence.
+    /// The claim sees the completion too (applied to this instance's view when acknowledged).
+    /// A completion that stored nothing (refused) is followed by a barrier.
     async fn complete_and_claim(
         &self,
         id: &str,
@@ -501,7 +503,12 @@ impl Mailbox for NatsStore {
             let done = self.complete(id, token, result).await;
             return (done, self.claim_gated_inner(next).await);
         }
-        let (done, caught_up) = tokio::join!(self.complete(id, token, result), self.barrier());
+        let (done, acked) = Self::acked_in(self.complete(id, token, result)).await;
+        let caught_up = if acked > 0 {
+            self.wait_for(acked).await
+        } else {
+            self.barrier().await
+        };
         let next = match caught_up {
             Ok(()) => self.claim_gated_caught_up(next).await,
             Err(e) => Err(e),

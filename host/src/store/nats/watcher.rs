@@ -40,7 +40,7 @@ impl NatsStore {
     /// Waits until the view applied stream sequence `target`. It fails once the watcher made
     /// no progress for the request timeout: a host starting on a stream that retains a
     /// million records replays for longer than that, and must not give up while it advances.
-    async fn wait_for(&self, target: u64) -> StoreResult<()> {
+    pub(super) async fn wait_for(&self, target: u64) -> StoreResult<()> {
         let mut deadline = tokio::time::Instant::now() + self.inner.timeout;
         let mut seen = self.view()?.pos;
         loop {

@@ -10,7 +10,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
-use homing::store::{Fence, RunResult, Status, StoreError};
+use homing::store::{ClaimRequest, Fence, LimitSet, RunResult, Status, StoreError};
 use tokio::sync::{Barrier, Mutex};
 use tokio::task::JoinSet;
 
@@ -387,6 +387,41 @@ pub async fn concurrent_claims_of_one_dispatch_have_one_winner<F: Factory>(facto
         assert!(!tok(&winners[0]).is_empty());
         assert_eq!(load(&hosts[2], &id).await, winners[0]);
         hosts[1].mailbox.ack(&id, &tok(&winners[0])).await.unwrap();
+    }
+}
+
+/// A worker's completion and its next claim in one step (`complete_and_claim`) see every
+/// dispatch stored before the call, whichever host stored it: here another host enqueues
+/// just before each completion, and each next claim must take what it enqueued (nothing else
+/// is queued by then).
+pub async fn complete_and_claim_sees_what_another_host_stored_before_it<F: Factory>(factory: &F) {
+    let env = Env::new(factory).await;
+    let hosts = env.open_many(2).await;
+    let (worker, other) = (&hosts[0], &hosts[1]);
+    let limits = LimitSet::default();
+    let next = ClaimRequest {
+        agent: AGENT,
+        consumer: WORKER,
+        lease_ms: LEASE,
+        start: true,
+        limits: &limits,
+        offer: None,
+    };
+    put_on(other, "t0", "d0").await;
+    let mut held = claim_some(worker).await;
+    for i in 1..=40 {
+        let id = format!("d{i}");
+        put_on(other, &format!("t{i}"), &id).await;
+        let (done, claimed) = worker
+            .mailbox
+            .complete_and_claim(&held.id, &tok(&held), RunResult::success("ok"), &next)
+            .await;
+        assert_eq!(done.expect("complete").status, Status::Acked);
+        let claimed = claimed.expect("the next claim").dispatch;
+        held = claimed.unwrap_or_else(|| {
+            panic!("the claim after completion {i} found nothing; {id} was stored before it")
+        });
+        assert_eq!(held.id, id);
     }
 }
 

@@ -632,6 +632,7 @@ macro_rules! suite {
                     no_dispatch_lost_or_invented_under_concurrent_chaos,
                     at_most_one_claim_per_thread_across_hosts,
                     concurrent_claims_of_one_dispatch_have_one_winner,
+                    complete_and_claim_sees_what_another_host_stored_before_it,
                     concurrent_claims_of_sibling_dispatches_have_one_winner,
                     reclaim_racing_ack_never_overwrites_the_ack,
                     concurrent_reclaim_sweeps_transition_once,
