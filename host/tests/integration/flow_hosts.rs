@@ -218,8 +218,10 @@ fn a_concurrency_key_holds_across_two_nats_hosts_and_a_killed_hosts_slots_free_a
             let payload = hold_from_host(&served, 800, "k");
             ids.push(enqueue(&store, "probe", &format!("t{i}"), &payload, Some("k")).await);
         }
+        // Host a starts alone, so it holds slots when it dies whatever the hosts' start-up
+        // times: started together, host b took the key's slots first and, claiming again as
+        // each of its runs completed, could keep them until little work was left.
         let mut a = spawn_run(&env, "host-a");
-        let b = spawn_run(&env, "host-b");
 
         // Host a holds a slot: one of its claims is live.
         let held_by_a = |records: &std::collections::BTreeMap<String, Dispatch>| -> Vec<Dispatch> {
@@ -243,6 +245,7 @@ fn a_concurrency_key_holds_across_two_nats_hosts_and_a_killed_hosts_slots_free_a
             );
             tokio::time::sleep(Duration::from_millis(10)).await;
         }
+        let b = spawn_run(&env, "host-b");
         signal(&a, "KILL");
         let _ = wait_exit(&mut a, Duration::from_secs(10));
         let killed = now_ms();
