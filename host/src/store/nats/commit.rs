@@ -83,6 +83,7 @@ fn backoff(attempt: usize) -> Option<Duration> {
         .min(MAX_BACKOFF);
     Some(ceiling.mul_f64(fastrand::f64()))
 }
+
 tokio::task_local! {
     /// The highest stream sequence the server acknowledged to the commits made inside a
     /// [`NatsStore::acked_in`] scope (0 while none).

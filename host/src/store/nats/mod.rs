@@ -128,7 +128,8 @@
 //! enqueue: one message; claim and start: a barrier (shared by concurrent claimers of one
 //! host) and one message; complete: one message. A worker's completion and its next claim
 //! need no barrier: the claim waits for the watcher to apply the completion's own sequence.
-//! Lease renewals add one message per third of a lease. `homing bench --backend nats` counts them at the server.
+//! Lease renewals add one message per third of a lease. `homing bench --backend nats` counts
+//! them at the server.
 //!
 //! # Crash points
 //!
