@@ -1793,3 +1793,113 @@ mod nats_deltas {
         homing::store::Clock::now_ms(&SystemClock)
     }
 }
+
+/// The NATS backend's claim after a completion, beyond the shared suite.
+mod claim_after_completion {
+    use std::time::{Duration, Instant};
+
+    use futures_util::TryStreamExt;
+    use homing::store::{ClaimRequest, LimitSet, ManualClock, RunResult, Status};
+
+    use super::*;
+    use crate::conformance::{AGENT, Factory, LEASE, T0, WORKER, claim_some, put_on, tok};
+
+    /// Pauses consumer `name` of `stream` at the server (its deliveries stop), or resumes it.
+    async fn pause(client: &async_nats::Client, stream: &str, name: &str, paused: bool) {
+        let body = if paused {
+            r#"{"pause_until":"2099-01-01T00:00:00Z"}"#
+        } else {
+            "{}"
+        };
+        let reply = client
+            .request(
+                format!("$JS.API.CONSUMER.PAUSE.{stream}.{name}"),
+                body.into(),
+            )
+            .await
+            .expect("the pause request");
+        let text = String::from_utf8_lossy(&reply.payload);
+        assert!(
+            !text.contains("\"error\""),
+            "pause {name} ({paused}): {text}"
+        );
+    }
+
+    /// A worker's claim after its completion decides on a view that holds everything stored
+    /// before the call. With the worker's watcher paused at the server, a dispatch another host
+    /// enqueued just before the completion is not in the worker's view: the claim waits for the
+    /// watcher (until it is resumed) instead of deciding at once and finding nothing.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn the_claim_after_a_completion_waits_until_the_view_holds_what_came_before() {
+        let stream = NatsFactory.create().await;
+        let clock: SharedClock = ManualClock::new(T0);
+        let worker = NatsFactory
+            .open(&stream, clock.clone())
+            .await
+            .expect("open the worker's instance");
+        let client = async_nats::connect(server().url()).await.expect("connect");
+        let js = async_nats::jetstream::new(client.clone());
+        // The worker's watcher is the only consumer before the other host opens.
+        let watchers: Vec<String> = js
+            .get_stream(&stream.0)
+            .await
+            .expect("the stream")
+            .consumer_names()
+            .try_collect()
+            .await
+            .expect("the consumer names");
+        assert_eq!(watchers.len(), 1, "{watchers:?}");
+        let other = NatsFactory
+            .open(&stream, clock)
+            .await
+            .expect("open the other instance");
+
+        put_on(&other, "t0", "d0").await;
+        let held = claim_some(&worker).await;
+        for name in &watchers {
+            pause(&client, &stream.0, name, true).await;
+        }
+        put_on(&other, "t1", "d1").await;
+        let limits = LimitSet::default();
+        let task = tokio::spawn({
+            let worker = worker.clone();
+            async move {
+                let next = ClaimRequest {
+                    agent: AGENT,
+                    consumer: WORKER,
+                    lease_ms: LEASE,
+                    start: true,
+                    limits: &limits,
+                    offer: None,
+                };
+                let token = tok(&held);
+                worker
+                    .mailbox
+                    .complete_and_claim(&held.id, &token, RunResult::success("ok"), &next)
+                    .await
+            }
+        });
+        // Once the completion is stored the claim has what it needs but its view.
+        let deadline = Instant::now() + Duration::from_secs(30);
+        loop {
+            let d0 = other.mailbox.load("d0").await.expect("load d0");
+            if d0.is_some_and(|d| d.status == Status::Acked) {
+                break;
+            }
+            assert!(Instant::now() < deadline, "the completion was never stored");
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+        assert!(
+            !task.is_finished(),
+            "the claim decided before the worker's view held d1: {:?}",
+            task.await
+        );
+        for name in &watchers {
+            pause(&client, &stream.0, name, false).await;
+        }
+        let (done, claimed) = task.await.expect("the claim's task");
+        assert_eq!(done.expect("complete").status, Status::Acked);
+        let claimed = claimed.expect("the claim").dispatch.expect("d1 claimed");
+        assert_eq!(claimed.id, "d1");
+    }
+}
