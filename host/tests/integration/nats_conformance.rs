@@ -1799,10 +1799,10 @@ mod claim_after_completion {
     use std::time::{Duration, Instant};
 
     use futures_util::TryStreamExt;
-    use homing::store::{ClaimRequest, LimitSet, ManualClock, RunResult, Status};
+    use homing::store::{LimitSet, ManualClock, RunResult, Status};
 
     use super::*;
-    use crate::conformance::{AGENT, Factory, LEASE, T0, WORKER, claim_some, put_on, tok};
+    use crate::conformance::{Factory, T0, claim_some, next_claim, put_on, tok};
 
     /// Pauses consumer `name` of `stream` at the server (its deliveries stop), or resumes it.
     async fn pause(client: &async_nats::Client, stream: &str, name: &str, paused: bool) {
@@ -1864,14 +1864,7 @@ mod claim_after_completion {
         let task = tokio::spawn({
             let worker = worker.clone();
             async move {
-                let next = ClaimRequest {
-                    agent: AGENT,
-                    consumer: WORKER,
-                    lease_ms: LEASE,
-                    start: true,
-                    limits: &limits,
-                    offer: None,
-                };
+                let next = next_claim(&limits);
                 let token = tok(&held);
                 worker
                     .mailbox

@@ -10,7 +10,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
-use homing::store::{ClaimRequest, Fence, LimitSet, RunResult, Status, StoreError};
+use homing::store::{Fence, LimitSet, RunResult, Status, StoreError};
 use tokio::sync::{Barrier, Mutex};
 use tokio::task::JoinSet;
 
@@ -399,14 +399,7 @@ pub async fn complete_and_claim_sees_what_another_host_stored_before_it<F: Facto
     let hosts = env.open_many(2).await;
     let (worker, other) = (&hosts[0], &hosts[1]);
     let limits = LimitSet::default();
-    let next = ClaimRequest {
-        agent: AGENT,
-        consumer: WORKER,
-        lease_ms: LEASE,
-        start: true,
-        limits: &limits,
-        offer: None,
-    };
+    let next = next_claim(&limits);
     put_on(other, "t0", "d0").await;
     let mut held = claim_some(worker).await;
     for i in 1..=40 {

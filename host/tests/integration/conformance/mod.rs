@@ -173,6 +173,19 @@ pub async fn put_on(store: &Store, thread: &str, id: &str) -> Dispatch {
     put(store, nd(thread, id)).await
 }
 
+/// A claim for [`AGENT`] as [`WORKER`] with [`LEASE`], started, under `limits` (what a
+/// worker asks for with its completion, `complete_and_claim`).
+pub fn next_claim(limits: &homing::store::LimitSet) -> homing::store::ClaimRequest<'_> {
+    homing::store::ClaimRequest {
+        agent: AGENT,
+        consumer: WORKER,
+        lease_ms: LEASE,
+        start: true,
+        limits,
+        offer: None,
+    }
+}
+
 /// Claims for [`AGENT`] as [`WORKER`] with [`LEASE`].
 pub async fn claim(store: &Store) -> Option<Dispatch> {
     store
