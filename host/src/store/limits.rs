@@ -124,6 +124,13 @@ impl Block {
         }
     }
 
+    /// Whether the bucket `stored` holds at least two blocks of `rate`'s tokens at `now`: a
+    /// block taken now is then all but sure to be there when the take lands, whoever else
+    /// takes one meanwhile.
+    pub fn plenty(stored: Option<Bucket>, rate: &Rate, now: u64) -> bool {
+        Bucket::level(stored, rate, now) >= 2.0 * f64::from(block_size(rate))
+    }
+
     /// Spends one token at `now`, if one is left and has not lapsed.
     pub fn spend(&mut self, now: u64) -> bool {
         if self.left > 0 && self.until > now {
@@ -167,6 +174,14 @@ pub struct Holder {
     /// is held until then while the dispatch's record has not reached that claim number.
     #[serde(default)]
     pub until: u64,
+    /// A slot block (NATS): this many slots one host holds until `until` for its own claims,
+    /// each of which runs with a lease that ends by then. 0 for every other holder.
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub slots: u32,
+}
+
+fn is_zero(n: &u32) -> bool {
+    *n == 0
 }
 
 impl Holder {
@@ -177,6 +192,7 @@ impl Holder {
             id: d.id.clone(),
             claims: d.claims,
             until: d.claim.as_ref().map_or(0, |c| c.lease_until),
+            slots: 0,
         }
     }
 
@@ -186,7 +202,23 @@ impl Holder {
             id: d.id.clone(),
             claims: d.claims,
             until: 0,
+            slots: 0,
         }
+    }
+
+    /// A slot block of `slots` slots held by `id` until `until`.
+    pub fn block(id: &str, slots: u32, until: u64) -> Holder {
+        Holder {
+            id: id.to_owned(),
+            claims: 0,
+            until,
+            slots,
+        }
+    }
+
+    /// How many slots the holder counts for: a block's size, else one.
+    pub fn weight(&self) -> u32 {
+        self.slots.max(1)
     }
 
     /// Whether the slot is still held at `now`: a request slot until its expiry; a claim slot
@@ -483,6 +515,7 @@ mod tests {
             id: "r".into(),
             claims: 0,
             until: 100,
+            slots: 0,
         };
         assert!(req.live(None, 99) && !req.live(None, 100));
         // A slot written ahead of its claim: held while the claim may still land, then by the

@@ -1896,3 +1896,81 @@ mod claim_after_completion {
         assert_eq!(claimed.id, "d1");
     }
 }
+
+/// Slot blocks (docs/contract.md, section 13.2): a host takes a large key's slots in blocks and
+/// writes the key's record once per block, not once per claim; a small key's claims each write
+/// their own slot.
+mod slot_blocks {
+    use homing::store::limits::key_scope_name;
+    use homing::store::{LimitSet, ManualClock};
+
+    use super::*;
+    use crate::conformance::{AGENT, Factory, T0, nd, next_claim, put};
+
+    /// The slots another instance sees held in `key`'s scope.
+    async fn held(store: &Store, key: &str) -> u32 {
+        store
+            .limits
+            .usage(&key_scope_name(AGENT, key), None)
+            .await
+            .expect("usage")
+            .running
+    }
+
+    /// Claims once under `limits`, which must take something.
+    async fn claim_one(store: &Store, limits: &LimitSet) {
+        let got = store
+            .mailbox
+            .claim_gated(&next_claim(limits))
+            .await
+            .expect("claim_gated");
+        assert!(got.dispatch.is_some(), "nothing claimed: {got:?}");
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_large_keys_claims_write_its_record_once_per_block_and_a_small_keys_once_per_claim() {
+        let stream = NatsFactory.create().await;
+        let clock: SharedClock = ManualClock::new(T0);
+        let host = NatsFactory
+            .open(&stream, clock.clone())
+            .await
+            .expect("open the host's instance");
+        let other = NatsFactory
+            .open(&stream, clock)
+            .await
+            .expect("open another instance");
+        let enqueue = |key: &'static str, n: usize| {
+            let host = host.clone();
+            async move {
+                for i in 0..n {
+                    let id = format!("{key}{i}");
+                    put(&host, nd(&id, &id).with_concurrency_key(key)).await;
+                }
+            }
+        };
+        enqueue("large", 5).await;
+        // A cap of 64 gives blocks of 4 slots: the first claim takes one, the next three use
+        // it, the fifth grows it to 5.
+        // After each of `n` claims of `key` under a cap of `cap` on the host: what the other
+        // instance sees held.
+        let seen = |key: &'static str, cap: u32, n: usize| {
+            let (host, other) = (host.clone(), other.clone());
+            async move {
+                let limits = LimitSet {
+                    key_concurrency: Some(cap),
+                    ..LimitSet::default()
+                };
+                let mut seen = Vec::new();
+                for _ in 0..n {
+                    claim_one(&host, &limits).await;
+                    seen.push(held(&other, key).await);
+                }
+                seen
+            }
+        };
+        assert_eq!(seen("large", 64, 5).await, [4, 4, 4, 4, 5]);
+        // Below a cap of 16 every claim holds one slot of its own.
+        enqueue("small", 3).await;
+        assert_eq!(seen("small", 8, 3).await, [1, 2, 3]);
+    }
+}

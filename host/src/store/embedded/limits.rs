@@ -100,6 +100,7 @@ fn live_holders(tx: &Connection, scope: &str, now: u64) -> StoreResult<u32> {
                     id: row.get(0)?,
                     claims: row.get(1)?,
                     until: row.get(2)?,
+                    slots: 0,
                 })
             })
             .map_err(db)?;
@@ -646,6 +647,7 @@ impl Limits for EmbeddedStore {
                     id: holder,
                     claims: 0,
                     until,
+                    slots: 0,
                 },
             )?;
             Ok(true)

@@ -19,6 +19,14 @@
 //! the dead holders. A claim with no limits and no pause of its agent is the plain claim: one
 //! message. An instance that does not follow the stream claims in one atomic batch.
 //!
+//! A concurrency key's scope with a cap of at least [`BLOCK_MIN_CAP`] gives a host its slots in
+//! a block ([`SlotBlock`]) while the key is far from its cap: one holder in the record standing
+//! for several slots until a time, under which the host's claims of the key write no slot. Each
+//! claim under a block runs with a lease that ends before the block does, and a lease is only
+//! extended as far as the block holds (the block is held longer first), so when a block lapses
+//! every claim it covered has lapsed too. Blocks are taken only while the scope's other
+//! holders and the block fit in half its cap; past that, claims take slots of their own.
+//!
 //! Fairness across concurrency keys keeps a turn per key on this instance (start-time fair
 //! queuing): a claim of a key advances its turn by the key's cost, and a key seen for the first
 //! time starts at the turn of the last key served, not at zero.
@@ -45,6 +53,78 @@ use crate::store::{StoreError, StoreResult};
 
 /// How many times an operation on one scope record decides again after a conflict.
 const SCOPE_ATTEMPTS: usize = 32;
+
+/// The smallest cap whose key scopes give slots in blocks: below it every claim writes its own
+/// slot (a small cap binds often, and a block would keep slots from other hosts).
+pub(super) const BLOCK_MIN_CAP: u32 = 16;
+
+/// Past this many scopes with a refill lock, the locks no claimer holds are dropped.
+const KEPT_REFILL_LOCKS: usize = 1024;
+
+/// Past this many key scopes with a slot block of this instance, the lapsed ones are dropped.
+const KEPT_SLOT_BLOCKS: usize = 1024;
+
+/// A slot block is held for this many leases of the claim that writes it.
+const BLOCK_LEASES: u64 = 3;
+
+/// How much earlier than its slot block a lease extended under it ends (the extension is
+/// measured from a later clock reading than the one that checked the block).
+const BLOCK_SLACK_MS: u64 = 100;
+
+/// The slots of the smallest block of a scope with cap `cap`: a sixteenth of it, from 1 to 8.
+fn block_slots(cap: u32) -> u32 {
+    (cap / BLOCK_MIN_CAP).clamp(1, 8)
+}
+
+/// The slot block this instance holds in one key scope's record, and the claims it took under
+/// it.
+#[derive(Debug, Clone, Default)]
+pub(super) struct SlotBlock {
+    /// Its slots and when it lapses, as last stored in the scope's record.
+    slots: u32,
+    until: u64,
+    /// The claims taken under it, each as a slot written ahead of its claim: held while the
+    /// claim may land or lives.
+    claims: Vec<Holder>,
+    /// A write of the block is under way: no claim is taken under it until that write lands.
+    writing: bool,
+}
+
+impl SlotBlock {
+    /// How many of its claims hold a slot at `now`, as `view` has their records.
+    fn in_use(&self, view: &View, now: u64) -> u32 {
+        let live = self.claims.iter().filter(|h| {
+            let current = view.dispatch(&h.id).ok().flatten().map(|s| &s.dispatch);
+            h.live(current, now)
+        });
+        u32::try_from(live.count()).unwrap_or(u32::MAX)
+    }
+
+    /// Whether a claim with a lease of `lease_ms` from `now` can be taken under it: a slot is
+    /// free and the block outlasts that lease by half a lease.
+    fn room(&self, view: &View, now: u64, lease_ms: u64) -> bool {
+        !self.writing
+            && self.until >= now.saturating_add(lease_ms.saturating_add(lease_ms / 2))
+            && self.in_use(view, now) < self.slots
+    }
+}
+
+/// What this instance holds of the scopes a decision reads: tokens of rate blocks
+/// (`token(scope)`: whether it holds one) and its slot blocks.
+struct Held<'a> {
+    token: &'a (dyn Fn(&str) -> bool + Sync),
+    slots: Option<&'a HashMap<String, SlotBlock>>,
+    lease_ms: u64,
+}
+
+impl Held<'_> {
+    /// Whether a claim of `scope` can be taken under this instance's slot block.
+    fn slot(&self, view: &View, scope: &str, now: u64) -> bool {
+        self.slots
+            .and_then(|s| s.get(scope))
+            .is_some_and(|b| b.room(view, now, self.lease_ms))
+    }
+}
 
 /// The round-robin turns of one agent's concurrency keys on this instance.
 #[derive(Debug, Clone, Default)]
@@ -96,28 +176,117 @@ fn live_holders<'a>(view: &View, rec: Option<&'a LimitRec>, now: u64) -> Vec<&'a
     .unwrap_or_default()
 }
 
+/// How many slots `holders` hold (a slot block counts its size).
+fn weight<'a>(holders: impl IntoIterator<Item = &'a Holder>) -> u32 {
+    holders
+        .into_iter()
+        .fold(0u32, |n, h| n.saturating_add(h.weight()))
+}
+
 /// Whether `scope` admits one more claim now: `Ok(())`, or why not (`None`: all slots held;
-/// `Some(t)`: no token until `t`). `local` says whether this instance holds a token of the
-/// scope's bucket already (a rate-only scope's block).
+/// `Some(t)`: no token until `t`). A claim under this instance's slot block needs no slot of
+/// the record; its token, like a rate-only scope's, comes from this instance's block of tokens
+/// when it holds one.
 fn admits(
     view: &View,
     scope: &Scope,
     now: u64,
-    local: &dyn Fn(&str) -> bool,
+    held: &Held<'_>,
 ) -> StoreResult<Result<(), Option<u64>>> {
     let (rec, _) = view.limit(&scope.name)?;
+    let in_block = scope.concurrency.is_some() && held.slot(view, &scope.name, now);
     if let Some(cap) = scope.concurrency
-        && live_holders(view, rec, now).len() >= cap as usize
+        && !in_block
+        && weight(live_holders(view, rec, now)) >= cap
     {
         return Ok(Err(None));
     }
     if let Some(rate) = &scope.rate
-        && !(scope.concurrency.is_none() && local(&scope.name))
+        && !((scope.concurrency.is_none() || in_block) && (held.token)(&scope.name))
         && let Err(at) = Bucket::take(rec.and_then(|r| r.bucket), rate, now)
     {
         return Ok(Err(Some(at)));
     }
     Ok(Ok(()))
+}
+
+/// Where a keyed claim's slot comes from.
+enum Slot {
+    /// This instance's slot block: nothing written.
+    InBlock,
+    /// This instance's slot block, written anew (taken, grown or held longer) with the claim
+    /// in it: its slots and when it lapses.
+    NewBlock(Write, u32, u64),
+    /// A slot of the claim's own in the record.
+    Own(Write),
+}
+
+/// The slot of claim `d` in key scope `scope` (cap `cap`): under this instance's slot block
+/// when it has room; else in a block written anew when the scope's other holders and the
+/// block fit in half the cap; else a slot of its own. The claim is counted in `blocks` at once
+/// (so this instance's next decision sees it), and taken out again if it does not land
+/// ([`NatsStore::block_settled`]).
+#[allow(clippy::too_many_arguments)]
+fn key_slot(
+    view: &View,
+    scope: &Scope,
+    cap: u32,
+    d: &Dispatch,
+    now: u64,
+    lease_ms: u64,
+    blocks: &mut HashMap<String, SlotBlock>,
+    block_id: &str,
+) -> StoreResult<Slot> {
+    if blocks.len() > KEPT_SLOT_BLOCKS {
+        // A lapsed block covers no live claim (their leases ended with it).
+        blocks.retain(|_, b| b.writing || b.until > now);
+    }
+    let mine = blocks.get_mut(&scope.name);
+    if let Some(b) = mine {
+        b.claims.retain(|h| {
+            let current = view.dispatch(&h.id).ok().flatten().map(|s| &s.dispatch);
+            h.live(current, now)
+        });
+        if b.room(view, now, lease_ms) {
+            b.claims.push(Holder::ahead_of_claim(d));
+            return Ok(Slot::InBlock);
+        }
+    }
+    let mine = blocks.get(&scope.name);
+    if cap >= BLOCK_MIN_CAP && !mine.is_some_and(|b| b.writing) {
+        let (rec, seq) = view.limit(&scope.name)?;
+        let others: Vec<Holder> = live_holders(view, rec, now)
+            .into_iter()
+            .filter(|h| h.id != block_id && h.id != d.id)
+            .cloned()
+            .collect();
+        let in_use = mine.map_or(0, |b| b.in_use(view, now));
+        let slots = block_slots(cap).max(in_use.saturating_add(1));
+        if weight(&others).saturating_add(slots) <= cap / 2 {
+            let until = now
+                .saturating_add(lease_ms.saturating_mul(BLOCK_LEASES))
+                .max(mine.map_or(0, |b| b.until));
+            let mut holders = others;
+            holders.push(Holder::block(block_id, slots, until));
+            let stored = rec.and_then(|r| r.bucket);
+            let bucket = match &scope.rate {
+                Some(rate) => Bucket::take(stored, rate, now).ok().or(stored),
+                None => stored,
+            };
+            let write = scope_write(&scope.name, seq, LimitRec { holders, bucket })?;
+            let b = blocks.entry(scope.name.clone()).or_default();
+            b.writing = true;
+            b.claims.push(Holder::ahead_of_claim(d));
+            return Ok(Slot::NewBlock(write, slots, until));
+        }
+    }
+    Ok(Slot::Own(take_scope(
+        view,
+        scope,
+        d,
+        Holder::ahead_of_claim(d),
+        now,
+    )?))
 }
 
 /// The write of `scope`'s record after a claim of `d`: its dead holders pruned, `holder` added
@@ -176,6 +345,11 @@ impl NatsStore {
         let limits = req.limits;
         let agent = req.agent;
         let none = |_: &str| false;
+        let ours = Held {
+            token: &none,
+            slots: None,
+            lease_ms: req.lease_ms,
+        };
         let shared = distinct(&limits.shared);
         for _ in 0..64 {
             let turns = if limits.keyed() {
@@ -199,7 +373,7 @@ impl NatsStore {
                         return Ok(Plan::Done(Ok(Claimed::Nothing(Box::default()))));
                     }
                     for scope in &shared {
-                        if let Err(retry_at) = admits(view, scope, now, &none)? {
+                        if let Err(retry_at) = admits(view, scope, now, &ours)? {
                             return Ok(Plan::Done(Ok(Claimed::Nothing(Box::new(Gated {
                                 retry_at,
                                 ..Gated::default()
@@ -207,7 +381,7 @@ impl NatsStore {
                         }
                     }
                     let (d, served, throttled) = match choose(
-                        view, agent, limits, req.offer, &pauses, &turns, now, &none,
+                        view, agent, limits, req.offer, &pauses, &turns, now, &ours,
                     )? {
                         Ok(choice) => choice,
                         Err((throttled, retry_at)) => {
@@ -301,11 +475,16 @@ struct Pending {
     /// The key served and its turn, and what was passed over.
     served: Option<(String, u64)>,
     throttled: Vec<String>,
-    /// The rate-only scopes it takes a token of (from this instance's blocks).
-    rated: Vec<(String, Rate)>,
+    /// The scopes it takes a token of from this instance's blocks, each with whether a new
+    /// block, when one is needed, is taken together with the claim (the bucket holds
+    /// plenty) rather than before it.
+    rated: Vec<(String, Rate, bool)>,
     /// The writes of the scopes with a cap, each adding the claim's slot (and taking a token,
     /// with a rate), stored one at a time before the claim.
     slots: Vec<Write>,
+    /// The key scope whose slot block the claim is under, and the block's slots and lapse
+    /// when one of `slots` writes it anew.
+    block: Option<(String, Option<(u32, u64)>)>,
     /// The claim's own writes.
     claim: Vec<Write>,
 }
@@ -365,8 +544,16 @@ impl NatsStore {
                 let blocks = self.inner.blocks.lock().map_err(|_| {
                     StoreError::Unavailable("nats: the rate blocks' lock is poisoned".into())
                 })?;
+                let mut slot_blocks = self.inner.slot_blocks.lock().map_err(|_| {
+                    StoreError::Unavailable("nats: the slot blocks' lock is poisoned".into())
+                })?;
                 let local = |scope: &str| blocks.get(scope).is_some_and(|b| b.has(now));
-                decide(&mut view, req, &shared, turns, now, &local)?
+                let mine = Mine {
+                    token: &local,
+                    slots: &mut slot_blocks,
+                    block_id: &self.inner.block_id,
+                };
+                decide(&mut view, req, &shared, turns, now, mine)?
             };
             let missed = match decided {
                 Decided::Nothing(gated) => return Ok(*gated),
@@ -382,9 +569,13 @@ impl NatsStore {
                         throttled,
                         rated,
                         slots,
+                        block,
                         claim,
                     } = *pending;
                     let out = self.store_claim(&dispatch, &rated, slots, claim).await;
+                    if let Some((scope, written)) = block {
+                        self.block_settled(&scope, &dispatch, written, out.is_ok());
+                    }
                     self.view()?.release(&dispatch.thread);
                     match out {
                         Ok(()) => {
@@ -433,28 +624,47 @@ impl NatsStore {
         }
     }
 
-    /// Stores a decided claim: its tokens, then its slots (one scope at a time) and the claim
-    /// at once, so a capped claim waits for one round trip, not two. When the claim lands but a
-    /// slot does not (another claim took the scope's record first), the claim is given back
-    /// unrun ([`Mailbox::release`], no attempt counted), so no claim runs without its slots.
-    /// What was taken is given back when a step fails.
+    /// Stores a decided claim: its tokens from this instance's blocks (a block of a bucket
+    /// low on tokens taken first), then at once the blocks of buckets with plenty (one scope
+    /// at a time), its slots (one scope at a time) and the claim, so a claim waits for one
+    /// round trip, not two or three. When the claim lands but a slot or token does not
+    /// (another claim took the scope's record first, or its bucket ran dry after all), the
+    /// claim is given back unrun ([`Mailbox::release`], no attempt counted), so no claim runs
+    /// without its slots and tokens. What was taken is given back when a step fails.
     async fn store_claim(
         &self,
         d: &Dispatch,
-        rated: &[(String, Rate)],
+        rated: &[(String, Rate, bool)],
         slots: Vec<Write>,
         claim: Vec<Write>,
     ) -> Result<(), Missed> {
         let mut spent: Vec<&str> = Vec::new();
-        for (scope, rate) in rated {
-            match self.token(scope, rate).await {
-                Ok(Ok(())) => spent.push(scope),
-                Ok(Err(_)) | Err(_) => {
-                    self.unspend(&spent);
-                    return Err(Missed::NoToken);
+        let mut to_take: Vec<(&str, &Rate)> = Vec::new();
+        for (scope, rate, plenty) in rated {
+            if self.spend(scope, self.now()) {
+                spent.push(scope);
+            } else if *plenty {
+                to_take.push((scope, rate));
+            } else {
+                match self.token(scope, rate).await {
+                    Ok(Ok(())) => spent.push(scope),
+                    Ok(Err(_)) | Err(_) => {
+                        self.unspend(&spent);
+                        return Err(Missed::NoToken);
+                    }
                 }
             }
         }
+        let take_tokens = async {
+            let mut taken: Vec<&str> = Vec::new();
+            for (scope, rate) in to_take {
+                match self.token(scope, rate).await {
+                    Ok(Ok(())) => taken.push(scope),
+                    Ok(Err(_)) | Err(_) => return (taken, false),
+                }
+            }
+            (taken, true)
+        };
         let take_slots = async {
             let mut slotted: Vec<String> = Vec::new();
             for w in slots {
@@ -469,7 +679,13 @@ impl NatsStore {
             }
             (slotted, None)
         };
-        let ((slotted, slot_missed), claimed) = tokio::join!(take_slots, self.commit(claim, true));
+        let ((taken, tokens), (slotted, slot_missed), claimed) =
+            tokio::join!(take_tokens, take_slots, self.commit(claim, true));
+        spent.extend(taken);
+        let slot_missed = match slot_missed {
+            None if !tokens => Some(Missed::NoToken),
+            missed => missed,
+        };
         let missed = match (slot_missed, claimed) {
             (None, Ok(())) => return Ok(()),
             (Some(missed), Ok(())) => {
@@ -481,7 +697,7 @@ impl NatsStore {
                         &d.id,
                         token,
                         self.now(),
-                        "claimed without its concurrency slot: given back unrun",
+                        "claimed without its concurrency slot or rate token: given back unrun",
                     )
                     .await;
                 }
@@ -499,6 +715,18 @@ impl NatsStore {
         }
         self.unspend(&spent);
         Err(missed)
+    }
+
+    /// The lock this instance takes a block of `scope`'s tokens under. Locks no claimer holds
+    /// are dropped once there are more than [`KEPT_REFILL_LOCKS`].
+    fn refill_lock(&self, scope: &str) -> StoreResult<std::sync::Arc<tokio::sync::Mutex<()>>> {
+        let mut locks = self.inner.refills.lock().map_err(|_| {
+            StoreError::Unavailable("nats: the refill locks' lock is poisoned".into())
+        })?;
+        if locks.len() > KEPT_REFILL_LOCKS && !locks.contains_key(scope) {
+            locks.retain(|_, lock| std::sync::Arc::strong_count(lock) > 1);
+        }
+        Ok(locks.entry(scope.to_owned()).or_default().clone())
     }
 
     /// Takes one of this instance's tokens of `scope`, if it holds one that has not lapsed.
@@ -527,7 +755,8 @@ impl NatsStore {
         if self.spend(scope, self.now()) {
             return Ok(Ok(()));
         }
-        let _one_block_at_a_time = self.inner.refill.lock().await;
+        let refill = self.refill_lock(scope)?;
+        let _one_block_at_a_time = refill.lock().await;
         if self.spend(scope, self.now()) {
             return Ok(Ok(()));
         }
@@ -556,6 +785,111 @@ impl NatsStore {
         Ok(Ok(()))
     }
 
+    /// After a claim under this instance's slot block of `scope` was stored (`landed`) or not:
+    /// the block written anew (`written`: its slots and lapse) now stands, or the claim leaves
+    /// the block's count.
+    fn block_settled(&self, scope: &str, d: &Dispatch, written: Option<(u32, u64)>, landed: bool) {
+        let Ok(mut blocks) = self.inner.slot_blocks.lock() else {
+            return;
+        };
+        let Some(b) = blocks.get_mut(scope) else {
+            return;
+        };
+        if let Some((slots, until)) = written {
+            b.writing = false;
+            if landed {
+                b.slots = slots;
+                b.until = b.until.max(until);
+            }
+        }
+        if !landed {
+            b.claims.retain(|h| !(h.id == d.id && h.claims == d.claims));
+        }
+    }
+
+    /// How far the lease of claim `id` may be extended, at most `extension_ms`: a claim under
+    /// this instance's slot block only as far as the block holds, which is held longer first
+    /// when it would not outlast the extension by half of it; `None` when the block has lapsed
+    /// (its slots may be another's now: the claim is lost). A claim under no block: all of it.
+    pub(super) async fn lease_in_block(&self, id: &str, extension_ms: u64) -> Option<u64> {
+        let now = self.now();
+        let found = {
+            let (Ok(view), Ok(blocks)) = (self.view(), self.inner.slot_blocks.lock()) else {
+                return Some(extension_ms);
+            };
+            // The claim the record holds now, whether or not its lease still runs: a lapsed
+            // lease is not extended past a lapsed block.
+            let current = view
+                .dispatch(id)
+                .ok()
+                .flatten()
+                .map(|s| &s.dispatch)
+                .filter(|d| d.status == crate::store::model::Status::Claimed);
+            current.and_then(|d| {
+                blocks.iter().find_map(|(scope, b)| {
+                    b.claims
+                        .iter()
+                        .any(|h| h.id == id && h.claims == d.claims)
+                        .then(|| (scope.clone(), b.until))
+                })
+            })
+        };
+        let Some((scope, mut until)) = found else {
+            return Some(extension_ms);
+        };
+        if until < now.saturating_add(extension_ms.saturating_add(extension_ms / 2)) {
+            let longer = now.saturating_add(extension_ms.saturating_mul(BLOCK_LEASES));
+            match self.hold_block(&scope, longer).await {
+                Ok(Some(held)) => until = held,
+                Ok(None) => {}
+                Err(e) => {
+                    tracing::warn!(scope = %scope, "nats: cannot hold a slot block longer ({e}); its claims' leases end with it");
+                }
+            }
+        }
+        // The extension is measured from a later clock reading than `now`: leave it room.
+        let room = until.saturating_sub(now).saturating_sub(BLOCK_SLACK_MS);
+        (room > 0).then(|| extension_ms.min(room))
+    }
+
+    /// Holds this instance's slot block of `scope` until `until` (never shorter than it is):
+    /// the lapse it has now, or `None` when the record no longer holds it.
+    async fn hold_block(&self, scope: &str, until: u64) -> StoreResult<Option<u64>> {
+        let id = self.inner.block_id.clone();
+        let held = self
+            .on_scope(scope, |rec, live, now| {
+                let ours = rec
+                    .holders
+                    .iter()
+                    .zip(live)
+                    .find(|(h, live)| **live && h.id == id && h.slots > 0 && h.until > now);
+                let Some((block, _)) = ours else {
+                    return (None, None);
+                };
+                let until = block.until.max(until);
+                let mut holders: Vec<Holder> = pruned(rec, live)
+                    .into_iter()
+                    .filter(|h| h.id != id)
+                    .collect();
+                holders.push(Holder::block(&id, block.slots, until));
+                (
+                    Some(LimitRec {
+                        holders,
+                        bucket: rec.bucket,
+                    }),
+                    Some(until),
+                )
+            })
+            .await?;
+        if let Some(until) = held
+            && let Ok(mut blocks) = self.inner.slot_blocks.lock()
+            && let Some(b) = blocks.get_mut(scope)
+        {
+            b.until = b.until.max(until);
+        }
+        Ok(held)
+    }
+
     /// Takes the slot written ahead of claim number `claims` of dispatch `id` out of `scope`'s
     /// record (nothing when it is not there).
     async fn give_back_slot(&self, scope: &str, id: &str, claims: u32) -> StoreResult<()> {
@@ -577,6 +911,14 @@ impl NatsStore {
     }
 }
 
+/// What this instance holds, for [`decide`]: whether it holds a token of a scope's rate block,
+/// its slot blocks (a claim under one is counted there at once), and their holder name.
+struct Mine<'a> {
+    token: &'a (dyn Fn(&str) -> bool + Sync),
+    slots: &'a mut HashMap<String, SlotBlock>,
+    block_id: &'a str,
+}
+
 /// Decides a gated claim on the view: nothing (and why), a stale candidate to supersede, or
 /// the claim with the scopes it takes.
 fn decide(
@@ -585,7 +927,7 @@ fn decide(
     shared: &[&Scope],
     turns: &Turns,
     now: u64,
-    local: &dyn Fn(&str) -> bool,
+    mine: Mine<'_>,
 ) -> StoreResult<Decided> {
     let (agent, limits) = (req.agent, req.limits);
     view.promote(agent, now);
@@ -593,8 +935,13 @@ fn decide(
     if paused(&pauses, agent, None) {
         return Ok(Decided::Nothing(Box::default()));
     }
+    let held = Held {
+        token: mine.token,
+        slots: Some(&*mine.slots),
+        lease_ms: req.lease_ms,
+    };
     for scope in shared {
-        if let Err(retry_at) = admits(view, scope, now, local)? {
+        if let Err(retry_at) = admits(view, scope, now, &held)? {
             return Ok(Decided::Nothing(Box::new(Gated {
                 retry_at,
                 ..Gated::default()
@@ -602,7 +949,7 @@ fn decide(
         }
     }
     let (d, served, throttled) =
-        match choose(view, agent, limits, req.offer, &pauses, turns, now, local)? {
+        match choose(view, agent, limits, req.offer, &pauses, turns, now, &held)? {
             Ok(choice) => choice,
             Err((throttled, retry_at)) => {
                 return Ok(Decided::Nothing(Box::new(Gated {
@@ -629,7 +976,7 @@ fn decide(
         .and_then(|key| limits.key_scope(agent, key));
     let mut rated = Vec::new();
     let mut slots = Vec::new();
-    for scope in shared.iter().copied().chain(key_scope.as_ref()) {
+    for scope in shared.iter().copied() {
         if scope.concurrency.is_some() {
             slots.push(take_scope(
                 view,
@@ -639,7 +986,42 @@ fn decide(
                 now,
             )?);
         } else if let Some(rate) = &scope.rate {
-            rated.push((scope.name.clone(), *rate));
+            rated.push(rated_entry(view, scope, *rate, now)?);
+        }
+    }
+    let mut block = None;
+    if let Some(scope) = &key_scope {
+        match scope.concurrency {
+            Some(cap) => {
+                let slot = key_slot(
+                    view,
+                    scope,
+                    cap,
+                    &d,
+                    now,
+                    req.lease_ms,
+                    mine.slots,
+                    mine.block_id,
+                )?;
+                match slot {
+                    Slot::InBlock => {
+                        if let Some(rate) = &scope.rate {
+                            rated.push(rated_entry(view, scope, *rate, now)?);
+                        }
+                        block = Some((scope.name.clone(), None));
+                    }
+                    Slot::NewBlock(write, n, until) => {
+                        slots.push(write);
+                        block = Some((scope.name.clone(), Some((n, until))));
+                    }
+                    Slot::Own(write) => slots.push(write),
+                }
+            }
+            None => {
+                if let Some(rate) = &scope.rate {
+                    rated.push(rated_entry(view, scope, *rate, now)?);
+                }
+            }
         }
     }
     let claim = put_dispatch(view, plain(d.clone()))?;
@@ -650,8 +1032,24 @@ fn decide(
         throttled,
         rated,
         slots,
+        block,
         claim,
     })))
+}
+
+/// A token of `scope` at `rate` for a claim decided at `now`, from this instance's blocks; a
+/// new block, when one is needed, is taken together with the claim when the bucket holds
+/// plenty (a binding rate's block is taken first, so a claim never lands to be given back for
+/// want of a token).
+fn rated_entry(
+    view: &View,
+    scope: &Scope,
+    rate: Rate,
+    now: u64,
+) -> StoreResult<(String, Rate, bool)> {
+    let (rec, _) = view.limit(&scope.name)?;
+    let plenty = Block::plenty(rec.and_then(|r| r.bucket), &rate, now);
+    Ok((scope.name.clone(), rate, plenty))
 }
 
 /// What [`choose`] found: the dispatch to claim, the key served and its turn (when claims
@@ -660,7 +1058,7 @@ type Choice = (Dispatch, Option<(String, u64)>, Vec<String>);
 
 /// What [`choose`] reports when nothing is eligible: the dispatches passed over, and when the
 /// first key's bucket refills.
-type Held = (Vec<String>, Option<u64>);
+type Passed = (Vec<String>, Option<u64>);
 
 /// Picks the dispatch a gated claim takes: the heads of `agent`'s open lanes in claim order,
 /// skipping those whose key is paused, full or out of tokens; with per-key limits, among the
@@ -675,8 +1073,8 @@ fn choose(
     pauses: &[Pause],
     turns: &Turns,
     now: u64,
-    local: &dyn Fn(&str) -> bool,
-) -> StoreResult<Result<Choice, Held>> {
+    held: &Held<'_>,
+) -> StoreResult<Result<Choice, Passed>> {
     loop {
         let mut late: Vec<Dispatch> = Vec::new();
         let mut throttled: Vec<String> = Vec::new();
@@ -705,7 +1103,7 @@ fn choose(
                 Some(k) => match states.get(k) {
                     Some(state) => *state,
                     None => {
-                        let state = key_state(view, agent, k, limits, pauses, now, local)?;
+                        let state = key_state(view, agent, k, limits, pauses, now, held)?;
                         states.insert(k.to_owned(), state);
                         state
                     }
@@ -766,7 +1164,7 @@ fn key_state(
     limits: &crate::store::limits::LimitSet,
     pauses: &[Pause],
     now: u64,
-    local: &dyn Fn(&str) -> bool,
+    held: &Held<'_>,
 ) -> StoreResult<KeyState> {
     if paused(pauses, agent, Some(key)) {
         return Ok(KeyState::Shut);
@@ -774,7 +1172,7 @@ fn key_state(
     let Some(scope) = limits.key_scope(agent, key) else {
         return Ok(KeyState::Open);
     };
-    Ok(match admits(view, &scope, now, local)? {
+    Ok(match admits(view, &scope, now, held)? {
         Ok(()) => KeyState::Open,
         Err(None) => KeyState::Shut,
         Err(Some(at)) => KeyState::Until(at),
@@ -926,13 +1324,14 @@ impl Limits for NatsStore {
                 .into_iter()
                 .filter(|h| !(h.id == holder && h.claims == 0))
                 .collect();
-            if holders.len() >= cap as usize {
+            if weight(&holders) >= cap {
                 return (None, false);
             }
             holders.push(Holder {
                 id: holder.to_owned(),
                 claims: 0,
                 until,
+                slots: 0,
             });
             (
                 Some(LimitRec {
@@ -1069,9 +1468,10 @@ impl Limits for NatsStore {
         }
         let now = self.now();
         let (rec, _, live) = self.read_scope(scope, now).await?;
+        let held = rec.holders.iter().zip(&live).filter(|(_, l)| **l);
         Ok(Usage {
             scope: scope.to_owned(),
-            running: u32::try_from(live.iter().filter(|l| **l).count()).unwrap_or(u32::MAX),
+            running: weight(held.map(|(h, _)| h)),
             tokens: rate.map(|r| Bucket::level(rec.bucket, r, now)),
         })
     }

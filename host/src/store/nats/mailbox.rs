@@ -413,6 +413,11 @@ impl Mailbox for NatsStore {
     }
 
     async fn extend_lease(&self, id: &str, token: &str, extension_ms: u64) -> StoreResult<bool> {
+        // A claim under a slot block keeps its lease within the block's; once the block has
+        // lapsed, its slots may be another's, and the claim is lost.
+        let Some(extension_ms) = self.lease_in_block(id, extension_ms).await else {
+            return Ok(false);
+        };
         lease_extended(
             self.holder_write(id, token, HolderOp::Extend { extension_ms })
                 .await,

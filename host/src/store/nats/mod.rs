@@ -281,9 +281,14 @@ struct Inner {
     /// Per rate-only scope, the tokens this instance took from its shared bucket ahead of its
     /// claims (`limits`).
     blocks: Mutex<std::collections::HashMap<String, crate::store::limits::Block>>,
-    /// Held while this instance takes a block of tokens: its claimers wait for one block
-    /// instead of racing each other's compare-and-set on the scope record.
-    refill: tokio::sync::Mutex<()>,
+    /// Per rate-only scope, held while this instance takes a block of its tokens: its claimers
+    /// wait for one block instead of racing each other's compare-and-set on the scope record.
+    /// One lock a scope, so the blocks of different keys are taken at once.
+    refills: Mutex<std::collections::HashMap<String, Arc<tokio::sync::Mutex<()>>>>,
+    /// Per concurrency key's scope, the slot block this instance holds there (`limits`).
+    slot_blocks: Mutex<std::collections::HashMap<String, limits::SlotBlock>>,
+    /// The holder name of this instance's slot blocks (random: a new instance, a new name).
+    block_id: String,
 }
 
 impl Drop for Inner {
@@ -371,7 +376,9 @@ impl NatsStore {
             )),
             turns: Mutex::new(std::collections::HashMap::new()),
             blocks: Mutex::new(std::collections::HashMap::new()),
-            refill: tokio::sync::Mutex::new(()),
+            refills: Mutex::new(std::collections::HashMap::new()),
+            slot_blocks: Mutex::new(std::collections::HashMap::new()),
+            block_id: format!("block.{:016x}", fastrand::u64(..)),
         });
         if !follow {
             return Ok(NatsStore { inner });

@@ -642,3 +642,119 @@ pub async fn a_concurrency_key_over_128_bytes_is_invalid_at_enqueue<F: Factory>(
     let at_limit = put(&store, keyed("t", "ok", &"k".repeat(128))).await;
     assert_eq!(at_limit.concurrency_key.map(|k| k.len()), Some(128));
 }
+
+/// Enqueues `n` dispatches with key `key` on `n` threads (`t00`, `d00`, ...).
+async fn put_keyed(host: &Store, n: usize, key: &str) {
+    for i in 0..n {
+        put(host, keyed(&format!("t{i:02}"), &format!("d{i:02}"), key)).await;
+    }
+}
+
+/// Claims `limits` on `host` until it takes nothing; what it took.
+async fn claim_all(host: &Store, limits: &LimitSet) -> Vec<Dispatch> {
+    let mut taken = Vec::new();
+    while let Some(d) = gated(host, limits).await.dispatch {
+        taken.push(d);
+        assert!(taken.len() <= 1_000, "claims never stopped");
+    }
+    taken
+}
+
+/// A key with a large cap (a NATS host then takes its slots in blocks, section 13.2): two
+/// instances claiming in turn never hold more than the cap between them, and get all of it;
+/// a slot freed by an ack goes to one more claim, not two.
+pub async fn a_large_key_cap_holds_exactly_across_two_instances<F: Factory>(factory: &F) {
+    let env = Env::new(factory).await;
+    let hosts = env.open_many(2).await;
+    put_keyed(&hosts[0], 48, "k").await;
+    let limits = per_key(32);
+    let mut held: Vec<Vec<Dispatch>> = vec![Vec::new(), Vec::new()];
+    let mut idle = [false, false];
+    let mut turn = 0;
+    while !(idle[0] && idle[1]) {
+        match gated(&hosts[turn], &limits).await.dispatch {
+            Some(d) => held[turn].push(d),
+            None => idle[turn] = true,
+        }
+        assert!(held[0].len() + held[1].len() <= 32, "past the cap");
+        turn = 1 - turn;
+    }
+    assert_eq!(held[0].len() + held[1].len(), 32, "the whole cap was taken");
+    ack(&hosts[0], &held[0][0]).await;
+    let more =
+        claim_all(&hosts[0], &limits).await.len() + claim_all(&hosts[1], &limits).await.len();
+    assert_eq!(more, 1, "one slot was freed");
+}
+
+/// A claim that keeps extending its lease keeps it, however long it runs: on NATS a claim
+/// taken under a slot block extends only as far as the block holds, and the block is held
+/// longer as the lease is extended.
+pub async fn a_lease_extended_again_and_again_under_a_large_key_cap_stays_alive<F: Factory>(
+    factory: &F,
+) {
+    let env = Env::new(factory).await;
+    let store = env.open().await;
+    put(&store, keyed("t", "d", "k")).await;
+    let limits = per_key(64);
+    let d = gated(&store, &limits).await.dispatch.expect("a claim");
+    let t = tok(&d);
+    for round in 0..12 {
+        env.advance(LEASE / 2);
+        assert!(
+            retry(|| store.mailbox.extend_lease("d", &t, LEASE))
+                .await
+                .expect("extend_lease"),
+            "round {round}: the claim was lost"
+        );
+        let lease = load(&store, "d").await.claim.expect("claimed").lease_until;
+        assert!(
+            lease + 1_000 >= env.now() + LEASE,
+            "round {round}: the lease was cut short: {} ms left",
+            lease.saturating_sub(env.now())
+        );
+    }
+    // The key still counts the claim: the two instances together take the rest of the cap,
+    // no more (the first may keep a few of them in its block for its own claims).
+    let other = env.open().await;
+    for i in 0..70 {
+        put(&other, keyed(&format!("o{i:02}"), &format!("o{i:02}"), "k")).await;
+    }
+    let theirs = claim_all(&other, &limits).await.len();
+    let ours = claim_all(&store, &limits).await.len();
+    assert_eq!(
+        theirs + ours,
+        63,
+        "{theirs} + {ours} more claims beside the live one"
+    );
+}
+
+/// An instance that holds a large key's whole cap and stops (a killed host) gives every slot
+/// back by the time its claims' leases and its slot blocks have run out (three leases), and
+/// never more than the cap in the meantime.
+pub async fn a_stopped_instances_slots_of_a_large_key_free_within_three_leases<F: Factory>(
+    factory: &F,
+) {
+    let env = Env::new(factory).await;
+    let hosts = env.open_many(2).await;
+    put_keyed(&hosts[0], 64, "k").await;
+    let limits = per_key(32);
+    assert_eq!(claim_all(&hosts[0], &limits).await.len(), 32);
+    assert_eq!(
+        claim_all(&hosts[1], &limits).await.len(),
+        0,
+        "the cap is held"
+    );
+    env.advance(LEASE + 1);
+    let after_lease = claim_all(&hosts[1], &limits).await.len();
+    assert!(
+        (16..=32).contains(&after_lease),
+        "after a lease: {after_lease} claims (a block may hold at most half the cap longer)"
+    );
+    env.advance(2 * LEASE);
+    let late = claim_all(&hosts[1], &limits).await.len();
+    assert_eq!(
+        after_lease + late,
+        32,
+        "within three leases every slot is free"
+    );
+}

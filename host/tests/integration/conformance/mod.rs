@@ -640,6 +640,9 @@ macro_rules! suite {
                     release_requeues_without_an_attempt_honouring_available_at,
                     tokens_and_request_slots_are_exact_across_two_instances,
                     a_concurrency_key_over_128_bytes_is_invalid_at_enqueue,
+                    a_large_key_cap_holds_exactly_across_two_instances,
+                    a_lease_extended_again_and_again_under_a_large_key_cap_stays_alive,
+                    a_stopped_instances_slots_of_a_large_key_free_within_three_leases,
                 },
                 concurrency::{
                     no_dispatch_lost_or_invented_under_concurrent_chaos,
