@@ -1899,15 +1899,16 @@ mod claim_after_completion {
 
 /// Slot blocks (docs/contract.md, section 13.2): a host takes a large key's slots in blocks and
 /// writes the key's record once per block, not once per claim; a small key's claims each write
-/// their own slot.
+/// their own slot; a claim under a block is not extended past the block's lapse.
 mod slot_blocks {
     use homing::store::limits::key_scope_name;
-    use homing::store::{LimitSet, ManualClock};
+    use homing::store::{Dispatch, LimitSet};
+
+    use crate::conformance::{AGENT, Env, LEASE, nd, next_claim, put, tok};
 
     use super::*;
-    use crate::conformance::{AGENT, Factory, T0, nd, next_claim, put};
 
-    /// The slots another instance sees held in `key`'s scope.
+    /// The slots `store` sees held in `key`'s scope.
     async fn held(store: &Store, key: &str) -> u32 {
         store
             .limits
@@ -1917,60 +1918,75 @@ mod slot_blocks {
             .running
     }
 
+    /// At most `cap` running per key.
+    fn per_key(cap: u32) -> LimitSet {
+        LimitSet {
+            key_concurrency: Some(cap),
+            ..LimitSet::default()
+        }
+    }
+
+    /// Enqueues `n` dispatches with key `key`, each on a thread of its own.
+    async fn enqueue(store: &Store, key: &str, n: usize) {
+        for i in 0..n {
+            let id = format!("{key}{i}");
+            put(store, nd(&id, &id).with_concurrency_key(key)).await;
+        }
+    }
+
     /// Claims once under `limits`, which must take something.
-    async fn claim_one(store: &Store, limits: &LimitSet) {
+    async fn claim_one(store: &Store, limits: &LimitSet) -> Dispatch {
         let got = store
             .mailbox
             .claim_gated(&next_claim(limits))
             .await
             .expect("claim_gated");
-        assert!(got.dispatch.is_some(), "nothing claimed: {got:?}");
+        got.dispatch.expect("something claimed")
     }
 
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn a_large_keys_claims_write_its_record_once_per_block_and_a_small_keys_once_per_claim() {
-        let stream = NatsFactory.create().await;
-        let clock: SharedClock = ManualClock::new(T0);
-        let host = NatsFactory
-            .open(&stream, clock.clone())
-            .await
-            .expect("open the host's instance");
-        let other = NatsFactory
-            .open(&stream, clock)
-            .await
-            .expect("open another instance");
-        let enqueue = |key: &'static str, n: usize| {
-            let host = host.clone();
-            async move {
-                for i in 0..n {
-                    let id = format!("{key}{i}");
-                    put(&host, nd(&id, &id).with_concurrency_key(key)).await;
-                }
-            }
-        };
-        enqueue("large", 5).await;
-        // A cap of 64 gives blocks of 4 slots: the first claim takes one, the next three use
-        // it, the fifth grows it to 5.
+        let env = Env::new(&NatsFactory).await;
+        let (host, other) = (env.open().await, env.open().await);
         // After each of `n` claims of `key` under a cap of `cap` on the host: what the other
         // instance sees held.
         let seen = |key: &'static str, cap: u32, n: usize| {
             let (host, other) = (host.clone(), other.clone());
             async move {
-                let limits = LimitSet {
-                    key_concurrency: Some(cap),
-                    ..LimitSet::default()
-                };
                 let mut seen = Vec::new();
                 for _ in 0..n {
-                    claim_one(&host, &limits).await;
+                    claim_one(&host, &per_key(cap)).await;
                     seen.push(held(&other, key).await);
                 }
                 seen
             }
         };
+        // A cap of 64 gives blocks of 4 slots: the first claim takes one, the next three use
+        // it, the fifth grows it to 5.
+        enqueue(&host, "large", 5).await;
         assert_eq!(seen("large", 64, 5).await, [4, 4, 4, 4, 5]);
         // Below a cap of 16 every claim holds one slot of its own.
-        enqueue("small", 3).await;
+        enqueue(&host, "small", 3).await;
         assert_eq!(seen("small", 8, 3).await, [1, 2, 3]);
+    }
+
+    /// Once a claim's block has lapsed (three leases after it was written, never held longer),
+    /// its slots may be another host's: the claim's holder can no longer extend its lease, though
+    /// nobody has taken the claim over.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_claim_under_a_lapsed_block_cannot_extend_its_lease() {
+        let env = Env::new(&NatsFactory).await;
+        let host = env.open().await;
+        enqueue(&host, "k", 1).await;
+        let d = claim_one(&host, &per_key(64)).await;
+        env.advance(3 * LEASE + 1);
+        assert!(
+            !host
+                .mailbox
+                .extend_lease(&d.id, &tok(&d), LEASE)
+                .await
+                .expect("extend_lease"),
+            "extended past its block"
+        );
     }
 }
