@@ -46,7 +46,7 @@ use crate::store::limits::{
     Block, Bucket, ClaimRequest, Gated, Holder, Limits, Pause, Rate, Scope, Usage, pause_name,
     paused,
 };
-use crate::store::model::{Dispatch, check_concurrency_key};
+use crate::store::model::{Dispatch, Status, check_concurrency_key};
 use crate::store::rules::{self, Take};
 use crate::store::versions::{Choice as VersionChoice, Offer};
 use crate::store::{StoreError, StoreResult};
@@ -824,7 +824,7 @@ impl NatsStore {
                 .ok()
                 .flatten()
                 .map(|s| &s.dispatch)
-                .filter(|d| d.status == crate::store::model::Status::Claimed);
+                .filter(|d| d.status == Status::Claimed);
             current.and_then(|d| {
                 blocks.iter().find_map(|(scope, b)| {
                     b.claims
@@ -857,12 +857,12 @@ impl NatsStore {
     async fn hold_block(&self, scope: &str, until: u64) -> StoreResult<Option<u64>> {
         let id = self.inner.block_id.clone();
         let held = self
-            .on_scope(scope, |rec, live, now| {
+            .on_scope(scope, |rec, live, _| {
                 let ours = rec
                     .holders
                     .iter()
                     .zip(live)
-                    .find(|(h, live)| **live && h.id == id && h.slots > 0 && h.until > now);
+                    .find(|(h, live)| **live && h.id == id && h.slots > 0);
                 let Some((block, _)) = ours else {
                     return (None, None);
                 };
