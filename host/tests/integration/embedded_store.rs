@@ -455,3 +455,134 @@ async fn a_schema_2_file_migrates_keeping_its_records_and_counting_claims_from_z
         .unwrap();
     assert_eq!(version, SCHEMA_VERSION);
 }
+
+/// Enqueues one dispatch of agent `x` with concurrency key `key` on `thread`.
+async fn put_keyed(store: &homing::store::Store, thread: &str, key: &str) {
+    store
+        .mailbox
+        .enqueue(NewDispatch::new("x", thread, "p").with_concurrency_key(key))
+        .await
+        .unwrap();
+}
+
+/// The concurrency key of the next gated claim of agent `x` under `limits` on `store`.
+async fn next_key(store: &homing::store::Store, limits: &homing::store::LimitSet) -> String {
+    store
+        .mailbox
+        .claim_gated(&claim_of_x(limits))
+        .await
+        .unwrap()
+        .dispatch
+        .expect("a keyed dispatch")
+        .concurrency_key
+        .unwrap_or_default()
+}
+
+/// Waits until the file's `key_turns` row of `key` (agent `x`) says `turn`: the writer keeps
+/// turns in memory and writes them at most 100 ms after they moved (at once when it goes idle
+/// that long, and when the store closes).
+async fn await_turn(path: &std::path::Path, key: &str, turn: u64) {
+    let conn = rusqlite::Connection::open(path).unwrap();
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+    loop {
+        let stored: Option<u64> = conn
+            .query_row(
+                "SELECT turn FROM key_turns WHERE agent = 'x' AND key = ?1",
+                [key],
+                |row| row.get(0),
+            )
+            .ok();
+        if stored == Some(turn) {
+            return;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "key {key}'s turn in the file is {stored:?} after 10 s, not {turn}"
+        );
+        tokio::time::sleep(std::time::Duration::from_millis(10)).await;
+    }
+}
+
+/// Two store instances on one file share their rotation through it: each keeps its turns in
+/// memory and writes those that moved within 100 ms; an instance whose memory is older than
+/// the other's commits reads the turns again. So once the turns are written, a claim by either
+/// sees the keys the other served: three claims alternating between them serve the three keys.
+#[tokio::test]
+async fn two_instances_on_one_file_see_each_others_turns_once_written() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("store.db");
+    let clock = clock();
+    let a = EmbeddedStore::open(&path, clock.clone()).unwrap().store();
+    let b = EmbeddedStore::open(&path, clock).unwrap().store();
+    for i in 0..2 {
+        for key in ["k1", "k2", "k3"] {
+            put_keyed(&a, &format!("{key}-{i}"), key).await;
+        }
+    }
+    let limits = per_key(100);
+    assert_eq!(next_key(&b, &limits).await, "k1");
+    await_turn(&path, "k1", 1_000).await;
+    assert_eq!(next_key(&a, &limits).await, "k2", "a reads b's turns");
+    await_turn(&path, "k2", 1_000).await;
+    // b read the turns before a's claim: it reads them again.
+    assert_eq!(next_key(&b, &limits).await, "k3", "b reads a's turn");
+}
+
+/// The turns survive a restart: a store closed after serving two of three keys serves the
+/// third first when it is opened again.
+#[tokio::test]
+async fn the_rotation_goes_on_where_it_was_after_a_restart() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("store.db");
+    let limits = per_key(100);
+    {
+        let store = EmbeddedStore::open(&path, clock()).unwrap().store();
+        for i in 0..2 {
+            for key in ["k1", "k2", "k3"] {
+                put_keyed(&store, &format!("{key}-{i}"), key).await;
+            }
+        }
+        assert_eq!(next_key(&store, &limits).await, "k1");
+        assert_eq!(next_key(&store, &limits).await, "k2");
+    }
+    await_turn(&path, "k2", 1_000).await;
+    let store = EmbeddedStore::open(&path, clock()).unwrap().store();
+    assert_eq!(next_key(&store, &limits).await, "k3");
+    assert_eq!(next_key(&store, &limits).await, "k1");
+}
+
+/// An agent with more keys than the writer keeps in memory still rotates them in turn order:
+/// here it has ten keys when its turns are first read (and kept), then more keys arrive than
+/// are kept, and its claims go on from the table. Every key is claimed once, in key order,
+/// before the first key's second dispatch.
+#[tokio::test]
+async fn keys_past_the_count_kept_in_memory_still_take_turns_in_order() {
+    use homing::store::embedded::MIRRORED_KEYS;
+    let dir = tempfile::tempdir().unwrap();
+    let store = EmbeddedStore::open(&dir.path().join("store.db"), clock())
+        .unwrap()
+        .store();
+    let keys = MIRRORED_KEYS + 4;
+    let key = |i: usize| format!("k{i:05}");
+    put_keyed(&store, "first-again", &key(0)).await;
+    for i in 0..10 {
+        put_keyed(&store, &key(i), &key(i)).await;
+    }
+    let limits = per_key(10);
+    let mut order = vec![next_key(&store, &limits).await];
+    for i in 10..keys {
+        put_keyed(&store, &key(i), &key(i)).await;
+    }
+    for _ in 0..keys {
+        order.push(next_key(&store, &limits).await);
+    }
+    let mut expected: Vec<String> = (0..keys).map(key).collect();
+    expected.push(key(0));
+    assert_eq!(order.len(), expected.len());
+    if let Some(n) = (0..order.len()).find(|&n| order[n] != expected[n]) {
+        panic!(
+            "claim {n} took key {} where the rotation gives {}",
+            order[n], expected[n]
+        );
+    }
+}

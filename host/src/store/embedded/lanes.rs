@@ -94,13 +94,7 @@ fn refresh_lane_as(
         Some((id, priority, created, key)) => {
             // A key with a lane has a turn (section 13.2, step 4): a new one enters at 0.
             if let Some(key) = key.as_deref().filter(|k| !k.is_empty()) {
-                tx.prepare_cached(
-                    "INSERT INTO key_turns (agent, key, turn) VALUES (?1, ?2, 0) \
-                     ON CONFLICT (agent, key) DO NOTHING",
-                )
-                .map_err(db)?
-                .execute(params![agent, key])
-                .map_err(db)?;
+                super::turns::enter(tx, agent, key)?;
             }
             let (served, busy) = match known {
                 Some(known) => known,

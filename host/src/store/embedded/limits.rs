@@ -22,7 +22,7 @@ use rusqlite::{Connection, OptionalExtension, params};
 
 use super::mailbox::claim_picked;
 use super::rows::db;
-use super::{EmbeddedStore, TxError, lanes};
+use super::{EmbeddedStore, TxError, lanes, turns};
 use crate::store::StoreResult;
 use crate::store::limits::{
     Block, Bucket, ClaimRequest, Gated, Holder, LimitSet, Limits, Pause, Rate, Scope, Usage,
@@ -329,51 +329,32 @@ fn rotate(
     };
     let unkeyed = match unkeyed {
         Some(lane) => {
-            let turn = super::rows::scalar_u64(
-                tx,
-                "SELECT turn FROM key_turns WHERE agent = ?1 AND key = ''",
-                &[&agent],
-            )?
-            .unwrap_or(0)
-            .max(floor);
+            let turn = turns::turn(tx, agent, "")?.unwrap_or(0).max(floor);
             Some((lane, turn))
         }
         None => None,
     };
     let mut idle = Vec::new();
     let mut found = None;
-    {
-        let mut stmt = tx
-            .prepare_cached(
-                "SELECT key, turn FROM key_turns INDEXED BY key_turns_order \
-                 WHERE agent = ?1 ORDER BY turn, key",
-            )
-            .map_err(db)?;
-        let mut rows = stmt.query(params![agent]).map_err(db)?;
-        while let Some(row) = rows.next().map_err(db)? {
-            let key: String = row.get(0).map_err(db)?;
-            let stored: u64 = row.get(1).map_err(db)?;
-            let turn = stored.max(floor);
-            if unkeyed.as_ref().is_some_and(|(_, t)| *t <= turn) {
-                break;
-            }
-            if key.is_empty() || blocked.contains(&key) {
-                continue;
-            }
-            if let Some(lane) = key_lane(tx, agent, &key, priority)? {
-                found = Some((lane, key, turn));
-                break;
-            }
-            if stored <= floor && !has_lane(tx, agent, &key)? {
-                idle.push(key);
-            }
+    turns::in_order(tx, agent, |key, stored| {
+        let turn = stored.max(floor);
+        if unkeyed.as_ref().is_some_and(|(_, t)| *t <= turn) {
+            return Ok(true);
         }
-    }
+        if key.is_empty() || blocked.contains(key) {
+            return Ok(false);
+        }
+        if let Some(lane) = key_lane(tx, agent, key, priority)? {
+            found = Some((lane, key.to_owned(), turn));
+            return Ok(true);
+        }
+        if stored <= floor && !has_lane(tx, agent, key)? {
+            idle.push(key.to_owned());
+        }
+        Ok(false)
+    })?;
     for key in &idle {
-        tx.prepare_cached("DELETE FROM key_turns WHERE agent = ?1 AND key = ?2")
-            .map_err(db)?
-            .execute(params![agent, key])
-            .map_err(db)?;
+        turns::remove(tx, agent, key)?;
     }
     Ok(match (found, unkeyed) {
         (Some(((thread, head), key, turn)), _) => Some((thread, head, key, turn)),
@@ -427,7 +408,9 @@ fn has_lane(tx: &Connection, agent: &str, key: &str) -> StoreResult<bool> {
 /// Deletes the turns that carry nothing: keys with no lane whose turn is at or below their
 /// agent's floor (they would count as the floor). The rotation deletes those it passes; this
 /// catches the rest (agents without keyed limits never rotate).
-pub(super) fn forget_idle_keys(tx: &Connection) -> StoreResult<usize> {
+pub(super) fn forget_idle_keys(tx: &Connection, now: u64) -> StoreResult<usize> {
+    // The rule reads the table's turns: the writer's go there first.
+    turns::write_and_forget(tx, now)?;
     tx.prepare_cached(
         "DELETE FROM key_turns WHERE key <> '' \
          AND turn <= COALESCE((SELECT value FROM counters WHERE name = 'turn:' || key_turns.agent), 0) \
@@ -437,47 +420,6 @@ pub(super) fn forget_idle_keys(tx: &Connection) -> StoreResult<usize> {
     .map_err(db)?
     .execute([])
     .map_err(db)
-}
-
-/// The turn every key of `agent` is brought up to (the turn of the key claimed last), so a key
-/// that was idle a long time gets its fair share, not a run of catching up.
-fn turn_floor(tx: &Connection, agent: &str) -> StoreResult<u64> {
-    Ok(super::rows::scalar_u64(
-        tx,
-        "SELECT value FROM counters WHERE name = ?1",
-        &[&format!("turn:{agent}")],
-    )?
-    .unwrap_or(0))
-}
-
-/// Advances `key`'s turn after a claim of it at `turn` (its turn as the pick read it, at least
-/// `floor`, the floor the pick read), and makes that turn the floor. Both are updated in place
-/// (a replace would delete and insert the row), and the floor only when it moves: in a steady
-/// rotation most claims are at the floor.
-fn advance_turn(
-    tx: &Connection,
-    agent: &str,
-    key: &str,
-    (turn, floor): (u64, u64),
-    cost: u64,
-) -> StoreResult<()> {
-    tx.prepare_cached(
-        "INSERT INTO key_turns (agent, key, turn) VALUES (?1, ?2, ?3) \
-         ON CONFLICT (agent, key) DO UPDATE SET turn = excluded.turn",
-    )
-    .map_err(db)?
-    .execute(params![agent, key, clamp(turn.saturating_add(cost))])
-    .map_err(db)?;
-    if turn != floor {
-        tx.prepare_cached(
-            "INSERT INTO counters (name, value) VALUES (?1, ?2) \
-             ON CONFLICT (name) DO UPDATE SET value = excluded.value",
-        )
-        .map_err(db)?
-        .execute(params![format!("turn:{agent}"), clamp(turn)])
-        .map_err(db)?;
-    }
-    Ok(())
 }
 
 /// The gated claim inside the writer's transaction.
@@ -514,7 +456,7 @@ fn claim_gated_tx(
     let mut blocked: HashSet<String> = paused.into_iter().collect();
     // The floor is read once: nothing before the turn's advance below moves it.
     let floor = if limits.keyed() {
-        Some(turn_floor(tx, agent)?)
+        Some(turns::floor(tx, agent)?)
     } else {
         None
     };
@@ -561,7 +503,7 @@ fn claim_gated_tx(
     }
     if let Some(floor) = floor {
         let key = d.concurrency_key.as_deref().unwrap_or_default();
-        advance_turn(tx, agent, key, (picked_turn, floor), limits.turn_cost(key))?;
+        turns::advance(tx, agent, key, (picked_turn, floor), limits.turn_cost(key))?;
     }
     out.dispatch = Some(d);
     Ok(out)

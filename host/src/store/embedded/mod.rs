@@ -57,6 +57,9 @@ mod limits;
 mod log;
 mod mailbox;
 mod rows;
+mod turns;
+
+pub use turns::MIRRORED_KEYS;
 mod waitpoints;
 mod writer;
 

@@ -18,12 +18,13 @@
 //! operation instead (spinning for the next operation cost the guests CPU on two cores and
 //! bought nothing end to end).
 
-use std::sync::mpsc::{Receiver, Sender};
+use std::sync::mpsc::{Receiver, RecvTimeoutError, Sender};
+use std::time::Duration;
 
 use rusqlite::Connection;
 use tokio::sync::oneshot;
 
-use super::{TxError, sql_error};
+use super::{TxError, sql_error, turns};
 use crate::store::{SharedClock, StoreError, StoreResult};
 
 /// Most operations one transaction carries.
@@ -119,7 +120,24 @@ impl Writer {
 }
 
 fn serve(conn: &Connection, clock: &SharedClock, location: &str, jobs: &Receiver<Box<dyn Job>>) {
-    while let Ok(first) = jobs.recv() {
+    loop {
+        // With turns not yet in the table, the wait for work is bounded: after that long
+        // without work they are written (see `turns`).
+        let first = if turns::unwritten() {
+            match jobs.recv_timeout(Duration::from_millis(turns::FLUSH_MS)) {
+                Ok(job) => job,
+                Err(RecvTimeoutError::Timeout) => {
+                    write_turns(conn, clock, location);
+                    continue;
+                }
+                Err(RecvTimeoutError::Disconnected) => break,
+            }
+        } else {
+            match jobs.recv() {
+                Ok(job) => job,
+                Err(_) => break,
+            }
+        };
         let mut batch = vec![first];
         while batch.len() < MAX_BATCH {
             match jobs.try_recv() {
@@ -128,6 +146,30 @@ fn serve(conn: &Connection, clock: &SharedClock, location: &str, jobs: &Receiver
             }
         }
         run_batch(conn, clock, location, batch);
+    }
+    // The store is closing: the turns that moved go to the table.
+    if turns::unwritten() {
+        write_turns(conn, clock, location);
+    }
+}
+
+/// Writes the rotation's turns that moved, in a transaction of their own. When that fails they
+/// are dropped (the table's stand, a little behind), and the failure is logged.
+fn write_turns(conn: &Connection, clock: &SharedClock, location: &str) {
+    let now = clock.now_ms();
+    let written = conn
+        .execute_batch("BEGIN IMMEDIATE")
+        .map_err(|e| sql_error(location, e))
+        .and_then(|()| turns::begin(conn, now))
+        .and_then(|()| turns::flush(conn, now, true))
+        .and_then(|()| {
+            conn.execute_batch("COMMIT")
+                .map_err(|e| sql_error(location, e))
+        });
+    if let Err(e) = written {
+        turns::lost();
+        let _ = conn.execute_batch("ROLLBACK");
+        tracing::warn!(store = %location, "writing the rotation's turns failed: {e}");
     }
 }
 
@@ -141,9 +183,11 @@ pub(super) fn in_savepoint<T>(
 ) -> Result<Result<T, StoreError>, TxError> {
     let fail = |e: rusqlite::Error| TxError::Abort(super::rows::db(e));
     exec(conn, "SAVEPOINT part").map_err(fail)?;
+    let mark = turns::mark();
     let (out, keep) = kept(op(conn));
     if !keep {
         super::limits::forget_blocks();
+        turns::undo_to(mark);
         exec(conn, "ROLLBACK TO part").map_err(fail)?;
     }
     exec(conn, "RELEASE part").map_err(fail)?;
@@ -163,23 +207,32 @@ fn run_batch(conn: &Connection, clock: &SharedClock, location: &str, mut batch: 
         }
         return;
     }
-    let mut failed = None;
+    let mut failed = turns::begin(conn, clock.now_ms()).err();
     for job in &mut batch {
+        if failed.is_some() {
+            break;
+        }
         if let Err(e) = exec(conn, "SAVEPOINT op") {
             failed = Some(sql_error(location, e));
             break;
         }
+        let mark = turns::mark();
         let keep = job.run(conn, clock.now_ms());
         let end = if keep {
+            turns::released();
             exec(conn, "RELEASE op")
         } else {
             super::limits::forget_blocks();
+            turns::undo_to(mark);
             exec(conn, "ROLLBACK TO op").and_then(|()| exec(conn, "RELEASE op"))
         };
         if let Err(e) = end {
             failed = Some(sql_error(location, e));
             break;
         }
+    }
+    if failed.is_none() {
+        failed = turns::flush(conn, clock.now_ms(), false).err();
     }
     let committed = match failed {
         Some(err) => Err(err),
@@ -188,7 +241,9 @@ fn run_batch(conn: &Connection, clock: &SharedClock, location: &str, mut batch: 
             .map_err(|e| sql_error(location, e)),
     };
     if committed.is_err() {
+        // The batch's writes are gone, and with them what the writer kept of them.
         super::limits::forget_blocks();
+        turns::lost();
         let _ = conn.execute_batch("ROLLBACK");
     }
     for job in batch {
