@@ -410,8 +410,8 @@ fn has_lane(tx: &Connection, agent: &str, key: &str) -> StoreResult<bool> {
 /// catches the rest (agents without keyed limits never rotate).
 pub(super) fn forget_idle_keys(tx: &Connection, now: u64) -> StoreResult<usize> {
     // The rule reads the table's turns: the writer's go there first.
-    turns::write_and_forget(tx, now)?;
-    tx.prepare_cached(
+    turns::write_all(tx, now)?;
+    let gone = tx.prepare_cached(
         "DELETE FROM key_turns WHERE key <> '' \
          AND turn <= COALESCE((SELECT value FROM counters WHERE name = 'turn:' || key_turns.agent), 0) \
          AND NOT EXISTS (SELECT 1 FROM lanes INDEXED BY lanes_by_key \
@@ -419,7 +419,11 @@ pub(super) fn forget_idle_keys(tx: &Connection, now: u64) -> StoreResult<usize> 
     )
     .map_err(db)?
     .execute([])
-    .map_err(db)
+    .map_err(db)?;
+    if gone > 0 {
+        turns::forget_read();
+    }
+    Ok(gone)
 }
 
 /// The gated claim inside the writer's transaction.

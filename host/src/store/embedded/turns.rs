@@ -152,9 +152,10 @@ impl Mirror {
                 }
             }
         }
+        // From here its turns are the table's: changes undone later for this agent are skipped
+        // (when the operation that gave up is rolled back, the turns it wrote go with it:
+        // fairness only, as with a crash).
         self.agents.insert(agent.to_owned(), None);
-        // Undoing changes of an agent no longer kept would bring it back half; its turns are
-        // in the table now, and an operation rolled back drops the memory (see `undo_to`).
         Ok(())
     }
 }
@@ -274,20 +275,24 @@ pub(super) fn lost() {
     MIRROR.with(|m| *m.borrow_mut() = Mirror::default());
 }
 
-/// Writes the moved turns and drops the memory: the caller deletes turns by a rule the memory
-/// cannot follow (the sweep).
-pub(super) fn write_and_forget(tx: &Connection, now: u64) -> StoreResult<()> {
+/// Writes the moved turns now, whenever they were last written (the sweep reads the table's).
+pub(super) fn write_all(tx: &Connection, now: u64) -> StoreResult<()> {
+    MIRROR.with(|m| m.borrow_mut().flush(tx, now))
+}
+
+/// Drops what was read of the table (everything is written): the caller deleted turns by a
+/// rule the memory does not follow (the sweep).
+pub(super) fn forget_read() {
     MIRROR.with(|m| {
         let mut m = m.borrow_mut();
-        m.flush(tx, now)?;
         let version = m.version;
+        let flushed_at = m.flushed_at;
         *m = Mirror {
             version,
-            flushed_at: now,
+            flushed_at,
             ..Mirror::default()
         };
-        Ok(())
-    })
+    });
 }
 
 /// The turn every key of `agent` is brought up to (the turn of the key claimed last), so a key
