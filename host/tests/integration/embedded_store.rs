@@ -528,8 +528,9 @@ async fn two_instances_on_one_file_see_each_others_turns_once_written() {
     assert_eq!(next_key(&b, &limits).await, "k3", "b reads a's turn");
 }
 
-/// The turns survive a restart: a store closed after serving two of three keys serves the
-/// third first when it is opened again.
+/// The turns survive a clean restart: closing the store writes them (its drop waits for it),
+/// so a store closed after serving two of three keys serves the third first when it is opened
+/// again.
 #[tokio::test]
 async fn the_rotation_goes_on_where_it_was_after_a_restart() {
     let dir = tempfile::tempdir().unwrap();
@@ -545,7 +546,23 @@ async fn the_rotation_goes_on_where_it_was_after_a_restart() {
         assert_eq!(next_key(&store, &limits).await, "k1");
         assert_eq!(next_key(&store, &limits).await, "k2");
     }
-    await_turn(&path, "k2", 1_000).await;
+    let conn = rusqlite::Connection::open(&path).unwrap();
+    let turns: Vec<(String, u64)> = conn
+        .prepare("SELECT key, turn FROM key_turns WHERE agent = 'x' ORDER BY key")
+        .unwrap()
+        .query_map([], |row| Ok((row.get(0)?, row.get(1)?)))
+        .unwrap()
+        .collect::<Result<_, _>>()
+        .unwrap();
+    assert_eq!(
+        turns,
+        [
+            ("k1".to_owned(), 1_000),
+            ("k2".to_owned(), 1_000),
+            ("k3".to_owned(), 0)
+        ],
+        "the turns in the file once the store is closed"
+    );
     let store = EmbeddedStore::open(&path, clock()).unwrap().store();
     assert_eq!(next_key(&store, &limits).await, "k3");
     assert_eq!(next_key(&store, &limits).await, "k1");

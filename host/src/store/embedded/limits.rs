@@ -408,22 +408,27 @@ fn has_lane(tx: &Connection, agent: &str, key: &str) -> StoreResult<bool> {
 /// Deletes the turns that carry nothing: keys with no lane whose turn is at or below their
 /// agent's floor (they would count as the floor). The rotation deletes those it passes; this
 /// catches the rest (agents without keyed limits never rotate).
-pub(super) fn forget_idle_keys(tx: &Connection, now: u64) -> StoreResult<usize> {
-    // The rule reads the table's turns: the writer's go there first.
-    turns::write_all(tx, now)?;
-    let gone = tx.prepare_cached(
-        "DELETE FROM key_turns WHERE key <> '' \
-         AND turn <= COALESCE((SELECT value FROM counters WHERE name = 'turn:' || key_turns.agent), 0) \
-         AND NOT EXISTS (SELECT 1 FROM lanes INDEXED BY lanes_by_key \
-             WHERE lanes.agent = key_turns.agent AND lanes.ckey = key_turns.key)",
-    )
-    .map_err(db)?
-    .execute([])
-    .map_err(db)?;
-    if gone > 0 {
-        turns::forget_read();
+pub(super) fn forget_idle_keys(tx: &Connection) -> StoreResult<usize> {
+    let gone: Vec<(String, String)> = {
+        let mut stmt = tx
+            .prepare_cached(
+                "DELETE FROM key_turns WHERE key <> '' \
+                 AND turn <= COALESCE((SELECT value FROM counters WHERE name = 'turn:' || key_turns.agent), 0) \
+                 AND NOT EXISTS (SELECT 1 FROM lanes INDEXED BY lanes_by_key \
+                     WHERE lanes.agent = key_turns.agent AND lanes.ckey = key_turns.key) \
+                 RETURNING agent, key",
+            )
+            .map_err(db)?;
+        let rows = stmt
+            .query_map([], |row| Ok((row.get(0)?, row.get(1)?)))
+            .map_err(db)?;
+        rows.collect::<Result<_, _>>().map_err(db)?
+    };
+    // The rule read the table's turns; the writer's own, when it has moved them, stay.
+    for (agent, key) in &gone {
+        turns::deleted(tx, agent, key)?;
     }
-    Ok(gone)
+    Ok(gone.len())
 }
 
 /// The gated claim inside the writer's transaction.

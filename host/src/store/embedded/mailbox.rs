@@ -655,7 +655,7 @@ impl Mailbox for EmbeddedStore {
         self.write(move |tx, now| {
             // Streamed deltas go when they expire, whatever became of their dispatch.
             super::deltas::delete_expired(tx, now)?;
-            super::limits::forget_idle_keys(tx, now)?;
+            super::limits::forget_idle_keys(tx)?;
             // A purged dispatch takes its waitpoints and its journal with it (T16).
             let purged: Vec<(String, u32)> = {
                 let mut stmt = tx

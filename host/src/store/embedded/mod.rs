@@ -58,10 +58,10 @@ mod log;
 mod mailbox;
 mod rows;
 mod turns;
-
-pub use turns::MIRRORED_KEYS;
 mod waitpoints;
 mod writer;
+
+pub use turns::MIRRORED_KEYS;
 
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicUsize, Ordering};

@@ -5,9 +5,10 @@
 //! lane, then advances the claimed key's turn. Read from and written to SQLite that is three
 //! statements and two B-trees written per claim (the table and its turn-order index), about a
 //! twentieth of an echo dispatch's cost end to end. The writer thread keeps them in memory
-//! instead, an agent's turns read once, and writes the turns that moved to the table in its
-//! batches at most every [`FLUSH_MS`] (and after [`FLUSH_MS`] without work, and when the store
-//! closes). The table is the turns' durable copy, at most that much behind; what it costs:
+//! instead, an agent's turns read once, and writes the turns that moved to the table within
+//! [`FLUSH_MS`] of the first of them moving (in the batch that ends then, or in a transaction
+//! of its own when no batch comes), and when the store closes (dropping the store waits for
+//! it). The table is the turns' durable copy, at most that much behind; what it costs:
 //!
 //! - a crash forgets the turns of the claims of its last [`FLUSH_MS`], so a key claimed then
 //!   may be served again a little early after the restart (fairness only: caps and rates are
@@ -32,6 +33,7 @@
 
 use std::cell::RefCell;
 use std::collections::{BTreeSet, HashMap, HashSet};
+use std::time::{Duration, Instant};
 
 use rusqlite::{Connection, params};
 
@@ -59,8 +61,8 @@ struct Mirror {
     agents: HashMap<String, Option<Turns>>,
     /// Turn floors by agent, and whether the table's is behind.
     floors: HashMap<String, (u64, bool)>,
-    /// When the moved turns were last written (store clock).
-    flushed_at: u64,
+    /// Since when turns have moved that the table does not have (none: all written).
+    moved_since: Option<Instant>,
     /// How to undo the changes of the operations not yet released, oldest first.
     undo: Vec<Undo>,
 }
@@ -123,7 +125,7 @@ impl Mirror {
 
     /// Writes every moved turn and floor to the table: each the larger of the two (the table's
     /// may have moved on through another instance).
-    fn flush(&mut self, tx: &Connection, now: u64) -> StoreResult<()> {
+    fn flush(&mut self, tx: &Connection) -> StoreResult<()> {
         for (agent, turns) in &mut self.agents {
             let Some(turns) = turns else { continue };
             for key in std::mem::take(&mut turns.moved) {
@@ -139,8 +141,13 @@ impl Mirror {
                 *moved = false;
             }
         }
-        self.flushed_at = now;
+        self.moved_since = None;
         Ok(())
+    }
+
+    /// Notes that a turn or floor moved that the table does not have.
+    fn moved(&mut self) {
+        self.moved_since.get_or_insert_with(Instant::now);
     }
 
     /// Writes `agent`'s moved turns and stops keeping them (past [`MIRRORED_KEYS`]).
@@ -188,7 +195,7 @@ fn write_floor(tx: &Connection, agent: &str, floor: u64) -> StoreResult<()> {
 ///
 /// # Errors
 /// When the moved turns cannot be written; the batch then fails.
-pub(super) fn begin(conn: &Connection, now: u64) -> StoreResult<()> {
+pub(super) fn begin(conn: &Connection) -> StoreResult<()> {
     let version: i64 = conn
         .prepare_cached("PRAGMA data_version")
         .map_err(db)?
@@ -200,35 +207,51 @@ pub(super) fn begin(conn: &Connection, now: u64) -> StoreResult<()> {
             return Ok(());
         }
         if m.any_moved() {
-            m.flush(conn, now)?;
+            m.flush(conn)?;
         }
         *m = Mirror {
             version: Some(version),
-            flushed_at: now,
             ..Mirror::default()
         };
         Ok(())
     })
 }
 
-/// Writes the moved turns when the last write is [`FLUSH_MS`] old (`force`: whenever any
-/// moved), inside the batch's transaction, before it commits.
+/// Writes the moved turns when the first of them moved [`FLUSH_MS`] before `now` (`force`:
+/// whenever any moved), inside the batch's transaction, before it commits.
 ///
 /// # Errors
 /// When they cannot be written; the batch then fails.
-pub(super) fn flush(conn: &Connection, now: u64, force: bool) -> StoreResult<()> {
+pub(super) fn flush(conn: &Connection, now: Instant, force: bool) -> StoreResult<()> {
     MIRROR.with(|m| {
         let mut m = m.borrow_mut();
-        if (force || now.saturating_sub(m.flushed_at) >= FLUSH_MS) && m.any_moved() {
-            m.flush(conn, now)?;
+        let due = m.moved_since.is_some_and(|since| {
+            force || now.saturating_duration_since(since) >= Duration::from_millis(FLUSH_MS)
+        });
+        if due {
+            m.flush(conn)?;
         }
         Ok(())
     })
 }
 
-/// Whether turns moved that the table does not have yet.
-pub(super) fn unwritten() -> bool {
-    MIRROR.with(|m| m.borrow().any_moved())
+/// Puts the moved turns' next write [`FLUSH_MS`] off: a try to write them could not begin.
+pub(super) fn postpone() {
+    MIRROR.with(|m| {
+        if let Some(since) = m.borrow_mut().moved_since.as_mut() {
+            *since = Instant::now();
+        }
+    });
+}
+
+/// How long the writer may wait for work before the moved turns are due; `None` when every
+/// turn is written.
+pub(super) fn due_in() -> Option<Duration> {
+    MIRROR.with(|m| {
+        m.borrow()
+            .moved_since
+            .map(|since| Duration::from_millis(FLUSH_MS).saturating_sub(since.elapsed()))
+    })
 }
 
 /// Where an operation (or a part of one) starts, for [`undo_to`].
@@ -262,6 +285,9 @@ pub(super) fn undo_to(mark: usize) {
                 }
             }
         }
+        if !m.any_moved() {
+            m.moved_since = None;
+        }
     });
 }
 
@@ -275,24 +301,18 @@ pub(super) fn lost() {
     MIRROR.with(|m| *m.borrow_mut() = Mirror::default());
 }
 
-/// Writes the moved turns now, whenever they were last written (the sweep reads the table's).
-pub(super) fn write_all(tx: &Connection, now: u64) -> StoreResult<()> {
-    MIRROR.with(|m| m.borrow_mut().flush(tx, now))
-}
-
-/// Drops what was read of the table (everything is written): the caller deleted turns by a
-/// rule the memory does not follow (the sweep).
-pub(super) fn forget_read() {
-    MIRROR.with(|m| {
-        let mut m = m.borrow_mut();
-        let version = m.version;
-        let flushed_at = m.flushed_at;
-        *m = Mirror {
-            version,
-            flushed_at,
-            ..Mirror::default()
-        };
+/// The sweep deleted `key`'s row (an idle key at or below the floor, by the table's turns):
+/// a turn kept here that the table does not have yet stays (it is written again when due,
+/// being above what the sweep read), any other goes too.
+pub(super) fn deleted(tx: &Connection, agent: &str, key: &str) -> StoreResult<()> {
+    let moved = MIRROR.with(|m| match m.borrow().agents.get(agent) {
+        Some(Some(turns)) => turns.moved.contains(key),
+        _ => true,
     });
+    if !moved {
+        set(tx, agent, key, None)?;
+    }
+    Ok(())
 }
 
 /// The turn every key of `agent` is brought up to (the turn of the key claimed last), so a key
@@ -413,6 +433,9 @@ fn set(tx: &Connection, agent: &str, key: &str, entry: Option<(u64, bool)>) -> S
         };
         let was = turns.put(key, entry);
         let full = turns.by_key.len() > MIRRORED_KEYS;
+        if entry.is_some_and(|(_, moved)| moved) {
+            m.moved();
+        }
         m.undo.push(Undo::Turn {
             agent: agent.to_owned(),
             key: key.to_owned(),
@@ -488,6 +511,7 @@ pub(super) fn advance(
                 return false;
             }
             let was = m.floors.insert(agent.to_owned(), (turn, true));
+            m.moved();
             m.undo.push(Undo::Floor {
                 agent: agent.to_owned(),
                 was,
@@ -526,7 +550,7 @@ mod tests {
         )
         .unwrap();
         lost();
-        begin(&conn, 0).unwrap();
+        begin(&conn).unwrap();
         conn
     }
 
@@ -571,7 +595,7 @@ mod tests {
         undo_to(op);
         assert_eq!(order(&conn), pairs(&[("a", 0), ("b", 0)]));
         assert_eq!(floor(&conn, "x").unwrap(), 0);
-        assert!(!unwritten(), "nothing left to write");
+        assert_eq!(due_in(), None, "nothing left to write");
     }
 
     #[test]
@@ -583,6 +607,7 @@ mod tests {
         floor(&conn, "x").unwrap();
         // A claim reads the turns before it advances one (an agent not read is written to).
         assert_eq!(order(&conn).len(), 2);
+        let before = Instant::now();
         advance(&conn, "x", "a", (0, 0), 1_000).unwrap();
         advance(&conn, "x", "b", (0, 0), 1_000).unwrap();
         released();
@@ -597,12 +622,34 @@ mod tests {
             [],
         )
         .unwrap();
-        flush(&conn, FLUSH_MS - 1, false).unwrap();
+        let flush_ms = Duration::from_millis(FLUSH_MS);
+        flush(&conn, before + flush_ms - Duration::from_millis(1), false).unwrap();
         assert_eq!(stored(&conn, "a"), Some(0), "not due yet");
-        flush(&conn, FLUSH_MS, false).unwrap();
+        flush(&conn, Instant::now() + flush_ms, false).unwrap();
         assert_eq!(stored(&conn, "a"), Some(1_000));
         assert_eq!(stored(&conn, "b"), Some(7_000), "the larger of the two");
-        assert!(!unwritten());
+        assert_eq!(due_in(), None);
+    }
+
+    #[test]
+    fn a_turn_the_sweep_deletes_stays_when_moved_here_and_goes_otherwise() {
+        let conn = conn();
+        for key in ["a", "b"] {
+            enter(&conn, "x", key).unwrap();
+        }
+        floor(&conn, "x").unwrap();
+        assert_eq!(order(&conn).len(), 2);
+        advance(&conn, "x", "a", (0, 0), 1_000).unwrap();
+        released();
+        // The sweep's rule, on the table's turns (both at 0, no lane): both rows go.
+        conn.execute("DELETE FROM key_turns", []).unwrap();
+        for key in ["a", "b"] {
+            deleted(&conn, "x", key).unwrap();
+        }
+        assert_eq!(order(&conn), pairs(&[("a", 1_000)]));
+        flush(&conn, Instant::now(), true).unwrap();
+        assert_eq!(stored(&conn, "a"), Some(1_000), "written again");
+        assert_eq!(stored(&conn, "b"), None);
     }
 
     #[test]

@@ -19,7 +19,7 @@
 //! bought nothing end to end).
 
 use std::sync::mpsc::{Receiver, RecvTimeoutError, Sender};
-use std::time::Duration;
+use std::time::Instant;
 
 use rusqlite::Connection;
 use tokio::sync::oneshot;
@@ -81,7 +81,22 @@ impl<T: Send> Job for TypedJob<T> {
 
 /// The queue of the writer thread, which owns the write connection.
 pub(super) struct Writer {
-    queue: Sender<Box<dyn Job>>,
+    /// `None` once dropped.
+    queue: Option<Sender<Box<dyn Job>>>,
+    thread: Option<std::thread::JoinHandle<()>>,
+}
+
+impl Drop for Writer {
+    /// Closes the queue and waits for the thread: it runs what was queued, then writes the
+    /// rotation's turns that moved (see `turns`), so a store closed cleanly keeps them.
+    fn drop(&mut self) {
+        drop(self.queue.take());
+        if let Some(thread) = self.thread.take()
+            && thread.thread().id() != std::thread::current().id()
+        {
+            let _ = thread.join();
+        }
+    }
 }
 
 impl Writer {
@@ -92,13 +107,16 @@ impl Writer {
         location: String,
     ) -> StoreResult<Self> {
         let (queue, jobs) = std::sync::mpsc::channel::<Box<dyn Job>>();
-        std::thread::Builder::new()
+        let thread = std::thread::Builder::new()
             .name("homing-store-writer".into())
             .spawn(move || serve(&conn, &clock, &location, &jobs))
             .map_err(|e| {
                 StoreError::Unavailable(format!("cannot start the store writer thread: {e}"))
             })?;
-        Ok(Writer { queue })
+        Ok(Writer {
+            queue: Some(queue),
+            thread: Some(thread),
+        })
     }
 
     /// Queues `op` and returns the receiver of its reply.
@@ -113,6 +131,8 @@ impl Writer {
             reply,
         };
         self.queue
+            .as_ref()
+            .ok_or_else(|| StoreError::Unavailable("the store is closing".into()))?
             .send(Box::new(job))
             .map_err(|_| StoreError::Unavailable("the store's writer thread has stopped".into()))?;
         Ok(receiver)
@@ -121,13 +141,13 @@ impl Writer {
 
 fn serve(conn: &Connection, clock: &SharedClock, location: &str, jobs: &Receiver<Box<dyn Job>>) {
     loop {
-        // With turns not yet in the table, the wait for work is bounded: after that long
-        // without work they are written (see `turns`).
-        let first = if turns::unwritten() {
-            match jobs.recv_timeout(Duration::from_millis(turns::FLUSH_MS)) {
+        // With turns not yet in the table, the wait for work ends when they are due: with no
+        // batch to carry them they are written on their own (see `turns`).
+        let first = if let Some(due) = turns::due_in() {
+            match jobs.recv_timeout(due) {
                 Ok(job) => job,
                 Err(RecvTimeoutError::Timeout) => {
-                    write_turns(conn, clock, location);
+                    write_turns(conn, location);
                     continue;
                 }
                 Err(RecvTimeoutError::Disconnected) => break,
@@ -148,20 +168,23 @@ fn serve(conn: &Connection, clock: &SharedClock, location: &str, jobs: &Receiver
         run_batch(conn, clock, location, batch);
     }
     // The store is closing: the turns that moved go to the table.
-    if turns::unwritten() {
-        write_turns(conn, clock, location);
+    if turns::due_in().is_some() {
+        write_turns(conn, location);
     }
 }
 
-/// Writes the rotation's turns that moved, in a transaction of their own. When that fails they
-/// are dropped (the table's stand, a little behind), and the failure is logged.
-fn write_turns(conn: &Connection, clock: &SharedClock, location: &str) {
-    let now = clock.now_ms();
-    let written = conn
-        .execute_batch("BEGIN IMMEDIATE")
-        .map_err(|e| sql_error(location, e))
-        .and_then(|()| turns::begin(conn, now))
-        .and_then(|()| turns::flush(conn, now, true))
+/// Writes the rotation's turns that moved, in a transaction of their own. When the
+/// transaction cannot begin (the file's write lock stayed taken) they are kept for the next
+/// try; when writing them fails they are dropped (the table's stand, a little behind). Either
+/// failure is logged.
+fn write_turns(conn: &Connection, location: &str) {
+    if let Err(e) = conn.execute_batch("BEGIN IMMEDIATE") {
+        tracing::warn!(store = %location, "writing the rotation's turns must wait: {e}");
+        turns::postpone();
+        return;
+    }
+    let written = turns::begin(conn)
+        .and_then(|()| turns::flush(conn, Instant::now(), true))
         .and_then(|()| {
             conn.execute_batch("COMMIT")
                 .map_err(|e| sql_error(location, e))
@@ -207,7 +230,7 @@ fn run_batch(conn: &Connection, clock: &SharedClock, location: &str, mut batch: 
         }
         return;
     }
-    let mut failed = turns::begin(conn, clock.now_ms()).err();
+    let mut failed = turns::begin(conn).err();
     for job in &mut batch {
         if failed.is_some() {
             break;
@@ -232,7 +255,7 @@ fn run_batch(conn: &Connection, clock: &SharedClock, location: &str, mut batch: 
         }
     }
     if failed.is_none() {
-        failed = turns::flush(conn, clock.now_ms(), false).err();
+        failed = turns::flush(conn, Instant::now(), false).err();
     }
     let committed = match failed {
         Some(err) => Err(err),
