@@ -86,27 +86,28 @@ enum Undo {
     Read { agent: String },
 }
 
-/// One agent's turns: by key (with whether the table's is behind), and in rotation order
-/// (turn, then key, as the index orders them: keys compare by their bytes in both).
+/// One agent's turns: by key, and in rotation order (turn, then key, as the index orders
+/// them: keys compare by their bytes in both).
 #[derive(Debug, Default)]
 struct Turns {
-    by_key: HashMap<String, (u64, bool)>,
+    by_key: HashMap<String, u64>,
     order: BTreeSet<(u64, String)>,
     /// The keys whose table turn is behind.
     moved: HashSet<String>,
 }
 
 impl Turns {
-    /// Sets `key`'s entry (or removes it), returning what it was.
+    /// Sets `key`'s turn and whether the table's is behind (or removes it), returning what
+    /// they were.
     fn put(&mut self, key: &str, entry: Option<(u64, bool)>) -> Option<(u64, bool)> {
-        let was = match entry {
-            Some(e) => self.by_key.insert(key.to_owned(), e),
+        let old = match entry {
+            Some((turn, _)) => self.by_key.insert(key.to_owned(), turn),
             None => self.by_key.remove(key),
         };
-        if let Some((old, _)) = was {
+        let was = old.map(|turn| (turn, self.moved.remove(key)));
+        if let Some(old) = old {
             self.order.remove(&(old, key.to_owned()));
         }
-        self.moved.remove(key);
         if let Some((turn, moved)) = entry {
             self.order.insert((turn, key.to_owned()));
             if moved {
@@ -129,9 +130,8 @@ impl Mirror {
         for (agent, turns) in &mut self.agents {
             let Some(turns) = turns else { continue };
             for key in std::mem::take(&mut turns.moved) {
-                if let Some(entry) = turns.by_key.get_mut(&key) {
-                    write_turn(tx, agent, &key, entry.0)?;
-                    entry.1 = false;
+                if let Some(turn) = turns.by_key.get(&key) {
+                    write_turn(tx, agent, &key, *turn)?;
                 }
             }
         }
@@ -145,6 +145,23 @@ impl Mirror {
         Ok(())
     }
 
+    /// Sets `agent`'s floor and whether the table's is behind, recording how to undo it.
+    fn set_floor(&mut self, agent: &str, floor: (u64, bool)) {
+        let was = self.floors.insert(agent.to_owned(), floor);
+        if floor.1 {
+            self.moved();
+        }
+        self.undo.push(Undo::Floor {
+            agent: agent.to_owned(),
+            was,
+        });
+    }
+
+    /// Whether `agent`'s turns are kept (read, and not too many).
+    fn keeps(&self, agent: &str) -> bool {
+        matches!(self.agents.get(agent), Some(Some(_)))
+    }
+
     /// Notes that a turn or floor moved that the table does not have.
     fn moved(&mut self) {
         self.moved_since.get_or_insert_with(Instant::now);
@@ -154,7 +171,7 @@ impl Mirror {
     fn give_up(&mut self, tx: &Connection, agent: &str) -> StoreResult<()> {
         if let Some(Some(turns)) = self.agents.get(agent) {
             for key in &turns.moved {
-                if let Some((turn, _)) = turns.by_key.get(key) {
+                if let Some(turn) = turns.by_key.get(key) {
                     write_turn(tx, agent, key, *turn)?;
                 }
             }
@@ -327,14 +344,7 @@ pub(super) fn floor(tx: &Connection, agent: &str) -> StoreResult<u64> {
         &[&format!("turn:{agent}")],
     )?
     .unwrap_or(0);
-    MIRROR.with(|m| {
-        let mut m = m.borrow_mut();
-        m.floors.insert(agent.to_owned(), (floor, false));
-        m.undo.push(Undo::Floor {
-            agent: agent.to_owned(),
-            was: None,
-        });
-    });
+    MIRROR.with(|m| m.borrow_mut().set_floor(agent, (floor, false)));
     Ok(floor)
 }
 
@@ -367,7 +377,7 @@ fn kept(tx: &Connection, agent: &str) -> StoreResult<bool> {
     MIRROR.with(|m| {
         let mut m = m.borrow_mut();
         load(&mut m, tx, agent)?;
-        Ok(matches!(m.agents.get(agent), Some(Some(_))))
+        Ok(m.keeps(agent))
     })
 }
 
@@ -375,7 +385,7 @@ fn kept(tx: &Connection, agent: &str) -> StoreResult<bool> {
 pub(super) fn turn(tx: &Connection, agent: &str, key: &str) -> StoreResult<Option<u64>> {
     if kept(tx, agent)? {
         return Ok(MIRROR.with(|m| match m.borrow().agents.get(agent) {
-            Some(Some(turns)) => turns.by_key.get(key).map(|(turn, _)| *turn),
+            Some(Some(turns)) => turns.by_key.get(key).copied(),
             _ => None,
         }));
     }
@@ -505,30 +515,11 @@ pub(super) fn advance(
     }
     if turn != floor {
         let turn = clamp(turn);
-        let kept = MIRROR.with(|m| {
-            let mut m = m.borrow_mut();
-            if !matches!(m.agents.get(agent), Some(Some(_))) {
-                return false;
-            }
-            let was = m.floors.insert(agent.to_owned(), (turn, true));
-            m.moved();
-            m.undo.push(Undo::Floor {
-                agent: agent.to_owned(),
-                was,
-            });
-            true
-        });
+        let kept = MIRROR.with(|m| m.borrow().keeps(agent));
         if !kept {
             write_floor(tx, agent, turn)?;
-            MIRROR.with(|m| {
-                let mut m = m.borrow_mut();
-                let was = m.floors.insert(agent.to_owned(), (turn, false));
-                m.undo.push(Undo::Floor {
-                    agent: agent.to_owned(),
-                    was,
-                });
-            });
         }
+        MIRROR.with(|m| m.borrow_mut().set_floor(agent, (turn, kept)));
     }
     Ok(())
 }
@@ -573,6 +564,15 @@ mod tests {
         .unwrap()
     }
 
+    /// Enters keys `a` and `b` of agent `x` and reads its floor and turns, as a claim would.
+    fn two_keys_read(conn: &Connection) {
+        for key in ["a", "b"] {
+            enter(conn, "x", key).unwrap();
+        }
+        assert_eq!(floor(conn, "x").unwrap(), 0);
+        assert_eq!(order(conn), pairs(&[("a", 0), ("b", 0)]));
+    }
+
     fn pairs(keys: &[(&str, u64)]) -> Vec<(String, u64)> {
         keys.iter().map(|(k, t)| ((*k).to_owned(), *t)).collect()
     }
@@ -580,11 +580,7 @@ mod tests {
     #[test]
     fn a_rolled_back_operation_leaves_the_turns_as_they_were() {
         let conn = conn();
-        for key in ["a", "b"] {
-            enter(&conn, "x", key).unwrap();
-        }
-        assert_eq!(floor(&conn, "x").unwrap(), 0);
-        assert_eq!(order(&conn), pairs(&[("a", 0), ("b", 0)]));
+        two_keys_read(&conn);
         released();
 
         let op = mark();
@@ -601,12 +597,8 @@ mod tests {
     #[test]
     fn moved_turns_reach_the_table_when_due_each_the_larger() {
         let conn = conn();
-        for key in ["a", "b"] {
-            enter(&conn, "x", key).unwrap();
-        }
-        floor(&conn, "x").unwrap();
         // A claim reads the turns before it advances one (an agent not read is written to).
-        assert_eq!(order(&conn).len(), 2);
+        two_keys_read(&conn);
         let before = Instant::now();
         advance(&conn, "x", "a", (0, 0), 1_000).unwrap();
         advance(&conn, "x", "b", (0, 0), 1_000).unwrap();
@@ -634,11 +626,7 @@ mod tests {
     #[test]
     fn a_turn_the_sweep_deletes_stays_when_moved_here_and_goes_otherwise() {
         let conn = conn();
-        for key in ["a", "b"] {
-            enter(&conn, "x", key).unwrap();
-        }
-        floor(&conn, "x").unwrap();
-        assert_eq!(order(&conn).len(), 2);
+        two_keys_read(&conn);
         advance(&conn, "x", "a", (0, 0), 1_000).unwrap();
         released();
         // The sweep's rule, on the table's turns (both at 0, no lane): both rows go.
