@@ -90,6 +90,57 @@ tokio::task_local! {
     static ACKED: std::cell::Cell<u64>;
 }
 
+/// A test's hold on the moment between a commit's acknowledgement and its own apply
+/// ([`View::apply_own`]): in production nothing holds it, and a commit passes with one atomic
+/// load. A descheduled task makes the same gap; the hold makes it as long as a test needs
+/// (see [`NatsStore::hold_own_applies`]).
+#[derive(Debug, Default)]
+pub(super) struct OwnHold {
+    held: std::sync::atomic::AtomicBool,
+    parked: std::sync::atomic::AtomicUsize,
+    changed: tokio::sync::Notify,
+}
+
+impl OwnHold {
+    /// Waits while the hold is on.
+    async fn pass(&self) {
+        use std::sync::atomic::Ordering;
+        if !self.held.load(Ordering::Acquire) {
+            return;
+        }
+        self.parked.fetch_add(1, Ordering::AcqRel);
+        self.changed.notify_waiters();
+        loop {
+            let changed = self.changed.notified();
+            tokio::pin!(changed);
+            changed.as_mut().enable();
+            if !self.held.load(Ordering::Acquire) {
+                break;
+            }
+            changed.await;
+        }
+        self.parked.fetch_sub(1, Ordering::AcqRel);
+    }
+
+    pub(super) fn set(&self, held: bool) {
+        self.held.store(held, std::sync::atomic::Ordering::Release);
+        self.changed.notify_waiters();
+    }
+
+    /// Waits until at least `n` commits wait at the hold.
+    pub(super) async fn parked(&self, n: usize) {
+        loop {
+            let changed = self.changed.notified();
+            tokio::pin!(changed);
+            changed.as_mut().enable();
+            if self.parked.load(std::sync::atomic::Ordering::Acquire) >= n {
+                return;
+            }
+            changed.await;
+        }
+    }
+}
+
 /// Messages per atomic batch (the server allows 1,000).
 pub(super) const MAX_BATCH: usize = 999;
 
@@ -288,6 +339,7 @@ impl NatsStore {
         }
         // An atomic batch is stored contiguously, ending at the acknowledged sequence.
         let first = last_seq.saturating_sub(n as u64 - 1);
+        self.inner.own_hold.pass().await;
         let mut touched = Vec::new();
         let watched = self.inner.watches.open() > 0;
         if let Ok(mut view) = self.inner.view.lock() {

@@ -197,6 +197,10 @@ struct ThreadState {
     /// The last stream sequence of any message of the thread's tree (what a write names).
     seq: u64,
     record: ThreadRec,
+    /// The stream sequence of the message that holds `record` (0: never written): an older
+    /// thread record arriving late (this instance's own write, applied after the watcher
+    /// delivered a newer one) must not take the epoch back.
+    record_seq: u64,
     /// The claimed dispatch, if any.
     held: Option<String>,
     /// The stream sequence of the thread's last claim (fairness across threads).
@@ -347,6 +351,44 @@ impl View {
     }
 
     fn apply_record(&mut self, seq: u64, record: Record) {
+        #[cfg(debug_assertions)]
+        let checked = record.thread().map(str::to_owned);
+        self.apply_record_unchecked(seq, record);
+        #[cfg(debug_assertions)]
+        if let Some(thread) = checked {
+            self.check_thread(&thread);
+        }
+    }
+
+    /// Debug builds: the cheap consequences of the view's invariant (docs/contract.md, section
+    /// 15.1) for `thread` in a lean view: nothing it holds of the thread comes from a message
+    /// past the thread's fence.
+    #[cfg(debug_assertions)]
+    fn check_thread(&self, thread: &str) {
+        let Some(state) = self.threads.get(thread) else {
+            return;
+        };
+        if !self.lean {
+            return;
+        }
+        debug_assert!(
+            state.record_seq <= state.seq,
+            "thread {thread}: record past fence"
+        );
+        for id in &state.live {
+            let seq = self.dispatches.get(id).map_or(0, |e| e.seq);
+            debug_assert!(
+                seq <= state.seq,
+                "thread {thread}: dispatch {id} past fence"
+            );
+            debug_assert!(
+                self.markers.get(id).is_none_or(|at| *at < seq),
+                "thread {thread}: live dispatch {id} older than its settled marker"
+            );
+        }
+    }
+
+    fn apply_record_unchecked(&mut self, seq: u64, record: Record) {
         if let Some(thread) = record.thread() {
             let state = self.threads.entry(thread.to_owned()).or_default();
             state.seq = state.seq.max(seq);
@@ -356,8 +398,11 @@ impl View {
                 self.apply_dispatch(&thread, id, seq, value.map(|b| *b))
             }
             Record::Thread(name, value) => {
-                if let Some(state) = self.threads.get_mut(&name) {
+                if let Some(state) = self.threads.get_mut(&name)
+                    && state.record_seq < seq
+                {
                     state.record = value;
+                    state.record_seq = seq;
                 }
             }
             Record::Entry(thread, n) => {
@@ -524,7 +569,22 @@ impl View {
     /// Applies this instance's own write as soon as the server acknowledged it, ahead of the
     /// watcher. It does not move `pos`: messages of other hosts below `seq` may not be applied
     /// yet, and `pos` is what barriers wait for and where a restarted watcher resumes.
+    ///
+    /// A write the view already reflects is not applied: one the watcher delivered (`seq` at
+    /// or below `pos`), or one of a thread's tree whose fence is at or past `seq` (the watcher
+    /// or a later own write of the thread got there first). Between the server's answer and
+    /// this call the watcher may have applied the write and what other hosts wrote after it,
+    /// and a lean view then no longer holds a record that settled, nor a marker for it once
+    /// `pos` passed: applied now, the old record would come back under a current fence
+    /// (docs/contract.md, "What a host's view holds").
     pub fn apply_own(&mut self, seq: u64, record: Record) {
+        if seq <= self.pos
+            || record
+                .thread()
+                .is_some_and(|thread| self.thread_seq(thread) >= seq)
+        {
+            return;
+        }
         self.apply_record(seq, record);
     }
 
@@ -1150,5 +1210,144 @@ impl View {
             .iter()
             .filter_map(|(_, id)| self.waitpoints.get(id))
             .map(|h| &h.waitpoint)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+
+    use super::*;
+    use crate::store::model::NewDispatch;
+    use crate::store::rules::{HolderOp, Take, queued_record, take};
+
+    fn queued(id: &str) -> Dispatch {
+        let new = NewDispatch::new("agent", "t", b"p".to_vec());
+        queued_record(id, &new, 0, 1_000)
+    }
+
+    fn record(d: &Dispatch) -> Record {
+        Record::Dispatch(
+            d.thread.clone(),
+            d.id.clone(),
+            Some(Box::new(Stored {
+                dispatch: d.clone(),
+                settled: None,
+                waitpoints: false,
+            })),
+        )
+    }
+
+    fn claimed(d: &Dispatch) -> Dispatch {
+        let Take::Claimed(d) = take(d.clone(), d.epoch, "w", 30_000, 1_000, true) else {
+            panic!("a current record is taken");
+        };
+        d
+    }
+
+    fn settled(d: &Dispatch, op: HolderOp) -> Dispatch {
+        let mut d = d.clone();
+        op.apply(&mut d, 1_000);
+        d
+    }
+
+    /// Issue 49 (1): this host nacks a dispatch at sequence 2; before its publish reply is
+    /// applied, its watcher delivers the nack, another host's claim (3) and dead letter (4).
+    /// The late own apply of the nack must not bring the dead-lettered dispatch back.
+    #[test]
+    fn a_late_own_write_the_watcher_passed_does_not_bring_a_settled_dispatch_back() {
+        let mut view = View::lean();
+        let d = queued("d1");
+        view.apply(1, record(&d));
+        let nacked = settled(
+            &claimed(&d),
+            HolderOp::Nack {
+                retry_at: 0,
+                error: "again".into(),
+            },
+        );
+        assert_eq!(nacked.status, Status::Queued);
+        view.apply(2, record(&nacked));
+        let theirs = claimed(&nacked);
+        view.apply(3, record(&theirs));
+        let dead = settled(
+            &theirs,
+            HolderOp::DeadLetter {
+                error: "give up".into(),
+            },
+        );
+        view.apply(4, record(&dead));
+        assert!(
+            view.dispatch("d1").unwrap().is_none(),
+            "settled: out of the lean view"
+        );
+
+        view.apply_own(2, record(&nacked));
+
+        assert!(
+            view.dispatch("d1").unwrap().is_none(),
+            "the dead letter stays settled"
+        );
+        view.promote("agent", u64::MAX);
+        assert!(view.pick("agent").is_none(), "nothing to claim");
+        assert!(!view.has_live());
+        assert_eq!(view.thread_seq("t"), 4);
+    }
+
+    /// The same when the watcher has not reached the own write's sequence as a whole but the
+    /// thread's tree is past it (a later own write of the thread was applied first).
+    #[test]
+    fn an_own_write_older_than_its_threads_fence_is_not_applied() {
+        let mut view = View::lean();
+        let d = queued("d1");
+        view.apply(1, record(&d));
+        let mine = claimed(&d);
+        view.apply_own(3, record(&mine));
+        let acked = settled(&mine, HolderOp::Ack);
+        view.apply_own(4, record(&acked));
+        view.apply_own(3, record(&mine));
+        assert!(view.dispatch("d1").unwrap().is_none());
+        assert!(view.holder("t").is_none());
+    }
+
+    /// Issue 49 (2): a late own thread record must not take an interrupt's epoch back.
+    #[test]
+    fn a_late_thread_record_does_not_take_the_epoch_back() {
+        let mut view = View::lean();
+        let mine = ThreadRec {
+            trimmed: 5,
+            ..ThreadRec::default()
+        };
+        let interrupted = ThreadRec {
+            epoch: 1,
+            trimmed: 5,
+            ..ThreadRec::default()
+        };
+        view.apply(1, Record::Thread("t".into(), mine.clone()));
+        view.apply(2, Record::Thread("t".into(), interrupted.clone()));
+        view.apply_own(1, Record::Thread("t".into(), mine.clone()));
+        assert_eq!(view.thread("t").unwrap().epoch, 1);
+
+        // Also when the older record comes ahead of the watcher (pos below both).
+        let mut view = View::lean();
+        view.apply_own(2, Record::Thread("t".into(), interrupted));
+        view.apply(1, Record::Thread("t".into(), mine));
+        assert_eq!(view.thread("t").unwrap().epoch, 1);
+    }
+
+    /// An own write ahead of the watcher is applied, and the watcher's delivery of it later
+    /// changes nothing.
+    #[test]
+    fn an_own_write_ahead_of_the_watcher_is_applied_once() {
+        let mut view = View::lean();
+        let d = queued("d1");
+        view.apply(1, record(&d));
+        let mine = claimed(&d);
+        view.apply_own(2, record(&mine));
+        assert_eq!(view.holder("t").map(|s| s.dispatch.id.as_str()), Some("d1"));
+        view.apply(2, record(&mine));
+        assert_eq!(view.holder("t").map(|s| s.dispatch.id.as_str()), Some("d1"));
+        assert_eq!(view.pos, 2);
+        assert_eq!(view.thread_seq("t"), 2);
     }
 }
