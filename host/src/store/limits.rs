@@ -242,7 +242,9 @@ impl Holder {
         if self.claims == 0 {
             return self.until > now;
         }
-        if claimed && claims == self.claims && lease_until.is_some_and(|l| l > now) {
+        // The lease boundary of the rules (`lease_live`): a lease still runs at its last
+        // millisecond.
+        if claimed && claims == self.claims && lease_until.is_some_and(|l| l >= now) {
             return true;
         }
         // Written ahead of its claim, which has not landed (yet): held for as long as that

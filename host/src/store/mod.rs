@@ -53,6 +53,8 @@
 //!   until someone reclaims the dispatch: until then no one else can hold it, because the
 //!   thread stays blocked. Thread-log appends are stricter: a fenced append needs a live lease
 //!   (`lease_until >= now`), because the log is shared by every later holder of the thread.
+//!   Nor can it extend the lease: from the moment it ran out, its concurrency key's slot may
+//!   be another claim's (docs/contract.md, section 15.2).
 //! - Time comes from the store's [`Clock`]; only maintenance takes an explicit `now`.
 //! - Every backend has a size limit of its own ([`Mailbox::max_value`],
 //!   [`SequenceStore::max_entry`]): a payload, an output or a log entry above it is refused with

@@ -82,7 +82,7 @@ fn running_with_key(tx: &Connection, agent: &str, key: &str, now: u64) -> StoreR
     Ok(super::rows::scalar_u64(
         tx,
         "SELECT count(*) FROM dispatches INDEXED BY dispatches_claimed_keys \
-         WHERE agent = ?1 AND concurrency_key = ?2 AND status = 'claimed' AND lease_until > ?3",
+         WHERE agent = ?1 AND concurrency_key = ?2 AND status = 'claimed' AND lease_until >= ?3",
         &[&agent, &key, &clamp(now)],
     )?
     .unwrap_or(0))

@@ -102,7 +102,7 @@ fn holder_tx(
     };
     let made = row.as_ref().map_or(0, |row| row.waitpoints);
     let found = row.as_ref().map(rows::StoredRow::found);
-    match rules::check_holder(found, id, token, settles, t.epoch, now) {
+    match rules::check_holder_op(found, id, token, &op, t.epoch, now) {
         Holder::Repeat(d) => Ok((d, false)),
         Holder::Refuse(e) => Err(TxError::Abort(e)),
         Holder::Supersede {

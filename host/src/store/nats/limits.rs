@@ -817,14 +817,17 @@ impl NatsStore {
             let (Ok(view), Ok(blocks)) = (self.view(), self.inner.slot_blocks.lock()) else {
                 return Some(extension_ms);
             };
-            // The claim the record holds now, whether or not its lease still runs: a lapsed
-            // lease is not extended past a lapsed block.
+            // The claim the record holds now. One whose lease ran out is not extended at all
+            // (the rules refuse it), so its block is not held longer for it.
             let current = view
                 .dispatch(id)
                 .ok()
                 .flatten()
                 .map(|s| &s.dispatch)
                 .filter(|d| d.status == Status::Claimed);
+            if current.is_some_and(|d| !crate::store::rules::lease_live(d, now)) {
+                return None;
+            }
             current.and_then(|d| {
                 blocks.iter().find_map(|(scope, b)| {
                     b.claims

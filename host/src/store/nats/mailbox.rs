@@ -24,8 +24,8 @@ use crate::store::model::{
     Dispatch, DispatchRow, Interrupt, ListFilter, NewDispatch, RunResult, Status, StatusCount,
 };
 use crate::store::rules::{
-    self, Holder, HolderOp, Reclaim, Settle, SupersedeClaimed, Take, lease_extended, lease_live,
-    queued_record, same_content,
+    self, Found, Holder, HolderOp, Reclaim, Settle, SupersedeClaimed, Take, lease_extended,
+    lease_live, queued_record, same_content,
 };
 use crate::store::{Mailbox, REASON_STALE_EPOCH, StoreError, StoreResult};
 
@@ -61,12 +61,7 @@ pub(super) fn check_holder(
     settles: Option<Settle>,
     now: u64,
 ) -> StoreResult<Holder> {
-    let stored = view.dispatch(id)?;
-    let thread_epoch = match stored {
-        Some(s) => view.thread(&s.dispatch.thread)?.epoch,
-        None => 0,
-    };
-    let found = stored.map(Stored::found);
+    let (found, thread_epoch) = holder_inputs(view, id)?;
     Ok(rules::check_holder(
         found,
         id,
@@ -75,6 +70,35 @@ pub(super) fn check_holder(
         thread_epoch,
         now,
     ))
+}
+
+/// The rules' verdict on the holder operation `op` for `id` as the view has it.
+fn check_holder_op(
+    view: &View,
+    id: &str,
+    token: &str,
+    op: &HolderOp,
+    now: u64,
+) -> StoreResult<Holder> {
+    let (found, thread_epoch) = holder_inputs(view, id)?;
+    Ok(rules::check_holder_op(
+        found,
+        id,
+        token,
+        op,
+        thread_epoch,
+        now,
+    ))
+}
+
+/// The record of `id` and its thread's epoch, as the view has them.
+fn holder_inputs<'v>(view: &'v View, id: &str) -> StoreResult<(Option<Found<'v>>, u64)> {
+    let stored = view.dispatch(id)?;
+    let thread_epoch = match stored {
+        Some(s) => view.thread(&s.dispatch.thread)?.epoch,
+        None => 0,
+    };
+    Ok((stored.map(Stored::found), thread_epoch))
 }
 
 /// What one claim decision came to.
@@ -165,7 +189,7 @@ impl NatsStore {
         for reads in reads {
             let out = self
                 .run(reads, |view, now, _| {
-                    match check_holder(view, id, token, settles, now)? {
+                    match check_holder_op(view, id, token, &op, now)? {
                         Holder::Repeat(d) => Ok(Plan::Done(Ok(Some(d)))),
                         Holder::Refuse(e) => Ok(Plan::Refuse(Err(e))),
                         Holder::Supersede {

@@ -123,6 +123,28 @@ pub(crate) fn check_holder(
     Holder::Live(d.clone())
 }
 
+/// [`check_holder`] for the holder operation `op`: an extension is refused as a lost claim
+/// once the lease has run out (`lease_until < now`), reclaimed or not. From that moment another
+/// claim may hold the slot of a concurrency key the expired one held, so reviving it could run a
+/// key over its cap; and the holder's guest is stopped when its extension fails (docs/contract.md,
+/// "Leases"). Every other operation of a holder whose lease ran out but was not yet reclaimed is
+/// still its own (the record is unchanged until a reclaim).
+pub(crate) fn check_holder_op(
+    found: Option<Found<'_>>,
+    id: &str,
+    token: &str,
+    op: &HolderOp,
+    thread_epoch: u64,
+    now: u64,
+) -> Holder {
+    match check_holder(found, id, token, op.settles(), thread_epoch, now) {
+        Holder::Live(d) if matches!(op, HolderOp::Extend { .. }) && !lease_live(&d, now) => {
+            Holder::Refuse(StoreError::LostClaim { id: id.to_owned() })
+        }
+        verdict => verdict,
+    }
+}
+
 /// What a fence check of a guest's append decided.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub(crate) enum Fenced {

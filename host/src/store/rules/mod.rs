@@ -16,7 +16,7 @@ pub(crate) use claim::{
 };
 pub(crate) use holder::{
     Fenced, Found, Holder, HolderOp, Settle, SupersedeClaimed, check_fence, check_holder,
-    supersede_claimed,
+    check_holder_op, supersede_claimed,
 };
 
 use crate::store::model::{Dispatch, NewDispatch, Status};

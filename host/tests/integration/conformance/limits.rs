@@ -758,3 +758,93 @@ pub async fn a_stopped_instances_slots_of_a_large_key_free_within_three_leases<F
         "within three leases every slot is free"
     );
 }
+
+/// A claim whose lease ran out is not revived by an extension (issue 49, item 3): the slot of
+/// its key may already be another claim's, and reviving it would run the key over its cap. The
+/// expired claim was never reclaimed; a small cap and one of slot blocks on NATS.
+pub async fn an_expired_claim_is_not_revived_once_its_key_slot_was_taken<F: Factory>(factory: &F) {
+    let env = Env::new(factory).await;
+    let store = env.open().await;
+    for cap in [1u32, 32] {
+        let key = format!("k{cap}");
+        let limits = per_key(cap);
+        for i in 0..=cap {
+            let id = format!("{key}-{i:02}");
+            put(&store, keyed(&id, &id, &key)).await;
+        }
+        let first = gated(&store, &limits).await.dispatch.expect("a claim");
+        env.advance(LEASE / 2);
+        let mut others = Vec::new();
+        for _ in 1..cap {
+            others.push(gated(&store, &limits).await.dispatch.expect("a claim"));
+        }
+        assert_eq!(
+            gated_id(&store, &limits).await,
+            None,
+            "cap {cap}: the key is full"
+        );
+        env.advance(LEASE / 2 + 1);
+        // `first`'s lease ran out: its slot is free, and the last dispatch takes it.
+        let last = gated(&store, &limits)
+            .await
+            .dispatch
+            .expect("the expired claim's slot is free");
+        let first_token = tok(&first);
+        assert!(
+            !retry(|| store.mailbox.extend_lease(&first.id, &first_token, LEASE))
+                .await
+                .expect("extend_lease"),
+            "cap {cap}: an expired claim was extended"
+        );
+        let d = load(&store, &first.id).await;
+        assert!(
+            d.claim.as_ref().is_none_or(|c| c.lease_until < env.now()),
+            "cap {cap}: the expired lease was moved: {d:?}"
+        );
+        // The claims whose leases still run extend as before.
+        for d in others.iter().chain([&last]) {
+            let t = tok(d);
+            assert!(
+                retry(|| store.mailbox.extend_lease(&d.id, &t, LEASE))
+                    .await
+                    .expect("extend_lease"),
+                "cap {cap}: a live claim could not extend"
+            );
+        }
+    }
+}
+
+/// The lease boundary is one everywhere: a lease still runs at its last millisecond
+/// (`lease_until == now`), when it extends and counts against its key's cap, and has run out one
+/// millisecond later, when it neither extends nor holds its slot.
+pub async fn a_lease_runs_at_its_last_millisecond_and_not_after<F: Factory>(factory: &F) {
+    let env = Env::new(factory).await;
+    let store = env.open().await;
+    for (t, id) in [("ta", "a"), ("tb", "b")] {
+        put(&store, keyed(t, id, "k")).await;
+    }
+    let limits = per_key(1);
+    let a = gated(&store, &limits).await.dispatch.expect("a claim");
+    let until = a.claim.as_ref().expect("claimed").lease_until;
+    let a_token = tok(&a);
+    env.set(until);
+    assert_eq!(
+        gated_id(&store, &limits).await,
+        None,
+        "a still holds the slot"
+    );
+    assert!(
+        retry(|| store.mailbox.extend_lease("a", &a_token, 10))
+            .await
+            .expect("extend_lease"),
+        "a lease extends at its last millisecond"
+    );
+    env.set(until + 11);
+    assert_eq!(gated_id(&store, &limits).await.as_deref(), Some("b"));
+    assert!(
+        !retry(|| store.mailbox.extend_lease("a", &a_token, LEASE))
+            .await
+            .expect("extend_lease"),
+        "an expired lease does not extend"
+    );
+}

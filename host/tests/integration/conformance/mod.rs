@@ -627,6 +627,8 @@ macro_rules! suite {
                     deltas_go_when_they_expire,
                 },
                 limits::{
+                    an_expired_claim_is_not_revived_once_its_key_slot_was_taken,
+                    a_lease_runs_at_its_last_millisecond_and_not_after,
                     a_key_cap_is_never_exceeded_by_claimers_on_several_instances,
                     a_slot_frees_on_ack_and_on_lease_expiry_and_a_waiting_dispatch_holds_none,
                     a_rate_admits_its_burst_then_says_when_the_next_token_comes,

@@ -583,15 +583,18 @@ async fn apply(s: &Store, env_now: u64, model: &mut Model, op: &Op) -> Result<()
             let d = &model.ds[&id];
             let live = d.status == Status::Claimed && d.token.as_deref() == Some(token.as_str());
             let stale = live && d.epoch < model.epoch(&d.thread);
+            // An expired lease is not extended (the contract, section 15.2); the epoch is
+            // checked first.
+            let expired = d.lease_until.is_none_or(|until| until < model.now);
             let got = m
                 .extend_lease(&id, &token, *ext)
                 .await
                 .map_err(|e| TestCaseError::fail(format!("extend_lease: {e}")))?;
-            prop_assert_eq!(got, live && !stale, "extend_lease({})", id);
+            prop_assert_eq!(got, live && !stale && !expired, "extend_lease({})", id);
             if stale {
                 model.supersede_stale(&id, REASON_STALE_EPOCH);
                 stale_superseded_by(model, &id);
-            } else if live {
+            } else if live && !expired {
                 model.ds.get_mut(&id).unwrap().lease_until = Some(model.now + ext);
             }
         }
