@@ -292,6 +292,50 @@ impl NatsServer {
         self.child.as_ref().map(Child::id)
     }
 
+    /// The server's name (`solo`, or `n<i>` for node `i` of a cluster): what JetStream's
+    /// cluster info names its leaders and replicas by.
+    pub fn name(&self) -> &str {
+        &self.name
+    }
+
+    /// Stops the process with SIGSTOP: it keeps its sockets open but answers nothing, as a
+    /// server stalled by its machine would, until [`NatsServer::resume`].
+    ///
+    /// # Errors
+    ///
+    /// When the server is not running or the signal cannot be sent.
+    pub fn pause(&self) -> anyhow::Result<()> {
+        self.signal("STOP")
+    }
+
+    /// Continues a server stopped by [`NatsServer::pause`] (SIGCONT).
+    ///
+    /// # Errors
+    ///
+    /// When the server is not running or the signal cannot be sent.
+    pub fn resume(&self) -> anyhow::Result<()> {
+        self.signal("CONT")
+    }
+
+    /// Sends signal `name` to the process with `kill`.
+    fn signal(&self, name: &str) -> anyhow::Result<()> {
+        let Some(pid) = self.pid() else {
+            bail!("nats-server {} is not running", self.name);
+        };
+        let status = Command::new("kill")
+            .arg(format!("-{name}"))
+            .arg(pid.to_string())
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .status()
+            .context("running `kill`")?;
+        if !status.success() {
+            bail!("`kill -{name} {pid}` failed with {status}");
+        }
+        Ok(())
+    }
+
     /// Kills the server with SIGKILL; its data stays for [`NatsServer::restart`].
     pub fn kill(&mut self) {
         if let Some(mut child) = self.child.take() {
@@ -310,6 +354,56 @@ impl NatsServer {
         self.spawn()?;
         self.wait_ready().await
     }
+}
+
+/// Where a stream stands on a cluster, as JetStream's stream info tells.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct StreamCluster {
+    /// The name of the server leading the stream, if it has a leader.
+    pub leader: Option<String>,
+    /// The stream's other replicas: each server's name, and whether it is current (caught up
+    /// with the leader).
+    pub replicas: Vec<(String, bool)>,
+}
+
+/// Asks the cluster at `urls` where stream `stream` stands (its leader answers; `timeout`
+/// bounds the connection and the request).
+///
+/// # Errors
+///
+/// When no server can be reached, or the request fails (the stream has no leader, it does not
+/// exist, or the cluster did not answer in time).
+pub async fn stream_cluster(
+    urls: &[String],
+    stream: &str,
+    timeout: Duration,
+) -> anyhow::Result<StreamCluster> {
+    let connect = async_nats::ConnectOptions::new()
+        .connection_timeout(timeout)
+        .connect(urls.to_vec());
+    let client = tokio::time::timeout(timeout, connect)
+        .await
+        .context("connect timed out")??;
+    let js = async_nats::jetstream::ContextBuilder::new()
+        .timeout(timeout)
+        .build(client);
+    let info = tokio::time::timeout(timeout, async {
+        let mut found = js.get_stream(stream).await?;
+        anyhow::Ok(found.info().await?.clone())
+    })
+    .await
+    .context("stream info timed out")??;
+    let Some(cluster) = info.cluster else {
+        return Ok(StreamCluster::default());
+    };
+    Ok(StreamCluster {
+        leader: cluster.leader,
+        replicas: cluster
+            .replicas
+            .into_iter()
+            .map(|r| (r.name, r.current))
+            .collect(),
+    })
 }
 
 impl Drop for NatsServer {

@@ -145,7 +145,8 @@ impl NatsStore {
         ))
     }
 
-    /// Reads a subject's last message straight from the server: its sequence and payload.
+    /// Reads a subject's last message straight from the server (on a cluster, from the stream's
+    /// leader: see `fetch`): its sequence and payload.
     pub(super) async fn get_last(&self, subject: &str) -> StoreResult<Option<(u64, Bytes)>> {
         Ok(self
             .get_last_matching(subject)

@@ -175,6 +175,8 @@ mod log;
 mod mailbox;
 mod queries;
 pub mod view;
+#[cfg(test)]
+mod view_model;
 mod waitpoints;
 mod watcher;
 
@@ -248,6 +250,9 @@ struct Inner {
     /// Whether this instance follows the stream into `view` (a host), or reads what each
     /// operation needs straight from the server (a short-lived client; see `fetch`).
     follow: bool,
+    /// Whether the stream has more than one replica: then what a decision reads from the
+    /// server is read from the stream's leader, or checked against it (see `fetch`).
+    replicated: bool,
     view: Mutex<View>,
     /// Fired whenever the watcher applied messages (barrier waiters listen).
     applied: Notify,
@@ -289,6 +294,8 @@ struct Inner {
     slot_blocks: Mutex<std::collections::HashMap<String, limits::SlotBlock>>,
     /// The holder name of this instance's slot blocks (random: a new instance, a new name).
     block_id: String,
+    /// A test's hold on own applies (never held in production; see `commit::OwnHold`).
+    own_hold: commit::OwnHold,
 }
 
 impl Drop for Inner {
@@ -356,6 +363,7 @@ impl NatsStore {
             room,
             clock,
             follow,
+            replicated: config.replicas > 1,
             view: Mutex::new(View::lean()),
             applied: Notify::new(),
             signal: Arc::new(Notify::new()),
@@ -379,6 +387,7 @@ impl NatsStore {
             refills: Mutex::new(std::collections::HashMap::new()),
             slot_blocks: Mutex::new(std::collections::HashMap::new()),
             block_id: format!("block.{:016x}", fastrand::u64(..)),
+            own_hold: commit::OwnHold::default(),
         });
         if !follow {
             return Ok(NatsStore { inner });
@@ -574,6 +583,33 @@ impl NatsStore {
     /// work).
     pub fn view_waitpoints(&self) -> usize {
         self.inner.view.lock().map_or(0, |v| v.waitpoint_count())
+    }
+
+    /// For tests: holds every commit of this instance between the server's acknowledgement and
+    /// the write's own apply to the view, until [`NatsStore::release_own_applies`], so that a
+    /// test can make the gap a descheduled task makes (the watcher and other hosts go on).
+    #[doc(hidden)]
+    pub fn hold_own_applies(&self) {
+        self.inner.own_hold.set(true);
+    }
+
+    /// For tests: waits until at least `n` commits wait at the hold of
+    /// [`NatsStore::hold_own_applies`].
+    #[doc(hidden)]
+    pub async fn own_applies_held(&self, n: usize) {
+        self.inner.own_hold.parked(n).await;
+    }
+
+    /// For tests: lets the commits held by [`NatsStore::hold_own_applies`] go on.
+    #[doc(hidden)]
+    pub fn release_own_applies(&self) {
+        self.inner.own_hold.set(false);
+    }
+
+    /// For tests: waits until the view applied everything the stream held when called.
+    #[doc(hidden)]
+    pub async fn caught_up(&self) -> StoreResult<()> {
+        self.barrier().await
     }
 
     /// How many times the watcher had to restart its consumer.

@@ -99,6 +99,32 @@ impl NatsServer {
         self.0.kill();
     }
 
+    /// The server's name (`n<i>` for node `i` of a cluster), as JetStream's cluster info
+    /// names it.
+    pub fn name(&self) -> &str {
+        self.0.name()
+    }
+
+    /// Stops the server with SIGSTOP (it keeps its sockets and answers nothing).
+    pub fn pause(&self) {
+        self.0.pause().expect("SIGSTOP nats-server");
+    }
+
+    /// Continues a server stopped by [`NatsServer::pause`] (SIGCONT).
+    pub fn resume(&self) {
+        self.0.resume().expect("SIGCONT nats-server");
+    }
+
+    /// [`NatsServer::restart`] for async code: awaits the server's readiness on the caller's
+    /// runtime instead of blocking one of its threads.
+    pub async fn restart_async(&mut self) {
+        self.0
+            .restart()
+            .await
+            .unwrap_or_else(|e| panic!("restarting nats-server failed: {e:#}"));
+        watchdog(&self.0);
+    }
+
     /// Starts the server again on the same port and data; returns once it is ready.
     pub fn restart(&mut self) {
         let server = &mut self.0;
