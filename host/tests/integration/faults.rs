@@ -22,7 +22,17 @@
 //! - `paused_holder_*`: a holder stalls past its lease, another takes over, and the stalled
 //!   holder's late writes (record, append, ack) are all refused; the second result stands.
 //!
-//! `HOMING_SOAK=1` runs longer variants; `HOMING_SEED=<n>` replays a chaos run.
+//! - `chaos_key_*`: the same on the claim path hosts use: workers claim with `claim_gated` under
+//!   per-key limits (`key_cap`: a cap of 2; `key_blocks`: a cap of 16, served from slot blocks
+//!   on NATS; `key_rate`: a rate) and complete with `complete_and_claim` half the time; some
+//!   paused holders try to extend their expired lease. The checker also finds no key over its
+//!   cap or its rate at any instant. The NATS variants run with every core kept busy
+//!   ([`CpuHog`]), where a descheduled task shows what an idle machine hides.
+//!
+//! `HOMING_SOAK=1` runs longer variants; `HOMING_SEED=<n>` replays a chaos run;
+//! `HOMING_CHAOS_RUNS=<n>` repeats each chaos test `n` times with seeds `HOMING_SEED`, +1, ...
+//! (reporting every failed seed at the end); `HOMING_LOAD=1` keeps every core busy during any
+//! chaos test, `HOMING_LOAD=0` during none.
 
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, OnceLock};
@@ -32,13 +42,13 @@ use homing::store::embedded::EmbeddedStore;
 use homing::store::inbox::{DEFAULT_MAX_INBOX, FOLLOW_UP_BY};
 use homing::store::nats::{NatsConfig, NatsStore};
 use homing::store::{
-    Clock, Fence, ManualClock, MessageFilter, MessageKind, MessageState, NewDispatch, NewMessage,
-    RunResult, SharedClock, Status, Store, StoreError,
+    ClaimRequest, Clock, Fence, LimitSet, ManualClock, MessageFilter, MessageKind, MessageState,
+    NewDispatch, NewMessage, Rate, RunResult, SharedClock, Status, Store, StoreError,
 };
 use tokio::sync::Barrier;
 use tokio::task::JoinSet;
 
-use crate::common::{Rng, seed, soak};
+use crate::common::{CpuHog, Rng, env_count, seed, soak};
 use crate::history;
 use crate::history::{Expect, History, Recorder};
 use crate::natsd::NatsServer;
@@ -70,6 +80,21 @@ impl Backend {
             std::process::id(),
             NEXT.fetch_add(1, Ordering::Relaxed)
         ))
+    }
+
+    /// Deletes what the scenario stored (the NATS stream; the embedded file goes with its
+    /// directory).
+    async fn remove(self) {
+        if let Backend::Nats(prefix) = &self {
+            let config = NatsConfig {
+                urls: vec![nats_server().url()],
+                prefix: prefix.clone(),
+                ..NatsConfig::default()
+            };
+            NatsStore::delete_stream(&config)
+                .await
+                .expect("delete the NATS stream");
+        }
     }
 
     async fn open(&self, clock: &Arc<ManualClock>) -> Store {
@@ -155,18 +180,128 @@ struct ChaosSize {
     message_threads: usize,
 }
 
-/// What the message part of a chaos run did.
+/// What the message part of a chaos run did, and how often a limit held a gated claim back.
 #[derive(Default)]
-struct MessageCounts {
+struct RunCounts {
     sent: AtomicUsize,
     refused: AtomicUsize,
     acked: AtomicUsize,
     repeated: AtomicUsize,
     late: AtomicUsize,
+    held_back: AtomicUsize,
+    /// Extensions tried after the lease ran out, and those the store accepted.
+    late_extends: AtomicUsize,
+    revived: AtomicUsize,
 }
 
-async fn chaos(backend: Backend, size: ChaosSize) {
-    let seed = seed();
+/// How a chaos run's workers claim.
+enum Claims {
+    /// `claim` or `claim_started`, at random; no dispatch has a concurrency key.
+    Plain,
+    /// The production shape: `claim_gated` under `limits` (started or not, at random), and in
+    /// half the completions `complete_and_claim`, whose claim the worker handles next. Seven
+    /// dispatches in eight have one of `keys` concurrency keys (`k0`, `k1`, ...).
+    Gated { limits: LimitSet, keys: u64 },
+}
+
+impl Claims {
+    fn limits(&self) -> Option<&LimitSet> {
+        match self {
+            Claims::Plain => None,
+            Claims::Gated { limits, .. } => Some(limits),
+        }
+    }
+}
+
+/// One chaos scenario: its size, how its workers claim, and whether it keeps every core busy
+/// while it runs.
+struct Chaos {
+    size: ChaosSize,
+    claims: Claims,
+    load: bool,
+}
+
+/// A gated claim of [`AGENT`] by `consumer` under `limits`.
+fn request<'a>(
+    consumer: &'a str,
+    lease: u64,
+    start: bool,
+    limits: &'a LimitSet,
+) -> ClaimRequest<'a> {
+    ClaimRequest {
+        agent: AGENT,
+        consumer,
+        lease_ms: lease,
+        start,
+        limits,
+        offer: None,
+    }
+}
+
+/// Sets `stop` when dropped: a run that fails midway stops its endless tasks (the sweeper, the
+/// interrupter) too.
+struct StopOnDrop(Arc<AtomicBool>);
+
+impl Drop for StopOnDrop {
+    fn drop(&mut self) {
+        self.0.store(true, Ordering::Relaxed);
+    }
+}
+
+/// Runs `scenario` on a fresh `backend()` `HOMING_CHAOS_RUNS` times (once by default), run `i`
+/// with seed `HOMING_SEED + i` (a fresh seed when unset), under a [`CpuHog`] when the scenario
+/// asks for load or `HOMING_LOAD=1` (`HOMING_LOAD=0` turns it off). With several runs a failed
+/// run does not stop the others (its stream or file is left behind); the test fails at the end,
+/// naming the seeds that failed. `HOMING_SEED=<seed>` replays one.
+async fn chaos(backend: fn() -> Backend, scenario: Chaos) {
+    let runs = env_count("HOMING_CHAOS_RUNS").unwrap_or(1).max(1);
+    let first = seed();
+    let load = match std::env::var("HOMING_LOAD").as_deref() {
+        Ok("1") => true,
+        Ok("0") => false,
+        _ => scenario.load,
+    };
+    let _hog = load.then(CpuHog::start);
+    let scenario = Arc::new(scenario);
+    let mut failed = Vec::new();
+    for run in 1..=runs {
+        let seed = first.wrapping_add(run as u64 - 1);
+        let began = Instant::now();
+        match tokio::spawn(chaos_run(backend(), scenario.clone(), seed, runs > 1)).await {
+            Ok(()) => eprintln!(
+                "chaos run {run}/{runs} (seed {seed}, load {load}): clean in {:.1?}",
+                began.elapsed()
+            ),
+            Err(err) if runs == 1 && err.is_panic() => std::panic::resume_unwind(err.into_panic()),
+            Err(err) => {
+                let why = if err.is_panic() {
+                    let payload = err.into_panic();
+                    payload
+                        .downcast_ref::<String>()
+                        .cloned()
+                        .or_else(|| payload.downcast_ref::<&str>().map(|s| (*s).to_owned()))
+                        .unwrap_or_default()
+                } else {
+                    err.to_string()
+                };
+                eprintln!(
+                    "chaos run {run}/{runs} (seed {seed}, load {load}): FAILED after {:.1?}: {why}",
+                    began.elapsed()
+                );
+                failed.push(seed);
+            }
+        }
+    }
+    assert!(
+        failed.is_empty(),
+        "{} of {runs} chaos runs failed, seeds {failed:?} (HOMING_SEED=<seed> replays one)",
+        failed.len()
+    );
+}
+
+/// One chaos run with `seed`; `cleanup` closes its stores and removes its data at the end.
+async fn chaos_run(backend: Backend, chaos: Arc<Chaos>, seed: u64, cleanup: bool) {
+    let size = &chaos.size;
     eprintln!("chaos seed {seed} (HOMING_SEED={seed} replays the random choices)");
     let clock = ManualClock::new(T0);
     let history = History::new();
@@ -177,8 +312,9 @@ async fn chaos(backend: Backend, size: ChaosSize) {
     let hosts = Arc::new(Hosts { slots });
     let lease: u64 = 5_000;
     let produced = Arc::new(AtomicUsize::new(0));
-    let counts = Arc::new(MessageCounts::default());
+    let counts = Arc::new(RunCounts::default());
     let stop = Arc::new(AtomicBool::new(false));
+    let _stop = StopOnDrop(stop.clone());
     let deadline = Instant::now() + Duration::from_secs(if soak() { 600 } else { 90 });
 
     // Producers.
@@ -187,6 +323,10 @@ async fn chaos(backend: Backend, size: ChaosSize) {
         let (hosts, history, produced) = (hosts.clone(), history.clone(), produced.clone());
         let threads = size.threads;
         let n = size.per_producer;
+        let keys = match &chaos.claims {
+            Claims::Plain => None,
+            Claims::Gated { keys, .. } => Some(*keys),
+        };
         let mut rng = Rng::new(seed ^ (p as u64 + 1));
         producers.spawn(async move {
             for i in 0..n {
@@ -196,6 +336,11 @@ async fn chaos(backend: Backend, size: ChaosSize) {
                 let mut new = nd(&thread, &id).with_max_attempts(3);
                 if rng.below(4) == 0 {
                     new = new.with_priority(u8::try_from(rng.below(256)).unwrap());
+                }
+                if let Some(keys) = keys
+                    && rng.below(8) != 0
+                {
+                    new = new.with_concurrency_key(format!("k{}", rng.below(keys)));
                 }
                 match rec.enqueue(new).await {
                     Ok(d) => assert_eq!(d.status, Status::Queued),
@@ -250,24 +395,43 @@ async fn chaos(backend: Backend, size: ChaosSize) {
     let mut workers = JoinSet::new();
     for h in 0..size.hosts {
         for w in 0..size.workers_per_host {
-            let (hosts, history, stop, clock, counts) = (
+            let (hosts, history, stop, clock, counts, chaos) = (
                 hosts.clone(),
                 history.clone(),
                 stop.clone(),
                 clock.clone(),
                 counts.clone(),
+                chaos.clone(),
             );
             let message_threads = size.message_threads;
             let mut rng = Rng::new(seed ^ ((h * 100 + w) as u64 + 1000));
             workers.spawn(async move {
                 let mut handled = 0usize;
-                while !stop.load(Ordering::Relaxed) {
+                // The claim of a `complete_and_claim`, handled next.
+                let mut next = None;
+                while next.is_some() || !stop.load(Ordering::Relaxed) {
                     assert!(Instant::now() < deadline, "chaos worker: no progress");
                     let rec = history.recorder(hosts.get(h), format!("h{h}w{w}"));
-                    let claimed = if rng.below(2) == 0 {
-                        rec.claim_started(AGENT, lease).await
-                    } else {
-                        rec.claim(AGENT, lease).await
+                    let claimed = match next.take() {
+                        Some(d) => Ok(Some(d)),
+                        None => {
+                            let started = rng.below(2) == 0;
+                            match chaos.claims.limits() {
+                                None if started => rec.claim_started(AGENT, lease).await,
+                                None => rec.claim(AGENT, lease).await,
+                                Some(limits) => {
+                                    let req = request(&rec.actor, lease, started, limits);
+                                    rec.claim_gated(&req).await.map(|g| {
+                                        if g.dispatch.is_none()
+                                            && (g.retry_at.is_some() || !g.throttled.is_empty())
+                                        {
+                                            counts.held_back.fetch_add(1, Ordering::Relaxed);
+                                        }
+                                        g.dispatch
+                                    })
+                                }
+                            }
+                        }
                     };
                     let Some(d) = claimed.expect("claim") else {
                         // Nothing available: wait for a wake-up or a short tick.
@@ -289,8 +453,9 @@ async fn chaos(backend: Backend, size: ChaosSize) {
                         stop: &stop,
                         inbox,
                         counts: &counts,
+                        limits: chaos.claims.limits(),
                     };
-                    work.once(&d, &mut rng).await;
+                    next = work.once(&d, &mut rng).await;
                 }
                 handled
             });
@@ -407,9 +572,13 @@ async fn chaos(backend: Backend, size: ChaosSize) {
         .count();
     let c = &counts;
     eprintln!(
-        "chaos: {handled} claims handled, {sweeps} sweeps, final {by_status:?}; messages: {} \
-         sent, {} refused, {} acknowledgements accepted, {} repeats, {} late ones refused, \
-         {follow_ups} follow-ups, final {by_state:?}; {report}",
+        "chaos: {handled} claims handled, {} claims held back by a limit, {} late extensions \
+         ({} accepted), {sweeps} sweeps, final {by_status:?}; messages: {} sent, {} refused, {} \
+         acknowledgements accepted, {} repeats, {} late ones refused, {follow_ups} follow-ups, \
+         final {by_state:?}; {report}",
+        c.held_back.load(Ordering::Relaxed),
+        c.late_extends.load(Ordering::Relaxed),
+        c.revived.load(Ordering::Relaxed),
         c.sent.load(Ordering::Relaxed),
         c.refused.load(Ordering::Relaxed),
         c.acked.load(Ordering::Relaxed),
@@ -435,6 +604,14 @@ async fn chaos(backend: Backend, size: ChaosSize) {
     for d in &finals {
         assert!(d.status.is_terminal(), "{d:?}");
     }
+    if cleanup {
+        for slot in &hosts.slots {
+            let store = slot.lock().unwrap().clone();
+            store.close().await;
+        }
+        probe.close().await;
+        backend.remove().await;
+    }
 }
 
 /// What a chaos worker handles a claim with.
@@ -445,12 +622,19 @@ struct Work<'a> {
     stop: &'a AtomicBool,
     /// Whether the claim's thread is sent messages.
     inbox: bool,
-    counts: &'a MessageCounts,
+    counts: &'a RunCounts,
+    /// The limits of gated claims (`None`: plain claims).
+    limits: Option<&'a LimitSet>,
 }
 
 impl Work<'_> {
-    /// One claimed dispatch, handled by a random path of its lifecycle.
-    async fn once(&self, d: &homing::store::Dispatch, rng: &mut Rng) {
+    /// One claimed dispatch, handled by a random path of its lifecycle; the next claim when a
+    /// `complete_and_claim` took one.
+    async fn once(
+        &self,
+        d: &homing::store::Dispatch,
+        rng: &mut Rng,
+    ) -> Option<homing::store::Dispatch> {
         let (rec, lease, clock, stop) = (self.rec, self.lease, self.clock, self.stop);
         let token = d.token().unwrap().to_owned();
         let fence = Fence::of(d).unwrap();
@@ -459,7 +643,7 @@ impl Work<'_> {
         if d.started_at.is_none() {
             let r = rec.start(id, &token).await;
             if !holder_ok("start", &r) {
-                return;
+                return None;
             }
         }
         let appended = rec
@@ -489,6 +673,17 @@ impl Work<'_> {
                 let _ = rec
                     .append(&d.thread, format!("end {id}").as_bytes(), Some(&fence))
                     .await;
+                if let Some(limits) = self.limits
+                    && rng.below(2) == 0
+                {
+                    // The completion and the worker's next claim in one call.
+                    let next = request(&rec.actor, lease, rng.below(2) == 0, limits);
+                    let (done, claimed) = rec
+                        .complete_and_claim(id, &token, RunResult::success(id), &next)
+                        .await;
+                    holder_ok("complete", &done);
+                    return claimed.expect("the claim of complete_and_claim").dispatch;
+                }
                 let r = rec.complete(id, &token, RunResult::success(id)).await;
                 holder_ok("complete", &r);
             }
@@ -535,16 +730,41 @@ impl Work<'_> {
                     );
                     self.counts.late.fetch_add(1, Ordering::Relaxed);
                 }
+                if self.limits.is_some() && rng.below(2) == 0 {
+                    // A late extension, which must be refused: the key's slot this claim held
+                    // may be another claim's by now. If the store revives the claim anyway, it
+                    // runs on a little beside the key's other claims, and the checker judges
+                    // both the extension and the key's cap.
+                    self.counts.late_extends.fetch_add(1, Ordering::Relaxed);
+                    if rec.extend(id, &token, lease).await.expect("late extend") {
+                        self.counts.revived.fetch_add(1, Ordering::Relaxed);
+                        self.extended(id).await;
+                        tokio::time::sleep(Duration::from_millis(2)).await;
+                        let r = rec.complete(id, &token, RunResult::success("late")).await;
+                        holder_ok("complete after a late extension", &r);
+                    }
+                    return None;
+                }
                 let r = rec.ack(id, &token).await;
                 holder_ok("late ack", &r);
             }
             _ => {
                 let r = rec.extend(id, &token, lease).await.expect("extend");
                 if r {
+                    self.extended(id).await;
                     let r = rec.complete(id, &token, RunResult::success("x")).await;
                     holder_ok("complete after extend", &r);
                 }
             }
+        }
+        None
+    }
+
+    /// After an accepted extension of a gated claim, a load of the record, so the checker
+    /// knows the lease it got (one under a NATS slot block may be cut short).
+    async fn extended(&self, id: &str) {
+        if self.limits.is_some() {
+            self.rec.load(id).await.expect("load");
         }
     }
 
@@ -617,14 +837,108 @@ fn chaos_size() -> ChaosSize {
     }
 }
 
+/// The plain chaos run: `claim` and `claim_started`, no limits.
+fn plain() -> Chaos {
+    Chaos {
+        size: chaos_size(),
+        claims: Claims::Plain,
+        load: false,
+    }
+}
+
+/// A chaos run on the production claim path (`claim_gated`, `complete_and_claim`) under
+/// `limits`, its keyed dispatches spread over `keys` keys on `threads` threads (twice as many
+/// when soaking), `workers_per_host` workers per host.
+fn gated(
+    limits: LimitSet,
+    keys: u64,
+    threads: usize,
+    workers_per_host: usize,
+    load: bool,
+) -> Chaos {
+    Chaos {
+        size: ChaosSize {
+            threads: if soak() { 2 * threads } else { threads },
+            workers_per_host,
+            ..chaos_size()
+        },
+        claims: Claims::Gated { limits, keys },
+        load,
+    }
+}
+
+/// A key cap of 2 over three keys: each claim of a key takes its slot in its own write (on
+/// NATS beside the claim's, no slot blocks below a cap of 16), and the keys are full most of the
+/// time.
+fn key_cap(load: bool) -> Chaos {
+    let limits = LimitSet {
+        key_concurrency: Some(2),
+        ..LimitSet::default()
+    };
+    gated(limits, 3, 24, 3, load)
+}
+
+/// A key cap of 16 on one key, which NATS hosts serve from slot blocks while the key is far
+/// from its cap; 21 workers and the abandoned claims fill it.
+fn key_blocks(load: bool) -> Chaos {
+    let limits = LimitSet {
+        key_concurrency: Some(16),
+        ..LimitSet::default()
+    };
+    gated(limits, 1, 48, 7, load)
+}
+
+/// A rate of 2 per second of the store clock on each of three keys (taken in token blocks),
+/// which holds claims back most of the time as the sweeper moves the clock.
+fn key_rate(load: bool) -> Chaos {
+    let limits = LimitSet {
+        key_rate: Some(Rate::new(2, 1_000)),
+        ..LimitSet::default()
+    };
+    gated(limits, 3, 24, 3, load)
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn chaos_embedded() {
-    chaos(Backend::embedded(), chaos_size()).await;
+    chaos(Backend::embedded, plain()).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn chaos_nats() {
-    chaos(Backend::nats(), chaos_size()).await;
+    chaos(Backend::nats, plain()).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn chaos_key_cap_embedded() {
+    chaos(Backend::embedded, key_cap(false)).await;
+}
+
+/// Under load: both cores kept busy, so any task may be descheduled at any point.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn chaos_key_cap_nats() {
+    chaos(Backend::nats, key_cap(true)).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn chaos_key_blocks_embedded() {
+    chaos(Backend::embedded, key_blocks(false)).await;
+}
+
+/// Under load, as `chaos_key_cap_nats`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn chaos_key_blocks_nats() {
+    chaos(Backend::nats, key_blocks(true)).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn chaos_key_rate_embedded() {
+    chaos(Backend::embedded, key_rate(false)).await;
+}
+
+/// Under load, as `chaos_key_cap_nats`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn chaos_key_rate_nats() {
+    chaos(Backend::nats, key_rate(true)).await;
 }
 
 // ---------------------------------------------------------------------------------------------

@@ -13,6 +13,8 @@
 //! - `guest_imports`: the host side of the WIT imports, called directly;
 //! - `compat`: components built against `homing:agent@0.1.0` running unchanged;
 //! - `faults`: fault injection at the store level, checked by the history checker;
+//! - `cluster_faults`: the same checks on a three-node JetStream cluster whose stream leaders
+//!   are killed and stalled while hosts claim through the gate, and one host dies;
 //! - `api`: the HTTP API of a real `homing run`, called over loopback;
 //! - `api_limits`: its resource limits, attacked over loopback (slow bodies, many connections,
 //!   streams, token guessing);
@@ -43,6 +45,7 @@
 //!   repository, from nothing to acked dispatches; the SDK packages;
 //! - `bounded_input`: endless or huge inputs refused fast, memory watched;
 //! - `nats_hosts`: many hosts on one NATS store;
+//! - `nats_view`: a host's view of the stream while its own write's apply is held back;
 //! - `process_faults`: hosts killed at random points and restarted;
 //! - `fuzz`: guests making random WIT call sequences;
 //! - `hostile_input`: made-up methods, lists over big dispatches, redirects after login and
@@ -63,6 +66,7 @@ mod natsd;
 mod api;
 mod api_limits;
 mod bounded_input;
+mod cluster_faults;
 mod compat;
 mod dashboard;
 mod e2e;
@@ -82,6 +86,7 @@ mod journal_view;
 mod live_reload;
 mod nats_conformance;
 mod nats_hosts;
+mod nats_view;
 mod new_and_build;
 mod outbound_guests;
 mod outbound_http;

@@ -291,6 +291,57 @@ pub fn seed() -> u64 {
         })
 }
 
+/// A count from the environment variable `name` (`None` when unset or not a number).
+pub fn env_count(name: &str) -> Option<usize> {
+    std::env::var(name).ok().and_then(|s| s.trim().parse().ok())
+}
+
+/// Load: one thread per core spinning without pause until dropped, so the test's own threads
+/// (and a `nats-server` beside it) compete for every core and may be descheduled at any point,
+/// as on a busy machine. It slows whatever else the test process runs meanwhile.
+pub struct CpuHog {
+    stop: std::sync::Arc<std::sync::atomic::AtomicBool>,
+    threads: Vec<std::thread::JoinHandle<u64>>,
+}
+
+impl CpuHog {
+    /// Starts one spinning thread per core the process may use.
+    pub fn start() -> CpuHog {
+        use std::sync::atomic::{AtomicBool, Ordering};
+        let cores = std::thread::available_parallelism().map_or(2, std::num::NonZero::get);
+        let stop = std::sync::Arc::new(AtomicBool::new(false));
+        let threads = (0..cores)
+            .map(|i| {
+                let stop = stop.clone();
+                std::thread::Builder::new()
+                    .name(format!("cpu-hog-{i}"))
+                    .spawn(move || {
+                        let mut spins = 0u64;
+                        while !stop.load(Ordering::Relaxed) {
+                            for _ in 0..1_000 {
+                                std::hint::spin_loop();
+                            }
+                            spins = spins.wrapping_add(1);
+                        }
+                        spins
+                    })
+                    .expect("start a cpu hog thread")
+            })
+            .collect();
+        eprintln!("cpu hog: {cores} threads spinning");
+        CpuHog { stop, threads }
+    }
+}
+
+impl Drop for CpuHog {
+    fn drop(&mut self) {
+        self.stop.store(true, std::sync::atomic::Ordering::Relaxed);
+        for thread in self.threads.drain(..) {
+            let _ = thread.join();
+        }
+    }
+}
+
 /// A small deterministic random source (xorshift), seeded per task.
 #[derive(Debug, Clone)]
 pub struct Rng(u64);

@@ -14,7 +14,8 @@
 //! - **stale-write**: a holder write (start, result, settle, lease extension, fenced append) was
 //!   accepted although its claim was already superseded: the dispatch was claimed again or
 //!   reclaimed, the holder had settled it otherwise, the thread was interrupted (guarantee 7),
-//!   or, for an append or a message's acknowledgement (fenced alike, M2), the lease had run out.
+//!   or, for an append or a message's acknowledgement (fenced alike, M2) or a lease extension
+//!   (an expired lease is never extended, section 2.2 of the contract), the lease had run out.
 //!   A dispatch the store enqueued itself (an inbox follow-up, M4: an id a send returned, or a
 //!   record with metadata `enqueued-by=inbox` on a thread that was sent a message) is expected,
 //!   not unexpected, and is judged like an enqueued one.
@@ -42,6 +43,17 @@
 //!   or an entry naming it other than the one its acknowledgement returned; a message read as
 //!   acked names a dispatch that never acknowledged it or another log entry.
 //!
+//! Concurrency keys (guarantee 14), from the gated claims (`claim_gated`, and the claim half of
+//! `complete_and_claim`) under per-key limits:
+//!
+//! - **over cap**: at some instant more claims of one key were live than its cap. A claim is
+//!   live while it is `claimed` under its token with a lease that runs (`now <= lease_until`),
+//!   reclaimed or not: from the moment its lease runs out its slot is free with no write, so a
+//!   lapsed claim stops counting at once, and a lapsed claim that is extended afterwards (a
+//!   revival, which the store must refuse) counts again from the extension on.
+//! - **over rate**: in some window of the store clock one key was claimed more often than its
+//!   burst plus its refill allow (widened by the 100 ms a token block may be kept).
+//!
 //! The message checks judge reads: a run checks that nothing was lost by reading every
 //! thread's messages and log at the end. `purge_messages` is not recorded (a purged message
 //! would count as lost).
@@ -51,7 +63,10 @@
 //! Every verdict is definite: a claim counts as held only between the end of its claim call and
 //! the start of the first call that could have ended it (its own settle, a sweep that could
 //! have reclaimed it, a takeover once its lease may have run out, ...), and a write counts as
-//! stale only when the event that superseded its claim ended before the write started. So a
+//! stale only when the event that superseded its claim ended before the write started. A claim
+//! counts toward its key's cap only while, besides, a clock reading taken after that instant
+//! was at most a lease the claim surely had then; a claim counts toward a rate window only when
+//! its whole call lies in it. So a
 //! correct store never fails the check, whatever the interleaving; the unit tests at the end of
 //! this file feed it bad histories to show each class is caught.
 
@@ -64,10 +79,11 @@ use std::sync::{Arc, Mutex};
 use std::time::Instant;
 
 use homing::store::inbox::{DEFAULT_MESSAGE_PAGE, FOLLOW_UP_BY};
+use homing::store::limits::BLOCK_MS;
 use homing::store::{
-    Dispatch, Fence, Interrupt, ListCursor, ListFilter, LogEntry, Message, MessageFilter,
-    MessageState, NewDispatch, NewMessage, RunResult, Sent, Status, Store, StoreError, StoreResult,
-    Watermarks,
+    ClaimRequest, Dispatch, Fence, Gated, Interrupt, LimitSet, ListCursor, ListFilter, LogEntry,
+    Message, MessageFilter, MessageState, NewDispatch, NewMessage, Rate, RunResult, Sent, Status,
+    Store, StoreError, StoreResult, Watermarks,
 };
 
 /// What a holder call did.
@@ -108,6 +124,11 @@ pub enum Op {
     Claim { agent: String },
     /// `claim_dispatch` of one id.
     ClaimDispatch { id: String },
+    /// `claim_gated` under `limits` (alone, or the claim of a `complete_and_claim`, recorded as
+    /// two calls with the same times: its completion, then this claim).
+    ClaimGated { agent: String, limits: LimitSet },
+    /// `load` of one id.
+    Load { id: String },
     /// A holder call with the claim's token.
     Holder {
         id: String,
@@ -157,6 +178,16 @@ pub enum Op {
         after: u64,
         limit: usize,
     },
+}
+
+impl Op {
+    /// Whether the call claims (a plain, a gated or a by-id claim).
+    fn claims(&self) -> bool {
+        matches!(
+            self,
+            Op::Claim { .. } | Op::ClaimDispatch { .. } | Op::ClaimGated { .. }
+        )
+    }
 }
 
 /// What a call returned.
@@ -254,6 +285,14 @@ pub struct Report {
     /// another began got the higher sequence), and message entries without the message's
     /// payload or note.
     pub ack_order: usize,
+    /// Times a concurrency key was held by more live claims than its cap (each stretch of
+    /// time over the cap counts once).
+    pub over_cap: usize,
+    /// Windows of the store clock in which a concurrency key was claimed more often than its
+    /// rate allows.
+    pub over_rate: usize,
+    /// Per capped concurrency key: the most claims seen live at one instant, and the cap.
+    pub key_peaks: BTreeMap<String, (usize, u32)>,
     /// One line per finding.
     pub findings: Vec<String>,
     /// Calls recorded.
@@ -274,6 +313,8 @@ impl Report {
             && self.messages_lost == 0
             && self.acked_twice == 0
             && self.ack_order == 0
+            && self.over_cap == 0
+            && self.over_rate == 0
     }
 
     /// Fails the test with the findings unless everything was ok.
@@ -288,7 +329,7 @@ impl fmt::Display for Report {
             f,
             "{} calls, {} dispatches: ok {}, lost {}, unexpected {}, duplicated {}, stale-write {}, \
              overwritten {}; log: backwards {}, out-of-order {}; messages: lost {}, acked twice \
-             {}, out of acknowledgement order {}",
+             {}, out of acknowledgement order {}; keys: over cap {}, over rate {}",
             self.events,
             self.dispatches.len(),
             self.count(Class::Ok),
@@ -301,8 +342,18 @@ impl fmt::Display for Report {
             self.out_of_order,
             self.messages_lost,
             self.acked_twice,
-            self.ack_order
+            self.ack_order,
+            self.over_cap,
+            self.over_rate
         )?;
+        if !self.key_peaks.is_empty() {
+            let peaks: Vec<String> = self
+                .key_peaks
+                .iter()
+                .map(|(key, (peak, cap))| format!("{key} {peak}/{cap}"))
+                .collect();
+            write!(f, " (most live at once: {})", peaks.join(", "))?;
+        }
         for line in self.findings.iter().take(30) {
             write!(f, "\n  {line}")?;
         }
@@ -385,7 +436,55 @@ pub struct Recorder {
     pub actor: String,
 }
 
+/// When a call ran: monotonic nanoseconds and the store clock around it.
+#[derive(Debug, Clone, Copy)]
+struct Stamp {
+    start: u64,
+    end: u64,
+    clock_before: u64,
+    clock_after: u64,
+}
+
 impl Recorder {
+    /// Runs `call` once, with the times around it.
+    async fn timed<T>(&self, call: impl std::future::Future<Output = T>) -> (T, Stamp) {
+        let clock_before = self.store.now();
+        let start = self.history.now();
+        let result = call.await;
+        let end = self.history.now();
+        let clock_after = self.store.now();
+        let stamp = Stamp {
+            start,
+            end,
+            clock_before,
+            clock_after,
+        };
+        (result, stamp)
+    }
+
+    /// Records one call that ran at `stamp`.
+    fn push<T>(
+        &self,
+        stamp: Stamp,
+        op: Op,
+        result: &StoreResult<T>,
+        outcome: impl FnOnce(&T) -> Outcome,
+    ) {
+        let outcome = match result {
+            Ok(value) => outcome(value),
+            Err(err) => Outcome::Failed(err.clone()),
+        };
+        self.history.push(Event {
+            actor: self.actor.clone(),
+            start: stamp.start,
+            end: stamp.end,
+            clock_before: stamp.clock_before,
+            clock_after: stamp.clock_after,
+            op,
+            outcome,
+        });
+    }
+
     async fn call<T, Fut, Call, Out>(&self, op: Op, mut call: Call, outcome: Out) -> StoreResult<T>
     where
         Call: FnMut() -> Fut,
@@ -394,29 +493,13 @@ impl Recorder {
     {
         let mut tries = 0;
         loop {
-            let clock_before = self.store.now();
-            let start = self.history.now();
-            let result = call().await;
-            let end = self.history.now();
-            let clock_after = self.store.now();
-            if matches!(result, Err(StoreError::Contention(_))) && tries < 10_000 {
+            let (result, stamp) = self.timed(call()).await;
+            if contended(&result) && tries < 10_000 {
                 tries += 1;
                 tokio::task::yield_now().await;
                 continue;
             }
-            let outcome = match &result {
-                Ok(value) => outcome(value),
-                Err(err) => Outcome::Failed(err.clone()),
-            };
-            self.history.push(Event {
-                actor: self.actor.clone(),
-                start,
-                end,
-                clock_before,
-                clock_after,
-                op,
-                outcome,
-            });
+            self.push(stamp, op, &result, outcome);
             return result;
         }
     }
@@ -464,6 +547,72 @@ impl Recorder {
             Recorder::maybe,
         )
         .await
+    }
+
+    /// `claim_gated(req)`.
+    pub async fn claim_gated(&self, req: &ClaimRequest<'_>) -> StoreResult<Gated> {
+        let op = Op::ClaimGated {
+            agent: req.agent.into(),
+            limits: req.limits.clone(),
+        };
+        let mb = &self.store.mailbox;
+        self.call(
+            op,
+            || mb.claim_gated(req),
+            |g: &Gated| Recorder::maybe(&g.dispatch),
+        )
+        .await
+    }
+
+    /// `complete_and_claim`: recorded as two calls with this call's times, the completion and
+    /// then the claim. A half that reports `Contention` (which changes nothing) is retried on
+    /// its own, as its own call.
+    pub async fn complete_and_claim(
+        &self,
+        id: &str,
+        token: &str,
+        result: RunResult,
+        next: &ClaimRequest<'_>,
+    ) -> (StoreResult<Dispatch>, StoreResult<Gated>) {
+        let mb = &self.store.mailbox;
+        let ((done, claimed), stamp) = self
+            .timed(mb.complete_and_claim(id, token, result.clone(), next))
+            .await;
+        let done = if contended(&done) {
+            None
+        } else {
+            let op = Recorder::holder_op(id, token, HolderKind::Complete);
+            self.push(stamp, op, &done, Recorder::record);
+            Some(done)
+        };
+        let claimed = if contended(&claimed) {
+            None
+        } else {
+            let op = Op::ClaimGated {
+                agent: next.agent.into(),
+                limits: next.limits.clone(),
+            };
+            self.push(stamp, op, &claimed, |g: &Gated| {
+                Recorder::maybe(&g.dispatch)
+            });
+            Some(claimed)
+        };
+        let done = match done {
+            Some(done) => done,
+            None => self.complete(id, token, result).await,
+        };
+        let claimed = match claimed {
+            Some(claimed) => claimed,
+            None => self.claim_gated(next).await,
+        };
+        (done, claimed)
+    }
+
+    /// `load`.
+    pub async fn load(&self, id: &str) -> StoreResult<Option<Dispatch>> {
+        let op = Op::Load { id: id.into() };
+        let mb = &self.store.mailbox;
+        self.call(op, || mb.load(id), Recorder::maybe).await
     }
 
     /// `claim_dispatch`.
@@ -768,6 +917,11 @@ impl Recorder {
     }
 }
 
+/// Whether a call reported `Contention`, which changes nothing and is retried.
+fn contended<T>(result: &StoreResult<T>) -> bool {
+    matches!(result, Err(StoreError::Contention(_)))
+}
+
 /// Every dispatch stored, for the final state of a check.
 pub async fn snapshot(store: &Store) -> Vec<Dispatch> {
     let mut out = Vec::new();
@@ -961,7 +1115,7 @@ pub fn check(events: &[Event], final_state: &[Dispatch], expect: Expect) -> Repo
     // Claims.
     let mut helds: Vec<Held> = Vec::new();
     for (i, e) in events.iter().enumerate() {
-        if !matches!(e.op, Op::Claim { .. } | Op::ClaimDispatch { .. }) {
+        if !e.op.claims() {
             continue;
         }
         let Some(d) = e.outcome.record() else {
@@ -1013,7 +1167,9 @@ pub fn check(events: &[Event], final_state: &[Dispatch], expect: Expect) -> Repo
         let held = slot.clone();
         let mut release = u64::MAX;
         for (i, e) in events.iter().enumerate() {
-            if e.end < held.start || i == held.event {
+            // A call that began after the earliest end found so far changes nothing: skipped
+            // before its (costly) lease bounds are worked out.
+            if e.end < held.start || i == held.event || e.start >= release {
                 continue;
             }
             let could_end = match (&e.op, &e.outcome) {
@@ -1038,14 +1194,14 @@ pub fn check(events: &[Event], final_state: &[Dispatch], expect: Expect) -> Repo
                         || (*now > low
                             && (interrupted || !matches!(outcome, Outcome::Reclaimed(_))))
                 }
-                (Op::Claim { .. } | Op::ClaimDispatch { .. }, Outcome::Record(d))
-                    if d.id == held.id && d.token() != Some(held.token.as_str()) =>
+                (op, Outcome::Record(d))
+                    if op.claims() && d.id == held.id && d.token() != Some(held.token.as_str()) =>
                 {
                     // A takeover: an end only when the lease may have run out.
                     let (low, _) = lease_bounds(events, &held, e.start);
                     e.clock_after > low
                 }
-                (Op::Claim { .. } | Op::ClaimDispatch { .. }, o) if o.ambiguous() => {
+                (op, o) if op.claims() && o.ambiguous() => {
                     let (low, _) = lease_bounds(events, &held, e.start);
                     e.clock_after > low
                 }
@@ -1118,7 +1274,7 @@ pub fn check(events: &[Event], final_state: &[Dispatch], expect: Expect) -> Repo
                 continue;
             }
             let superseded = match (&other.op, &other.outcome) {
-                (Op::Claim { .. } | Op::ClaimDispatch { .. }, Outcome::Record(d)) => {
+                (op, Outcome::Record(d)) if op.claims() => {
                     d.id == held.id && d.token() != Some(token) && other.start > held.end
                 }
                 (Op::Reclaim { .. }, Outcome::Reclaimed(v)) => {
@@ -1151,7 +1307,10 @@ pub fn check(events: &[Event], final_state: &[Dispatch], expect: Expect) -> Repo
                 why = Some(format!("after {}", c.describe(j)));
             }
         }
-        if why.is_none() && is_append {
+        // An extension, like a fenced write, needs a live lease: an expired one is never
+        // extended, reclaimed or not (the contract, section 2.2).
+        let needs_lease = is_append || matches!(kind, Some(HolderKind::Extend(_)));
+        if why.is_none() && needs_lease {
             let (_, high) = lease_bounds(events, held, e.start);
             if e.clock_before > high {
                 why = Some(format!("the lease had run out ({high})"));
@@ -1237,9 +1396,290 @@ pub fn check(events: &[Event], final_state: &[Dispatch], expect: Expect) -> Repo
         }
     }
 
+    check_keys(&mut c, &helds);
     check_logs(&mut c);
     check_messages(&mut c);
     c.report
+}
+
+/// The smallest key cap a NATS host may serve from slot blocks (the contract, section 13.2):
+/// there an extension of a claim under a block may be cut short to end with the block.
+const SLOT_BLOCKS_FROM: u32 = 16;
+
+/// The store clock as the calls saw it. It never goes back, so until the end of a call whose
+/// reading right after it was at most `v`, the clock was at most `v`.
+struct ClockBound {
+    /// (a reading after a call, the latest end of a call read at or below it), by reading.
+    by_reading: Vec<(u64, u64)>,
+}
+
+impl ClockBound {
+    fn new(events: &[Event]) -> ClockBound {
+        let mut by_reading: Vec<(u64, u64)> =
+            events.iter().map(|e| (e.clock_after, e.end)).collect();
+        by_reading.sort_unstable();
+        let mut latest = 0;
+        for r in &mut by_reading {
+            latest = latest.max(r.1);
+            r.1 = latest;
+        }
+        ClockBound { by_reading }
+    }
+
+    /// The latest monotonic time at which the clock was surely at most `value`.
+    fn at_most(&self, value: u64) -> Option<u64> {
+        let n = self.by_reading.partition_point(|r| r.0 <= value);
+        n.checked_sub(1).map(|i| self.by_reading[i].1)
+    }
+}
+
+/// One stretch of monotonic time `[from, to)` in which a claim was surely live, and the call
+/// that showed its lease running then (its claim, an extension or a load).
+#[derive(Debug, Clone, Copy)]
+struct Live {
+    from: u64,
+    to: u64,
+    shown_by: usize,
+    /// The lease it showed.
+    lease: u64,
+}
+
+/// When `held` was surely a live claim as guarantee 14 counts them: `claimed` under its token
+/// with a lease that runs (`now <= lease_until`, section 15.2 of the contract), whether or not
+/// anyone reclaimed it after it ran out.
+///
+/// It is live from the end of its claim call until the start of the first call that may have
+/// ended it otherwise than by its lease (its holder's settlement or any refused holder call, a
+/// refused fenced write, a supersede, a reclaim that returned it or failed, another claim of its
+/// dispatch), and within that only while the clock had surely not passed its lease. So a
+/// lease that ran out stops counting at once (its slot is free then, with no write); and a
+/// lease extended after it ran out counts again from the extension on, for a revived claim
+/// holds its key's slot once more.
+///
+/// The lease is known from the claim's record, from each accepted extension (`now +
+/// extension`, `now` at least the clock before the call; with a cap of [`SLOT_BLOCKS_FROM`] or
+/// more a NATS slot block may cut an extension short, so only `now + 1` is sure) and from each
+/// load that showed the claim, each from the end of its call until the start of the next
+/// accepted extension that may have come after it (an extension sets the lease, and may
+/// shorten it).
+///
+/// `strict` judges a lease run out already at its last millisecond (`now == lease_until`), to
+/// tell findings that hang on that boundary alone.
+fn live_windows(
+    events: &[Event],
+    held: &Held,
+    cap: u32,
+    clock: &ClockBound,
+    strict: bool,
+) -> Vec<Live> {
+    let token = held.token.as_str();
+    let mut end = u64::MAX;
+    let mut extended: Vec<usize> = Vec::new();
+    // (the call, when the lease it showed may have been read, that lease).
+    let mut known: Vec<(usize, u64, u64)> = vec![(held.event, held.end, held.lease)];
+    for (i, e) in events.iter().enumerate() {
+        if i == held.event || e.end <= held.end {
+            continue;
+        }
+        let ends = match (&e.op, &e.outcome) {
+            (Op::Holder { token: t, kind, .. }, o) if t == token => {
+                if let (HolderKind::Extend(ext), Outcome::Done) = (kind, o) {
+                    extended.push(i);
+                    let granted = if cap >= SLOT_BLOCKS_FROM { 1 } else { *ext };
+                    known.push((i, e.start, e.clock_before.saturating_add(granted)));
+                }
+                kind.settles() || !o.ok()
+            }
+            (Op::Supersede { id, .. }, _) => *id == held.id,
+            (Op::Append { fence: Some(f), .. } | Op::AckMessage { fence: f, .. }, o) => {
+                f.token == token && !o.ok()
+            }
+            (Op::Reclaim { .. }, Outcome::Reclaimed(v)) => v.iter().any(|d| d.id == held.id),
+            (Op::Reclaim { .. }, _) => true,
+            (op, Outcome::Record(d)) if op.claims() => d.id == held.id && d.token() != Some(token),
+            (op, o) if op.claims() => o.ambiguous(),
+            (Op::Load { .. }, Outcome::Record(d)) => {
+                if d.id == held.id
+                    && d.status == Status::Claimed
+                    && let Some(claim) = d.claim.as_ref().filter(|c| c.token == token)
+                {
+                    known.push((i, e.start, claim.lease_until));
+                }
+                false
+            }
+            _ => false,
+        };
+        if ends {
+            end = end.min(e.start);
+        }
+    }
+    let mut out = Vec::new();
+    for (i, read_from, lease) in known {
+        // Until another extension may have set the lease after this reading.
+        let until = extended
+            .iter()
+            .filter(|&&x| x != i && events[x].end > read_from)
+            .map(|&x| events[x].start)
+            .min()
+            .unwrap_or(u64::MAX);
+        let sure = if strict {
+            lease.checked_sub(1)
+        } else {
+            Some(lease)
+        };
+        let Some(lapse) = sure.and_then(|l| clock.at_most(l)) else {
+            continue;
+        };
+        let (from, to) = (events[i].end, until.min(end).min(lapse.saturating_add(1)));
+        if from < to {
+            out.push(Live {
+                from,
+                to,
+                shown_by: i,
+                lease,
+            });
+        }
+    }
+    out
+}
+
+/// The claims of one key live at one instant: per claim (its index), the windows that show it.
+type LiveSet = BTreeMap<usize, Vec<Live>>;
+
+/// Sweeps the live windows of one key's `claims`: the most live at one instant, and each time
+/// more than `cap` became live (the instant and who).
+fn over_cap(
+    events: &[Event],
+    claims: &[&Held],
+    cap: u32,
+    clock: &ClockBound,
+    strict: bool,
+) -> (usize, Vec<(u64, LiveSet)>) {
+    // (time, +1 from / -1 to, claim, window): ends before starts at one instant.
+    let mut points: Vec<(u64, i8, usize, Live)> = Vec::new();
+    for (n, h) in claims.iter().enumerate() {
+        for w in live_windows(events, h, cap, clock, strict) {
+            points.push((w.from, 1, n, w));
+            points.push((w.to, -1, n, w));
+        }
+    }
+    points.sort_unstable_by_key(|p| (p.0, p.1, p.2));
+    let mut live = LiveSet::new();
+    let (mut peak, mut over, mut excursions) = (0usize, false, Vec::new());
+    for (at, delta, n, w) in points {
+        let shown = live.entry(n).or_default();
+        if delta > 0 {
+            shown.push(w);
+        } else if let Some(p) = shown.iter().position(|s| s.shown_by == w.shown_by) {
+            shown.swap_remove(p);
+        }
+        if shown.is_empty() {
+            live.remove(&n);
+        }
+        peak = peak.max(live.len());
+        let now_over = live.len() > cap as usize;
+        if now_over && !over {
+            excursions.push((at, live.clone()));
+        }
+        over = now_over;
+    }
+    (peak, excursions)
+}
+
+/// Guarantee 14 for concurrency keys, judged from the gated claims (`claim_gated`, and the
+/// claim of `complete_and_claim`) under per-key limits: at no instant are more claims of one
+/// key surely live than its cap (**over cap**), and in no window `[a, b]` of the store clock
+/// did more claims of one key surely take effect than its burst plus its refill over
+/// `b - a + BLOCK_MS` (a claim may spend a token its host took in a block up to `BLOCK_MS`
+/// before) (**over rate**). One rate per key is assumed.
+fn check_keys(c: &mut Checker<'_>, helds: &[Held]) {
+    let events = c.events;
+    let clock = ClockBound::new(events);
+    let mut capped: BTreeMap<&str, (u32, Vec<&Held>)> = BTreeMap::new();
+    let mut rated: BTreeMap<&str, (Rate, Vec<usize>)> = BTreeMap::new();
+    for h in helds {
+        let e = &events[h.event];
+        let (Op::ClaimGated { limits, .. }, Outcome::Record(d)) = (&e.op, &e.outcome) else {
+            continue;
+        };
+        let Some(key) = d.concurrency_key.as_deref() else {
+            continue;
+        };
+        if let Some(cap) = limits.key_concurrency {
+            let slot = capped.entry(key).or_insert((cap, Vec::new()));
+            slot.0 = slot.0.max(cap);
+            slot.1.push(h);
+        }
+        if let Some(rate) = limits.key_rate {
+            rated
+                .entry(key)
+                .or_insert((rate, Vec::new()))
+                .1
+                .push(h.event);
+        }
+    }
+    for (key, (cap, claims)) in &capped {
+        let (peak, excursions) = over_cap(events, claims, *cap, &clock, false);
+        let boundary =
+            !excursions.is_empty() && over_cap(events, claims, *cap, &clock, true).1.is_empty();
+        for (at, live) in excursions {
+            c.report.over_cap += 1;
+            let holders: Vec<String> = live
+                .iter()
+                .map(|(n, shown)| {
+                    let claim = claims[*n].event;
+                    let mut line = c.describe(claim);
+                    for s in shown {
+                        if s.shown_by != claim {
+                            line.push_str(&format!(", live by {}", c.describe(s.shown_by)));
+                        }
+                        line.push_str(&format!(" (lease {})", s.lease));
+                    }
+                    line
+                })
+                .collect();
+            let note = if boundary {
+                " (only with a lease at its last millisecond, `now == lease_until`)"
+            } else {
+                ""
+            };
+            c.report.findings.push(format!(
+                "key {key}: {} live claims over its cap of {cap} at {at}{note}: {}",
+                live.len(),
+                holders.join(" | ")
+            ));
+        }
+        c.report.key_peaks.insert((*key).to_owned(), (peak, *cap));
+    }
+    for (key, (rate, claims)) in &rated {
+        let mut by_start: Vec<(u64, u64, usize)> = claims
+            .iter()
+            .map(|&i| (events[i].clock_before, events[i].clock_after, i))
+            .collect();
+        by_start.sort_unstable();
+        let per_token = rate.ms_per_token();
+        let burst = f64::from(rate.burst.max(1));
+        'key: for i in 0..by_start.len() {
+            let a = by_start[i].0;
+            let mut ends: Vec<(u64, usize)> =
+                by_start[i..].iter().map(|&(_, b, ev)| (b, ev)).collect();
+            ends.sort_unstable();
+            for (j, &(b, _)) in ends.iter().enumerate() {
+                let allowed = burst + (b - a + BLOCK_MS) as f64 / per_token;
+                if (j + 1) as f64 > allowed + 1e-9 {
+                    c.report.over_rate += 1;
+                    let calls: Vec<String> =
+                        ends[..=j].iter().map(|&(_, ev)| c.describe(ev)).collect();
+                    c.report.findings.push(format!(
+                        "key {key}: {} claims within clock {a}..{b}, rate {rate} allows {allowed:.1}: {}",
+                        j + 1,
+                        calls.join(" | ")
+                    ));
+                    break 'key;
+                }
+            }
+        }
+    }
 }
 
 /// A log entry a call committed: its content when known, the message its note names (set for
@@ -2082,6 +2522,28 @@ mod checker_tests {
             )
         }
 
+        /// A gated claim of `id` (on a thread of that name) with concurrency key `key`.
+        fn gated(
+            &mut self,
+            at: u64,
+            id: &str,
+            token: &str,
+            lease: u64,
+            key: &str,
+            limits: &LimitSet,
+        ) -> &mut Self {
+            let mut d = record(id, id, Status::Claimed, Some(token), lease);
+            d.concurrency_key = Some(key.into());
+            self.at(
+                at,
+                Op::ClaimGated {
+                    agent: "agent".into(),
+                    limits: limits.clone(),
+                },
+                Outcome::Record(Box::new(d)),
+            )
+        }
+
         fn check(&self, finals: &[Dispatch]) -> Report {
             check(&self.events, finals, Expect::LiveAllowed)
         }
@@ -2671,5 +3133,192 @@ mod checker_tests {
             Expect::Drained,
         );
         assert_eq!(drained.dispatches["f1"], Class::Lost, "{drained}");
+    }
+
+    /// Per-key limits: a cap, a rate.
+    fn per_key(cap: Option<u32>, rate: Option<Rate>) -> LimitSet {
+        LimitSet {
+            key_concurrency: cap,
+            key_rate: rate,
+            ..LimitSet::default()
+        }
+    }
+
+    /// `n` dispatches `d0`..: each on a thread of its own named after it, enqueued at 1.
+    fn enqueued(b: &mut Build, n: usize) -> Vec<Dispatch> {
+        (0..n)
+            .map(|i| {
+                let id = format!("d{i}");
+                b.enqueue(1, &id, &id);
+                fin(&id, &id, Status::Claimed)
+            })
+            .collect()
+    }
+
+    #[test]
+    fn a_key_within_its_cap_is_clean_and_a_lapsed_claim_frees_its_slot() {
+        let limits = per_key(Some(1), None);
+        let mut b = Build::new();
+        let mut finals = enqueued(&mut b, 4);
+        b.gated(2, "d0", "k0", T + 100, "k", &limits)
+            .ack(3, "d0", "d0", "k0")
+            .gated(4, "d1", "k1", T + 100, "k", &limits)
+            .ack(5, "d1", "d1", "k1");
+        // d2's lease runs out unreclaimed: its slot is free, d3 takes it, and d2's late ack is
+        // still its own (section 2.2).
+        b.gated(6, "d2", "k2", T + 100, "k", &limits);
+        b.clock(T + 101)
+            .gated(7, "d3", "k3", T + 301, "k", &limits)
+            .ack(8, "d2", "d2", "k2")
+            .ack(9, "d3", "d3", "k3");
+        for d in &mut finals {
+            d.status = Status::Acked;
+        }
+        let report = b.check(&finals);
+        report.assert_clean();
+        assert_eq!(report.key_peaks["k"], (1, 1), "{report}");
+    }
+
+    #[test]
+    fn catches_a_key_over_its_cap() {
+        let mut b = Build::new();
+        let finals = enqueued(&mut b, 3);
+        let limits = per_key(Some(2), None);
+        b.gated(2, "d0", "k0", T + 100, "k", &limits)
+            .gated(3, "d1", "k1", T + 100, "k", &limits);
+        b.check(&finals).assert_clean();
+        b.gated(4, "d2", "k2", T + 100, "k", &limits);
+        let report = b.check(&finals);
+        assert_eq!(report.over_cap, 1, "{report}");
+        assert_eq!(report.key_peaks["k"], (3, 2), "{report}");
+        assert!(!report.clean());
+        // Other keys are counted apart.
+        let mut b = Build::new();
+        let finals = enqueued(&mut b, 3);
+        b.gated(2, "d0", "k0", T + 100, "k", &limits)
+            .gated(3, "d1", "k1", T + 100, "k", &limits)
+            .gated(4, "d2", "k2", T + 100, "j", &limits);
+        b.check(&finals).assert_clean();
+    }
+
+    #[test]
+    fn a_lease_holds_its_slot_through_its_last_millisecond() {
+        // A lease runs while `now <= lease_until`: another claim of the key at that very
+        // millisecond is one too many, and the finding says it hangs on the boundary.
+        let limits = per_key(Some(1), None);
+        let mut b = Build::new();
+        let finals = enqueued(&mut b, 2);
+        b.gated(2, "d0", "k0", T + 100, "k", &limits);
+        b.clock(T + 100).gated(3, "d1", "k1", T + 300, "k", &limits);
+        let report = b.check(&finals);
+        assert_eq!(report.over_cap, 1, "{report}");
+        assert!(report.findings[0].contains("last millisecond"), "{report}");
+        // One millisecond later the slot is free.
+        let mut b = Build::new();
+        let finals = enqueued(&mut b, 2);
+        b.gated(2, "d0", "k0", T + 100, "k", &limits);
+        b.clock(T + 101).gated(3, "d1", "k1", T + 301, "k", &limits);
+        b.check(&finals).assert_clean();
+    }
+
+    /// d0's lease runs out, `others` claims of its key take the slots, then d0's extension is
+    /// accepted (its call ran while the clock moved from T + 101 to T + 150), optionally
+    /// followed by a load showing d0's lease at `shown`.
+    fn revival(cap: u32, others: usize, shown: Option<u64>) -> Report {
+        let limits = per_key(Some(cap), None);
+        let mut b = Build::new();
+        let finals = enqueued(&mut b, others + 1);
+        b.gated(2, "d0", "k0", T + 100, "k", &limits);
+        b.clock(T + 101);
+        for i in 1..=others {
+            b.gated(3, &format!("d{i}"), &format!("k{i}"), T + 400, "k", &limits);
+        }
+        b.events.push(Event {
+            actor: "late".into(),
+            start: 40,
+            end: 41,
+            clock_before: T + 101,
+            clock_after: T + 150,
+            op: Op::Holder {
+                id: "d0".into(),
+                token: "k0".into(),
+                kind: HolderKind::Extend(200),
+            },
+            outcome: Outcome::Done,
+        });
+        b.clock(T + 150);
+        if let Some(lease) = shown {
+            b.at(
+                5,
+                Op::Load { id: "d0".into() },
+                Outcome::Record(Box::new(record(
+                    "d0",
+                    "d0",
+                    Status::Claimed,
+                    Some("k0"),
+                    lease,
+                ))),
+            );
+        }
+        b.read(6, "elsewhere", 0, &[]);
+        b.check(&finals)
+    }
+
+    #[test]
+    fn catches_a_claim_revived_after_its_slot_was_taken() {
+        // The extension makes d0 live again next to d1: two claims of a key capped at one.
+        let report = revival(1, 1, None);
+        assert_eq!(report.over_cap, 1, "{report}");
+        // An expired lease is never extended: the extension itself is a stale write.
+        assert_eq!(report.dispatches["d0"], Class::StaleWrite, "{report}");
+    }
+
+    #[test]
+    fn a_slot_block_extension_counts_only_as_far_as_the_lease_read_back() {
+        // With a cap of 16 a NATS slot block may cut an extension short: only `now + 1` is sure,
+        // and the clock is past that when the call returns.
+        let report = revival(16, 16, None);
+        assert_eq!(report.over_cap, 0, "{report}");
+        assert_eq!(report.key_peaks["k"], (16, 16), "{report}");
+        // A load of d0 that shows the lease the extension gave counts it again.
+        let report = revival(16, 16, Some(T + 301));
+        assert_eq!(report.over_cap, 1, "{report}");
+        // A lease shown as already run out does not.
+        let report = revival(16, 16, Some(T + 120));
+        assert_eq!(report.over_cap, 0, "{report}");
+    }
+
+    #[test]
+    fn catches_a_key_over_its_rate() {
+        let limits = per_key(None, Some(Rate::new(1, 1_000)));
+        // A token a second: one each second, and a block's 100 ms, is fine.
+        let mut b = Build::new();
+        let finals = enqueued(&mut b, 3);
+        for (i, clock) in [T, T + 1_000, T + 2_000].into_iter().enumerate() {
+            b.clock(clock).gated(
+                2 + i as u64,
+                &format!("d{i}"),
+                &format!("k{i}"),
+                clock + 100,
+                "k",
+                &limits,
+            );
+        }
+        b.check(&finals).assert_clean();
+        // Two within half a second are not.
+        let mut b = Build::new();
+        let finals = enqueued(&mut b, 2);
+        b.gated(2, "d0", "k0", T + 100, "k", &limits)
+            .clock(T + 500)
+            .gated(3, "d1", "k1", T + 600, "k", &limits);
+        let report = b.check(&finals);
+        assert_eq!(report.over_rate, 1, "{report}");
+        assert!(!report.clean());
+        // Unkeyed claims and other keys are not counted with it.
+        let mut b = Build::new();
+        let finals = enqueued(&mut b, 2);
+        b.gated(2, "d0", "k0", T + 100, "k", &limits)
+            .gated(3, "d1", "k1", T + 100, "j", &limits);
+        b.check(&finals).assert_clean();
     }
 }
