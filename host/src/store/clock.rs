@@ -49,6 +49,8 @@ fn never_backwards(latest: &AtomicU64, wall: u64) -> u64 {
 #[derive(Debug, Default)]
 pub struct ManualClock {
     now: AtomicU64,
+    /// A jump taken right after the next reading (see [`ManualClock::advance_after_next_read`]).
+    jump: AtomicU64,
 }
 
 impl ManualClock {
@@ -56,6 +58,7 @@ impl ManualClock {
     pub fn new(start: u64) -> Arc<Self> {
         Arc::new(ManualClock {
             now: AtomicU64::new(start),
+            jump: AtomicU64::new(0),
         })
     }
 
@@ -68,11 +71,23 @@ impl ManualClock {
     pub fn advance(&self, ms: u64) {
         self.now.fetch_add(ms, Ordering::SeqCst);
     }
+
+    /// Moves the time forward by `ms` just after the next reading, which still sees the time
+    /// as it is: what a task descheduled right after reading the clock finds when it reads
+    /// again.
+    pub fn advance_after_next_read(&self, ms: u64) {
+        self.jump.store(ms, Ordering::SeqCst);
+    }
 }
 
 impl Clock for ManualClock {
     fn now_ms(&self) -> u64 {
-        self.now.load(Ordering::SeqCst)
+        let now = self.now.load(Ordering::SeqCst);
+        let jump = self.jump.swap(0, Ordering::SeqCst);
+        if jump > 0 {
+            self.now.fetch_add(jump, Ordering::SeqCst);
+        }
+        now
     }
 }
 
@@ -82,6 +97,19 @@ pub type SharedClock = Arc<dyn Clock>;
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_manual_clock_jumps_after_the_next_reading() {
+        let clock = ManualClock::new(1_000);
+        clock.advance_after_next_read(500);
+        assert_eq!(
+            clock.now_ms(),
+            1_000,
+            "the next reading sees the time as it was"
+        );
+        assert_eq!(clock.now_ms(), 1_500);
+        assert_eq!(clock.now_ms(), 1_500, "one jump only");
+    }
 
     #[test]
     fn a_wall_clock_stepping_back_holds_still_until_it_catches_up() {

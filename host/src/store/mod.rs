@@ -106,7 +106,7 @@ pub use model::{
     ListCursor, ListFilter, LogEntry, NewDispatch, RowResult, RunResult, RunStatus, Status,
     StatusCount, Watermarks,
 };
-pub use rules::MAX_ERROR_TEXT;
+pub use rules::{HolderOp, MAX_ERROR_TEXT};
 pub use versions::{Choice, Offer, OfferedVersion, VersionRun};
 pub use waitpoints::{
     Created, NewWaitpoint, Settlement, Waitpoint, WaitpointFilter, WaitpointState, Waitpoints,
@@ -164,17 +164,6 @@ pub trait Mailbox: Send + Sync + Debug + 'static {
     /// section 13). Dispatches held back stay queued and count no attempt.
     async fn claim_gated(&self, req: &ClaimRequest<'_>) -> StoreResult<Gated>;
 
-    /// T19: gives a claimed dispatch back to the queue at `available_at` without counting an
-    /// attempt (a run parked on a rate limit upstream, or released on an upgrade), recording
-    /// `reason` as its `last_error`.
-    async fn release(
-        &self,
-        id: &str,
-        token: &str,
-        available_at: u64,
-        reason: &str,
-    ) -> StoreResult<Dispatch>;
-
     /// Claims one dispatch by id, ignoring `available_at`. `None` when it is not queued or its
     /// thread is held by a live claim.
     async fn claim_dispatch(
@@ -184,12 +173,42 @@ pub trait Mailbox: Send + Sync + Debug + 'static {
         lease_ms: u64,
     ) -> StoreResult<Option<Dispatch>>;
 
+    /// The one write of a claim's holder: `op` applied to dispatch `id` while `token` names
+    /// its live claim (the contract, T4 to T9 and T19). Every holder operation of both
+    /// backends goes through here; the methods below are shorthands for it.
+    ///
+    /// # Errors
+    ///
+    /// `NotFound`, `NotClaimed` or `LostClaim` when the claim is gone (an extension also
+    /// once its lease has run out), `StaleEpoch` when the thread moved on (which supersedes
+    /// the dispatch), `Invalid` for an output past [`Mailbox::max_value`]. A settlement
+    /// repeated by the holder that made it returns the stored record.
+    async fn hold(&self, id: &str, token: &str, op: HolderOp) -> StoreResult<Dispatch>;
+
+    /// [`Mailbox::hold`], then `claim_gated(next)`: what a worker does between two runs. The
+    /// two are independent (a refused write still claims, a failed claim leaves the write in
+    /// place); backends override it to do both in one step.
+    async fn hold_and_claim(
+        &self,
+        id: &str,
+        token: &str,
+        op: HolderOp,
+        next: &ClaimRequest<'_>,
+    ) -> (StoreResult<Dispatch>, StoreResult<Gated>) {
+        let done = self.hold(id, token, op).await;
+        (done, self.claim_gated(next).await)
+    }
+
     /// Moves the lease to `now + extension_ms`. `Ok(false)` when the claim is gone (wrong token,
-    /// not claimed, missing, stale epoch, which also supersedes the dispatch).
-    async fn extend_lease(&self, id: &str, token: &str, extension_ms: u64) -> StoreResult<bool>;
+    /// not claimed, missing, lease run out, stale epoch, which also supersedes the dispatch).
+    async fn extend_lease(&self, id: &str, token: &str, extension_ms: u64) -> StoreResult<bool> {
+        rules::lease_extended(self.hold(id, token, HolderOp::extend(extension_ms)).await)
+    }
 
     /// Records that the holder started its run.
-    async fn record_start(&self, id: &str, token: &str) -> StoreResult<Dispatch>;
+    async fn record_start(&self, id: &str, token: &str) -> StoreResult<Dispatch> {
+        self.hold(id, token, HolderOp::Start).await
+    }
 
     /// Records what the run produced; the dispatch stays claimed.
     async fn record_result(
@@ -197,10 +216,14 @@ pub trait Mailbox: Send + Sync + Debug + 'static {
         id: &str,
         token: &str,
         result: RunResult,
-    ) -> StoreResult<Dispatch>;
+    ) -> StoreResult<Dispatch> {
+        self.hold(id, token, HolderOp::Result(result)).await
+    }
 
     /// Settles the dispatch as delivered (keeps the recorded result).
-    async fn ack(&self, id: &str, token: &str) -> StoreResult<Dispatch>;
+    async fn ack(&self, id: &str, token: &str) -> StoreResult<Dispatch> {
+        self.hold(id, token, HolderOp::Ack).await
+    }
 
     /// Gives the dispatch back for a retry at `retry_at` (one more failed attempt), or
     /// dead-letters it when that was the last attempt.
@@ -210,17 +233,46 @@ pub trait Mailbox: Send + Sync + Debug + 'static {
         token: &str,
         retry_at: u64,
         error: &str,
-    ) -> StoreResult<Dispatch>;
+    ) -> StoreResult<Dispatch> {
+        let error = error.to_owned();
+        self.hold(id, token, HolderOp::Nack { retry_at, error })
+            .await
+    }
 
     /// Gives up on the dispatch.
-    async fn dead_letter(&self, id: &str, token: &str, error: &str) -> StoreResult<Dispatch>;
+    async fn dead_letter(&self, id: &str, token: &str, error: &str) -> StoreResult<Dispatch> {
+        let error = error.to_owned();
+        self.hold(id, token, HolderOp::DeadLetter { error }).await
+    }
 
     /// `record_result` and `ack` in one step.
-    async fn complete(&self, id: &str, token: &str, result: RunResult) -> StoreResult<Dispatch>;
+    async fn complete(&self, id: &str, token: &str, result: RunResult) -> StoreResult<Dispatch> {
+        self.hold(id, token, HolderOp::Complete(result)).await
+    }
 
-    /// `complete`, then `claim_gated(next)`: what a worker does between two runs. The two are
-    /// independent (a refused completion still claims, a failed claim leaves the completion
-    /// in place); backends override it to do both in one step.
+    /// T19: gives a claimed dispatch back to the queue at `available_at` without counting an
+    /// attempt (a run parked on a rate limit upstream, or released on an upgrade), recording
+    /// `reason` as its `last_error`.
+    async fn release(
+        &self,
+        id: &str,
+        token: &str,
+        available_at: u64,
+        reason: &str,
+    ) -> StoreResult<Dispatch> {
+        let reason = reason.to_owned();
+        self.hold(
+            id,
+            token,
+            HolderOp::Release {
+                available_at,
+                reason,
+            },
+        )
+        .await
+    }
+
+    /// `complete`, then `claim_gated(next)`, as [`Mailbox::hold_and_claim`].
     async fn complete_and_claim(
         &self,
         id: &str,
@@ -228,8 +280,8 @@ pub trait Mailbox: Send + Sync + Debug + 'static {
         result: RunResult,
         next: &ClaimRequest<'_>,
     ) -> (StoreResult<Dispatch>, StoreResult<Gated>) {
-        let done = self.complete(id, token, result).await;
-        (done, self.claim_gated(next).await)
+        self.hold_and_claim(id, token, HolderOp::Complete(result), next)
+            .await
     }
 
     /// Cancels a queued or waiting dispatch (a waiting one frees its thread; its pending

@@ -14,7 +14,7 @@ use tracing::Instrument;
 
 use super::{STORE_ERRORS, STORE_OPERATION};
 use crate::store::{
-    Dispatch, DispatchRow, Fence, Interrupt, ListFilter, LogEntry, Mailbox, NewDispatch, RunResult,
+    Dispatch, DispatchRow, Fence, HolderOp, Interrupt, ListFilter, LogEntry, Mailbox, NewDispatch,
     SequenceStore, StatusCount, Store, StoreError, StoreResult, Watermarks,
 };
 
@@ -138,51 +138,8 @@ impl Mailbox for TimedMailbox {
         )
         .await
     }
-    async fn extend_lease(&self, id: &str, token: &str, extension_ms: u64) -> StoreResult<bool> {
-        timed(
-            self.backend,
-            "extend_lease",
-            self.inner.extend_lease(id, token, extension_ms),
-        )
-        .await
-    }
-    async fn record_start(&self, id: &str, token: &str) -> StoreResult<Dispatch> {
-        timed(
-            self.backend,
-            "record_start",
-            self.inner.record_start(id, token),
-        )
-        .await
-    }
-    async fn record_result(
-        &self,
-        id: &str,
-        token: &str,
-        result: RunResult,
-    ) -> StoreResult<Dispatch> {
-        timed(
-            self.backend,
-            "record_result",
-            self.inner.record_result(id, token, result),
-        )
-        .await
-    }
-    async fn ack(&self, id: &str, token: &str) -> StoreResult<Dispatch> {
-        timed(self.backend, "ack", self.inner.ack(id, token)).await
-    }
-    async fn nack(
-        &self,
-        id: &str,
-        token: &str,
-        retry_at: u64,
-        error: &str,
-    ) -> StoreResult<Dispatch> {
-        timed(
-            self.backend,
-            "nack",
-            self.inner.nack(id, token, retry_at, error),
-        )
-        .await
+    async fn hold(&self, id: &str, token: &str, op: HolderOp) -> StoreResult<Dispatch> {
+        timed(self.backend, op.name(), self.inner.hold(id, token, op)).await
     }
     async fn claim_gated(
         &self,
@@ -190,51 +147,25 @@ impl Mailbox for TimedMailbox {
     ) -> StoreResult<crate::store::Gated> {
         timed(self.backend, "claim_gated", self.inner.claim_gated(req)).await
     }
-    async fn release(
+    async fn hold_and_claim(
         &self,
         id: &str,
         token: &str,
-        available_at: u64,
-        reason: &str,
-    ) -> StoreResult<Dispatch> {
-        timed(
-            self.backend,
-            "release",
-            self.inner.release(id, token, available_at, reason),
-        )
-        .await
-    }
-    async fn dead_letter(&self, id: &str, token: &str, error: &str) -> StoreResult<Dispatch> {
-        timed(
-            self.backend,
-            "dead_letter",
-            self.inner.dead_letter(id, token, error),
-        )
-        .await
-    }
-    async fn complete(&self, id: &str, token: &str, result: RunResult) -> StoreResult<Dispatch> {
-        timed(
-            self.backend,
-            "complete",
-            self.inner.complete(id, token, result),
-        )
-        .await
-    }
-    async fn complete_and_claim(
-        &self,
-        id: &str,
-        token: &str,
-        result: RunResult,
+        op: HolderOp,
         next: &crate::store::ClaimRequest<'_>,
     ) -> (StoreResult<Dispatch>, StoreResult<crate::store::Gated>) {
-        let both = async { Ok(self.inner.complete_and_claim(id, token, result, next).await) };
-        match timed(self.backend, "complete_and_claim", both).await {
+        let (name, both) = match &op {
+            HolderOp::Complete(_) => ("complete_and_claim", op.name()),
+            _ => ("hold_and_claim", op.name()),
+        };
+        let call = async { Ok(self.inner.hold_and_claim(id, token, op, next).await) };
+        match timed(self.backend, name, call).await {
             Ok((done, next)) => {
-                count_error(self.backend, "complete", &done);
+                count_error(self.backend, both, &done);
                 count_error(self.backend, "claim_gated", &next);
                 (done, next)
             }
-            // `both` never fails: the two results are inside it.
+            // `call` never fails: the two results are inside it.
             Err(e) => (Err(e.clone()), Err(e)),
         }
     }

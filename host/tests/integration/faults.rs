@@ -32,7 +32,8 @@
 //! `HOMING_SOAK=1` runs longer variants; `HOMING_SEED=<n>` replays a chaos run;
 //! `HOMING_CHAOS_RUNS=<n>` repeats each chaos test `n` times with seeds `HOMING_SEED`, +1, ...
 //! (reporting every failed seed at the end); `HOMING_LOAD=1` keeps every core busy during any
-//! chaos test, `HOMING_LOAD=0` during none.
+//! chaos test, `HOMING_LOAD=0` during none; `HOMING_HISTORY_DUMP=<dir>` writes the history of a
+//! chaos run the checker failed to `<dir>/chaos-<seed>.txt`.
 
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, OnceLock};
@@ -585,6 +586,13 @@ async fn chaos_run(backend: Backend, chaos: Arc<Chaos>, seed: u64, cleanup: bool
         c.repeated.load(Ordering::Relaxed),
         c.late.load(Ordering::Relaxed),
     );
+    if !report.clean()
+        && let Ok(dir) = std::env::var("HOMING_HISTORY_DUMP")
+    {
+        let path = std::path::Path::new(&dir).join(format!("chaos-{seed}.txt"));
+        history.dump(&path).expect("write the history");
+        eprintln!("chaos: the history is in {}", path.display());
+    }
     report.assert_clean();
     assert_eq!(
         report.count(history::Class::Ok),

@@ -1970,6 +1970,88 @@ mod slot_blocks {
         assert_eq!(seen("small", 8, 3).await, [1, 2, 3]);
     }
 
+    /// A claim's extension under a slot block ends before the block does, even when the write
+    /// that extends it reads the clock long after the block was checked (a descheduled task, a
+    /// retry): the bound is the block's lapse, not a length. Claim `a` writes a block lasting
+    /// three of its 10 s leases; claim `b` (a 20 s lease) joins it; `b` asks for 20 s more
+    /// and the clock jumps 12 s between the block's check and the write. Measured as a length
+    /// from the later reading, the lease would run 2 s past the block, when the key's slots
+    /// may be other claims'.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn an_extension_under_a_block_never_outruns_it_however_late_the_write_reads_the_clock() {
+        let env = Env::new(&NatsFactory).await;
+        let host = env.open().await;
+        enqueue(&host, "k", 2).await;
+        let limits = per_key(128);
+        let claim = |lease_ms| {
+            let (host, limits) = (host.clone(), limits.clone());
+            async move {
+                let req = homing::store::ClaimRequest {
+                    lease_ms,
+                    ..next_claim(&limits)
+                };
+                let got = host.mailbox.claim_gated(&req).await.expect("claim_gated");
+                got.dispatch.expect("something claimed")
+            }
+        };
+        let block_lapses = env.now() + 3 * 10_000;
+        claim(10_000).await;
+        let b = claim(20_000).await;
+        assert_eq!(
+            held(&host, "k").await,
+            8,
+            "both claims under one block of 8"
+        );
+        env.clock.advance_after_next_read(12_000);
+        assert!(
+            host.mailbox
+                .extend_lease(&b.id, &tok(&b), 20_000)
+                .await
+                .expect("extend_lease"),
+            "a live claim under a live block is extended"
+        );
+        let lease = host.mailbox.load(&b.id).await.expect("load").expect("b");
+        let until = lease.claim.expect("claimed").lease_until;
+        assert!(
+            until < block_lapses,
+            "the lease runs to {until}, past its block's lapse at {block_lapses}"
+        );
+    }
+
+    /// Another instance of the host (a restarted one, a second one in the process) extending a
+    /// claim taken under the first one's slot block keeps the lease within that block too: it
+    /// holds no block of its own for the claim, and the key's record holds no slot of the
+    /// claim's own, so the claim is under some block of the key.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn another_instance_extends_a_claim_under_a_block_only_as_far_as_the_block_holds() {
+        let env = Env::new(&NatsFactory).await;
+        let (host, other) = (env.open().await, env.open().await);
+        enqueue(&host, "k", 1).await;
+        let block_lapses = env.now() + 3 * LEASE;
+        let d = claim_one(&host, &per_key(64)).await;
+        let seen = other.mailbox.load(&d.id).await.expect("load");
+        assert_eq!(seen.and_then(|d| d.claim).map(|c| c.token), Some(tok(&d)));
+        assert_eq!(
+            held(&other, "k").await,
+            4,
+            "the other instance sees the block"
+        );
+        assert!(
+            other
+                .mailbox
+                .extend_lease(&d.id, &tok(&d), 5 * LEASE)
+                .await
+                .expect("extend_lease"),
+            "a live claim is extended by any instance"
+        );
+        let lease = other.mailbox.load(&d.id).await.expect("load").expect("d");
+        let until = lease.claim.expect("claimed").lease_until;
+        assert!(
+            until < block_lapses,
+            "the lease runs to {until}, past its block's lapse at {block_lapses}"
+        );
+    }
+
     /// Once a claim's block has lapsed (three leases after it was written, never held longer),
     /// its slots may be another host's: the claim's holder can no longer extend its lease, though
     /// nobody has taken the claim over.

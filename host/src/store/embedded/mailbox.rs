@@ -19,10 +19,10 @@ use super::{EmbeddedStore, MAX_VALUE, MAX_VALUE_WHY, TxError};
 use crate::store::check_size;
 use crate::store::limits::{ClaimRequest, Gated};
 use crate::store::model::{
-    Dispatch, DispatchRow, Interrupt, ListFilter, NewDispatch, RunResult, Status, StatusCount,
+    Dispatch, DispatchRow, Interrupt, ListFilter, NewDispatch, Status, StatusCount,
 };
 use crate::store::rules::{
-    self, Holder, HolderOp, SupersedeClaimed, Take, clamp, lease_extended, lease_live, same_content,
+    self, Holder, HolderOp, SupersedeClaimed, Take, clamp, lease_live, same_content,
 };
 use crate::store::versions::{Choice, Offer};
 use crate::store::waitpoints::{BY_DISPATCH_ENDED, BY_INTERRUPT};
@@ -382,97 +382,36 @@ impl Mailbox for EmbeddedStore {
         Ok(out.0)
     }
 
-    async fn extend_lease(&self, id: &str, token: &str, extension_ms: u64) -> StoreResult<bool> {
-        lease_extended(
-            self.holder_write(id, token, HolderOp::Extend { extension_ms })
-                .await,
-        )
-    }
-
-    async fn record_start(&self, id: &str, token: &str) -> StoreResult<Dispatch> {
-        self.holder_write(id, token, HolderOp::Start).await
-    }
-
-    async fn record_result(
-        &self,
-        id: &str,
-        token: &str,
-        result: RunResult,
-    ) -> StoreResult<Dispatch> {
-        check_size("output", &result.output, MAX_VALUE, MAX_VALUE_WHY)?;
-        self.holder_write(id, token, HolderOp::Result(result)).await
-    }
-
-    async fn ack(&self, id: &str, token: &str) -> StoreResult<Dispatch> {
-        self.holder_write(id, token, HolderOp::Ack).await
-    }
-
-    async fn nack(
-        &self,
-        id: &str,
-        token: &str,
-        retry_at: u64,
-        error: &str,
-    ) -> StoreResult<Dispatch> {
-        let error = error.to_owned();
-        self.holder_write(id, token, HolderOp::Nack { retry_at, error })
-            .await
-    }
-
-    async fn release(
-        &self,
-        id: &str,
-        token: &str,
-        available_at: u64,
-        reason: &str,
-    ) -> StoreResult<Dispatch> {
-        let reason = reason.to_owned();
-        self.holder_write(
-            id,
-            token,
-            HolderOp::Release {
-                available_at,
-                reason,
-            },
-        )
-        .await
+    async fn hold(&self, id: &str, token: &str, op: HolderOp) -> StoreResult<Dispatch> {
+        if let Some(output) = op.output() {
+            check_size("output", output, MAX_VALUE, MAX_VALUE_WHY)?;
+        }
+        self.holder_write(id, token, op).await
     }
 
     async fn claim_gated(&self, req: &ClaimRequest<'_>) -> StoreResult<Gated> {
         self.claim_gated_inner(req).await
     }
 
-    async fn dead_letter(&self, id: &str, token: &str, error: &str) -> StoreResult<Dispatch> {
-        let error = error.to_owned();
-        self.holder_write(id, token, HolderOp::DeadLetter { error })
-            .await
-    }
-
-    async fn complete(&self, id: &str, token: &str, result: RunResult) -> StoreResult<Dispatch> {
-        check_size("output", &result.output, MAX_VALUE, MAX_VALUE_WHY)?;
-        self.holder_write(id, token, HolderOp::Complete(result))
-            .await
-    }
-
-    /// One writer operation for both: the completion and the claim each run in a savepoint of
-    /// their own inside it, so either may fail alone, and both commit together.
-    async fn complete_and_claim(
+    /// One writer operation for both: the holder's write and the claim each run in a
+    /// savepoint of their own inside it, so either may fail alone, and both commit together.
+    async fn hold_and_claim(
         &self,
         id: &str,
         token: &str,
-        result: RunResult,
+        op: HolderOp,
         next: &ClaimRequest<'_>,
     ) -> (StoreResult<Dispatch>, StoreResult<Gated>) {
-        if let Err(e) = check_size("output", &result.output, MAX_VALUE, MAX_VALUE_WHY) {
+        if let Some(output) = op.output()
+            && let Err(e) = check_size("output", output, MAX_VALUE, MAX_VALUE_WHY)
+        {
             return (Err(e), self.claim_gated_inner(next).await);
         }
         let (id, token) = (id.to_owned(), token.to_owned());
         let claim = super::limits::OwnedClaim::of(next);
         let out = self
             .write(move |tx, now| {
-                let done = in_savepoint(tx, |tx| {
-                    holder_tx(tx, now, &id, &token, HolderOp::Complete(result))
-                })?;
+                let done = in_savepoint(tx, |tx| holder_tx(tx, now, &id, &token, op))?;
                 let next = in_savepoint(tx, |tx| claim.run(tx, now))?;
                 Ok((done, next))
             })

@@ -67,8 +67,8 @@ const KEPT_SLOT_BLOCKS: usize = 1024;
 /// A slot block is held for this many leases of the claim that writes it.
 const BLOCK_LEASES: u64 = 3;
 
-/// How much earlier than its slot block a lease extended under it ends (the extension is
-/// measured from a later clock reading than the one that checked the block).
+/// How much earlier than its slot block a lease extended under it ends at the latest (a margin:
+/// the bound is an instant, so no later clock reading moves it).
 const BLOCK_SLACK_MS: u64 = 100;
 
 /// The slots of the smallest block of a scope with cap `cap`: a sixteenth of it, from 1 to 8.
@@ -255,9 +255,12 @@ fn key_slot(
     let mine = blocks.get(&scope.name);
     if cap >= BLOCK_MIN_CAP && !mine.is_some_and(|b| b.writing) {
         let (rec, seq) = view.limit(&scope.name)?;
+        // Every live holder but this instance's block stays, a slot of the candidate's id
+        // included: it may be another host's claim of it that this view has not seen land (a
+        // stale own slot of this instance is dead, or counts twice at worst: never too few).
         let others: Vec<Holder> = live_holders(view, rec, now)
             .into_iter()
-            .filter(|h| h.id != block_id && h.id != d.id)
+            .filter(|h| h.id != block_id)
             .cloned()
             .collect();
         let in_use = mine.map_or(0, |b| b.in_use(view, now));
@@ -283,28 +286,19 @@ fn key_slot(
     Ok(Slot::Own(take_scope(
         view,
         scope,
-        d,
         Holder::ahead_of_claim(d),
         now,
     )?))
 }
 
-/// The write of `scope`'s record after a claim of `d`: its dead holders pruned, `holder` added
+/// The write of `scope`'s record after a claim: its dead holders pruned, the claim's `holder` added
 /// (with a cap), one token taken (with a rate), expecting the record's subject as the view
 /// knows it.
-fn take_scope(
-    view: &View,
-    scope: &Scope,
-    d: &Dispatch,
-    holder: Holder,
-    now: u64,
-) -> StoreResult<Write> {
+fn take_scope(view: &View, scope: &Scope, holder: Holder, now: u64) -> StoreResult<Write> {
     let (rec, seq) = view.limit(&scope.name)?;
-    let mut holders: Vec<Holder> = live_holders(view, rec, now)
-        .into_iter()
-        .filter(|h| h.id != d.id)
-        .cloned()
-        .collect();
+    // A live slot of `d`'s id stays: it may be another host's claim of `d`, landed or landing,
+    // that this view has not seen yet (this claim then fails, and gives its own slot back).
+    let mut holders: Vec<Holder> = live_holders(view, rec, now).into_iter().cloned().collect();
     if scope.concurrency.is_some() {
         holders.push(holder);
     }
@@ -406,24 +400,12 @@ impl NatsStore {
                             }
                             let mut writes = put_dispatch(view, plain(d.clone()))?;
                             for scope in &shared {
-                                writes.push(take_scope(
-                                    view,
-                                    scope,
-                                    &d,
-                                    Holder::of_claim(&d),
-                                    now,
-                                )?);
+                                writes.push(take_scope(view, scope, Holder::of_claim(&d), now)?);
                             }
                             if let Some(key) = &d.concurrency_key
                                 && let Some(scope) = limits.key_scope(agent, key)
                             {
-                                writes.push(take_scope(
-                                    view,
-                                    &scope,
-                                    &d,
-                                    Holder::of_claim(&d),
-                                    now,
-                                )?);
+                                writes.push(take_scope(view, &scope, Holder::of_claim(&d), now)?);
                             }
                             view.reserve(&d.thread);
                             held = Some(d.thread.clone());
@@ -807,15 +789,18 @@ impl NatsStore {
         }
     }
 
-    /// How far the lease of claim `id` may be extended, at most `extension_ms`: a claim under
-    /// this instance's slot block only as far as the block holds, which is held longer first
-    /// when it would not outlast the extension by half of it; `None` when the block has lapsed
-    /// (its slots may be another's now: the claim is lost). A claim under no block: all of it.
-    pub(super) async fn lease_in_block(&self, id: &str, extension_ms: u64) -> Option<u64> {
+    /// The latest instant the lease of claim `id` may reach when extended by `extension_ms`: for
+    /// a claim under this instance's slot block, just before the block lapses (the block is
+    /// held longer first when it would not outlast the extension by half of it); `Some(None)`
+    /// for a claim under no block; `None` when the block has lapsed (its slots may be another's
+    /// now: the claim is lost). The bound is an instant, not a length: the write that extends
+    /// the lease reads the clock later than this does (after a round trip, a retry, a
+    /// descheduled task), and a length from that later reading could outrun the block.
+    pub(super) async fn lease_in_block(&self, id: &str, extension_ms: u64) -> Option<Option<u64>> {
         let now = self.now();
         let found = {
             let (Ok(view), Ok(blocks)) = (self.view(), self.inner.slot_blocks.lock()) else {
-                return Some(extension_ms);
+                return Some(None);
             };
             // The claim the record holds now. One whose lease ran out is not extended at all
             // (the rules refuse it), so its block is not held longer for it.
@@ -828,18 +813,21 @@ impl NatsStore {
             if current.is_some_and(|d| !crate::store::rules::lease_live(d, now)) {
                 return None;
             }
-            current.and_then(|d| {
-                blocks.iter().find_map(|(scope, b)| {
-                    b.claims
-                        .iter()
-                        .any(|h| h.id == id && h.claims == d.claims)
-                        .then(|| (scope.clone(), b.until))
-                })
-            })
+            let Some(d) = current else {
+                return Some(None);
+            };
+            let mine = blocks.iter().find_map(|(scope, b)| {
+                b.claims
+                    .iter()
+                    .any(|h| h.id == id && h.claims == d.claims)
+                    .then(|| (scope.clone(), b.until))
+            });
+            match mine {
+                Some(found) => found,
+                None => return foreign_bound(&view, d, now),
+            }
         };
-        let Some((scope, mut until)) = found else {
-            return Some(extension_ms);
-        };
+        let (scope, mut until) = found;
         if until < now.saturating_add(extension_ms.saturating_add(extension_ms / 2)) {
             let longer = now.saturating_add(extension_ms.saturating_mul(BLOCK_LEASES));
             match self.hold_block(&scope, longer).await {
@@ -850,9 +838,8 @@ impl NatsStore {
                 }
             }
         }
-        // The extension is measured from a later clock reading than `now`: leave it room.
-        let room = until.saturating_sub(now).saturating_sub(BLOCK_SLACK_MS);
-        (room > 0).then(|| extension_ms.min(room))
+        let until_max = until.saturating_sub(BLOCK_SLACK_MS);
+        (until_max > now).then_some(Some(until_max))
     }
 
     /// Holds this instance's slot block of `scope` until `until` (never shorter than it is):
@@ -897,20 +884,54 @@ impl NatsStore {
     /// record (nothing when it is not there).
     async fn give_back_slot(&self, scope: &str, id: &str, claims: u32) -> StoreResult<()> {
         self.on_scope(scope, |rec, live, _| {
-            let ours = |h: &Holder| h.id == id && h.claims == claims;
-            if !rec.holders.iter().any(ours) {
-                return (None, ());
+            match given_back(rec, live, id, claims) {
+                Some(holders) => (
+                    Some(LimitRec {
+                        holders,
+                        bucket: rec.bucket,
+                    }),
+                    (),
+                ),
+                None => (None, ()),
             }
-            let holders = pruned(rec, live).into_iter().filter(|h| !ours(h)).collect();
-            (
-                Some(LimitRec {
-                    holders,
-                    bucket: rec.bucket,
-                }),
-                (),
-            )
         })
         .await
+    }
+}
+
+/// The bound of an extension of claim `d` that this instance did not take under a slot block
+/// of its own (another instance took it: a host's earlier instance, a second one in the
+/// process): when its key's scope holds no slot of the claim's own, the claim may be under any
+/// live block of the scope, so the extension ends before the first of them lapses. A claim
+/// whose block is gone from the record has lapsed with it, and the rules refuse its extension.
+/// `Some(None)`: no bound; `None`: the bound has passed.
+fn foreign_bound(view: &View, d: &Dispatch, now: u64) -> Option<Option<u64>> {
+    let Some(key) = d.concurrency_key.as_deref() else {
+        return Some(None);
+    };
+    let Ok((Some(rec), _)) = view.limit(&crate::store::limits::key_scope_name(&d.agent, key))
+    else {
+        return Some(None);
+    };
+    if rec
+        .holders
+        .iter()
+        .any(|h| h.id == d.id && h.claims == d.claims)
+    {
+        return Some(None);
+    }
+    let first = rec
+        .holders
+        .iter()
+        .filter(|h| h.claims == 0 && h.slots > 0 && h.until > now)
+        .map(|h| h.until)
+        .min();
+    match first {
+        None => Some(None),
+        Some(until) => {
+            let bound = until.saturating_sub(BLOCK_SLACK_MS);
+            (bound > now).then_some(Some(bound))
+        }
     }
 }
 
@@ -981,13 +1002,7 @@ fn decide(
     let mut slots = Vec::new();
     for scope in shared.iter().copied() {
         if scope.concurrency.is_some() {
-            slots.push(take_scope(
-                view,
-                scope,
-                &d,
-                Holder::ahead_of_claim(&d),
-                now,
-            )?);
+            slots.push(take_scope(view, scope, Holder::ahead_of_claim(&d), now)?);
         } else if let Some(rate) = &scope.rate {
             rated.push(rated_entry(view, scope, *rate, now)?);
         }
@@ -1288,6 +1303,26 @@ impl NatsStore {
 }
 
 /// The live holders of `rec` (by `live`).
+/// `rec`'s live holders (`live`) without one slot written ahead of claim number `claims` of
+/// dispatch `id`; `None` when it holds none. One, not every such slot: another host claiming the
+/// same dispatch from the same record writes a slot that looks the same, and its claim (the one
+/// that landed) keeps it.
+fn given_back(rec: &LimitRec, live: &[bool], id: &str, claims: u32) -> Option<Vec<Holder>> {
+    let at = rec
+        .holders
+        .iter()
+        .position(|h| h.id == id && h.claims == claims)?;
+    Some(
+        rec.holders
+            .iter()
+            .zip(live)
+            .enumerate()
+            .filter(|(i, (_, live))| *i != at && **live)
+            .map(|(_, (h, _))| h.clone())
+            .collect(),
+    )
+}
+
 fn pruned(rec: &LimitRec, live: &[bool]) -> Vec<Holder> {
     rec.holders
         .iter()
@@ -1477,5 +1512,120 @@ impl Limits for NatsStore {
             running: weight(held.map(|(h, _)| h)),
             tokens: rate.map(|r| Bucket::level(rec.bucket, r, now)),
         })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+
+    use super::*;
+    use crate::store::model::NewDispatch;
+    use crate::store::nats::view::Stored;
+    use crate::store::rules::{queued_record, take};
+
+    const NOW: u64 = 1_000;
+    const LEASE: u64 = 5_000;
+
+    fn queued(id: &str) -> Dispatch {
+        let new = NewDispatch::new("agent", "t", b"p".to_vec()).with_concurrency_key("k");
+        queued_record(id, &new, 0, NOW)
+    }
+
+    /// `d` claimed by `consumer` (each claim gets a token of its own).
+    fn claimed(d: &Dispatch, consumer: &str) -> Dispatch {
+        let Take::Claimed(d) = take(d.clone(), d.epoch, consumer, LEASE, NOW, true) else {
+            panic!("a current record is taken");
+        };
+        d
+    }
+
+    fn scope(cap: u32) -> Scope {
+        Scope {
+            name: crate::store::limits::key_scope_name("agent", "k"),
+            concurrency: Some(cap),
+            rate: None,
+        }
+    }
+
+    /// A view holding `d` queued and the key's record holding `holders`.
+    fn view_with(d: &Dispatch, holders: Vec<Holder>) -> View {
+        let mut view = View::lean();
+        let stored = Stored {
+            dispatch: d.clone(),
+            settled: None,
+            waitpoints: false,
+        };
+        view.apply(
+            1,
+            Record::Dispatch(d.thread.clone(), d.id.clone(), Some(Box::new(stored))),
+        );
+        view.apply(
+            2,
+            Record::Limit(
+                scope(16).name,
+                LimitRec {
+                    holders,
+                    bucket: None,
+                },
+            ),
+        );
+        view
+    }
+
+    fn holders(write: &Write) -> &[Holder] {
+        match &write.record {
+            Record::Limit(_, rec) => &rec.holders,
+            other => panic!("not a scope record: {other:?}"),
+        }
+    }
+
+    /// Issue 49: another host's slot for its claim of `d` has reached this view, its claim of
+    /// `d` not yet. This host's slot for its own claim of `d` (which will fail) must leave the
+    /// other's slot in the record: taking it out left the other claim running with no slot, a
+    /// key at 17 of its 16.
+    #[test]
+    fn a_slot_for_a_claim_keeps_another_hosts_slot_for_the_same_dispatch() {
+        let d = queued("d1");
+        let theirs = Holder::ahead_of_claim(&claimed(&d, "other"));
+        let view = view_with(&d, vec![theirs.clone()]);
+        let ours = claimed(&d, "this");
+
+        let own = take_scope(&view, &scope(2), Holder::ahead_of_claim(&ours), NOW).unwrap();
+        assert!(holders(&own).contains(&theirs), "{:?}", holders(&own));
+        assert_eq!(weight(holders(&own)), 2);
+
+        let mut blocks = HashMap::new();
+        let slot = key_slot(
+            &view,
+            &scope(16),
+            16,
+            &ours,
+            NOW,
+            LEASE,
+            &mut blocks,
+            "block.1",
+        );
+        let Ok(Slot::NewBlock(block, ..)) = slot else {
+            panic!("a block is taken");
+        };
+        assert!(holders(&block).contains(&theirs), "{:?}", holders(&block));
+    }
+
+    /// Giving a slot back takes out one slot of the claim, not every slot that looks like it.
+    #[test]
+    fn giving_a_slot_back_takes_out_one() {
+        let d = claimed(&queued("d1"), "this");
+        let slot = Holder::ahead_of_claim(&d);
+        let block = Holder::block("block.1", 2, NOW + 3 * LEASE);
+        let rec = LimitRec {
+            holders: vec![slot.clone(), block.clone(), slot.clone()],
+            bucket: None,
+        };
+        let left = given_back(&rec, &[true, true, true], &d.id, d.claims).unwrap();
+        assert_eq!(left, vec![block.clone(), slot.clone()]);
+        let dead = given_back(&rec, &[true, true, false], &d.id, d.claims).unwrap();
+        assert_eq!(dead, vec![block.clone()], "dead holders are pruned too");
+        assert_eq!(given_back(&rec, &[true; 3], "d2", d.claims), None);
     }
 }

@@ -21,11 +21,11 @@ use super::view::{Record, Stored, View};
 use crate::store::check_size;
 use crate::store::limits::{ClaimRequest, Gated};
 use crate::store::model::{
-    Dispatch, DispatchRow, Interrupt, ListFilter, NewDispatch, RunResult, Status, StatusCount,
+    Dispatch, DispatchRow, Interrupt, ListFilter, NewDispatch, Status, StatusCount,
 };
 use crate::store::rules::{
-    self, Found, Holder, HolderOp, Reclaim, Settle, SupersedeClaimed, Take, lease_extended,
-    lease_live, queued_record, same_content,
+    self, Found, Holder, HolderOp, Reclaim, Settle, SupersedeClaimed, Take, lease_live,
+    queued_record, same_content,
 };
 use crate::store::{Mailbox, REASON_STALE_EPOCH, StoreError, StoreResult};
 
@@ -436,103 +436,57 @@ impl Mailbox for NatsStore {
         .await
     }
 
-    async fn extend_lease(&self, id: &str, token: &str, extension_ms: u64) -> StoreResult<bool> {
-        // A claim under a slot block keeps its lease within the block's; once the block has
-        // lapsed, its slots may be another's, and the claim is lost.
-        let Some(extension_ms) = self.lease_in_block(id, extension_ms).await else {
-            return Ok(false);
+    async fn hold(&self, id: &str, token: &str, op: HolderOp) -> StoreResult<Dispatch> {
+        if let Some(output) = op.output() {
+            let room = self.room();
+            check_size("output", output, room.value, &room.value_why())?;
+        }
+        let op = match op {
+            // A claim under a slot block keeps its lease within the block's; once the block
+            // has lapsed, its slots may be another's, and the claim is lost.
+            HolderOp::Extend {
+                extension_ms,
+                until_max,
+            } => {
+                let Some(block) = self.lease_in_block(id, extension_ms).await else {
+                    return Err(StoreError::LostClaim { id: id.to_owned() });
+                };
+                let until_max = match (until_max, block) {
+                    (Some(a), Some(b)) => Some(a.min(b)),
+                    (a, b) => a.or(b),
+                };
+                HolderOp::Extend {
+                    extension_ms,
+                    until_max,
+                }
+            }
+            op => op,
         };
-        lease_extended(
-            self.holder_write(id, token, HolderOp::Extend { extension_ms })
-                .await,
-        )
-    }
-
-    async fn record_start(&self, id: &str, token: &str) -> StoreResult<Dispatch> {
-        self.holder_write(id, token, HolderOp::Start).await
-    }
-
-    async fn record_result(
-        &self,
-        id: &str,
-        token: &str,
-        result: RunResult,
-    ) -> StoreResult<Dispatch> {
-        let room = self.room();
-        check_size("output", &result.output, room.value, &room.value_why())?;
-        self.holder_write(id, token, HolderOp::Result(result)).await
-    }
-
-    async fn ack(&self, id: &str, token: &str) -> StoreResult<Dispatch> {
-        self.holder_write(id, token, HolderOp::Ack).await
-    }
-
-    async fn nack(
-        &self,
-        id: &str,
-        token: &str,
-        retry_at: u64,
-        error: &str,
-    ) -> StoreResult<Dispatch> {
-        let error = error.to_owned();
-        self.holder_write(id, token, HolderOp::Nack { retry_at, error })
-            .await
-    }
-
-    async fn release(
-        &self,
-        id: &str,
-        token: &str,
-        available_at: u64,
-        reason: &str,
-    ) -> StoreResult<Dispatch> {
-        let reason = reason.to_owned();
-        self.holder_write(
-            id,
-            token,
-            HolderOp::Release {
-                available_at,
-                reason,
-            },
-        )
-        .await
+        self.holder_write(id, token, op).await
     }
 
     async fn claim_gated(&self, req: &ClaimRequest<'_>) -> StoreResult<Gated> {
         self.claim_gated_inner(req).await
     }
 
-    async fn dead_letter(&self, id: &str, token: &str, error: &str) -> StoreResult<Dispatch> {
-        let error = error.to_owned();
-        self.holder_write(id, token, HolderOp::DeadLetter { error })
-            .await
-    }
-
-    async fn complete(&self, id: &str, token: &str, result: RunResult) -> StoreResult<Dispatch> {
-        let room = self.room();
-        check_size("output", &result.output, room.value, &room.value_why())?;
-        self.holder_write(id, token, HolderOp::Complete(result))
-            .await
-    }
-
-    /// The completion's own write stands in for the claim's barrier: everything stored before
-    /// this call has a lower stream sequence than the completion, which the server stored
-    /// after the call began, so once the watcher has applied the completion's sequence the
-    /// view holds all of it, and the claim needs no request for the stream's last sequence.
-    /// The claim sees the completion too (applied to this instance's view when acknowledged).
-    /// A completion that stored nothing (refused) is followed by a barrier.
-    async fn complete_and_claim(
+    /// The holder's own write stands in for the claim's barrier: everything stored before
+    /// this call has a lower stream sequence than the write, which the server stored after the
+    /// call began, so once the watcher has applied the write's sequence the view holds all of
+    /// it, and the claim needs no request for the stream's last sequence. The claim sees the
+    /// write too (applied to this instance's view when acknowledged). A write that stored
+    /// nothing (refused) is followed by a barrier.
+    async fn hold_and_claim(
         &self,
         id: &str,
         token: &str,
-        result: RunResult,
+        op: HolderOp,
         next: &ClaimRequest<'_>,
     ) -> (StoreResult<Dispatch>, StoreResult<Gated>) {
         if !self.follows() {
-            let done = self.complete(id, token, result).await;
+            let done = self.hold(id, token, op).await;
             return (done, self.claim_gated_inner(next).await);
         }
-        let (done, acked) = Self::acked_in(self.complete(id, token, result)).await;
+        let (done, acked) = Self::acked_in(self.hold(id, token, op)).await;
         let caught_up = if acked > 0 {
             self.wait_for(acked).await
         } else {

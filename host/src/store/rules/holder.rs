@@ -141,6 +141,11 @@ pub(crate) fn check_holder_op(
         Holder::Live(d) if matches!(op, HolderOp::Extend { .. }) && !lease_live(&d, now) => {
             Holder::Refuse(StoreError::LostClaim { id: id.to_owned() })
         }
+        // A bound already past: the slot block the claim ran under has lapsed, and its slots
+        // may be another claim's.
+        Holder::Live(_) if matches!(op, HolderOp::Extend { until_max: Some(max), .. } if *max < now) => {
+            Holder::Refuse(StoreError::LostClaim { id: id.to_owned() })
+        }
         verdict => verdict,
     }
 }
@@ -256,13 +261,19 @@ pub(crate) fn supersede_claimed(
     }
 }
 
-/// What a live holder does to its record.
+/// What the holder of a live claim does to its dispatch: the one argument of
+/// [`Mailbox::hold`](crate::store::Mailbox::hold), a constructor for each transition a holder
+/// makes.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub(crate) enum HolderOp {
-    /// Moves the lease to `now + extension_ms`.
+pub enum HolderOp {
+    /// Moves the lease to `now + extension_ms`, never past `until_max`.
     Extend {
         /// The new lease, from now.
         extension_ms: u64,
+        /// The latest instant the lease may reach, whatever the clock reads when the write is
+        /// decided: a NATS claim under a slot block ends before the block does, and the
+        /// block's lapse is read earlier than the write's clock (`None`: no bound).
+        until_max: Option<u64>,
     },
     /// Records the start of the run (dropping any earlier result).
     Start,
@@ -294,6 +305,37 @@ pub(crate) enum HolderOp {
 }
 
 impl HolderOp {
+    /// An extension of the lease to `now + extension_ms`, with no bound of its own.
+    pub fn extend(extension_ms: u64) -> HolderOp {
+        HolderOp::Extend {
+            extension_ms,
+            until_max: None,
+        }
+    }
+
+    /// The operation's name, as the store's metrics and errors give it.
+    pub fn name(&self) -> &'static str {
+        match self {
+            HolderOp::Extend { .. } => "extend_lease",
+            HolderOp::Start => "record_start",
+            HolderOp::Result(_) => "record_result",
+            HolderOp::Ack => "ack",
+            HolderOp::Nack { .. } => "nack",
+            HolderOp::DeadLetter { .. } => "dead_letter",
+            HolderOp::Complete(_) => "complete",
+            HolderOp::Release { .. } => "release",
+        }
+    }
+
+    /// The run output the operation stores, if it stores one (checked against the backend's
+    /// largest value before anything is written).
+    pub(crate) fn output(&self) -> Option<&[u8]> {
+        match self {
+            HolderOp::Result(r) | HolderOp::Complete(r) => Some(&r.output),
+            _ => None,
+        }
+    }
+
     /// The settlement this operation makes, if it makes one.
     pub(crate) fn settles(&self) -> Option<Settle> {
         match self {
@@ -309,9 +351,13 @@ impl HolderOp {
     /// record is queued and available now (a nack with a retry time already past).
     pub(crate) fn apply(self, d: &mut Dispatch, now: u64) -> bool {
         match self {
-            HolderOp::Extend { extension_ms } => {
+            HolderOp::Extend {
+                extension_ms,
+                until_max,
+            } => {
                 if let Some(claim) = &mut d.claim {
-                    claim.lease_until = super::clamp(now.saturating_add(extension_ms));
+                    let until = now.saturating_add(extension_ms);
+                    claim.lease_until = super::clamp(until_max.map_or(until, |m| until.min(m)));
                 }
                 d.updated_at = now;
                 false
@@ -605,7 +651,19 @@ mod tests {
     fn holder_operations_change_what_they_say() {
         let base = claimed(0);
         let mut d = base.clone();
-        assert!(!HolderOp::Extend { extension_ms: 700 }.apply(&mut d, NOW));
+        let extend = |extension_ms, until_max| HolderOp::Extend {
+            extension_ms,
+            until_max,
+        };
+        assert!(!extend(700, None).apply(&mut d, NOW));
+        assert_eq!(d.claim.as_ref().unwrap().lease_until, NOW + 700);
+        assert!(!extend(700, Some(NOW + 300)).apply(&mut d, NOW));
+        assert_eq!(
+            d.claim.as_ref().unwrap().lease_until,
+            NOW + 300,
+            "an extension stops at its bound"
+        );
+        assert!(!extend(700, Some(NOW + 900)).apply(&mut d, NOW));
         assert_eq!(d.claim.as_ref().unwrap().lease_until, NOW + 700);
         assert!(!HolderOp::Start.apply(&mut d, NOW));
         assert_eq!(d.started_at, Some(NOW));

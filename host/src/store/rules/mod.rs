@@ -14,9 +14,10 @@ mod holder;
 pub(crate) use claim::{
     Reclaim, Take, due, lease_expired, lease_live, reclaim, stale, superseded, take,
 };
+pub use holder::HolderOp;
 pub(crate) use holder::{
-    Fenced, Found, Holder, HolderOp, Settle, SupersedeClaimed, check_fence, check_holder,
-    check_holder_op, supersede_claimed,
+    Fenced, Found, Holder, Settle, SupersedeClaimed, check_fence, check_holder, check_holder_op,
+    supersede_claimed,
 };
 
 use crate::store::model::{Dispatch, NewDispatch, Status};

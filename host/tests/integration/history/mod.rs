@@ -410,6 +410,21 @@ impl History {
         self.events.lock().unwrap().clone()
     }
 
+    /// Writes every call recorded so far to `path`, one a line (`#index actor [start..end]
+    /// clock before..after op -> outcome`, in full), for a failed check to be looked into.
+    pub fn dump(&self, path: &std::path::Path) -> std::io::Result<()> {
+        use std::io::Write;
+        let mut out = std::io::BufWriter::new(std::fs::File::create(path)?);
+        for (i, e) in self.events().iter().enumerate() {
+            writeln!(
+                out,
+                "#{i} {} [{}..{}] clock {}..{} {:?} -> {:?}",
+                e.actor, e.start, e.end, e.clock_before, e.clock_after, e.op, e.outcome
+            )?;
+        }
+        out.flush()
+    }
+
     /// A recorder making calls on `store` as `actor`.
     pub fn recorder(self: &Arc<Self>, store: Store, actor: impl Into<String>) -> Recorder {
         Recorder {
