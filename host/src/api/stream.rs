@@ -5,9 +5,11 @@
 //! `delta` (id `claim:seq`; data `{"text": ...}`, or `{"data": base64, "encoding": "base64"}`
 //! for bytes that are not UTF-8); `reset` (id `claim:0`) when a later claim starts, so the
 //! client drops what earlier claims streamed; `dropped` when the client stayed more than 1 MiB
-//! behind for 10 s (it resumes with `Last-Event-ID`); and a final `result`, after which the stream ends.
-//! A client that reconnects with `Last-Event-ID` (or `?after=claim:seq`) gets what followed,
-//! nothing lost or repeated, for `[host] stream_retention` after the run.
+//! behind for 10 s (it resumes with `Last-Event-ID`); and a final `result` (id `end`), after
+//! which the stream ends. A client that reconnects with `Last-Event-ID` (or `?after=claim:seq`)
+//! gets what followed, nothing lost or repeated, for `[host] stream_retention` after the run;
+//! one that reconnects after the result (`Last-Event-ID: end`) is answered 204 No Content, which
+//! tells a browser's `EventSource` to stop.
 
 use std::convert::Infallible;
 use std::sync::Arc;
@@ -32,14 +34,24 @@ use crate::live::follow::{Event as LiveEvent, Follower, MAX_LAG_BYTES, PATIENCE}
 use crate::store::Dispatch;
 use crate::store::deltas::Cursor;
 
+/// The id of the `result` event. A client that reconnects with it as its `Last-Event-ID` saw
+/// the stream's end, and is answered 204, which tells an `EventSource` to stop reconnecting
+/// (a stream without it would send the result again at every retry).
+pub(crate) const END_ID: &str = "end";
+
 /// The stream's position to resume after: `?after=claim:seq`, else `Last-Event-ID`.
 pub(super) fn cursor(after: Option<&str>, headers: &HeaderMap) -> Result<Option<Cursor>, ApiError> {
-    let text = after.or_else(|| headers.get("last-event-id").and_then(|v| v.to_str().ok()));
-    text.map(|t| {
-        t.parse::<Cursor>()
-            .map_err(|e| ApiError::invalid("after", format!("after: {e}")))
-    })
-    .transpose()
+    resume_text(after, headers)
+        .map(|t| {
+            t.parse::<Cursor>()
+                .map_err(|e| ApiError::invalid("after", format!("after: {e}")))
+        })
+        .transpose()
+}
+
+/// `?after`, else `Last-Event-ID`, as given.
+fn resume_text<'a>(after: Option<&'a str>, headers: &'a HeaderMap) -> Option<&'a str> {
+    after.or_else(|| headers.get("last-event-id").and_then(|v| v.to_str().ok()))
 }
 
 /// `GET /v1/dispatches/{id}/stream[?after=claim:seq]` (or `Last-Event-ID`): the dispatch's
@@ -53,6 +65,13 @@ pub(super) async fn show(
 ) -> Result<Response, ApiError> {
     name("id", &id)?;
     let pairs = params(query, &["after"])?;
+    if resume_text(param(&pairs, "after"), &headers).map(str::trim) == Some(END_ID) {
+        // The client saw the result: nothing follows it.
+        return match state.store.mailbox.load(&id).await? {
+            Some(_) => Ok(axum::http::StatusCode::NO_CONTENT.into_response()),
+            None => Err(ApiError::not_found(format!("no dispatch `{id}`"))),
+        };
+    }
     let after = cursor(param(&pairs, "after"), &headers)?;
     let token = caller.map_or_else(String::new, |axum::Extension(c)| c.name);
     let permit = state.streams.open(&token)?;
@@ -187,7 +206,10 @@ fn sse(event: LiveEvent) -> Event {
                 };
                 map.insert("error".into(), json!(error));
             }
-            Event::default().event("result").data(value.to_string())
+            Event::default()
+                .event("result")
+                .id(END_ID)
+                .data(value.to_string())
         }
     }
 }

@@ -349,6 +349,19 @@ async fn deltas_reach_clients_connected_before_during_and_after_the_run() {
     assert_eq!(text, toks(26, 50));
     assert_eq!(ids, all[25..].to_vec());
 
+    // The result's id is `end`; a client reconnecting after it (as an `EventSource` that was not
+    // closed does) is answered 204, which stops it, not the result again.
+    assert_eq!(got_after.last().unwrap().id.as_deref(), Some("end"));
+    let again = Client::get(&stream_url(port, &id), Some(READER), Some("end")).await;
+    assert_eq!(again.status, 204);
+    let again = Client::get(
+        &format!("{}?after=end", stream_url(port, &id)),
+        Some(READER),
+        None,
+    )
+    .await;
+    assert_eq!(again.status, 204);
+
     // The metrics count what was streamed.
     let metrics = reqwest::Client::new()
         .get(format!("http://127.0.0.1:{port}/metrics"))
@@ -540,7 +553,8 @@ async fn clients_that_read_nothing_keep_the_hosts_memory_bounded() {
     assert_eq!(ids, want);
 }
 
-/// An unknown dispatch is 404, a bad `Last-Event-ID` 400, no token 401, and a reader may not
+/// An unknown dispatch is 404 (with `Last-Event-ID: end` too), a bad `Last-Event-ID` 400, no
+/// token 401, and a reader may not
 /// enqueue with `?stream=true` (403).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn unknown_ids_bad_cursors_and_missing_roles_are_refused() {
@@ -548,6 +562,18 @@ async fn unknown_ids_bad_cursors_and_missing_roles_are_refused() {
     let c = Client::get(&stream_url(port, "no-such-dispatch"), Some(READER), None).await;
     assert_eq!(c.status, 404);
     let c = Client::get(&stream_url(port, "no-such-dispatch"), None, None).await;
+    assert_eq!(c.status, 401);
+    let c = Client::get(
+        &stream_url(port, "no-such-dispatch"),
+        Some(READER),
+        Some("end"),
+    )
+    .await;
+    assert_eq!(
+        c.status, 404,
+        "an unknown dispatch is unknown after its end too"
+    );
+    let c = Client::get(&stream_url(port, "no-such-dispatch"), None, Some("end")).await;
     assert_eq!(c.status, 401);
     let id = enqueue(port, "t1", json!({"count": 1})).await;
     let c = Client::get(&stream_url(port, &id), Some(READER), Some("seven")).await;
