@@ -71,9 +71,17 @@ async fn send(
         .await
         .with_context(|| format!("connecting to {host}:{port}"))?;
     let _ = tcp.set_nodelay(true);
-    let (parts, body) = request.into_parts();
+    let (mut parts, body) = request.into_parts();
+    // hyper's connection-level client writes the request target as it is given: an absolute
+    // URI would go out in absolute form, which only a proxy should receive (RFC 9112, section
+    // 3.2.1), and a receiver routing on the raw target drops it. Send the origin form (the path
+    // and query) with a Host header naming the server.
+    parts.uri = uri
+        .path_and_query()
+        .map_or("/", |p| p.as_str())
+        .parse()
+        .context("the endpoint's path is not a request target")?;
     let mut request = Request::from_parts(parts, Full::new(body));
-    // hyper's HTTP/1 client sends the path only; the Host header names the server.
     let authority = uri.authority().map(|a| a.as_str().to_owned());
     if let Some(authority) = authority
         && let Ok(value) = http::HeaderValue::from_str(&authority)

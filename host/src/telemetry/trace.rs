@@ -133,7 +133,9 @@ pub fn dispatch_span(agent: &str, dispatch: &Dispatch) -> Span {
         homing.agent = agent,
         homing.thread = %dispatch.thread,
         homing.dispatch_id = %dispatch.id,
-        homing.attempt = dispatch.attempt,
+        // As an i64: the OpenTelemetry bridge has no unsigned integers and sends them as text,
+        // which a back end cannot compare as numbers.
+        homing.attempt = i64::from(dispatch.attempt),
         homing.version = crate::store::versions::pinned(dispatch).unwrap_or_default(),
         homing.outcome = tracing::field::Empty,
         otel.status_code = tracing::field::Empty,

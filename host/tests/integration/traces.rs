@@ -33,44 +33,60 @@ struct Got {
     id: String,
     parent: String,
     attributes: BTreeMap<String, String>,
+    /// Each attribute's OTLP type: `string`, `int`, `bool`, `double` or what else came.
+    kinds: BTreeMap<String, &'static str>,
 }
 
 /// A stand-in OTLP/HTTP collector: `POST /v1/traces` with a protobuf body.
 struct Collector {
     served: Served,
-    spans: Arc<Mutex<Vec<Got>>>,
+    received: Arc<Mutex<Received>>,
 }
 
 fn hex(bytes: &[u8]) -> String {
     bytes.iter().map(|b| format!("{b:02x}")).collect()
 }
 
-async fn receive(State(spans): State<Arc<Mutex<Vec<Got>>>>, body: Bytes) -> &'static str {
+/// What the collector received: the spans, and each request's target as it came on the wire.
+#[derive(Default)]
+struct Received {
+    spans: Vec<Got>,
+    targets: Vec<String>,
+}
+
+async fn receive(
+    State(received): State<Arc<Mutex<Received>>>,
+    uri: axum::http::Uri,
+    body: Bytes,
+) -> &'static str {
     let request = ExportTraceServiceRequest::decode(body).expect("an OTLP protobuf batch");
-    let mut spans = spans.lock().unwrap();
+    let mut received = received.lock().unwrap();
+    received.targets.push(uri.to_string());
+    let spans = &mut received.spans;
     for resource in request.resource_spans {
         for scope in resource.scope_spans {
             for span in scope.spans {
-                let attributes = span
+                let (attributes, kinds) = span
                     .attributes
                     .iter()
                     .map(|kv| {
-                        let value = match kv.value.as_ref().and_then(|v| v.value.as_ref()) {
-                            Some(Any::StringValue(s)) => s.clone(),
-                            Some(Any::IntValue(i)) => i.to_string(),
-                            Some(Any::BoolValue(b)) => b.to_string(),
-                            Some(Any::DoubleValue(d)) => d.to_string(),
-                            other => format!("{other:?}"),
+                        let (value, kind) = match kv.value.as_ref().and_then(|v| v.value.as_ref()) {
+                            Some(Any::StringValue(s)) => (s.clone(), "string"),
+                            Some(Any::IntValue(i)) => (i.to_string(), "int"),
+                            Some(Any::BoolValue(b)) => (b.to_string(), "bool"),
+                            Some(Any::DoubleValue(d)) => (d.to_string(), "double"),
+                            other => (format!("{other:?}"), "other"),
                         };
-                        (kv.key.clone(), value)
+                        ((kv.key.clone(), value), (kv.key.clone(), kind))
                     })
-                    .collect();
+                    .unzip();
                 spans.push(Got {
                     name: span.name,
                     trace: hex(&span.trace_id),
                     id: hex(&span.span_id),
                     parent: hex(&span.parent_span_id),
                     attributes,
+                    kinds,
                 });
             }
         }
@@ -80,18 +96,23 @@ async fn receive(State(spans): State<Arc<Mutex<Vec<Got>>>>, body: Bytes) -> &'st
 
 impl Collector {
     fn start() -> Collector {
-        let spans = Arc::new(Mutex::new(Vec::new()));
+        let received = Arc::new(Mutex::new(Received::default()));
         let app = axum::Router::new()
             .route("/v1/traces", axum::routing::post(receive))
-            .with_state(Arc::clone(&spans));
+            .with_state(Arc::clone(&received));
         Collector {
             served: Served::start(app),
-            spans,
+            received,
         }
     }
 
     fn spans(&self) -> Vec<Got> {
-        self.spans.lock().unwrap().clone()
+        self.received.lock().unwrap().spans.clone()
+    }
+
+    /// The request target of every export, as it came on the wire.
+    fn targets(&self) -> Vec<String> {
+        self.received.lock().unwrap().targets.clone()
     }
 }
 
@@ -170,6 +191,9 @@ fn spans_reach_the_collector_under_the_enqueued_traceparent() {
             "{key}: {root:#?}"
         );
     }
+    // Numbers go out as numbers, so a back end can query `status_code >= 500`.
+    assert_eq!(root.kinds.get("homing.attempt"), Some(&"int"), "{root:#?}");
+    assert_eq!(root.kinds.get("homing.agent"), Some(&"string"), "{root:#?}");
     let call = children(&root, "homing.guest_call");
     assert_eq!(call.len(), 1, "one guest call: {spans:#?}");
     let http = children(&call[0], "homing.http");
@@ -180,6 +204,20 @@ fn spans_reach_the_collector_under_the_enqueued_traceparent() {
             .get("http.response.status_code")
             .map(String::as_str),
         Some("200")
+    );
+    assert_eq!(
+        http[0].kinds.get("http.response.status_code"),
+        Some(&"int"),
+        "{:#?}",
+        http[0]
+    );
+    // Every request reached the collector in origin form (`POST /v1/traces`), as a server
+    // expects it, not in the absolute form only a proxy should receive.
+    let targets = collector.targets();
+    assert!(!targets.is_empty());
+    assert!(
+        targets.iter().all(|t| t == "/v1/traces"),
+        "request targets: {targets:?}"
     );
     let settled: Vec<String> = children(&root, "homing.store")
         .iter()

@@ -332,7 +332,9 @@ impl Job {
     /// ended early, if it did.
     fn finish(&self, status: u16, bytes: u64, outcome: Option<&str>) {
         let ms = self.started.elapsed().as_millis() as u64;
-        self.span.record("http.response.status_code", status);
+        // As an i64: the OpenTelemetry bridge sends unsigned integers as text.
+        self.span
+            .record("http.response.status_code", i64::from(status));
         if status >= 500 || outcome.is_some() {
             self.span.record("otel.status_code", "ERROR");
         }
