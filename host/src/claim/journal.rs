@@ -38,14 +38,14 @@ use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex};
 use std::time::Instant;
 
-use metrics::counter;
+use metrics::{counter, histogram};
 use tokio::sync::OnceCell;
 use tracing::{info, warn};
 
 use crate::config::JournalMode;
 use crate::store::journal::{CallEntry, CallKind, Cheap, NewStep};
 use crate::store::{Fence, Store, StoreError, StoreResult};
-use crate::telemetry::{JOURNAL_DIVERGENCES, JOURNAL_RECORDED, JOURNAL_REPLAYED, JOURNAL_SAVED_MS};
+use crate::telemetry::{JOURNAL_DIVERGENCES, JOURNAL_RECORDED, JOURNAL_REPLAYED, JOURNAL_SAVED};
 
 /// What a claim journals, from its plugin's config.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -344,8 +344,9 @@ impl Recorder {
     pub fn replayed(&self, entry: &CallEntry) {
         counter!(JOURNAL_REPLAYED, "agent" => self.agent.clone(), "kind" => entry.kind.as_str())
             .increment(1);
-        counter!(JOURNAL_SAVED_MS, "agent" => self.agent.clone())
-            .increment(entry.duration_us / 1_000);
+        // In seconds, Prometheus's base unit: a call under a millisecond counts too.
+        histogram!(JOURNAL_SAVED, "agent" => self.agent.clone())
+            .record(entry.duration_us as f64 / 1e6);
     }
 
     /// Gives `call`'s position back (a transient failure): the next call takes it, unless a

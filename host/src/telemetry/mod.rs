@@ -97,8 +97,9 @@ pub const JOURNAL_REPLAYED: &str = "homing_journal_replayed_total";
 /// Runs that diverged from their journal, by the kind of the call where they did: `agent`,
 /// `kind`.
 pub const JOURNAL_DIVERGENCES: &str = "homing_journal_divergences_total";
-/// The live time of the calls the journal answered (what replays saved): `agent`.
-pub const JOURNAL_SAVED_MS: &str = "homing_journal_saved_milliseconds_total";
+/// The live time of each call the journal answered (what replays saved; its sum is the whole
+/// saving), in seconds: `agent`.
+pub const JOURNAL_SAVED: &str = "homing_journal_saved_seconds";
 /// Claims that found work held back by a limit or a pause: `agent`.
 pub const CLAIMS_THROTTLED: &str = "homing_claims_throttled_total";
 /// Runs parked on an upstream status (`park_on`): `agent`, `status`.
@@ -127,6 +128,13 @@ const BUCKETS: &[f64] = &[
 
 static HANDLE: OnceLock<PrometheusHandle> = OnceLock::new();
 
+/// The exporter as the host configures it.
+fn builder() -> anyhow::Result<PrometheusBuilder> {
+    Ok(PrometheusBuilder::new()
+        .set_buckets_for_metric(Matcher::Suffix("_seconds".into()), BUCKETS)?
+        .set_buckets_for_metric(Matcher::Full(STREAM_CLIENT_LAG.into()), LAG_BUCKETS)?)
+}
+
 /// Installs the process's Prometheus recorder (once; later calls return the same handle) and
 /// starts its upkeep, which keeps histogram memory bounded between scrapes.
 ///
@@ -137,10 +145,7 @@ pub fn install() -> anyhow::Result<PrometheusHandle> {
     if let Some(handle) = HANDLE.get() {
         return Ok(handle.clone());
     }
-    let handle = PrometheusBuilder::new()
-        .set_buckets_for_metric(Matcher::Suffix("_seconds".into()), BUCKETS)?
-        .set_buckets_for_metric(Matcher::Full(STREAM_CLIENT_LAG.into()), LAG_BUCKETS)?
-        .install_recorder()?;
+    let handle = builder()?.install_recorder()?;
     describe();
     let upkeep = handle.clone();
     tokio::spawn(async move {
@@ -226,10 +231,10 @@ fn describe() {
         JOURNAL_DIVERGENCES,
         "Runs that diverged from their journal, by agent and the kind of call where they did."
     );
-    describe_counter!(
-        JOURNAL_SAVED_MS,
-        Unit::Milliseconds,
-        "The live time of the calls the journal answered, by agent."
+    describe_histogram!(
+        JOURNAL_SAVED,
+        Unit::Seconds,
+        "The live time of each call the journal answered (what its replay saved), by agent."
     );
     describe_counter!(STREAM_DELTAS, "Deltas guests streamed, by agent.");
     describe_counter!(
@@ -414,7 +419,88 @@ pub fn store_feed_restarts(store: &crate::store::Store) {
 
 #[cfg(test)]
 mod tests {
+    #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+
+    use metrics::{Counter, Gauge, Histogram, Key, KeyName, Metadata, Recorder, SharedString};
+    use metrics_exporter_prometheus::PrometheusRecorder;
+
     use super::*;
+
+    /// The host's exporter, with one sample of every metric as soon as it is described.
+    struct Sampled(PrometheusRecorder);
+
+    const META: Metadata<'static> = Metadata::new(module_path!(), metrics::Level::INFO, None);
+
+    impl Recorder for Sampled {
+        fn describe_counter(&self, key: KeyName, unit: Option<Unit>, help: SharedString) {
+            self.0.describe_counter(key.clone(), unit, help);
+            self.0
+                .register_counter(&Key::from_name(key), &META)
+                .increment(1);
+        }
+        fn describe_gauge(&self, key: KeyName, unit: Option<Unit>, help: SharedString) {
+            self.0.describe_gauge(key.clone(), unit, help);
+            self.0.register_gauge(&Key::from_name(key), &META).set(1.0);
+        }
+        fn describe_histogram(&self, key: KeyName, unit: Option<Unit>, help: SharedString) {
+            self.0.describe_histogram(key.clone(), unit, help);
+            self.0
+                .register_histogram(&Key::from_name(key), &META)
+                .record(0.5);
+        }
+        fn register_counter(&self, key: &Key, metadata: &Metadata<'_>) -> Counter {
+            self.0.register_counter(key, metadata)
+        }
+        fn register_gauge(&self, key: &Key, metadata: &Metadata<'_>) -> Gauge {
+            self.0.register_gauge(key, metadata)
+        }
+        fn register_histogram(&self, key: &Key, metadata: &Metadata<'_>) -> Histogram {
+            self.0.register_histogram(key, metadata)
+        }
+    }
+
+    /// Every metric the host describes, one sample each, as the host's exporter renders it,
+    /// passes Prometheus's own linter (`promtool check metrics`: base units, suffixes, help).
+    /// `PROMTOOL`, else `promtool` on `PATH` (`cargo xtask test` installs Debian's
+    /// `prometheus` package for it).
+    #[test]
+    fn every_metric_the_host_describes_passes_promtool() {
+        use std::io::Write;
+        let recorder = Sampled(builder().unwrap().build_recorder());
+        let handle = recorder.0.handle();
+        metrics::with_local_recorder(&recorder, describe);
+        let scrape = handle.render();
+        assert!(scrape.contains(JOURNAL_SAVED), "{scrape}");
+        let promtool = std::env::var_os("PROMTOOL")
+            .filter(|p| !p.is_empty())
+            .map(std::path::PathBuf::from)
+            .or_else(|| {
+                std::env::split_paths(&std::env::var_os("PATH").unwrap_or_default())
+                    .map(|dir| dir.join("promtool"))
+                    .find(|p| p.is_file())
+            })
+            .expect("promtool not found: set PROMTOOL or put it on PATH (`cargo xtask test` installs Debian's prometheus package)");
+        let mut child = std::process::Command::new(&promtool)
+            .args(["check", "metrics"])
+            .stdin(std::process::Stdio::piped())
+            .stdout(std::process::Stdio::piped())
+            .stderr(std::process::Stdio::piped())
+            .spawn()
+            .unwrap();
+        child
+            .stdin
+            .take()
+            .unwrap()
+            .write_all(scrape.as_bytes())
+            .unwrap();
+        let out = child.wait_with_output().unwrap();
+        assert!(
+            out.status.success(),
+            "promtool check metrics:\n{}{}",
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
 
     #[test]
     fn an_outbound_status_is_a_class() {

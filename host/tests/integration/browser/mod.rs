@@ -8,39 +8,17 @@
 //! profile in a temporary directory. The driver and the browser it starts share a process
 //! group, killed when the [`Browser`] is dropped.
 
-use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
 use fantoccini::{Client, ClientBuilder, Locator};
 use serde_json::{Value, json};
 
-use crate::common::{root, target_dir};
+use crate::common::{program, root, target_dir};
 use crate::natsd::free_port;
 
 /// How long a wait for the page may take before the test fails.
 pub const WAIT: Duration = Duration::from_secs(30);
-
-/// `var` when set, else the first of `names` found on `PATH`.
-fn program(var: &str, names: &[&str]) -> PathBuf {
-    if let Some(path) = std::env::var_os(var).filter(|p| !p.is_empty()) {
-        return PathBuf::from(path);
-    }
-    let path = std::env::var_os("PATH").unwrap_or_default();
-    for dir in std::env::split_paths(&path) {
-        for name in names {
-            let candidate = dir.join(name);
-            if candidate.is_file() {
-                return candidate;
-            }
-        }
-    }
-    panic!(
-        "{} not found: set {var} or put it on PATH (`cargo xtask test` installs Debian's \
-         chromium and chromium-driver)",
-        names.join(" or ")
-    );
-}
 
 /// A headless Chromium and its driver.
 pub struct Browser {
@@ -52,11 +30,13 @@ pub struct Browser {
 impl Browser {
     /// Starts chromedriver and a Chromium session with a `width`×`height` window.
     pub async fn start(width: u32, height: u32) -> Browser {
+        let installs = "Debian's chromium and chromium-driver";
         let chromium = program(
             "CHROMIUM",
             &["chromium", "chromium-browser", "google-chrome"],
+            installs,
         );
-        let chromedriver = program("CHROMEDRIVER", &["chromedriver"]);
+        let chromedriver = program("CHROMEDRIVER", &["chromedriver"], installs);
         let port = free_port();
         let log =
             std::fs::File::create(std::env::temp_dir().join(format!("chromedriver-{port}.log")))

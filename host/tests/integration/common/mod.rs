@@ -390,3 +390,51 @@ impl Served {
         }
     }
 }
+
+/// A tool the tests need: `var`'s value, else the first of `names` on `PATH`; fails loudly,
+/// naming what `cargo xtask test` installs for it (`installs`), when there is none.
+pub fn program(var: &str, names: &[&str], installs: &str) -> PathBuf {
+    if let Some(path) = std::env::var_os(var).filter(|p| !p.is_empty()) {
+        return PathBuf::from(path);
+    }
+    let path = std::env::var_os("PATH").unwrap_or_default();
+    for dir in std::env::split_paths(&path) {
+        for name in names {
+            let candidate = dir.join(name);
+            if candidate.is_file() {
+                return candidate;
+            }
+        }
+    }
+    panic!(
+        "{} not found: set {var} or put it on PATH (`cargo xtask test` installs {installs})",
+        names.join(" or ")
+    );
+}
+
+/// Checks a scrape of `/metrics` with Prometheus's own linter, `promtool check metrics`
+/// (`PROMTOOL`, else on `PATH`): names, units, suffixes and help as Prometheus reads them.
+pub fn promtool_check(scrape: &str) {
+    use std::io::Write;
+    let promtool = program("PROMTOOL", &["promtool"], "Debian's prometheus package");
+    let mut child = Command::new(&promtool)
+        .args(["check", "metrics"])
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap_or_else(|e| panic!("cannot start {}: {e}", promtool.display()));
+    child
+        .stdin
+        .take()
+        .unwrap()
+        .write_all(scrape.as_bytes())
+        .unwrap();
+    let out = child.wait_with_output().unwrap();
+    assert!(
+        out.status.success(),
+        "promtool check metrics refused the scrape:\n{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
