@@ -851,19 +851,7 @@ fn ensure_chromium() -> Result<(PathBuf, PathBuf)> {
     if let Some(found) = find() {
         return Ok(found);
     }
-    eprintln!("xtask: installing chromium and chromium-driver (Debian packages)");
-    run(Command::new("apt-get").arg("update"))
-        .map_err(|e| format!("cannot install chromium: apt-get update: {e}"))?;
-    run(Command::new("apt-get")
-        .env("DEBIAN_FRONTEND", "noninteractive")
-        .args([
-            "install",
-            "-y",
-            "--no-install-recommends",
-            "chromium",
-            "chromium-driver",
-        ]))
-    .map_err(|e| format!("cannot install chromium and chromium-driver: {e}"))?;
+    apt_install(&["chromium", "chromium-driver"])?;
     find().ok_or_else(|| "chromium or chromedriver still not on PATH after apt-get".to_owned())
 }
 
@@ -879,14 +867,22 @@ fn ensure_promtool() -> Result<PathBuf> {
     if let Some(found) = find() {
         return Ok(found);
     }
-    eprintln!("xtask: installing promtool (Debian's prometheus package)");
+    apt_install(&["prometheus"])?;
+    find().ok_or_else(|| "promtool still not on PATH after apt-get".to_owned())
+}
+
+/// Installs Debian `packages` with apt-get (as root), without their recommends.
+fn apt_install(packages: &[&str]) -> Result<()> {
+    let names = packages.join(" ");
+    eprintln!("xtask: installing {names} (Debian packages)");
     run(Command::new("apt-get").arg("update"))
-        .map_err(|e| format!("cannot install prometheus: apt-get update: {e}"))?;
+        .map_err(|e| format!("cannot install {names}: apt-get update: {e}"))?;
     run(Command::new("apt-get")
         .env("DEBIAN_FRONTEND", "noninteractive")
-        .args(["install", "-y", "--no-install-recommends", "prometheus"]))
-    .map_err(|e| format!("cannot install prometheus (for promtool): {e}"))?;
-    find().ok_or_else(|| "promtool still not on PATH after apt-get".to_owned())
+        .args(["install", "-y", "--no-install-recommends"])
+        .args(packages))
+    .map_err(|e| format!("cannot install {names}: {e}"))?;
+    Ok(())
 }
 
 /// The number before `label` in a `test result:` line ("ok. 12 passed; 0 failed; ...").
