@@ -81,6 +81,12 @@ async fn handle(
         "/big" => (StatusCode::OK, out, vec![b'x'; 64 * 1024]),
         _ => {
             out.insert("x-served-by", "outbound-test".parse().unwrap());
+            // `/reflect` also sends its `x-test` header back as a response header.
+            if uri.path() == "/reflect"
+                && let Some(value) = headers.get("x-test")
+            {
+                out.insert("x-reflected", value.clone());
+            }
             let reply = json!({
                 "method": seen.method,
                 "header": headers.get("x-test").map(|v| v.to_str().unwrap_or_default()),
@@ -637,6 +643,201 @@ fn a_secret_reaches_the_server_but_no_log_record_or_output() {
             path.display()
         );
     }
+}
+
+/// Secrets a journaled run sends as a whole URL (a webhook's), a path segment, a query value,
+/// a header value and a body fragment reach the server, and no place a person or a tool reads:
+/// the host's log, the journal routes, `homing dispatch show --journal` (text and JSON), the
+/// dashboard's dispatch page, the store's files. A response that echoes one is journaled
+/// without its body, and with the secret scrubbed from its headers.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn secrets_in_every_part_of_a_journaled_request_stay_out_of_every_view() {
+    use crate::api::{Api, READER, TOKENS};
+    use crate::dashboard::{raw_client, session};
+    let (server, addr) = start_server(None);
+    let port = addr.port();
+    let token = "XyZ0a1b2c3d4e5f6g7h8i9j0kLmN";
+    let hook = format!("http://127.0.0.1:{port}/services/T0001/B0002/{token}");
+    let secrets = [
+        ("hook", hook.clone()),
+        ("segment", "seg-0123456789abcdef-0123".to_owned()),
+        ("query", "qv-0123456789abcdef-4567".to_owned()),
+        ("header", "hv-0123456789abcdef-89ab".to_owned()),
+        ("body", "bd-0123456789abcdef-cdef".to_owned()),
+    ];
+    let api = Api::start_with(
+        |api_port| {
+            let mut vars = String::new();
+            for (name, _) in &secrets {
+                vars.push_str(&format!(
+                    "{name} = {{ file = \"{name}.txt\", secret = true }}\n"
+                ));
+            }
+            format!(
+                "[host]\nlease = \"5s\"\nsweep_interval = \"200ms\"\nshutdown_grace = \"2s\"\n\n[api]\nlisten = \"127.0.0.1:{api_port}\"\nrequest_timeout = \"10s\"\n{TOKENS}\n\n[plugins.probe]\npath = {}\nconcurrency = 2\ntimeout = \"10s\"\nmax_attempts = 1\njournal = \"run\"\nallowed_outbound_hosts = [\"http://127.0.0.1:{port}\"]\n[plugins.probe.variables]\n{vars}",
+                toml_path(&guest("http_probe"))
+            )
+        },
+        |dir| {
+            for (name, value) in &secrets {
+                std::fs::write(dir.join(format!("{name}.txt")), format!("{value}\n")).unwrap();
+            }
+        },
+    )
+    .await;
+    let base = format!("http://127.0.0.1:{port}");
+    let payloads = [
+        // The webhook, whole; its server echoes the body, which holds no secret.
+        json!({ "method": "POST", "url": "{config.hook}", "body": "{\"text\":\"deployed\"}", "quiet": true }),
+        // A path segment and a query value.
+        json!({ "url": format!("{base}/bot/{{config.segment}}/send?key={{config.query}}&mode=x"), "quiet": true }),
+        // A header, reflected by the server in its headers and its body.
+        json!({ "url": format!("{base}/reflect"), "headers": [["x-test", "{config.header}"]], "quiet": true }),
+        // A body fragment, echoed in the response's body.
+        json!({ "method": "POST", "url": format!("{base}/echo"), "body": "{\"secret\":\"{config.body}\"}", "quiet": true }),
+    ];
+    let mut ids = Vec::new();
+    for payload in payloads {
+        ids.push(
+            api.enqueue(
+                json!({ "agent": "probe", "thread": "leak", "payload": payload.to_string() }),
+            )
+            .await,
+        );
+    }
+    for id in &ids {
+        let d = api.wait_terminal(id).await;
+        assert_eq!(d["status"], "acked", "{d}");
+    }
+
+    // Every secret reached the server where the guest put it.
+    let seen = server.seen();
+    assert!(
+        seen.iter()
+            .any(|s| s.path == format!("/services/T0001/B0002/{token}"))
+    );
+    assert!(
+        seen.iter()
+            .any(|s| s.path == format!("/bot/{}/send", secrets[1].1))
+    );
+    assert!(seen.iter().any(|s| {
+        s.headers
+            .iter()
+            .any(|(k, v)| k == "x-test" && *v == secrets[3].1)
+    }));
+    assert!(
+        seen.iter()
+            .any(|s| String::from_utf8_lossy(&s.body).contains(&secrets[4].1))
+    );
+
+    // What a person or a tool reads.
+    let mut views: Vec<(String, String)> = Vec::new();
+    let client = raw_client();
+    let (cookie, _) = session(&api, &client, READER).await;
+    for id in &ids {
+        let (status, list) = api.get(&format!("/v1/dispatches/{id}/journal")).await;
+        assert_eq!(status, 200, "{list}");
+        let entries = list["entries"].as_array().unwrap();
+        assert_eq!(entries.len(), 1, "{list}");
+        views.push((format!("journal list {id}"), list.to_string()));
+        let (status, entry) = api.get(&format!("/v1/dispatches/{id}/journal/0")).await;
+        assert_eq!(status, 200, "{entry}");
+        views.push((format!("journal entry {id}"), entry.to_string()));
+        views.push((
+            format!("dispatch show --journal {id}"),
+            api.env.ok(&["dispatch", "show", id, "--journal"]),
+        ));
+        views.push((
+            format!("dispatch show --journal --json {id}"),
+            api.env.ok(&["dispatch", "show", id, "--journal", "--json"]),
+        ));
+        let page = client
+            .get(api.url(&format!("/dispatches/{id}")))
+            .header(reqwest::header::COOKIE, &cookie)
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(page.status(), 200);
+        views.push((format!("dashboard {id}"), page.text().await.unwrap()));
+    }
+    // The entries, as they show: each URL scrubbed, and the responses that echoed a secret
+    // kept without their bodies (a replay then goes live).
+    let entry = |i: usize| {
+        let (_, text) = &views[i * 5 + 1];
+        serde_json::from_str::<Value>(text).unwrap()
+    };
+    assert_eq!(entry(0)["url"], format!("{base}[redacted]"), "{}", entry(0));
+    assert!(
+        entry(0)["body"].is_string(),
+        "no secret, kept: {}",
+        entry(0)
+    );
+    assert_eq!(
+        entry(1)["url"],
+        format!("{base}/bot/[redacted]/send?key=&mode="),
+        "{}",
+        entry(1)
+    );
+    let reflected = &entry(2)["answer"]["headers"];
+    assert!(
+        reflected
+            .as_array()
+            .unwrap()
+            .iter()
+            .any(|h| h[0] == "x-reflected" && h[1] == "[redacted]"),
+        "{reflected}"
+    );
+    assert!(
+        entry(2).get("body").is_none_or(Value::is_null),
+        "{}",
+        entry(2)
+    );
+    assert!(
+        entry(3).get("body").is_none_or(Value::is_null),
+        "{}",
+        entry(3)
+    );
+    views.push(("host log".to_owned(), api.log()));
+    views.push((
+        "thread log".to_owned(),
+        api.env.ok(&["thread", "log", "leak"]),
+    ));
+    for (name, text) in &views {
+        for (secret, value) in &secrets {
+            assert!(
+                !text.contains(value.as_str()),
+                "the {secret} secret leaked into the {name}:\n{text}"
+            );
+        }
+        assert!(
+            !text.contains(token),
+            "the webhook's token leaked into the {name}:\n{text}"
+        );
+    }
+    // The log line of each request is there, scrubbed.
+    let host_log = api.log();
+    assert!(host_log.contains("/bot/[redacted]/send"), "{host_log}");
+    // And the store's files hold none of them.
+    for entry in std::fs::read_dir(api.env.path()).unwrap() {
+        let path = entry.unwrap().path();
+        if path.extension().is_some_and(|e| e == "txt") || path.is_dir() {
+            continue;
+        }
+        let bytes = std::fs::read(&path).unwrap();
+        for (secret, value) in &secrets {
+            assert!(
+                memchr_find(&bytes, value.as_bytes()).is_none()
+                    && memchr_find(&bytes, token.as_bytes()).is_none(),
+                "the {secret} secret is in {}",
+                path.display()
+            );
+        }
+    }
+}
+
+/// Where `needle` is in `haystack`.
+fn memchr_find(haystack: &[u8], needle: &[u8]) -> Option<usize> {
+    haystack.windows(needle.len()).position(|w| w == needle)
 }
 
 #[test]

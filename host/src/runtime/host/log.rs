@@ -50,8 +50,13 @@ pub const REDACTED: &str = "[redacted]";
 /// a lone brace, would redact text that is no secret.
 const MIN_SECRET_LINE: usize = 8;
 
+/// The shortest path segment of a secret URL scrubbed on its own: a webhook's token segment is
+/// longer; a word such as `services` or `webhooks` is not, and is no secret.
+const MIN_URL_SEGMENT: usize = 16;
+
 /// A plugin's secret values (the `secret = true` entries of its `variables` and `env`), to
-/// scrub from the text a guest logs. `Debug` shows how many, never one.
+/// scrub from the text a guest logs and from what the host shows of its outbound requests.
+/// `Debug` shows how many, never one.
 #[derive(Default)]
 pub struct Secrets {
     /// Longest first, so a secret holding another is replaced whole.
@@ -65,8 +70,9 @@ impl std::fmt::Debug for Secrets {
 }
 
 impl Secrets {
-    /// The secrets to scrub: each value, and each line of at least [`MIN_SECRET_LINE`] bytes of
-    /// a multi-line one. Empty values are skipped.
+    /// The secrets to scrub: each value; its percent-encoded form (as a guest puts it in a path
+    /// or a query); the parts of one that is a URL ([`url_parts`]); and each line of at least
+    /// [`MIN_SECRET_LINE`] bytes of a multi-line one. Empty values are skipped.
     pub fn new<'a>(values: impl IntoIterator<Item = &'a str>) -> Self {
         let mut out: Vec<zeroize::Zeroizing<String>> = Vec::new();
         let mut add = |text: &str| {
@@ -76,6 +82,13 @@ impl Secrets {
         };
         for value in values {
             add(value);
+            let encoded = zeroize::Zeroizing::new(
+                percent_encoding::utf8_percent_encode(value, URL_COMPONENT).to_string(),
+            );
+            add(&encoded);
+            for part in url_parts(value) {
+                add(part);
+            }
             if value.contains('\n') {
                 for line in value.lines().map(|l| l.trim_end_matches('\r')) {
                     if line.len() >= MIN_SECRET_LINE {
@@ -99,6 +112,13 @@ impl Secrets {
         out
     }
 
+    /// Whether `bytes` hold a secret anywhere.
+    pub fn found_in(&self, bytes: &[u8]) -> bool {
+        self.values
+            .iter()
+            .any(|secret| memchr::memmem::find(bytes, secret.as_bytes()).is_some())
+    }
+
     /// How many bytes at the end of `text` might begin a secret (the longest end of `text`
     /// that is a proper beginning of one): a stream cut there holds them back, so the secret
     /// is whole, and scrubbed, in the next piece.
@@ -109,6 +129,54 @@ impl Secrets {
             .max()
             .unwrap_or(0)
     }
+}
+
+/// What a URL component keeps unencoded: the unreserved characters of RFC 3986 (so the set
+/// of JavaScript's `encodeURIComponent`, less `!'()*`).
+const URL_COMPONENT: &percent_encoding::AsciiSet = &percent_encoding::NON_ALPHANUMERIC
+    .remove(b'-')
+    .remove(b'_')
+    .remove(b'.')
+    .remove(b'~');
+
+/// The parts of a secret that is an absolute URL (a Slack- or Discord-style webhook, say) that
+/// a request or what the host shows of it can hold apart from the whole: the user information
+/// and its password, the path, its segments of at least [`MIN_URL_SEGMENT`] bytes, the query
+/// and each of its values. Parts shorter than [`MIN_SECRET_LINE`] are left out (a path of `/`
+/// is no secret). A value that is not such a URL has none.
+fn url_parts(value: &str) -> Vec<&str> {
+    let value = value.trim();
+    let Some(rest) = value
+        .split_once("://")
+        .filter(|(scheme, _)| !scheme.is_empty() && !scheme.contains(char::is_whitespace))
+        .map(|(_, rest)| rest)
+    else {
+        return Vec::new();
+    };
+    let (authority, path_and_query) =
+        rest.split_at(rest.find(['/', '?', '#']).unwrap_or(rest.len()));
+    let (path_and_query, _fragment) = path_and_query
+        .split_once('#')
+        .unwrap_or((path_and_query, ""));
+    let (path, query) = path_and_query
+        .split_once('?')
+        .unwrap_or((path_and_query, ""));
+    let mut parts = Vec::new();
+    if let Some((userinfo, _host)) = authority.rsplit_once('@') {
+        parts.push(userinfo);
+        parts.extend(userinfo.split_once(':').map(|(_, password)| password));
+    }
+    parts.push(path_and_query);
+    parts.push(path);
+    parts.extend(path.split('/').filter(|s| s.len() >= MIN_URL_SEGMENT));
+    parts.push(query);
+    parts.extend(
+        query
+            .split('&')
+            .map(|pair| pair.split_once('=').map_or(pair, |(_, v)| v)),
+    );
+    parts.retain(|part| part.len() >= MIN_SECRET_LINE);
+    parts
 }
 
 /// The length of the longest proper beginning of `secret` that `text` ends with, in time
@@ -238,6 +306,40 @@ mod tests {
         assert_eq!(secrets.scrub("line-one-0123"), "[redacted]");
         assert_eq!(secrets.scrub("ab"), "ab");
         assert!(!format!("{secrets:?}").contains("sk-"));
+    }
+
+    #[test]
+    fn a_secret_url_is_scrubbed_whole_and_in_the_parts_a_request_carries() {
+        let hook = "https://hooks.example.com/services/T0001/B0002/XyZ0123456789abcdefGHIJ";
+        let keyed = "https://user:pa55-w0rd-long@api.example.com/v1?key=sk-query-value-1&x=1";
+        let secrets = Secrets::new([hook, keyed, "a b/c+d=secret"]);
+        // Whole, and as the path a request to it carries.
+        assert_eq!(secrets.scrub(&format!("POST {hook}")), "POST [redacted]");
+        assert_eq!(
+            secrets.scrub("/services/T0001/B0002/XyZ0123456789abcdefGHIJ"),
+            "[redacted]"
+        );
+        // Its token segment alone, in another path; the short words of the path stay.
+        assert_eq!(
+            secrets.scrub("/other/XyZ0123456789abcdefGHIJ/services"),
+            "/other/[redacted]/services"
+        );
+        // The password, the user information, the query and a query value.
+        assert_eq!(secrets.scrub("pw pa55-w0rd-long"), "pw [redacted]");
+        assert_eq!(secrets.scrub("?key=sk-query-value-1"), "?key=[redacted]");
+        // A plain secret as a guest encodes it in a URL.
+        assert_eq!(
+            secrets.scrub("/q?s=a%20b%2Fc%2Bd%3Dsecret"),
+            "/q?s=[redacted]"
+        );
+        // A URL that is no secret, and the short parts of one, are left alone.
+        assert_eq!(
+            secrets.scrub("https://hooks.example.com/"),
+            "https://hooks.example.com/"
+        );
+        assert_eq!(secrets.scrub("x=1"), "x=1");
+        assert!(secrets.found_in(b"{\"hook\":\"XyZ0123456789abcdefGHIJ\"}"));
+        assert!(!secrets.found_in(b"nothing"));
     }
 
     #[test]

@@ -14,9 +14,9 @@
 //!   response, status 408, 429 or 5xx, a body that failed midway) are not recorded.
 //!
 //! What the entry keeps: the method, the URL shown with its query values removed and the
-//! plugin's secrets scrubbed from its path, the status, the response headers less
-//! `set-cookie`, and the body (without it when larger than the store keeps: a replay then
-//! makes the call live).
+//! plugin's secrets scrubbed from it, the status, the response headers less `set-cookie` (and
+//! scrubbed of secrets), and the body (without it when larger than the store keeps or when the
+//! response holds a secret: a replay then makes the call live).
 
 use std::future::Future;
 use std::pin::Pin;
@@ -31,6 +31,7 @@ use wasmtime_wasi_http::{Error as HttpError, RequestOptions, WasiBody};
 
 use super::{Job, SendResult, TRACEPARENT};
 use crate::claim::journal::{Call, Recorder, Turn};
+use crate::runtime::host::Secrets;
 use crate::store::journal::{CallEntry, CallKind, identity};
 
 /// Request headers left out of a call's identity: the trace context differs on every run.
@@ -45,8 +46,8 @@ pub(super) fn transient(status: u16) -> bool {
 }
 
 /// The URL as an entry shows it: scheme, host and port, `path` (already scrubbed of secrets),
-/// and the query's names without their values.
-pub(super) fn shown_url(uri: &http::Uri, path: &str) -> String {
+/// and the query's names without their values; then scrubbed of `secrets` whole.
+pub(super) fn shown_url(uri: &http::Uri, path: &str, secrets: &Secrets) -> String {
     let mut out = format!(
         "{}://{}",
         uri.scheme_str().unwrap_or("http"),
@@ -65,7 +66,7 @@ pub(super) fn shown_url(uri: &http::Uri, path: &str) -> String {
         out.push_str(&names.join("=&"));
         out.push('=');
     }
-    out
+    secrets.scrub(&out).into_owned()
 }
 
 /// The identity of a request: method, URL, headers (sorted, less the unstable ones), body.
@@ -175,6 +176,7 @@ impl Job {
             return Ok((response, io));
         }
         let method = self.method.clone();
+        let secrets = self.secrets.clone();
         let request = http::Request::from_parts(
             parts,
             Full::new(bytes)
@@ -193,15 +195,19 @@ impl Job {
             recorder.release(&call);
             return Ok((response, io));
         }
+        // A response that holds a secret (a server that echoes its request, a redirect to a
+        // webhook's URL) is kept with the secret scrubbed from its headers and without its
+        // body: a replay then makes the call live, and the journal never holds the secret.
+        let mut secret_seen = false;
         let headers: Vec<(String, String)> = response
             .headers()
             .iter()
             .filter(|(name, _)| !UNKEPT_HEADERS.contains(&name.as_str()))
             .map(|(name, value)| {
-                (
-                    name.as_str().to_owned(),
-                    String::from_utf8_lossy(value.as_bytes()).into_owned(),
-                )
+                let value = String::from_utf8_lossy(value.as_bytes());
+                let scrubbed = secrets.scrub(&value);
+                secret_seen |= matches!(scrubbed, std::borrow::Cow::Owned(_));
+                (name.as_str().to_owned(), scrubbed.into_owned())
             })
             .collect();
         let answer = serde_json::json!({
@@ -218,6 +224,8 @@ impl Job {
                 answer: Some(answer),
                 kept: BytesMut::new(),
                 too_large: false,
+                secret_seen,
+                secrets,
                 writing: None,
                 done: false,
             }
@@ -250,6 +258,9 @@ struct Recording {
     answer: Option<serde_json::Value>,
     kept: BytesMut,
     too_large: bool,
+    /// Whether the response's headers held a secret: then its body is not kept either.
+    secret_seen: bool,
+    secrets: Arc<Secrets>,
     writing: Option<Pin<Box<dyn Future<Output = ()> + Send>>>,
     done: bool,
 }
@@ -290,7 +301,10 @@ impl Body for Recording {
                         self.done = true;
                         return Poll::Ready(None);
                     };
-                    let body = (!self.too_large).then(|| std::mem::take(&mut self.kept).to_vec());
+                    let kept = std::mem::take(&mut self.kept);
+                    let body =
+                        (!self.too_large && !self.secret_seen && !self.secrets.found_in(&kept))
+                            .then(|| kept.to_vec());
                     let recorder = self.recorder.clone();
                     let call = self.call.clone();
                     self.writing = Some(Box::pin(async move {
@@ -333,11 +347,16 @@ mod tests {
         let uri: http::Uri = "https://user:pw@api.example.com:8443/v1/chat?key=sk-secret&mode=x"
             .parse()
             .unwrap();
-        let shown = shown_url(&uri, "/v1/chat");
+        let none = Secrets::default();
+        let shown = shown_url(&uri, "/v1/chat", &none);
         assert_eq!(shown, "https://api.example.com:8443/v1/chat?key=&mode=");
         assert!(!shown.contains("sk-secret") && !shown.contains("pw"));
         let plain: http::Uri = "http://127.0.0.1/x".parse().unwrap();
-        assert_eq!(shown_url(&plain, "/x"), "http://127.0.0.1/x");
+        assert_eq!(shown_url(&plain, "/x", &none), "http://127.0.0.1/x");
+        // A secret host is scrubbed as a secret path is.
+        let secret = Secrets::new(["tenant-0123456789.example.com"]);
+        let hooked: http::Uri = "https://tenant-0123456789.example.com/x".parse().unwrap();
+        assert_eq!(shown_url(&hooked, "/x", &secret), "https://[redacted]/x");
     }
 
     #[test]

@@ -32,7 +32,7 @@ use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 use tracing::{info, warn};
 use wasmtime_wasi_http::{Error as HttpError, RequestOptions, WasiBody, WasiHttpHooks};
 
-use super::host::LogState;
+use super::host::{LogState, Secrets};
 use crate::claim::{ClaimControl, Recorder};
 use crate::config::outbound::Scheme;
 use crate::config::{HttpLimits, PluginConfig};
@@ -178,9 +178,12 @@ impl WasiHttpHooks for HttpHooks {
                 )
             })
             .unwrap_or_default();
-        // A path may carry a secret (a bot token, say): the log line and the span show it
-        // scrubbed, as every guest line is.
+        // A path may carry a secret (a bot token, or the URL of a webhook): the log line and
+        // the span show it scrubbed, as every guest line is, and so every part of the URL.
         let path = secrets.scrub(request.uri().path()).into_owned();
+        let server = secrets
+            .scrub(request.uri().host().unwrap_or_default())
+            .into_owned();
         // A child of the guest call (the current span while the guest asks for the request).
         let span = tracing::info_span!(
             target: crate::telemetry::trace::TARGET,
@@ -188,7 +191,7 @@ impl WasiHttpHooks for HttpHooks {
             otel.kind = "client",
             http.request.method = %request.method(),
             url.path = %path,
-            server.address = request.uri().host().unwrap_or_default(),
+            server.address = %server,
             http.response.status_code = tracing::field::Empty,
             otel.status_code = tracing::field::Empty,
         );
@@ -203,7 +206,7 @@ impl WasiHttpHooks for HttpHooks {
         let shown = self
             .journal
             .is_some()
-            .then(|| journal::shown_url(request.uri(), &path));
+            .then(|| journal::shown_url(request.uri(), &path, &secrets));
         let job = Job {
             outbound: self.outbound.clone(),
             dispatch,
@@ -215,6 +218,7 @@ impl WasiHttpHooks for HttpHooks {
             origin: String::new(),
             granted: NO_GRANT.to_owned(),
             path,
+            secrets,
             started: Instant::now(),
             span: span.clone(),
             slots: Vec::new(),
@@ -246,6 +250,9 @@ struct Job {
     /// ([`NO_GRANT`] until one matched): only values the configuration defines.
     granted: String,
     path: String,
+    /// The plugin's secrets: scrubbed from every part of the request the host shows, and kept
+    /// out of the journal.
+    secrets: Arc<Secrets>,
     started: Instant,
     span: tracing::Span,
     /// The origin-limit slots it holds until its response body is done.

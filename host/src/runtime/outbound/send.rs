@@ -88,11 +88,14 @@ impl Job {
             .trim_end_matches('.')
             .to_ascii_lowercase();
         let port = uri.port_u16().unwrap_or(scheme.default_port());
-        self.origin = format!(
-            "{}://{}:{port}",
-            scheme.as_str(),
-            raw_host.to_ascii_lowercase()
-        );
+        self.origin = self
+            .secrets
+            .scrub(&format!(
+                "{}://{}:{port}",
+                scheme.as_str(),
+                raw_host.to_ascii_lowercase()
+            ))
+            .into_owned();
         let limits = &self.outbound.limits;
         if self.permit.is_none() {
             return Err(self.refuse(

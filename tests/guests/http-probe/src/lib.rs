@@ -9,8 +9,10 @@
 //!  "config_keys": ["a", "b"], "fail_on_error": false}
 //! ```
 //!
-//! The URL and a header value may hold `{config.NAME}`, replaced by that variable before
-//! sending (so a secret reaches the server without passing through the payload or the result).
+//! The URL, a header value and the body may hold `{config.NAME}`, replaced by that variable
+//! before sending (so a secret reaches the server without passing through the payload). With
+//! `"quiet": true` the report leaves out the response's headers and body (so a server that
+//! echoes a secret does not put it in the result).
 //!
 //! It reads each of `config_keys`, then (when `url` is given) sends the request `repeat` times
 //! in sequence (default once) and returns the last response:
@@ -48,6 +50,9 @@ struct Probe {
     /// Fail the dispatch when the last response's status is 400 or more.
     #[serde(default)]
     fail_on_error: bool,
+    /// Leave the response's headers and body out of the report.
+    #[serde(default)]
+    quiet: bool,
 }
 
 fn get() -> String {
@@ -77,7 +82,7 @@ impl HttpProbe {
             request = request.header(name.as_str(), with_config(value)?.as_str());
         }
         if let Some(body) = &probe.body {
-            request = request.body(body.as_str());
+            request = request.body(with_config(body)?.as_str());
         }
         if let Some(ms) = probe.timeout_ms {
             request = request.timeout(Duration::from_millis(ms));
@@ -120,6 +125,9 @@ impl Handler for HttpProbe {
                 let response = HttpProbe::request(&probe, &with_config(url)?)?.send()?;
                 report.requests += 1;
                 report.status = Some(response.status);
+                if probe.quiet {
+                    continue;
+                }
                 report.headers = response
                     .headers
                     .iter()
