@@ -22,7 +22,7 @@ use super::dispatches::{Fields, MAX_PAGE_BYTES, limit, name, object, param, para
 use super::limits::StreamPermit;
 use super::{ApiError, ApiState, view};
 use crate::live::Hub;
-use crate::live::follow::{Event as LiveEvent, Follower};
+use crate::live::follow::{Event as LiveEvent, Follower, PATIENCE};
 use crate::store::{
     ListFilter, LogEntry, Message, MessageFilter, MessageKind, MessageState, NewMessage, Status,
     Store, StoreError, ThreadWatch,
@@ -41,9 +41,9 @@ fn after(pairs: &[(String, String)], headers: &HeaderMap) -> Result<u64, ApiErro
     }
 }
 
-/// `GET /v1/threads/{thread}/log?after=&limit=`: entries read from the store [`LOG_BATCH`] at
-/// a time, the page ending early rather than pass [`MAX_PAGE_BYTES`] (the next page starts
-/// after its last entry's `seq`).
+/// `GET /v1/threads/{thread}/log?after=&limit=`: entries read from the store within
+/// [`MAX_PAGE_BYTES`] of data, the page ending early rather than pass [`MAX_PAGE_BYTES`] as
+/// shown (the next page starts after its last entry's `seq`).
 pub(super) async fn log(
     State(state): State<Arc<ApiState>>,
     Path(thread): Path<String>,
@@ -52,26 +52,22 @@ pub(super) async fn log(
 ) -> Result<Json<Value>, ApiError> {
     name("thread", &thread)?;
     let pairs = params(query, &["after", "limit"])?;
-    let (mut after, limit) = (after(&pairs, &headers)?, limit(&pairs)?);
+    let (after, limit) = (after(&pairs, &headers)?, limit(&pairs)?);
+    let read = state
+        .store
+        .log
+        .read_within(&thread, after, limit, MAX_PAGE_BYTES)
+        .await?;
     let mut entries = Vec::new();
     let mut bytes = 0;
-    'pages: while entries.len() < limit {
-        let want = (limit - entries.len()).min(LOG_BATCH);
-        let batch = state.store.log.read(&thread, after, want).await?;
-        let read_all = batch.len() < want;
-        for e in &batch {
-            let entry = view::entry(e);
-            let size = entry.to_string().len();
-            if !entries.is_empty() && bytes + size > MAX_PAGE_BYTES {
-                break 'pages;
-            }
-            bytes += size + 1;
-            after = e.seq;
-            entries.push(entry);
-        }
-        if read_all {
+    for e in &read {
+        let entry = view::entry(e);
+        let size = entry.to_string().len();
+        if !entries.is_empty() && bytes + size > MAX_PAGE_BYTES {
             break;
         }
+        bytes += size + 1;
+        entries.push(entry);
     }
     let latest = state.store.log.latest(&thread).await?;
     Ok(Json(json!({
@@ -81,8 +77,11 @@ pub(super) async fn log(
     })))
 }
 
-/// Log entries read from the store per call by a page or a stream: the entries held at once.
+/// Log entries read from the store per call by a stream.
 const LOG_BATCH: usize = 16;
+/// The data a stream reads ahead of its client, of entries and of messages each (at least one
+/// of either whenever there is one): what a slow client can make it hold.
+const STREAM_BUFFER_BYTES: usize = 256 << 10;
 
 /// How often a stream with nothing new reads the log again, at most.
 const STREAM_POLL_MAX: Duration = Duration::from_millis(250);
@@ -95,6 +94,11 @@ struct Follow {
     thread: String,
     after: u64,
     buffered: VecDeque<LogEntry>,
+    /// The sequence of the last entry sent to the client.
+    shown: u64,
+    /// When the last event went to the client: a client that takes longer than [`PATIENCE`]
+    /// for the next while more is waiting is dropped (it resumes with `Last-Event-ID`).
+    sent_at: Option<tokio::time::Instant>,
     /// The inbox sequence of the last message shown as sent.
     sent_after: u64,
     /// Messages sent since, not shown yet.
@@ -124,11 +128,37 @@ impl Follow {
         (Ok(event), self)
     }
 
+    /// Ends the stream of a client that stayed behind: the last event names the sequence to
+    /// resume after. What it was sent is read again from the store on its reconnect; nothing
+    /// is held for it meanwhile.
+    fn dropped(mut self) -> (Result<Event, Infallible>, Follow) {
+        self.done = true;
+        self.buffered.clear();
+        self.sent.clear();
+        metrics::counter!(crate::telemetry::STREAM_CLIENTS_DROPPED).increment(1);
+        let event = Event::default().event("dropped").data(
+            json!({
+                "last": self.shown,
+                "reason": format!(
+                    "the client took more than {}s for the next event; reconnect with \
+                     Last-Event-ID to resume",
+                    PATIENCE.as_secs()
+                ),
+            })
+            .to_string(),
+        );
+        (Ok(event), self)
+    }
+
     /// The next event: a buffered entry, else the next read that finds one; `None` once the
     /// stream's time is up or the host stops.
     async fn next(mut self) -> Option<(Result<Event, Infallible>, Follow)> {
         if self.done {
             return None;
+        }
+        let waiting = !self.sent.is_empty() || !self.buffered.is_empty();
+        if waiting && self.sent_at.is_some_and(|at| at.elapsed() >= PATIENCE) {
+            return Some(self.dropped());
         }
         let mut poll = STREAM_POLL_FIRST;
         loop {
@@ -137,6 +167,7 @@ impl Follow {
                 let event = Event::default()
                     .event("message")
                     .data(view::message(&m).to_string());
+                self.sent_at = Some(tokio::time::Instant::now());
                 return Some((Ok(event), self));
             }
             if let Some(entry) = self.buffered.pop_front() {
@@ -144,12 +175,14 @@ impl Follow {
                     .id(entry.seq.to_string())
                     .event("entry")
                     .data(view::entry(&entry).to_string());
+                self.shown = entry.seq;
+                self.sent_at = Some(tokio::time::Instant::now());
                 return Some((Ok(event), self));
             }
             match self
                 .store
                 .log
-                .read(&self.thread, self.after, STREAM_BATCH)
+                .read_within(&self.thread, self.after, STREAM_BATCH, STREAM_BUFFER_BYTES)
                 .await
             {
                 Ok(entries) if !entries.is_empty() => {
@@ -164,6 +197,7 @@ impl Follow {
                 state: None,
                 after: self.sent_after,
                 limit: STREAM_BATCH,
+                max_bytes: Some(STREAM_BUFFER_BYTES),
             };
             match self.store.inbox.messages(&self.thread, &filter).await {
                 Ok(found) if !found.is_empty() => {
@@ -276,6 +310,8 @@ pub(super) async fn stream(
         thread,
         after,
         buffered: VecDeque::new(),
+        shown: after,
+        sent_at: None,
         sent_after,
         sent: VecDeque::new(),
         watch,
@@ -411,10 +447,12 @@ pub(super) async fn messages(
         state: state_filter,
         after,
         limit: limit(&pairs)?,
+        max_bytes: Some(MAX_PAGE_BYTES),
     };
     let found = state.store.inbox.messages(&thread, &filter).await?;
     let inbox = state.store.inbox.inbox(&thread).await?;
-    // A page stops before passing the byte cap; the next starts after its last `seq`.
+    // Read within the byte cap of payloads; the page stops before passing it as shown; the
+    // next starts after its last `seq`.
     let mut out = Vec::with_capacity(found.len());
     let mut bytes = 0;
     for m in &found {

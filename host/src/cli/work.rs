@@ -661,6 +661,7 @@ pub(super) async fn thread(
                 state,
                 after,
                 limit,
+                max_bytes: None,
             };
             let found = store.inbox.messages(&thread, &filter).await?;
             if json {

@@ -280,6 +280,10 @@ pub struct MessageFilter {
     pub after: u64,
     /// Page size.
     pub limit: usize,
+    /// With a budget: the page ends after the message that brings the payloads read to it or
+    /// more (one is read whenever there is one), so a reader holds at most its budget and one
+    /// message, however large they are.
+    pub max_bytes: Option<usize>,
 }
 
 /// Metadata keys of a follow-up dispatch (M4): who enqueued it and which messages it answers.

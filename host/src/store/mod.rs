@@ -385,7 +385,20 @@ pub trait SequenceStore: Send + Sync + Debug + 'static {
     ) -> StoreResult<u64>;
 
     /// Up to `limit` visible entries with sequence greater than `after`, ascending.
-    async fn read(&self, thread: &str, after: u64, limit: usize) -> StoreResult<Vec<LogEntry>>;
+    async fn read(&self, thread: &str, after: u64, limit: usize) -> StoreResult<Vec<LogEntry>> {
+        self.read_within(thread, after, limit, usize::MAX).await
+    }
+
+    /// As [`read`](Self::read), ending after the entry that brings the data read to
+    /// `max_bytes` or more: a reader holds at most its budget and one entry, however large the
+    /// entries (one is read whenever there is one).
+    async fn read_within(
+        &self,
+        thread: &str,
+        after: u64,
+        limit: usize,
+        max_bytes: usize,
+    ) -> StoreResult<Vec<LogEntry>>;
 
     /// The visible watermark (0 for an empty thread).
     async fn latest(&self, thread: &str) -> StoreResult<u64>;

@@ -295,8 +295,19 @@ impl SequenceStore for TimedLog {
         )
         .await
     }
-    async fn read(&self, thread: &str, after: u64, limit: usize) -> StoreResult<Vec<LogEntry>> {
-        timed(self.backend, "read", self.inner.read(thread, after, limit)).await
+    async fn read_within(
+        &self,
+        thread: &str,
+        after: u64,
+        limit: usize,
+        max_bytes: usize,
+    ) -> StoreResult<Vec<LogEntry>> {
+        timed(
+            self.backend,
+            "read",
+            self.inner.read_within(thread, after, limit, max_bytes),
+        )
+        .await
     }
     async fn latest(&self, thread: &str) -> StoreResult<u64> {
         timed(self.backend, "latest", self.inner.latest(thread)).await

@@ -124,6 +124,7 @@ pub async fn wait_next(
         state: Some(crate::store::MessageState::Pending),
         after,
         limit: 1,
+        max_bytes: None,
     };
     let mut watch = store.inbox.watch(thread);
     tokio::pin!(stop);

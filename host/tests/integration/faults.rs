@@ -782,6 +782,7 @@ impl Work<'_> {
             state: Some(MessageState::Pending),
             after: 0,
             limit: 4,
+            max_bytes: None,
         };
         let messages = self
             .rec

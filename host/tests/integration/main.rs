@@ -44,6 +44,8 @@
 //! - `new_and_build`: `homing new` and `homing build` in every language, outside the
 //!   repository, from nothing to acked dispatches; the SDK packages;
 //! - `bounded_input`: endless or huge inputs refused fast, memory watched;
+//! - `thread_reads`: many readers of a thread's large inbox, page and log stream leave the
+//!   host's memory within the routes' byte caps;
 //! - `nats_hosts`: many hosts on one NATS store;
 //! - `nats_view`: a host's view of the stream while its own write's apply is held back;
 //! - `process_faults`: hosts killed at random points and restarted;
@@ -93,6 +95,7 @@ mod outbound_http;
 mod polyglot;
 mod process_faults;
 mod streaming;
+mod thread_reads;
 mod traces;
 mod waiting;
 mod waitpoint_guests;

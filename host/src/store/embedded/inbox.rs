@@ -383,8 +383,14 @@ impl Inbox for EmbeddedStore {
                 _ => stmt.query(params![thread, after, limit]).map_err(db)?,
             };
             let mut out = Vec::new();
-            while let Some(row) = rows.next().map_err(db)? {
-                out.push(decode(row)?);
+            // Rows are stepped one at a time: past the budget, the rest are never loaded.
+            let (mut bytes, budget) = (0usize, filter.max_bytes.unwrap_or(usize::MAX));
+            while bytes < budget
+                && let Some(row) = rows.next().map_err(db)?
+            {
+                let message = decode(row)?;
+                bytes = bytes.saturating_add(message.payload.len());
+                out.push(message);
             }
             Ok(out)
         })

@@ -170,7 +170,13 @@ impl SequenceStore for EmbeddedStore {
             .await
     }
 
-    async fn read(&self, thread: &str, after: u64, limit: usize) -> StoreResult<Vec<LogEntry>> {
+    async fn read_within(
+        &self,
+        thread: &str,
+        after: u64,
+        limit: usize,
+        max_bytes: usize,
+    ) -> StoreResult<Vec<LogEntry>> {
         let thread = thread.to_owned();
 
         let limit =
@@ -204,8 +210,14 @@ let thread = thread.as_str();
                 reason,
             };
             let mut out = Vec::new();
+            // Rows are stepped one at a time: past the budget, the rest are never loaded.
+            let mut bytes = 0usize;
             for row in rows {
+                if bytes >= max_bytes {
+                    break;
+                }
                 let (mut entry, note) = row.map_err(|e| corrupt(0, e.to_string()))?;
+                bytes = bytes.saturating_add(entry.data.len());
                 if let Some(note) = note {
                     entry.note = Some(
                         serde_json::from_str(&note)

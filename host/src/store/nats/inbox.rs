@@ -54,6 +54,8 @@ use crate::store::{Fence, StoreError, StoreResult};
 
 /// Settled messages purged per call at most; the rest go at the next.
 const PURGE_PER_CALL: usize = 100_000;
+/// The most message records a bounded page reads at once.
+const READ_CONCURRENCY: usize = 16;
 
 /// What the M4 hook of a settlement found.
 pub(super) enum Answer {
@@ -568,13 +570,44 @@ impl Inbox for NatsStore {
         } else {
             filter.limit
         };
-        Ok(self
-            .fetch_messages(thread)
-            .await?
-            .into_values()
-            .filter(|m| m.seq > filter.after && filter.state.is_none_or(|s| s == m.state))
-            .take(limit)
-            .collect())
+        let Some(budget) = filter.max_bytes else {
+            return Ok(self
+                .fetch_messages(thread)
+                .await?
+                .into_values()
+                .filter(|m| m.seq > filter.after && filter.state.is_none_or(|s| s == m.state))
+                .take(limit)
+                .collect());
+        };
+        // With a budget: the sequences to read (the pending ones from the view's message heads,
+        // which every view keeps; for another state every sequence the thread still holds),
+        // then the records one by one (a few in flight) until the page is full or the budget
+        // spent. A record whose state moved on since the view was read is left out, as a later
+        // read would.
+        let seqs: Vec<u64> = self
+            .read_view(&[Read::Inbox(thread)], |view| {
+                if filter.state == Some(MessageState::Pending) {
+                    return Ok(view.message_seqs(thread, filter.after, filter.state, limit));
+                }
+                let floor = view.thread(thread)?.inbox_archived.max(filter.after);
+                Ok((floor.saturating_add(1)..=view.inbox_marks(thread).latest).collect())
+            })
+            .await??;
+        let in_flight = (budget / self.room().record.max(1) as usize).clamp(1, READ_CONCURRENCY);
+        let mut fetched = futures_util::stream::iter(seqs)
+            .map(|seq| self.fetch_message(thread, seq))
+            .buffered(in_flight);
+        let (mut out, mut bytes) = (Vec::new(), 0usize);
+        while bytes < budget
+            && out.len() < limit
+            && let Some(found) = fetched.next().await
+        {
+            if let Some(m) = found?.filter(|m| filter.state.is_none_or(|s| s == m.state)) {
+                bytes = bytes.saturating_add(m.payload.len());
+                out.push(m);
+            }
+        }
+        Ok(out)
     }
 
     async fn inbox(&self, thread: &str) -> StoreResult<InboxMarks> {

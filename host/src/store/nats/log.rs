@@ -251,7 +251,13 @@ impl SequenceStore for NatsStore {
             .await
     }
 
-    async fn read(&self, thread: &str, after: u64, limit: usize) -> StoreResult<Vec<LogEntry>> {
+    async fn read_within(
+        &self,
+        thread: &str,
+        after: u64,
+        limit: usize,
+        max_bytes: usize,
+    ) -> StoreResult<Vec<LogEntry>> {
         let limit = if limit == 0 { DEFAULT_READ } else { limit };
         let marks = self.marks(thread).await?;
         let first = after.max(marks.trimmed).saturating_add(1);
@@ -262,24 +268,29 @@ impl SequenceStore for NatsStore {
             .latest
             .min(first.saturating_add(limit as u64).saturating_sub(1));
         let prefix = self.prefix().to_owned();
-        let fetched: Vec<StoreResult<Option<(u64, Bytes)>>> =
-            futures_util::stream::iter(first..=last)
-                .map(|seq| {
-                    let subject = Key::Entry(thread.to_owned(), seq).subject(&prefix);
-                    async move {
-                        self.get_last(&subject)
-                            .await
-                            .map(|found| found.map(|(_, payload)| (seq, payload)))
-                    }
-                })
-                .buffered(READ_CONCURRENCY)
-                .collect()
-                .await;
-        let mut out = Vec::with_capacity(fetched.len());
-        for item in fetched {
+        // Entries in flight at once: as many as the budget holds at their largest, so a
+        // bounded read never holds much more than its budget.
+        let in_flight = (max_bytes / self.room().entry.max(1) as usize).clamp(1, READ_CONCURRENCY);
+        let mut fetched = futures_util::stream::iter(first..=last)
+            .map(|seq| {
+                let subject = Key::Entry(thread.to_owned(), seq).subject(&prefix);
+                async move {
+                    self.get_last(&subject)
+                        .await
+                        .map(|found| found.map(|(_, payload)| (seq, payload)))
+                }
+            })
+            .buffered(in_flight);
+        let mut out = Vec::new();
+        let mut bytes = 0usize;
+        while bytes < max_bytes
+            && let Some(item) = fetched.next().await
+        {
             // A missing entry was trimmed after the watermark was read.
             if let Some((seq, payload)) = item? {
-                out.push(decode_entry(thread, seq, &payload)?);
+                let entry = decode_entry(thread, seq, &payload)?;
+                bytes = bytes.saturating_add(entry.data.len());
+                out.push(entry);
             }
         }
         Ok(out)

@@ -1096,6 +1096,27 @@ impl View {
         }
     }
 
+    /// Up to `limit` sequences of the thread's messages above `after`, in `state` when given,
+    /// oldest first.
+    pub fn message_seqs(
+        &self,
+        thread: &str,
+        after: u64,
+        state: Option<MessageState>,
+        limit: usize,
+    ) -> Vec<u64> {
+        let Some(thread) = self.threads.get(thread) else {
+            return Vec::new();
+        };
+        thread
+            .messages
+            .range(after.saturating_add(1)..)
+            .filter(|(_, (_, head))| state.is_none_or(|s| s == head.state))
+            .map(|(seq, _)| *seq)
+            .take(limit)
+            .collect()
+    }
+
     /// The pending messages of the thread with a sequence above `after`, oldest first.
     pub fn pending_after(&self, thread: &str, after: u64) -> Vec<(u64, &MessageHead)> {
         let Some(state) = self.threads.get(thread) else {

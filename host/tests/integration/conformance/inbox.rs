@@ -66,6 +66,7 @@ async fn all_messages(store: &Store, thread: &str, state: Option<MessageState>) 
                     state,
                     after: out.last().map_or(0, |m| m.seq),
                     limit: 0,
+                    max_bytes: None,
                 },
             )
             .await
@@ -264,6 +265,7 @@ pub async fn messages_are_numbered_from_one_without_gaps_per_thread<F: Factory>(
         state: None,
         after,
         limit,
+        max_bytes: None,
     };
     let got: Vec<u64> = s
         .inbox
@@ -285,6 +287,53 @@ pub async fn messages_are_numbered_from_one_without_gaps_per_thread<F: Factory>(
     );
     assert_eq!(pending(&s, "deep").await, (1..=105).collect::<Vec<_>>());
     assert_eq!(s.inbox.pending_total().await.unwrap(), 3 + 2 + 105);
+}
+
+/// A page of messages with a byte budget ends after the message that brings the payloads read
+/// to it (one when the first alone passes it), in every state filter.
+pub async fn a_page_of_messages_within_a_budget_ends_at_the_message_that_reaches_it<F: Factory>(
+    factory: &F,
+) {
+    let env = Env::new(factory).await;
+    let s = env.open().await;
+    for i in 0..6u8 {
+        let new = NewMessage::new(MessageKind::Steer, vec![b'a' + i; 100], SENDER);
+        send(&s, "b", new).await;
+    }
+    s.inbox.discard_messages("b", 2).await.unwrap();
+    let page = |state, after, limit, max_bytes| {
+        let s = s.clone();
+        async move {
+            s.inbox
+                .messages(
+                    "b",
+                    &MessageFilter {
+                        state,
+                        after,
+                        limit,
+                        max_bytes: Some(max_bytes),
+                    },
+                )
+                .await
+                .unwrap()
+                .iter()
+                .map(|m| m.seq)
+                .collect::<Vec<u64>>()
+        }
+    };
+    assert_eq!(page(None, 0, 10, 250).await, vec![1, 2, 3]);
+    assert_eq!(page(None, 0, 10, 1).await, vec![1]);
+    assert_eq!(page(None, 0, 2, 10_000).await, vec![1, 2]);
+    let pending = Some(MessageState::Pending);
+    assert_eq!(page(pending, 0, 10, 200).await, vec![3, 4]);
+    assert_eq!(page(pending, 4, 10, 10_000).await, vec![5, 6]);
+    assert_eq!(
+        page(Some(MessageState::Discarded), 0, 10, 10_000).await,
+        vec![1, 2]
+    );
+    assert!(page(pending, 6, 10, 10_000).await.is_empty());
+    let whole = s.inbox.message("b", 3).await.unwrap().unwrap();
+    assert_eq!(whole.payload, vec![b'c'; 100]);
 }
 
 // ---------------------------------------------------------------------------------------------

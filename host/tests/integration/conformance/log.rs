@@ -16,6 +16,38 @@ fn marks(reserved: u64, latest: u64, trimmed: u64) -> Watermarks {
     }
 }
 
+/// A read within a byte budget ends after the entry that brings the data read to it, reads
+/// one entry when the first alone passes it, and otherwise reads as `read` does.
+pub async fn a_read_within_a_budget_ends_at_the_entry_that_reaches_it<F: Factory>(factory: &F) {
+    let env = Env::new(factory).await;
+    let s = env.open().await;
+    for i in 1..=6u8 {
+        s.log.append("t", &vec![i; 100], None).await.unwrap();
+    }
+    let within = |after, limit, budget| {
+        let s = s.clone();
+        async move { seqs(&s.log.read_within("t", after, limit, budget).await.unwrap()) }
+    };
+    assert_eq!(within(0, 10, 250).await, vec![1, 2, 3]);
+    assert_eq!(within(0, 10, 200).await, vec![1, 2]);
+    assert_eq!(
+        within(2, 10, 1).await,
+        vec![3],
+        "one, though it alone passes"
+    );
+    assert_eq!(within(4, 10, usize::MAX).await, vec![5, 6]);
+    assert_eq!(
+        within(0, 2, 10_000).await,
+        vec![1, 2],
+        "the limit still holds"
+    );
+    assert!(within(6, 10, 1).await.is_empty());
+    assert_eq!(
+        seqs(&s.log.read("t", 0, 10).await.unwrap()),
+        vec![1, 2, 3, 4, 5, 6]
+    );
+}
+
 /// Append assigns 1, then 2, and read returns both with their content.
 pub async fn append_assigns_one_then_two<F: Factory>(factory: &F) {
     let env = Env::new(factory).await;

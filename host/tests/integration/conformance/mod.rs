@@ -547,6 +547,7 @@ macro_rules! suite {
                     append_assigns_one_then_two,
                     sequences_are_per_thread,
                     read_returns_entries_after_cursor_in_order_with_limit,
+                    a_read_within_a_budget_ends_at_the_entry_that_reaches_it,
                     unknown_thread_log_is_empty_with_zero_watermarks,
                     appended_at_comes_from_the_clock,
                     append_expected_appends_when_latest_matches,
@@ -564,6 +565,7 @@ macro_rules! suite {
                 },
                 inbox::{
                     messages_are_numbered_from_one_without_gaps_per_thread,
+                    a_page_of_messages_within_a_budget_ends_at_the_message_that_reaches_it,
                     messages_stay_pending_across_a_claim_lost_before_the_ack,
                     a_repeated_ack_by_the_same_dispatch_returns_the_same_entry_and_appends_nothing,
                     an_ack_of_a_message_acked_by_another_dispatch_is_duplicate_naming_the_first_acker,

@@ -921,6 +921,7 @@ impl Recorder {
                 state: None,
                 after: out.last().map_or(0, |m| m.seq),
                 limit: page,
+                max_bytes: None,
             };
             let got = self.messages(thread, &filter).await?;
             let n = got.len();

@@ -29,6 +29,9 @@ const LOG_SHOW: usize = 200;
 const ENTRY_SHOW: usize = 4096;
 /// Pending messages a thread page shows (the oldest).
 const MESSAGES_SHOW: usize = 100;
+/// The data one store read of the page takes in (at least one entry or message): each is cut
+/// to [`ENTRY_SHOW`] as soon as it is read, so a page holds what it shows and one such read.
+const READ_BYTES: usize = 256 << 10;
 
 /// What the page of a thread shows.
 struct ThreadPage {
@@ -36,14 +39,15 @@ struct ThreadPage {
     epoch: u64,
     /// The sequence of its latest log entry: how many it has.
     latest: u64,
-    /// The latest [`LOG_SHOW`] of them.
-    entries: Vec<LogEntry>,
+    /// The latest [`LOG_SHOW`] of them, each cut to [`ENTRY_SHOW`], with its whole size.
+    entries: Vec<(LogEntry, usize)>,
     /// Its first [`PAGE`] dispatches in priority order.
     rows: Vec<DispatchRow>,
     /// Its inbox watermarks.
     inbox: InboxMarks,
-    /// Its oldest [`MESSAGES_SHOW`] pending messages.
-    pending: Vec<Message>,
+    /// Its oldest [`MESSAGES_SHOW`] pending messages, each cut to [`ENTRY_SHOW`], with its
+    /// whole size.
+    pending: Vec<(Message, usize)>,
     /// Whether a run of the thread holds a claim now (else a steer waits for the next run).
     running: bool,
     /// The configured agents, for the send box.
@@ -77,7 +81,24 @@ async fn read(d: &Dashboard, thread: String) -> Result<ThreadPage, PageError> {
     let epoch = store.mailbox.thread_epoch(&thread).await?;
     let latest = store.log.latest(&thread).await?;
     let from = latest.saturating_sub(LOG_SHOW as u64);
-    let entries = store.log.read(&thread, from, LOG_SHOW).await?;
+    let mut entries = Vec::new();
+    let mut after = from;
+    while entries.len() < LOG_SHOW {
+        let want = LOG_SHOW - entries.len();
+        let read = store
+            .log
+            .read_within(&thread, after, want, READ_BYTES)
+            .await?;
+        let Some(last) = read.last().map(|e| e.seq) else {
+            break;
+        };
+        after = last;
+        entries.extend(read.into_iter().map(|mut e| {
+            let size = e.data.len();
+            e.data = shown_part(&e.data);
+            (e, size)
+        }));
+    }
     let rows = store
         .mailbox
         .list_rows(&ListFilter {
@@ -87,21 +108,31 @@ async fn read(d: &Dashboard, thread: String) -> Result<ThreadPage, PageError> {
         })
         .await?;
     let inbox = store.inbox.inbox(&thread).await?;
-    let pending = if inbox.pending == 0 {
-        Vec::new()
-    } else {
-        store
+    let mut pending = Vec::new();
+    let mut after = 0;
+    while inbox.pending > 0 && pending.len() < MESSAGES_SHOW {
+        let read = store
             .inbox
             .messages(
                 &thread,
                 &MessageFilter {
                     state: Some(MessageState::Pending),
-                    after: 0,
-                    limit: MESSAGES_SHOW,
+                    after,
+                    limit: MESSAGES_SHOW - pending.len(),
+                    max_bytes: Some(READ_BYTES),
                 },
             )
-            .await?
-    };
+            .await?;
+        let Some(last) = read.last().map(|m| m.seq) else {
+            break;
+        };
+        after = last;
+        pending.extend(read.into_iter().map(|mut m| {
+            let size = m.payload.len();
+            m.payload = shown_part(&m.payload);
+            (m, size)
+        }));
+    }
     let running = !store
         .mailbox
         .list_rows(&ListFilter {
@@ -173,7 +204,7 @@ fn render(page: &ThreadPage, p: &Params, session: &Session) -> Markup {
                 table #log {
                     thead { tr { th.num scope="col" { "Seq" } th scope="col" { "Appended" } th scope="col" { "Entry" } } }
                     tbody {
-                        @for e in entries {
+                        @for (e, size) in entries {
                             tr data-seq=(e.seq) data-message=[e.note.as_ref().map(|n| n.seq)] {
                                 td.num { (e.seq) }
                                 td { (when(e.appended_at, now)) }
@@ -184,7 +215,7 @@ fn render(page: &ThreadPage, p: &Params, session: &Session) -> Markup {
                                             span.mono { (note.sent_by) } ", acknowledged"
                                         }
                                     }
-                                    pre { (entry_text(&e.data)) }
+                                    pre { (entry_text(&e.data, *size)) }
                                 }
                             }
                         }
@@ -237,7 +268,12 @@ fn send_box(href: &str, agents: &[String], session: &Session) -> Markup {
 
 /// The pending messages, oldest first, with a hint for a steer no run will read until the
 /// next one starts.
-fn pending_table(pending: &[Message], inbox: &InboxMarks, running: bool, now: u64) -> Markup {
+fn pending_table(
+    pending: &[(Message, usize)],
+    inbox: &InboxMarks,
+    running: bool,
+    now: u64,
+) -> Markup {
     html! {
         div.scroll {
             table #messages {
@@ -246,7 +282,7 @@ fn pending_table(pending: &[Message], inbox: &InboxMarks, running: bool, now: u6
                     th scope="col" { "Sent" } th scope="col" { "Text" }
                 } }
                 tbody {
-                    @for m in pending {
+                    @for (m, size) in pending {
                         tr data-message=(m.seq) {
                             td.num { (m.seq) }
                             td {
@@ -258,7 +294,7 @@ fn pending_table(pending: &[Message], inbox: &InboxMarks, running: bool, now: u6
                             td { span.mono { (m.sent_by) }
                                 @if let Some(agent) = &m.agent { br; span.muted { "to " (agent) } } }
                             td { (when(m.sent_at, now)) }
-                            td { pre { (entry_text(&m.payload)) } }
+                            td { pre { (entry_text(&m.payload, *size)) } }
                         }
                     }
                     @if pending.is_empty() { tr { td colspan="5" { span.muted { "No pending messages." } } } }
@@ -271,13 +307,19 @@ fn pending_table(pending: &[Message], inbox: &InboxMarks, running: bool, now: u6
     }
 }
 
-/// A log entry, shown as text or hex, cut at [`ENTRY_SHOW`] bytes.
-fn entry_text(data: &[u8]) -> String {
+/// The first [`ENTRY_SHOW`] bytes of `data`, in an allocation of their own: the whole is freed
+/// at once (a large buffer cut in place would stay behind as a hole in the heap).
+fn shown_part(data: &[u8]) -> Vec<u8> {
+    data[..data.len().min(ENTRY_SHOW)].to_vec()
+}
+
+/// A log entry or message of `size` bytes, shown as text or hex, cut at [`ENTRY_SHOW`] bytes.
+fn entry_text(data: &[u8], size: usize) -> String {
     let text = match view::shown(&data[..data.len().min(ENTRY_SHOW)]) {
         view::Shown::Json(t) | view::Shown::Text(t) | view::Shown::Hex(t) => t,
     };
-    if data.len() > ENTRY_SHOW {
-        format!("{text}… ({} bytes in all)", data.len())
+    if size > ENTRY_SHOW {
+        format!("{text}… ({size} bytes in all)")
     } else {
         text
     }
