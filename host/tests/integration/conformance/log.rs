@@ -22,7 +22,7 @@ pub async fn a_read_within_a_budget_ends_at_the_entry_that_reaches_it<F: Factory
     let env = Env::new(factory).await;
     let s = env.open().await;
     for i in 1..=6u8 {
-        s.log.append("t", &vec![i; 100], None).await.unwrap();
+        s.log.append("t", &[i; 100], None).await.unwrap();
     }
     let within = |after, limit, budget| {
         let s = s.clone();
