@@ -19,6 +19,8 @@
 //!   the lease guard, settlement and retry time, and claiming;
 //! - [`work`] — what the API, the CLI and guests do with work, written once: a request made a
 //!   checked dispatch, cancel, retry, and waiting until a dispatch is terminal;
+//! - [`live`] — the live hub (beside `work`): what running claims stream, buffered per claim,
+//!   persisted in batches and handed to watchers;
 //! - [`telemetry`] — Prometheus metrics: their names, the recorder, the timed store and the
 //!   queue gauges;
 //! - [`store`] — the mailbox and sequence-store contract (docs/contract.md), the decisions made
