@@ -141,7 +141,6 @@ impl From<StoreError> for ApiError {
             e @ (StoreError::NotClaimed { .. }
             | StoreError::LostClaim { .. }
             | StoreError::StaleEpoch { .. }
-            | StoreError::InvalidTransition { .. }
             | StoreError::Conflict { .. }) => ApiError::conflict(e.to_string()),
             StoreError::Limit(message) => {
                 let mut e = ApiError::new(StatusCode::TOO_MANY_REQUESTS, message);

@@ -156,9 +156,19 @@ impl Follow {
         if self.done {
             return None;
         }
-        let waiting = !self.sent.is_empty() || !self.buffered.is_empty();
-        if waiting && self.sent_at.is_some_and(|at| at.elapsed() >= PATIENCE) {
-            return Some(self.dropped());
+        if self.sent_at.is_some_and(|at| at.elapsed() >= PATIENCE) {
+            // The client took its time: dropped when more was waiting for it.
+            let waiting = !self.sent.is_empty()
+                || !self.buffered.is_empty()
+                || self
+                    .store
+                    .log
+                    .latest(&self.thread)
+                    .await
+                    .is_ok_and(|latest| latest > self.after);
+            if waiting {
+                return Some(self.dropped());
+            }
         }
         let mut poll = STREAM_POLL_FIRST;
         loop {

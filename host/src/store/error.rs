@@ -38,16 +38,6 @@ pub enum StoreError {
         /// The thread's epoch.
         thread: u64,
     },
-    /// The operation does not apply to the record's state.
-    #[error("cannot {op} dispatch `{id}` in state {status}")]
-    InvalidTransition {
-        /// The dispatch.
-        id: String,
-        /// The operation refused.
-        op: &'static str,
-        /// The record's state.
-        status: Status,
-    },
     /// The id is taken by a different dispatch, or the dedupe key by a live one.
     #[error("duplicate dispatch `{id}`{}", holder.as_ref().map(|h| format!(" (dedupe key held by `{h}`)")).unwrap_or_default())]
     Duplicate {

@@ -45,7 +45,6 @@ fn kind(e: &StoreError) -> &'static str {
         StoreError::NotClaimed { .. } => "not_claimed",
         StoreError::LostClaim { .. } => "lost_claim",
         StoreError::StaleEpoch { .. } => "stale_epoch",
-        StoreError::InvalidTransition { .. } => "invalid_transition",
         StoreError::Duplicate { .. } => "duplicate",
         StoreError::Invalid(_) => "invalid",
         StoreError::Conflict { .. } => "conflict",

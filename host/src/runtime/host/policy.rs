@@ -102,7 +102,6 @@ pub fn guest_error(err: StoreError) -> GuestError {
         | StoreError::NotClaimed { .. }
         | StoreError::LostClaim { .. } => GuestError::LostClaim(err.to_string()),
         StoreError::StaleEpoch { .. } => GuestError::Interrupted(err.to_string()),
-        StoreError::InvalidTransition { .. } => GuestError::LostClaim(err.to_string()),
         StoreError::Duplicate { id, holder } => GuestError::Duplicate(holder.unwrap_or(id)),
         StoreError::Invalid(message) => GuestError::Invalid(message),
         StoreError::Conflict { latest } => GuestError::Conflict(latest),

@@ -573,10 +573,6 @@ pub async fn settled_dispatch_refuses_other_ops_and_other_tokens<F: Factory>(fac
         Err(StoreError::NotClaimed {
             status: Status::Acked,
             ..
-        })
-        | Err(StoreError::InvalidTransition {
-            status: Status::Acked,
-            ..
         }) => {}
         other => panic!("{what}: expected a refusal, got {other:?}"),
     };
