@@ -24,6 +24,7 @@ use tracing::info;
 
 use super::auth::{self, Caller};
 use super::dispatches::{MAX_PAGE_BYTES, limit, name, param, params, read_body};
+use super::journal::{PAGE_SHARE, held_json, reserve};
 use super::limits::ClientAddr;
 use super::{ApiError, ApiState};
 use crate::config::api::Role;
@@ -64,10 +65,15 @@ fn unauthorized() -> ApiError {
 
 /// `GET /v1/waitpoints?thread=&dispatch=&state=&limit=&cursor=`: a page of waitpoints, oldest
 /// first, never with their tokens' digests; `next_cursor` when there may be more.
+///
+/// The store reads the page only, ending it early rather than hold more than
+/// [`MAX_PAGE_BYTES`] of results and metadata ([`crate::store::Waitpoints::read_waitpoints`]),
+/// under a [`PAGE_SHARE`] of the host's read budget; each waitpoint is written into the answer
+/// and dropped in turn.
 pub(super) async fn list(
     State(state): State<Arc<ApiState>>,
     query: RawQuery,
-) -> Result<Json<Value>, ApiError> {
+) -> Result<Response, ApiError> {
     let pairs = params(query, &["thread", "dispatch", "state", "limit", "cursor"])?;
     let limit = limit(&pairs)?;
     for field in ["thread", "dispatch"] {
@@ -93,27 +99,35 @@ pub(super) async fn list(
         after,
         limit,
     };
-    let found = state.store.waitpoints.list_waitpoints(&filter).await?;
+    let share = reserve(PAGE_SHARE).await?;
+    let page = state
+        .store
+        .waitpoints
+        .read_waitpoints(&filter, MAX_PAGE_BYTES, true)
+        .await?;
     // A page stops before passing the byte cap; the next starts after its last one.
-    let mut out = Vec::with_capacity(found.len());
-    let mut bytes = 0;
+    // Room for the whole page at once (pages are only touched as they are written).
+    let mut body = Vec::with_capacity(MAX_PAGE_BYTES + 128);
+    body.extend_from_slice(b"{\"waitpoints\":[");
     let mut cut = false;
     let mut last = None;
-    for w in &found {
-        let v = view(w);
-        let size = v.to_string().len();
-        if !out.is_empty() && bytes + size > MAX_PAGE_BYTES {
+    for (count, w) in page.waitpoints.into_iter().enumerate() {
+        let text = view(&w).to_string();
+        if count > 0 && body.len() + text.len() + 64 > MAX_PAGE_BYTES {
             cut = true;
             break;
         }
-        bytes += size + 1;
-        out.push(v);
-        last = Some(w);
+        if count > 0 {
+            body.push(b',');
+        }
+        body.extend_from_slice(text.as_bytes());
+        last = Some(work::cursor(&w));
     }
-    let next = (cut || found.len() == limit)
-        .then(|| last.map(work::cursor))
-        .flatten();
-    Ok(Json(json!({ "waitpoints": out, "next_cursor": next })))
+    let next = (cut || page.more).then_some(last).flatten();
+    body.extend_from_slice(b"],\"next_cursor\":");
+    body.extend_from_slice(json!(next).to_string().as_bytes());
+    body.push(b'}');
+    Ok(held_json(body, share, state.config().api.request_timeout))
 }
 
 /// `GET /v1/waitpoints/{id}`: one waitpoint, without its tokens' digests.

@@ -252,6 +252,135 @@ impl JournalData {
     }
 }
 
+/// What a listing holds of an entry besides its answer and identity (its numbers, kind and
+/// dispatch), as [`CallSummary::held`] counts it.
+pub const SUMMARY_ROOM: usize = 256;
+
+/// A call entry as a listing reads it: without its body and its cheap values, with the body's
+/// size.
+#[derive(Debug, Clone, PartialEq)]
+pub struct CallSummary {
+    /// The entry: its `body` is `None` and its `cheap` empty (its `size` stays).
+    pub entry: CallEntry,
+    /// The size of the kept body; `None` when none was kept.
+    pub body_size: Option<u64>,
+}
+
+impl CallSummary {
+    /// The summary of `entry`: its body and cheap values dropped.
+    pub fn of(mut entry: CallEntry) -> CallSummary {
+        let body_size = entry.body.take().map(|b| b.len() as u64);
+        entry.cheap = Cheap::default();
+        CallSummary { entry, body_size }
+    }
+
+    /// The bytes a listing holds of it (what [`JournalAsk::max_bytes`] bounds): its answer's
+    /// JSON, its identity and [`SUMMARY_ROOM`].
+    pub fn held(&self) -> usize {
+        serde_json::to_string(&self.entry.answer).map_or(0, |s| s.len())
+            + self.entry.identity.len()
+            + SUMMARY_ROOM
+    }
+}
+
+/// The bytes a listing holds of a step without its value (what [`JournalAsk::max_step_bytes`]
+/// bounds): its key and [`SUMMARY_ROOM`].
+pub fn step_held(step: &Step) -> usize {
+    step.key.len() + SUMMARY_ROOM
+}
+
+/// Which part of a journal [`Journal::journal_page`] reads.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct JournalAsk {
+    /// The call entries after this position (from the first without it).
+    pub after: Option<u32>,
+    /// At most this many call entries.
+    pub limit: usize,
+    /// At most this many bytes of call entries, as [`CallSummary::held`] counts them (the
+    /// first entry is listed whatever its size).
+    pub max_bytes: usize,
+    /// At most this many bytes of steps, as [`step_held`] counts them (0: no steps are
+    /// listed; else the first is listed whatever its size).
+    pub max_step_bytes: usize,
+}
+
+/// A page of a journal as a listing shows it: no body and no step value is read into it.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct JournalPage {
+    /// The call entries asked for, by position (ascending).
+    pub calls: Vec<CallSummary>,
+    /// Whether entries after the last one listed remain (left out for the page's bounds).
+    pub more: bool,
+    /// The steps by key (ascending), without their values, when asked for.
+    pub steps: Vec<Step>,
+    /// Whether steps past the last one listed remain (steps asked for).
+    pub more_steps: bool,
+    /// How many call entries the whole journal holds.
+    pub call_count: u64,
+    /// How many steps the whole journal holds.
+    pub step_count: u64,
+    /// The bytes the whole journal holds (what `journal_max_bytes` bounds), as
+    /// [`JournalData::bytes`] counts them.
+    pub bytes: u64,
+}
+
+/// A page of up to `ask.limit` call summaries and `ask.max_bytes` of them out of `calls`
+/// (any order; those at or before `ask.after` left out), by position: what a backend that
+/// reads whole records one at a time keeps. Offer each summary once with
+/// [`CallPicker::offer`]; at most the page and one more summary are held at a time.
+#[derive(Debug)]
+pub struct CallPicker {
+    ask: JournalAsk,
+    kept: std::collections::BTreeMap<u32, (CallSummary, usize)>,
+    held: usize,
+    /// The lowest position left out for the page's bounds: nothing at or past it is kept.
+    ceiling: Option<u32>,
+}
+
+impl CallPicker {
+    /// A picker for `ask`.
+    pub fn new(ask: JournalAsk) -> CallPicker {
+        CallPicker {
+            ask,
+            kept: std::collections::BTreeMap::new(),
+            held: 0,
+            ceiling: None,
+        }
+    }
+
+    /// Offers `call`.
+    pub fn offer(&mut self, call: CallSummary) {
+        let pos = call.entry.pos;
+        if self.ask.after.is_some_and(|a| pos <= a) || self.ceiling.is_some_and(|c| pos >= c) {
+            return;
+        }
+        let held = call.held();
+        self.held += held;
+        if let Some((_, (_, old))) = self.kept.remove_entry(&pos) {
+            self.held -= old;
+        }
+        self.kept.insert(pos, (call, held));
+        // Drop the highest positions while the page is over its bounds (never the first).
+        while self.kept.len() > self.ask.limit.max(1)
+            || (self.kept.len() > 1 && self.held > self.ask.max_bytes)
+        {
+            let Some((dropped, (_, size))) = self.kept.pop_last() else {
+                break;
+            };
+            self.held -= size;
+            self.ceiling = Some(self.ceiling.map_or(dropped, |c| c.min(dropped)));
+        }
+    }
+
+    /// The page, and whether entries past it remain.
+    pub fn finish(self) -> (Vec<CallSummary>, bool) {
+        (
+            self.kept.into_values().map(|(call, _)| call).collect(),
+            self.ceiling.is_some(),
+        )
+    }
+}
+
 /// A new step: what `put_step` stores.
 #[derive(Debug, Clone)]
 pub struct NewStep {
@@ -341,6 +470,24 @@ pub trait Journal: Send + Sync + fmt::Debug + 'static {
     /// The valid call entries of `dispatch` in position order, and its steps. Empty for a
     /// dispatch with no journal (or none stored).
     async fn load_journal(&self, dispatch: &str) -> StoreResult<JournalData>;
+
+    /// A page of the journal of `dispatch` as a listing shows it ([`JournalAsk`]): call
+    /// entries without bodies, steps without values, the whole journal's counts and bytes.
+    /// It holds at most the page's bytes and what one record read at a time takes, whatever
+    /// the journal holds: no body or step value is read where the backend can leave it
+    /// unread (the embedded backend), else each is dropped as it is read (NATS, where a body
+    /// shares its record's message). An empty page for a dispatch with no journal.
+    async fn journal_page(&self, dispatch: &str, ask: &JournalAsk) -> StoreResult<JournalPage>;
+
+    /// The call entry at `pos` of `dispatch` without its body ([`CallSummary`]), reading no
+    /// more than that one record; `None` when there is none.
+    async fn call_summary(&self, dispatch: &str, pos: u32) -> StoreResult<Option<CallSummary>> {
+        Ok(self.call_entry(dispatch, pos).await?.map(CallSummary::of))
+    }
+
+    /// The call entry at `pos` of `dispatch`, with its body, reading no other record; `None`
+    /// when there is none.
+    async fn call_entry(&self, dispatch: &str, pos: u32) -> StoreResult<Option<CallEntry>>;
 
     /// Stores `entry` at its position, replacing what was there. `recorded_at` is the store's
     /// time. Entries of an append kind go through [`Journal::record_append`] instead
@@ -444,6 +591,66 @@ mod tests {
         assert!(check_step_key(" ").is_err());
         assert!(check_step_key(&"k".repeat(MAX_STEP_KEY + 1)).is_err());
         assert!(check_step_key(&"k".repeat(MAX_STEP_KEY)).is_ok());
+    }
+
+    #[test]
+    fn a_picker_keeps_the_first_positions_that_fit_in_any_order() {
+        let call = |pos: u32, answer: usize| {
+            CallSummary::of(CallEntry::new(
+                "d",
+                pos,
+                CallKind::Http,
+                identity([&b"x"[..]]),
+                serde_json::json!("a".repeat(answer)),
+                Some(vec![0; 10]),
+                1,
+                0,
+                5,
+            ))
+        };
+        let one = call(0, 0).held();
+        for order in [[0, 1, 2, 3, 4, 5], [5, 3, 1, 0, 4, 2], [2, 5, 4, 3, 1, 0]] {
+            // By limit.
+            let mut picker = CallPicker::new(JournalAsk {
+                after: Some(0),
+                limit: 3,
+                max_bytes: usize::MAX,
+                max_step_bytes: 0,
+            });
+            for pos in order {
+                picker.offer(call(pos, 0));
+            }
+            let (calls, more) = picker.finish();
+            let kept: Vec<u32> = calls.iter().map(|c| c.entry.pos).collect();
+            assert_eq!((kept, more), (vec![1, 2, 3], true), "{order:?}");
+            assert_eq!(calls[0].body_size, Some(10));
+            // By bytes: two fit.
+            let mut picker = CallPicker::new(JournalAsk {
+                after: None,
+                limit: 100,
+                max_bytes: 2 * one + one / 2,
+                max_step_bytes: 0,
+            });
+            for pos in order {
+                picker.offer(call(pos, 0));
+            }
+            let (calls, more) = picker.finish();
+            let kept: Vec<u32> = calls.iter().map(|c| c.entry.pos).collect();
+            assert_eq!((kept, more), (vec![0, 1], true), "{order:?}");
+            // The first whatever its size.
+            let mut picker = CallPicker::new(JournalAsk {
+                after: Some(3),
+                limit: 100,
+                max_bytes: 1,
+                max_step_bytes: 0,
+            });
+            for pos in order {
+                picker.offer(call(pos, 1000));
+            }
+            let (calls, more) = picker.finish();
+            let kept: Vec<u32> = calls.iter().map(|c| c.entry.pos).collect();
+            assert_eq!((kept, more), (vec![4], true), "{order:?}");
+        }
     }
 
     #[test]

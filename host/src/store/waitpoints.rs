@@ -140,7 +140,31 @@ pub struct Waitpoint {
     pub created_claim: u32,
 }
 
+/// What a page of waitpoints holds of one besides its result and metadata (its ids, names,
+/// state and times), as [`Waitpoint::held`] counts it.
+pub const WAITPOINT_ROOM: usize = 512;
+
+/// The bytes a page holds of a waitpoint whose result, metadata (keys and values) and name
+/// take `result`, `metadata` and `name` bytes ([`Waitpoint::held`]).
+pub fn held_size(result: usize, metadata: usize, name: usize) -> usize {
+    result
+        .saturating_add(metadata)
+        .saturating_add(name)
+        .saturating_add(WAITPOINT_ROOM)
+}
+
 impl Waitpoint {
+    /// The bytes a page of waitpoints holds of it (what [`Waitpoints::read_waitpoints`]
+    /// bounds): its result, its metadata's keys and values, its name and [`WAITPOINT_ROOM`].
+    pub fn held(&self) -> usize {
+        let metadata = self.metadata.iter().map(|(k, v)| k.len() + v.len()).sum();
+        held_size(
+            self.result.as_ref().map_or(0, Vec::len),
+            metadata,
+            self.name.len(),
+        )
+    }
+
     /// Whether it is still pending.
     pub fn is_pending(&self) -> bool {
         self.state == WaitpointState::Pending
@@ -250,6 +274,15 @@ pub struct WaitpointFilter {
     pub limit: usize,
 }
 
+/// What [`Waitpoints::read_waitpoints`] answered.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct WaitpointPage {
+    /// The page, oldest first by `(created_at, id)`.
+    pub waitpoints: Vec<Waitpoint>,
+    /// Whether waitpoints past the last one remain (the page was cut by its limit or bytes).
+    pub more: bool,
+}
+
 impl WaitpointFilter {
     /// Whether `w` passes the filter's thread, dispatch, state and cursor.
     pub fn admits(&self, w: &Waitpoint) -> bool {
@@ -334,8 +367,26 @@ pub trait Waitpoints: Send + Sync + fmt::Debug + 'static {
     /// The waitpoints of a dispatch, oldest first.
     async fn waitpoints_of(&self, dispatch: &str) -> StoreResult<Vec<Waitpoint>>;
 
-    /// A page of waitpoints.
-    async fn list_waitpoints(&self, filter: &WaitpointFilter) -> StoreResult<Vec<Waitpoint>>;
+    /// A page of waitpoints, whole: [`Waitpoints::read_waitpoints`] without a byte bound.
+    async fn list_waitpoints(&self, filter: &WaitpointFilter) -> StoreResult<Vec<Waitpoint>> {
+        Ok(self
+            .read_waitpoints(filter, usize::MAX, true)
+            .await?
+            .waitpoints)
+    }
+
+    /// A page of waitpoints (as [`Waitpoints::list_waitpoints`]) that ends early rather than
+    /// hold more than `max_bytes` of them as [`Waitpoint::held`] counts them (the first is
+    /// returned whatever its size); their results only when `results` (else `None`, and not
+    /// counted). A result that is not returned is not read where the backend can leave it
+    /// unread (the embedded backend), else it is dropped as it is read (NATS, where a result
+    /// shares its record's message): the read holds the page and one record at a time.
+    async fn read_waitpoints(
+        &self,
+        filter: &WaitpointFilter,
+        max_bytes: usize,
+        results: bool,
+    ) -> StoreResult<WaitpointPage>;
 
     /// The largest completion result this backend keeps.
     fn max_result(&self) -> u64;

@@ -8,13 +8,15 @@
 //! an id), when, how long the call took live and its stored size. Steps are shown by key,
 //! without their values. [`entry`] gives one entry with its body.
 //!
-//! The store reads a journal whole ([`crate::store::Journal::load_journal`]); it is bounded by
-//! the plugin's `journal_max_bytes`.
+//! A listing reads a page ([`page`], [`crate::store::Journal::journal_page`]): no body and no
+//! step value, at most the page's bytes whatever the journal holds. [`entry`] reads the one
+//! entry. Only the CLI, reading its own store, loads a journal whole ([`load`]).
 
 use base64::Engine;
 use serde::Serialize;
 use serde_json::{Value, json};
 
+use crate::store::journal::{CallSummary, JournalAsk, JournalPage};
 use crate::store::{CallEntry, CallKind, JournalData, Step, Store, StoreError};
 
 /// The largest http body shown pretty-printed as JSON (the dashboard); a larger one is left
@@ -52,21 +54,58 @@ pub async fn load(store: &Store, id: &str) -> Result<JournalData, JournalError> 
     Ok(store.journal.load_journal(id).await?)
 }
 
-/// Entry `pos` of dispatch `id`'s journal, with its body.
+/// A page of dispatch `id`'s journal as `ask` says ([`crate::store::Journal::journal_page`]):
+/// entries without bodies, steps without values.
+///
+/// # Errors
+///
+/// [`JournalError::NoDispatch`] for an unknown id; [`JournalError::Store`].
+pub async fn page(store: &Store, id: &str, ask: &JournalAsk) -> Result<JournalPage, JournalError> {
+    known(store, id).await?;
+    Ok(store.journal.journal_page(id, ask).await?)
+}
+
+/// Entry `pos` of dispatch `id`'s journal, without its body (its size instead).
+///
+/// # Errors
+///
+/// [`JournalError::NoDispatch`], [`JournalError::NoEntry`], [`JournalError::Store`].
+pub async fn summary(store: &Store, id: &str, pos: u32) -> Result<CallSummary, JournalError> {
+    known(store, id).await?;
+    store
+        .journal
+        .call_summary(id, pos)
+        .await?
+        .ok_or_else(|| no_entry(id, pos))
+}
+
+/// Entry `pos` of dispatch `id`'s journal, with its body: the one entry read.
 ///
 /// # Errors
 ///
 /// [`JournalError::NoDispatch`], [`JournalError::NoEntry`], [`JournalError::Store`].
 pub async fn entry(store: &Store, id: &str, pos: u32) -> Result<CallEntry, JournalError> {
-    load(store, id)
+    known(store, id).await?;
+    store
+        .journal
+        .call_entry(id, pos)
         .await?
-        .calls
-        .into_iter()
-        .find(|c| c.pos == pos)
-        .ok_or_else(|| JournalError::NoEntry {
-            dispatch: id.to_owned(),
-            pos,
-        })
+        .ok_or_else(|| no_entry(id, pos))
+}
+
+/// [`JournalError::NoDispatch`] unless dispatch `id` is stored.
+async fn known(store: &Store, id: &str) -> Result<(), JournalError> {
+    if store.mailbox.load(id).await?.is_none() {
+        return Err(JournalError::NoDispatch(id.to_owned()));
+    }
+    Ok(())
+}
+
+fn no_entry(id: &str, pos: u32) -> JournalError {
+    JournalError::NoEntry {
+        dispatch: id.to_owned(),
+        pos,
+    }
 }
 
 /// A call entry as a listing shows it (no body, no headers, no identity).
@@ -129,6 +168,14 @@ impl EntryView {
             recorded_at: entry.recorded_at,
             duration_us: entry.duration_us,
             size: entry.size,
+        }
+    }
+
+    /// The view of a listed entry (its body's size from the summary).
+    pub fn of_summary(call: &CallSummary) -> EntryView {
+        EntryView {
+            body_size: call.body_size,
+            ..EntryView::of(&call.entry)
         }
     }
 
@@ -218,6 +265,57 @@ pub fn entry_json(entry: &CallEntry) -> Value {
             map.insert("encoding".into(), json!(encoding));
         }
     }
+    out
+}
+
+/// [`entry_json`] of `entry` as the bytes of its JSON document, written without a copy of the
+/// body beside them: at most the body and its encoding are held (text as a JSON string, else
+/// base64), never a second copy in a `serde_json::Value`. The body is dropped once encoded.
+pub fn entry_document(mut entry: CallEntry) -> Vec<u8> {
+    let body = entry.body.take();
+    let text = body.as_deref().map(std::str::from_utf8);
+    let mut head = entry_json(&entry);
+    if let Value::Object(map) = &mut head {
+        map.remove("body");
+        map.insert(
+            "body_size".into(),
+            json!(body.as_ref().map(|b| b.len() as u64)),
+        );
+        if matches!(text, Some(Err(_))) {
+            map.insert("encoding".into(), json!("base64"));
+        }
+    }
+    let head = head.to_string();
+    let body_room = match (&body, &text) {
+        (Some(b), Some(Ok(_))) => b.len() + b.len() / 8 + 2,
+        (Some(b), _) => b.len().div_ceil(3) * 4 + 2,
+        (None, _) => 4,
+    };
+    let mut out = Vec::with_capacity(head.len() + body_room + 16);
+    // The head without its closing brace, then the body and the brace.
+    out.extend_from_slice(head.strip_suffix('}').unwrap_or(&head).as_bytes());
+    out.extend_from_slice(b",\"body\":");
+    match (&body, text) {
+        (None, _) | (_, None) => out.extend_from_slice(b"null"),
+        (Some(_), Some(Ok(text))) => {
+            if serde_json::to_writer(&mut out, text).is_err() {
+                out.extend_from_slice(b"null");
+            }
+        }
+        (Some(bytes), Some(Err(_))) => {
+            use base64::Engine as _;
+            out.push(b'"');
+            let at = out.len();
+            out.resize(at + bytes.len().div_ceil(3) * 4, 0);
+            let written = base64::engine::general_purpose::STANDARD
+                .encode_slice(bytes, &mut out[at..])
+                .unwrap_or(0);
+            out.truncate(at + written);
+            out.push(b'"');
+        }
+    }
+    drop(body);
+    out.push(b'}');
     out
 }
 
@@ -341,6 +439,22 @@ mod tests {
         assert_eq!(binary["encoding"], "base64");
         let none = entry_json(&http(None));
         assert_eq!(none["body"], Value::Null);
+    }
+
+    #[test]
+    #[allow(clippy::unwrap_used)]
+    fn an_entry_document_is_its_json_with_the_body() {
+        for body in [
+            Some(&b"hello \"there\"\n\x01"[..]),
+            Some(&[0xff, 0x00, 0x01, 0x02][..]),
+            Some(&[][..]),
+            None,
+        ] {
+            let entry = http(body);
+            let expected = entry_json(&entry);
+            let document: Value = serde_json::from_slice(&entry_document(entry)).unwrap();
+            assert_eq!(document, expected, "{body:?}");
+        }
     }
 
     #[test]

@@ -48,6 +48,8 @@
 //! - `bounded_input`: endless or huge inputs refused fast, memory watched;
 //! - `thread_reads`: many readers of a thread's large inbox, page and log stream leave the
 //!   host's memory within the routes' byte caps;
+//! - `bounded_reads`: routes whose cost is set by stored data (journals, waitpoints) read a
+//!   bounded number of bytes, and concurrent readers of large data leave memory flat;
 //! - `nats_hosts`: many hosts on one NATS store;
 //! - `nats_view`: a host's view of the stream while its own write's apply is held back;
 //! - `process_faults`: hosts killed at random points and restarted;
@@ -70,6 +72,7 @@ mod natsd;
 mod api;
 mod api_limits;
 mod bounded_input;
+mod bounded_reads;
 mod cluster_faults;
 mod compat;
 mod dashboard;

@@ -11,13 +11,22 @@ use rusqlite::{Connection, Row, params};
 use super::log::{marks, push_entry};
 use super::rows::db;
 use super::{EmbeddedStore, MAX_VALUE, MAX_VALUE_WHY};
-use crate::store::journal::{CallEntry, Cheap, Journal, JournalData, NewStep, Step, check_entry};
+use crate::store::journal::{
+    CallEntry, CallSummary, Cheap, Journal, JournalAsk, JournalData, JournalPage, NewStep, Step,
+    check_entry, step_held,
+};
 use crate::store::model::Fence;
 use crate::store::rules::clamp;
 use crate::store::{StoreError, StoreResult, check_size};
 
 const CALL_COLUMNS: &str = "dispatch, pos, kind, identity, answer, body, claim, attempt, \
     recorded_at, duration_us, size, cheap";
+
+/// [`CALL_COLUMNS`] as a listing selects them: the body's length instead of the body, no
+/// cheap values. SQLite answers `length()` of a blob from the record's header, so no body is
+/// read into memory (a body's overflow pages are only walked to reach the columns after it).
+const SUMMARY_COLUMNS: &str = "dispatch, pos, kind, identity, answer, length(body), claim, \
+    attempt, recorded_at, duration_us, size, NULL";
 
 fn corrupt(key: String, reason: impl Into<String>) -> StoreError {
     StoreError::Corrupt {
@@ -27,6 +36,25 @@ fn corrupt(key: String, reason: impl Into<String>) -> StoreError {
 }
 
 fn decode_call(row: &Row<'_>) -> StoreResult<CallEntry> {
+    decode_row(row, false)
+}
+
+/// A row selected with [`SUMMARY_COLUMNS`].
+fn decode_summary(row: &Row<'_>) -> StoreResult<CallSummary> {
+    let body_size: Option<u64> = row.get(5).map_err(|e| {
+        corrupt(
+            format!("journal/{}", row.get::<_, String>(0).unwrap_or_default()),
+            e.to_string(),
+        )
+    })?;
+    Ok(CallSummary {
+        entry: decode_row(row, true)?,
+        body_size,
+    })
+}
+
+/// A row selected with [`CALL_COLUMNS`], or with [`SUMMARY_COLUMNS`] when `summary` (no body).
+fn decode_row(row: &Row<'_>, summary: bool) -> StoreResult<CallEntry> {
     let dispatch: String = row
         .get(0)
         .map_err(|e| corrupt("journal/?".into(), e.to_string()))?;
@@ -51,7 +79,11 @@ fn decode_call(row: &Row<'_>) -> StoreResult<CallEntry> {
         identity: String::from_utf8(identity).map_err(|e| corrupt(key(), e.to_string()))?,
         answer: serde_json::from_str(&answer)
             .map_err(|e| corrupt(key(), format!("answer: {e}")))?,
-        body: row.get(5).map_err(field)?,
+        body: if summary {
+            None
+        } else {
+            row.get(5).map_err(field)?
+        },
         claim: row.get(6).map_err(field)?,
         attempt: row.get(7).map_err(field)?,
         recorded_at: row.get(8).map_err(field)?,
@@ -156,6 +188,107 @@ impl Journal for EmbeddedStore {
                 steps.push(decode_step(row)?);
             }
             Ok(JournalData { calls, steps })
+        })
+        .await
+    }
+
+    async fn journal_page(&self, dispatch: &str, ask: &JournalAsk) -> StoreResult<JournalPage> {
+        let (dispatch, ask) = (dispatch.to_owned(), *ask);
+        self.read(move |tx| {
+            let mut page = JournalPage::default();
+            // One row past the limit says whether more remain.
+            let after = ask.after.map_or(-1, i64::from);
+            let rows = i64::try_from(ask.limit.saturating_add(1)).unwrap_or(i64::MAX);
+            let mut held = 0;
+            {
+                let mut stmt = tx
+                    .prepare_cached(&format!(
+                        "SELECT {SUMMARY_COLUMNS} FROM journal \
+                         WHERE dispatch = ?1 AND pos > ?2 ORDER BY pos LIMIT ?3"
+                    ))
+                    .map_err(db)?;
+                let mut found = stmt.query(params![dispatch, after, rows]).map_err(db)?;
+                while let Some(row) = found.next().map_err(db)? {
+                    let call = decode_summary(row)?;
+                    let size = call.held();
+                    if page.calls.len() >= ask.limit.max(1)
+                        || (!page.calls.is_empty() && held + size > ask.max_bytes)
+                    {
+                        page.more = true;
+                        break;
+                    }
+                    held += size;
+                    page.calls.push(call);
+                }
+            }
+            if ask.max_step_bytes > 0 {
+                let mut stmt = tx
+                    .prepare_cached(
+                        "SELECT dispatch, key, X'', claim, attempt, recorded_at, size \
+                         FROM journal_steps WHERE dispatch = ?1 ORDER BY key",
+                    )
+                    .map_err(db)?;
+                let mut found = stmt.query(params![dispatch]).map_err(db)?;
+                let mut held = 0;
+                while let Some(row) = found.next().map_err(db)? {
+                    let step = decode_step(row)?;
+                    let size = step_held(&step);
+                    if !page.steps.is_empty() && held + size > ask.max_step_bytes {
+                        page.more_steps = true;
+                        break;
+                    }
+                    held += size;
+                    page.steps.push(step);
+                }
+            }
+            let totals = |table: &str| -> StoreResult<(u64, u64)> {
+                tx.prepare_cached(&format!(
+                    "SELECT count(*), coalesce(sum(size), 0) FROM {table} WHERE dispatch = ?1"
+                ))
+                .map_err(db)?
+                .query_row(params![dispatch], |row| Ok((row.get(0)?, row.get(1)?)))
+                .map_err(db)
+            };
+            let (calls, call_bytes) = totals("journal")?;
+            let (steps, step_bytes) = totals("journal_steps")?;
+            page.call_count = calls;
+            page.step_count = steps;
+            page.bytes = call_bytes.saturating_add(step_bytes);
+            Ok(page)
+        })
+        .await
+    }
+
+    async fn call_summary(&self, dispatch: &str, pos: u32) -> StoreResult<Option<CallSummary>> {
+        let dispatch = dispatch.to_owned();
+        self.read(move |tx| {
+            let mut stmt = tx
+                .prepare_cached(&format!(
+                    "SELECT {SUMMARY_COLUMNS} FROM journal WHERE dispatch = ?1 AND pos = ?2"
+                ))
+                .map_err(db)?;
+            let mut found = stmt.query(params![dispatch, pos]).map_err(db)?;
+            match found.next().map_err(db)? {
+                Some(row) => Ok(Some(decode_summary(row)?)),
+                None => Ok(None),
+            }
+        })
+        .await
+    }
+
+    async fn call_entry(&self, dispatch: &str, pos: u32) -> StoreResult<Option<CallEntry>> {
+        let dispatch = dispatch.to_owned();
+        self.read(move |tx| {
+            let mut stmt = tx
+                .prepare_cached(&format!(
+                    "SELECT {CALL_COLUMNS} FROM journal WHERE dispatch = ?1 AND pos = ?2"
+                ))
+                .map_err(db)?;
+            let mut found = stmt.query(params![dispatch, pos]).map_err(db)?;
+            match found.next().map_err(db)? {
+                Some(row) => Ok(Some(decode_call(row)?)),
+                None => Ok(None),
+            }
         })
         .await
     }

@@ -17,13 +17,20 @@ use crate::store::model::{Dispatch, Fence, Status};
 use crate::store::rules::{self, Fenced, Holder, Settle, clamp};
 use crate::store::waitpoints::{
     self as wp, BY_DISPATCH_ENDED, BY_TIMEOUT, Completion, Created, MAX_TOKEN_DIGESTS,
-    MAX_WAITPOINTS, NewWaitpoint, Settlement, Waitpoint, WaitpointFilter, WaitpointState,
-    Waitpoints,
+    MAX_WAITPOINTS, NewWaitpoint, Settlement, Waitpoint, WaitpointFilter, WaitpointPage,
+    WaitpointState, Waitpoints,
 };
 use crate::store::{StoreError, StoreResult, check_size};
 
 const COLUMNS: &str = "id, dispatch, thread, agent, name, state, token_digests, metadata, \
     timeout_at, result, settled_by, created_at, created_claim, settled_at";
+
+/// [`COLUMNS`] without the result (`NULL` in its place), and the result's length after them.
+const LEAN_COLUMNS: &str = "id, dispatch, thread, agent, name, state, token_digests, metadata, \
+    timeout_at, NULL, settled_by, created_at, created_claim, settled_at, length(result)";
+
+/// How many columns [`COLUMNS`] names.
+const COLUMN_COUNT: usize = 14;
 
 fn corrupt(id: &str, reason: impl Into<String>) -> StoreError {
     StoreError::Corrupt {
@@ -480,7 +487,12 @@ impl Waitpoints for EmbeddedStore {
         self.read(move |tx| of_dispatch(tx, &dispatch)).await
     }
 
-    async fn list_waitpoints(&self, filter: &WaitpointFilter) -> StoreResult<Vec<Waitpoint>> {
+    async fn read_waitpoints(
+        &self,
+        filter: &WaitpointFilter,
+        max_bytes: usize,
+        results: bool,
+    ) -> StoreResult<WaitpointPage> {
         let filter = filter.clone();
         self.read(move |tx| {
             let mut clauses: Vec<&str> = Vec::new();
@@ -515,13 +527,59 @@ impl Waitpoints for EmbeddedStore {
             } else {
                 format!("WHERE {}", clauses.join(" AND "))
             };
-            let limit = i64::try_from(filter.page()).unwrap_or(i64::MAX);
+            // One row past the page says whether more remain.
+            let limit = i64::try_from(filter.page().saturating_add(1)).unwrap_or(i64::MAX);
+            // The rows without their results (their lengths instead: SQLite answers `length()`
+            // of a blob from the record's header); the results of those that fit, by id.
             let sql = format!(
-                "SELECT {COLUMNS} FROM waitpoints {index} {filter_sql} \
+                "SELECT {LEAN_COLUMNS} FROM waitpoints {index} {filter_sql} \
                  ORDER BY created_at, id LIMIT {limit}"
             );
             let args: Vec<&dyn rusqlite::ToSql> = args.iter().map(|a| a.as_ref()).collect();
-            query(tx, &sql, &args)
+            let mut page = WaitpointPage::default();
+            let mut held = 0usize;
+            let mut with_result = Vec::new();
+            {
+                let mut stmt = tx.prepare_cached(&sql).map_err(db)?;
+                let mut rows = stmt.query(&*args).map_err(db)?;
+                while let Some(row) = rows.next().map_err(db)? {
+                    let w = decode(row)?;
+                    let length: Option<u64> = row
+                        .get(COLUMN_COUNT)
+                        .map_err(|e| corrupt(&w.id, e.to_string()))?;
+                    let length = if results {
+                        usize::try_from(length.unwrap_or(0)).unwrap_or(usize::MAX)
+                    } else {
+                        0
+                    };
+                    let size = w.held().saturating_add(length);
+                    if page.waitpoints.len() >= filter.page()
+                        || (!page.waitpoints.is_empty() && held.saturating_add(size) > max_bytes)
+                    {
+                        page.more = true;
+                        break;
+                    }
+                    held = held.saturating_add(size);
+                    if results && length > 0 {
+                        with_result.push(page.waitpoints.len());
+                    }
+                    page.waitpoints.push(w);
+                }
+            }
+            if !with_result.is_empty() {
+                let mut stmt = tx
+                    .prepare_cached("SELECT result FROM waitpoints WHERE id = ?1")
+                    .map_err(db)?;
+                for at in with_result {
+                    let Some(w) = page.waitpoints.get_mut(at) else {
+                        continue;
+                    };
+                    w.result = stmt
+                        .query_row(params![w.id], |row| row.get(0))
+                        .map_err(db)?;
+                }
+            }
+            Ok(page)
         })
         .await
     }

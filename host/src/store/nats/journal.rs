@@ -62,7 +62,10 @@ use super::fetch::{PAGE, PAGE_BYTES, Read};
 use super::keys::Key;
 use super::log::encode_entry;
 use super::view::{Record, View};
-use crate::store::journal::{CallEntry, Journal, JournalData, NewStep, Step, check_entry};
+use crate::store::journal::{
+    CallEntry, CallPicker, CallSummary, Journal, JournalAsk, JournalData, JournalPage, NewStep,
+    Step, check_entry, step_held,
+};
 use crate::store::model::{Dispatch, Fence};
 use crate::store::{StoreError, StoreResult, check_size};
 
@@ -77,6 +80,12 @@ const BARE: u8 = 1;
 const WITH_BYTES: u8 = 2;
 /// How many marked dispatches an instance remembers before it forgets them all.
 const MAX_REMEMBERED: usize = 65_536;
+/// Bytes per page of a listing's read of a journal's records (the server stops a page at
+/// this size, or after its first message when that is larger): what a listing holds of the
+/// records at a time, beside the page it keeps.
+const LIST_READ_BYTES: usize = 1 << 20;
+/// Messages per page of a listing's read.
+const LIST_READ_PAGE: usize = 256;
 
 fn corrupt(key: &Key, reason: impl Into<String>) -> StoreError {
     StoreError::Corrupt {
@@ -151,6 +160,49 @@ fn decode_call(key: &Key, bytes: &[u8]) -> StoreResult<CallEntry> {
     }
     entry.body = body.map(<[u8]>::to_vec);
     Ok(entry)
+}
+
+/// Decodes the call entry of `key` (a [`Key::JournalCall`]) without copying its body: the
+/// body's size instead.
+fn decode_summary(key: &Key, bytes: &[u8]) -> StoreResult<CallSummary> {
+    let (fields, body) = unframe(bytes).map_err(|e| corrupt(key, e))?;
+    let mut entry: CallEntry =
+        serde_json::from_slice(fields).map_err(|e| corrupt(key, e.to_string()))?;
+    if let Key::JournalCall(dispatch, pos) = key
+        && (entry.dispatch != *dispatch || entry.pos != *pos)
+    {
+        return Err(corrupt(
+            key,
+            format!(
+                "the record holds entry {} of `{}`",
+                entry.pos, entry.dispatch
+            ),
+        ));
+    }
+    entry.body = None;
+    entry.cheap = Default::default();
+    Ok(CallSummary {
+        entry,
+        body_size: body.map(|b| b.len() as u64),
+    })
+}
+
+/// Decodes the step of `key` without copying its value (left empty).
+fn decode_step_head(key: &Key, bytes: &[u8]) -> StoreResult<Step> {
+    let (fields, _) = unframe(bytes).map_err(|e| corrupt(key, e))?;
+    let step: Step = serde_json::from_slice(fields).map_err(|e| corrupt(key, e.to_string()))?;
+    if let Key::JournalStep(dispatch, name) = key
+        && (step.dispatch != *dispatch || step.key != *name)
+    {
+        return Err(corrupt(
+            key,
+            format!(
+                "the record holds step `{}` of `{}`",
+                step.key, step.dispatch
+            ),
+        ));
+    }
+    Ok(step)
 }
 
 /// The payload of a step.
@@ -374,6 +426,37 @@ impl NatsStore {
             .is_some_and(|(_, payload)| !payload.is_empty()))
     }
 
+    /// Every message under `filter` as stored now, in stream order, read a page of at most
+    /// [`LIST_READ_BYTES`] at a time (the stream keeps one message per subject): `each` sees
+    /// each one's subject and payload, and the page is dropped before the next is read.
+    pub(super) async fn each_record(
+        &self,
+        filter: &str,
+        mut each: impl FnMut(&str, &[u8]) -> StoreResult<()>,
+    ) -> StoreResult<()> {
+        let mut from = 1u64;
+        loop {
+            let batch = self
+                .get_batch(json!({
+                    "seq": from,
+                    "batch": LIST_READ_PAGE,
+                    "max_bytes": LIST_READ_BYTES,
+                    "next_by_subj": filter,
+                }))
+                .await?;
+            let Some(last) = batch.messages.last().map(|m| m.seq) else {
+                return Ok(());
+            };
+            for got in &batch.messages {
+                each(&got.subject, &got.payload)?;
+            }
+            if batch.pending == 0 {
+                return Ok(());
+            }
+            from = last + 1;
+        }
+    }
+
     /// The positions of `dispatch` holding an entry, as stored now.
     async fn held_positions(&self, dispatch: &str) -> StoreResult<Vec<u32>> {
         let prefix = self.prefix().to_owned();
@@ -421,6 +504,82 @@ impl Journal for NatsStore {
         }
         steps.sort_by(|a, b| a.key.cmp(&b.key));
         Ok(JournalData { calls, steps })
+    }
+
+    async fn journal_page(&self, dispatch: &str, ask: &JournalAsk) -> StoreResult<JournalPage> {
+        let prefix = self.prefix().to_owned();
+        let mut page = JournalPage::default();
+        let mut calls = CallPicker::new(*ask);
+        self.each_record(
+            &Key::journal_calls_of(&prefix, dispatch),
+            |subject, payload| {
+                // Dropped.
+                if payload.is_empty() {
+                    return Ok(());
+                }
+                if let Some(key @ Key::JournalCall(..)) = Key::parse(&prefix, subject) {
+                    let call = decode_summary(&key, payload)?;
+                    page.call_count += 1;
+                    page.bytes = page.bytes.saturating_add(call.entry.size);
+                    calls.offer(call);
+                }
+                Ok(())
+            },
+        )
+        .await?;
+        (page.calls, page.more) = calls.finish();
+        // Steps by key: those that fit, the smallest keys kept.
+        let mut steps: std::collections::BTreeMap<String, Step> = std::collections::BTreeMap::new();
+        let mut held = 0;
+        let mut ceiling: Option<String> = None;
+        self.each_record(
+            &Key::journal_steps_of(&prefix, dispatch),
+            |subject, payload| {
+                let Some(key @ Key::JournalStep(..)) = Key::parse(&prefix, subject) else {
+                    return Ok(());
+                };
+                let step = decode_step_head(&key, payload)?;
+                page.step_count += 1;
+                page.bytes = page.bytes.saturating_add(step.size);
+                if ask.max_step_bytes == 0 || ceiling.as_ref().is_some_and(|c| step.key >= *c) {
+                    return Ok(());
+                }
+                held += step_held(&step);
+                if let Some(old) = steps.insert(step.key.clone(), step) {
+                    held -= step_held(&old);
+                }
+                while steps.len() > 1 && held > ask.max_step_bytes {
+                    let Some((key, dropped)) = steps.pop_last() else {
+                        break;
+                    };
+                    held -= step_held(&dropped);
+                    if ceiling.as_ref().is_none_or(|c| key < *c) {
+                        ceiling = Some(key);
+                    }
+                }
+                Ok(())
+            },
+        )
+        .await?;
+        page.more_steps = ceiling.is_some();
+        page.steps = steps.into_values().collect();
+        Ok(page)
+    }
+
+    async fn call_summary(&self, dispatch: &str, pos: u32) -> StoreResult<Option<CallSummary>> {
+        let key = Key::JournalCall(dispatch.to_owned(), pos);
+        match self.get_last(&key.subject(self.prefix())).await? {
+            Some((_, payload)) if !payload.is_empty() => Ok(Some(decode_summary(&key, &payload)?)),
+            _ => Ok(None),
+        }
+    }
+
+    async fn call_entry(&self, dispatch: &str, pos: u32) -> StoreResult<Option<CallEntry>> {
+        let key = Key::JournalCall(dispatch.to_owned(), pos);
+        match self.get_last(&key.subject(self.prefix())).await? {
+            Some((_, payload)) if !payload.is_empty() => Ok(Some(decode_call(&key, &payload)?)),
+            _ => Ok(None),
+        }
     }
 
     async fn record(&self, fence: &Fence, mut entry: CallEntry) -> StoreResult<()> {

@@ -38,7 +38,7 @@ use crate::store::model::{Dispatch, Fence, Status};
 use crate::store::rules::{Holder, Settle};
 use crate::store::waitpoints::{
     self as wp, BY_TIMEOUT, Completion, Created, MAX_TOKEN_DIGESTS, MAX_WAITPOINTS, NewWaitpoint,
-    Settlement, Waitpoint, WaitpointFilter, WaitpointState, Waitpoints,
+    Settlement, Waitpoint, WaitpointFilter, WaitpointPage, WaitpointState, Waitpoints,
 };
 use crate::store::{StoreError, StoreResult, check_size};
 
@@ -92,42 +92,65 @@ fn decode_all(
         .collect()
 }
 
-/// The first `limit` waitpoints offered, by `(created_at, id)`, holding no more than `limit`.
+/// The first `limit` waitpoints offered that the filter admits, by `(created_at, id)`, and no
+/// more of them than fit `max_bytes` as [`Waitpoint::held`] counts them (the first whatever
+/// its size); without their results unless `results`. It holds the page and the waitpoint
+/// offered.
 struct Page<'f> {
     filter: &'f WaitpointFilter,
-    rows: BTreeMap<(u64, String), Waitpoint>,
+    max_bytes: usize,
+    results: bool,
+    rows: BTreeMap<(u64, String), (Waitpoint, usize)>,
+    held: usize,
+    /// The lowest key left out for the page's bounds: nothing at or past it is kept.
+    ceiling: Option<(u64, String)>,
 }
 
 impl<'f> Page<'f> {
-    fn new(filter: &'f WaitpointFilter) -> Page<'f> {
+    fn new(filter: &'f WaitpointFilter, max_bytes: usize, results: bool) -> Page<'f> {
         Page {
             filter,
+            max_bytes,
+            results,
             rows: BTreeMap::new(),
+            held: 0,
+            ceiling: None,
         }
     }
 
-    fn offer(&mut self, w: &Waitpoint) {
-        if !self.filter.admits(w) {
+    fn offer(&mut self, mut w: Waitpoint) {
+        if !self.filter.admits(&w) {
             return;
         }
         let key = (w.created_at, w.id.clone());
-        let limit = self.filter.page();
-        if self.rows.len() >= limit
-            && self
-                .rows
-                .last_key_value()
-                .is_some_and(|(last, _)| key >= *last)
-        {
+        if self.ceiling.as_ref().is_some_and(|c| key >= *c) {
             return;
         }
-        self.rows.insert(key, w.clone());
-        if self.rows.len() > limit {
-            self.rows.pop_last();
+        if !self.results {
+            w.result = None;
+        }
+        let size = w.held();
+        self.held = self.held.saturating_add(size);
+        if let Some((_, old)) = self.rows.insert(key, (w, size)) {
+            self.held -= old;
+        }
+        let limit = self.filter.page();
+        while self.rows.len() > limit || (self.rows.len() > 1 && self.held > self.max_bytes) {
+            let Some((dropped, (_, size))) = self.rows.pop_last() else {
+                break;
+            };
+            self.held -= size;
+            if self.ceiling.as_ref().is_none_or(|c| dropped < *c) {
+                self.ceiling = Some(dropped);
+            }
         }
     }
 
-    fn rows(self) -> Vec<Waitpoint> {
-        self.rows.into_values().collect()
+    fn finish(self) -> WaitpointPage {
+        WaitpointPage {
+            more: self.ceiling.is_some(),
+            waitpoints: self.rows.into_values().map(|(w, _)| w).collect(),
+        }
     }
 }
 
@@ -229,37 +252,42 @@ impl NatsStore {
         Ok(out)
     }
 
-    /// Every waitpoint of the stream, read page by page: the trees', then the archive's that
-    /// the trees do not hold.
-    async fn each_waitpoint(&self, mut each: impl FnMut(&Waitpoint)) -> StoreResult<()> {
+    /// Every waitpoint under `tree` (a filter of thread trees' waitpoint subjects), then
+    /// those under `archive` (the archive's, of the same threads) that the trees do not hold,
+    /// read a page of records at a time (`each_record`): `each` sees each one once, and a
+    /// damaged record is left out (a read by id reports it).
+    async fn each_waitpoint_under(
+        &self,
+        tree: &str,
+        archive: &str,
+        mut each: impl FnMut(Waitpoint),
+    ) -> StoreResult<()> {
         let prefix = self.prefix().to_owned();
         let mut in_tree: HashSet<String> = HashSet::new();
-        self.scan(Some(&Key::all_waitpoints(&prefix)), |batch| {
-            for got in &batch.messages {
-                let Some(key) = Key::parse(&prefix, &got.subject) else {
-                    continue;
-                };
-                if let Key::Waitpoint(_, id) = &key {
-                    in_tree.insert(id.clone());
-                }
-                if let Ok(w) = decode_waitpoint_of(&key, &got.payload) {
-                    each(&w);
-                }
+        self.each_record(tree, |subject, payload| {
+            let Some(key) = Key::parse(&prefix, subject) else {
+                return Ok(());
+            };
+            if let Key::Waitpoint(_, id) = &key {
+                in_tree.insert(id.clone());
             }
+            if let Ok(w) = decode_waitpoint_of(&key, payload) {
+                each(w);
+            }
+            Ok(())
         })
         .await?;
-        self.scan(Some(&Key::all_archived_waitpoints(&prefix)), |batch| {
-            for got in &batch.messages {
-                let Some(key) = Key::parse(&prefix, &got.subject) else {
-                    continue;
-                };
-                if matches!(&key, Key::ArchivedWaitpoint(_, id) if in_tree.contains(id)) {
-                    continue;
-                }
-                if let Ok(w) = decode_waitpoint_of(&key, &got.payload) {
-                    each(&w);
-                }
+        self.each_record(archive, |subject, payload| {
+            let Some(key) = Key::parse(&prefix, subject) else {
+                return Ok(());
+            };
+            if matches!(&key, Key::ArchivedWaitpoint(_, id) if in_tree.contains(id)) {
+                return Ok(());
             }
+            if let Ok(w) = decode_waitpoint_of(&key, payload) {
+                each(w);
+            }
+            Ok(())
         })
         .await
     }
@@ -496,26 +524,66 @@ impl Waitpoints for NatsStore {
         Ok(out)
     }
 
-    async fn list_waitpoints(&self, filter: &WaitpointFilter) -> StoreResult<Vec<Waitpoint>> {
-        let mut page = Page::new(filter);
+    async fn read_waitpoints(
+        &self,
+        filter: &WaitpointFilter,
+        max_bytes: usize,
+        results: bool,
+    ) -> StoreResult<WaitpointPage> {
+        let prefix = self.prefix().to_owned();
+        let mut page = Page::new(filter, max_bytes, results);
+        let mut thread = filter.thread.clone();
         if let Some(dispatch) = &filter.dispatch {
-            for w in self.waitpoints_of(dispatch).await? {
-                page.offer(&w);
+            let mut found = None;
+            if self.follows() {
+                self.barrier().await?;
+                let view = self.view()?;
+                if let Some(s) = view.dispatch(dispatch)? {
+                    let d = &s.dispatch;
+                    let held = view.waitpoints_of(&d.thread, &d.id);
+                    // A live dispatch's waitpoints are all in the view; without results, whole.
+                    if held.iter().all(|h| h.whole) {
+                        for h in held {
+                            page.offer(h.waitpoint.clone());
+                        }
+                        return Ok(page.finish());
+                    }
+                    found = Some(d.thread.clone());
+                }
             }
-        } else if let Some(thread) = &filter.thread {
-            for w in self.thread_waitpoints(thread).await? {
-                page.offer(&w);
+            let of_dispatch = match found {
+                Some(t) => Some(t),
+                None => self.dispatch_thread(dispatch).await?,
+            };
+            match (&thread, of_dispatch) {
+                (_, None) => return Ok(page.finish()),
+                // Another thread's dispatch: the filter admits none.
+                (Some(t), Some(of)) if *t != of => return Ok(page.finish()),
+                (_, Some(of)) => thread = Some(of),
             }
+        }
+        if let Some(thread) = &thread {
+            self.each_waitpoint_under(
+                &Key::waitpoints_of(&prefix, thread),
+                &Key::archived_waitpoints_of(&prefix, thread),
+                |w| page.offer(w),
+            )
+            .await?;
         } else if self.follows() && filter.state == Some(WaitpointState::Pending) {
             // A host's view holds every pending waitpoint, whole.
             self.barrier().await?;
             self.view()?
                 .pending_waitpoints()
-                .for_each(|w| page.offer(w));
+                .for_each(|w| page.offer(w.clone()));
         } else {
-            self.each_waitpoint(|w| page.offer(w)).await?;
+            self.each_waitpoint_under(
+                &Key::all_waitpoints(&prefix),
+                &Key::all_archived_waitpoints(&prefix),
+                |w| page.offer(w),
+            )
+            .await?;
         }
-        Ok(page.rows())
+        Ok(page.finish())
     }
 
     fn max_result(&self) -> u64 {

@@ -17,26 +17,45 @@ use super::{
     Acting, ActionForm, Dashboard, PageError, PageState, Params, action_form, name, not_found,
     params, respond, see_other,
 };
-use crate::store::{Dispatch, JournalData, Status, Waitpoint, WaitpointState};
+use crate::api::journal::{PAGE_SHARE, reserve};
+use crate::store::journal::{JournalAsk, JournalPage};
+use crate::store::waitpoints::MAX_WAITPOINTS;
+use crate::store::{Dispatch, Status, Waitpoint, WaitpointFilter, WaitpointState};
 use crate::work;
 use crate::work::journal::{self as journal_view, EntryView};
 
 /// The most journal entries the page lists; the API and the CLI list them all.
 const MAX_JOURNAL_ROWS: usize = 500;
 
+/// The most bytes of journal entries (their answers: no bodies) and of steps the page reads;
+/// past them, the API and the CLI list the rest.
+const MAX_JOURNAL_LISTED: usize = 1 << 20;
+
 /// The most bytes of pretty-printed bodies one page carries; later bodies are left to the API.
 const MAX_JOURNAL_BODIES: usize = 1 << 20;
+
+/// The most bytes of bodies the page reads to pretty-print them (one entry at a time, each at
+/// most [`journal_view::PRETTY_MAX`]), JSON or not.
+const MAX_BODIES_READ: usize = 2 * MAX_JOURNAL_BODIES;
+
+/// The most bytes of waitpoints (their metadata: no results) the page reads.
+const MAX_WAITPOINTS_LISTED: usize = 1 << 20;
 
 /// What the page of a dispatch shows.
 struct DispatchPage {
     r: Dispatch,
-    /// Its waitpoints, oldest first.
+    /// Its waitpoints, oldest first, without their results.
     waitpoints: Vec<Waitpoint>,
+    /// Whether it has more waitpoints than the page read.
+    more_waitpoints: bool,
     now: u64,
     /// What happened when, oldest first.
     timeline: Vec<(u64, String)>,
-    /// What its runs recorded: call entries by position, steps by key.
-    journal: JournalData,
+    /// What its runs recorded: the first call entries by position and steps by key, without
+    /// bodies or values.
+    journal: JournalPage,
+    /// The small JSON bodies of the listed entries, pretty-printed, by position.
+    pretty: std::collections::BTreeMap<u32, String>,
 }
 
 /// `GET /dispatches/{id}/stream`: the dispatch's stream (as the API's
@@ -111,14 +130,75 @@ async fn read(d: &Dashboard, id: &str) -> Result<DispatchPage, PageError> {
     }
     timeline.push((r.updated_at, "last changed".into()));
     timeline.sort_by_key(|(t, _)| *t);
-    let waitpoints = d.api.store.waitpoints.waitpoints_of(id).await?;
-    let journal = d.api.store.journal.load_journal(id).await?;
+    // A page of each, without results, bodies or values: a share of the host's read budget.
+    let _share = reserve(PAGE_SHARE).await.map_err(|_| {
+        PageError::Status(
+            StatusCode::SERVICE_UNAVAILABLE,
+            "The host is shutting down.".into(),
+        )
+    })?;
+    let waitpoints = d
+        .api
+        .store
+        .waitpoints
+        .read_waitpoints(
+            &WaitpointFilter {
+                dispatch: Some(id.to_owned()),
+                limit: MAX_WAITPOINTS as usize,
+                ..WaitpointFilter::default()
+            },
+            MAX_WAITPOINTS_LISTED,
+            false,
+        )
+        .await?;
+    let journal = d
+        .api
+        .store
+        .journal
+        .journal_page(
+            id,
+            &JournalAsk {
+                after: None,
+                limit: MAX_JOURNAL_ROWS,
+                max_bytes: MAX_JOURNAL_LISTED,
+                max_step_bytes: MAX_JOURNAL_LISTED / 4,
+            },
+        )
+        .await?;
+    // The JSON bodies shown pretty-printed, read one at a time while they fit in the page's
+    // share.
+    let mut pretty = std::collections::BTreeMap::new();
+    let mut room = MAX_JOURNAL_BODIES;
+    let mut reads = MAX_BODIES_READ;
+    for call in &journal.calls {
+        let Some(size) = call.body_size.and_then(|s| usize::try_from(s).ok()) else {
+            continue;
+        };
+        if size > journal_view::PRETTY_MAX || size > room {
+            continue;
+        }
+        let Some(left) = reads.checked_sub(size) else {
+            break;
+        };
+        reads = left;
+        let Some(entry) = d.api.store.journal.call_entry(id, call.entry.pos).await? else {
+            continue;
+        };
+        if let Some(text) = entry.body.as_deref().and_then(journal_view::pretty_json)
+            && let Some(left) = room.checked_sub(text.len())
+        {
+            room = left;
+            pretty.insert(call.entry.pos, text);
+        }
+    }
     Ok(DispatchPage {
         r,
-        waitpoints,
+        waitpoints: waitpoints.waitpoints,
+        more_waitpoints: waitpoints.more,
         now,
         timeline,
         journal,
+        pretty,
     })
 }
 
@@ -126,9 +206,11 @@ fn render(page: &DispatchPage, p: &Params, session: &Session) -> Markup {
     let DispatchPage {
         r,
         waitpoints,
+        more_waitpoints,
         now,
         timeline,
         journal,
+        pretty,
     } = page;
     let now = *now;
     let href = dispatch_href(&r.id);
@@ -220,6 +302,9 @@ fn render(page: &DispatchPage, p: &Params, session: &Session) -> Markup {
                         }
                     }
                 }
+                @if *more_waitpoints {
+                    p.muted { "The first " (waitpoints.len()) " waitpoints; the API lists them all." }
+                }
                 @if waitpoints.iter().any(Waitpoint::is_pending) {
                     p { a href="/waiting" { "Pending waitpoints are decided on the Waiting page." } }
                 }
@@ -240,7 +325,7 @@ fn render(page: &DispatchPage, p: &Params, session: &Session) -> Markup {
             p #output-state.muted { "What the run streams shows here as it comes." }
             pre #output-text {}
         }
-        (journal_section(journal, now))
+        (journal_section(journal, pretty, now))
         h2 { "Payload" }
         (bytes(&r.payload, "payload"))
         h2 { "Metadata" }
@@ -258,29 +343,21 @@ fn render(page: &DispatchPage, p: &Params, session: &Session) -> Markup {
     }
 }
 
-/// The journal: a table of the call entries (an http entry's JSON body pretty-printed in a
-/// `<details>` when it is small), then the steps by key. Nothing when the journal is empty.
-fn journal_section(journal: &JournalData, now: u64) -> Markup {
-    if journal.is_empty() {
+/// The journal: a table of the first call entries (an http entry's JSON body pretty-printed in
+/// a `<details>` when it is small), then the steps by key. Nothing when the journal is empty.
+fn journal_section(
+    journal: &JournalPage,
+    pretty: &std::collections::BTreeMap<u32, String>,
+    now: u64,
+) -> Markup {
+    if journal.call_count == 0 && journal.step_count == 0 {
         return html! {};
     }
-    // The JSON bodies shown pretty-printed, while they fit in the page's share.
-    let mut room = MAX_JOURNAL_BODIES;
-    let pretty: Vec<Option<String>> = journal
-        .calls
-        .iter()
-        .take(MAX_JOURNAL_ROWS)
-        .map(|call| {
-            let text = journal_view::pretty_json(call.body.as_deref()?)?;
-            room = room.checked_sub(text.len())?;
-            Some(text)
-        })
-        .collect();
     html! {
         h2 { "Journal" }
         p.muted {
-            (journal.calls.len()) " call entries, " (journal.steps.len()) " steps, "
-            (journal.bytes()) " bytes. A retry or a resume is answered from these instead of asking again."
+            (journal.call_count) " call entries, " (journal.step_count) " steps, "
+            (journal.bytes) " bytes. A retry or a resume is answered from these instead of asking again."
         }
         @if !journal.calls.is_empty() {
             div.scroll {
@@ -291,8 +368,8 @@ fn journal_section(journal: &JournalData, now: u64) -> Markup {
                         th scope="col" { "Duration" } th scope="col" { "Size" } th scope="col" { "Recorded" }
                     } }
                     tbody {
-                        @for (call, pretty) in journal.calls.iter().zip(&pretty) {
-                            @let v = EntryView::of(call);
+                        @for call in &journal.calls {
+                            @let v = EntryView::of_summary(call);
                             tr data-pos=(v.pos) {
                                 td { (v.pos) }
                                 td { (v.kind) }
@@ -305,14 +382,14 @@ fn journal_section(journal: &JournalData, now: u64) -> Markup {
                                     } @else {
                                         (v.describe())
                                     }
-                                    @if let Some(body) = call.body.as_deref() {
-                                        @if let Some(pretty) = pretty {
+                                    @if let Some(size) = v.body_size {
+                                        @if let Some(pretty) = pretty.get(&v.pos) {
                                             details {
-                                                summary { "body (" (body.len()) " bytes)" }
+                                                summary { "body (" (size) " bytes)" }
                                                 pre { (pretty) }
                                             }
                                         } @else {
-                                            br; span.muted { "body: " (body.len()) " bytes (see the API)" }
+                                            br; span.muted { "body: " (size) " bytes (see the API)" }
                                         }
                                     }
                                 }
@@ -324,9 +401,9 @@ fn journal_section(journal: &JournalData, now: u64) -> Markup {
                     }
                 }
             }
-            @if journal.calls.len() > MAX_JOURNAL_ROWS {
+            @if journal.more {
                 p.muted {
-                    "The first " (MAX_JOURNAL_ROWS) " entries; "
+                    "The first " (journal.calls.len()) " entries; "
                     span.mono { "homing dispatch show ID --journal" } " and the API list them all."
                 }
             }
@@ -340,7 +417,7 @@ fn journal_section(journal: &JournalData, now: u64) -> Markup {
                         th scope="col" { "Size" } th scope="col" { "Recorded" }
                     } }
                     tbody {
-                        @for s in journal.steps.iter().take(MAX_JOURNAL_ROWS) {
+                        @for s in &journal.steps {
                             tr {
                                 td.mono { (s.key) }
                                 td { (s.claim) }
@@ -350,6 +427,12 @@ fn journal_section(journal: &JournalData, now: u64) -> Markup {
                             }
                         }
                     }
+                }
+            }
+            @if journal.more_steps {
+                p.muted {
+                    "The first " (journal.steps.len()) " steps; "
+                    span.mono { "homing dispatch show ID --journal" } " lists them all."
                 }
             }
         }
