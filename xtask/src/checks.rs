@@ -227,16 +227,247 @@ fn upward_uses(src: &Path) -> Result<Vec<String>> {
 /// `cargo xtask house`: fails on any use of a higher layer, and on a use of a lower one past
 /// what [`NARROW`] allows.
 pub fn house() -> Result<()> {
-    let up = upward_uses(&root().join("host").join("src"))?;
-    if up.is_empty() {
+    let src = root().join("host").join("src");
+    let up = upward_uses(&src)?;
+    let store = store_rules(&src.join("store"))?;
+    if up.is_empty() && store.is_empty() {
         return Ok(());
     }
     let order: Vec<&str> = LAYERS.iter().map(|(name, _)| *name).collect();
-    Err(format!(
-        "the layers must run one way ({}), but:\n  {}",
-        order.join(" < "),
-        up.join("\n  ")
-    ))
+    let mut problems = Vec::new();
+    if !up.is_empty() {
+        problems.push(format!(
+            "the layers must run one way ({}), but:\n  {}",
+            order.join(" < "),
+            up.join("\n  ")
+        ));
+    }
+    if !store.is_empty() {
+        problems.push(format!(
+            "the store's files must run one way (its rules name only the model and the errors, \
+             neither backend names the other, no file circles), but:\n  {}",
+            store.join("\n  ")
+        ));
+    }
+    Err(problems.join("\n"))
+}
+
+/// What the store's rules (`store/rules`) may name of the store: the records and the errors
+/// (the store root's `StoreError`, `StoreResult` and `REASON_*` texts are the errors').
+fn rules_may_name(first: &str) -> bool {
+    matches!(
+        first,
+        "model" | "error" | "rules" | "StoreError" | "StoreResult"
+    ) || first.starts_with("REASON_")
+}
+
+/// A store file's module path below the store (`nats/view.rs` is `["nats", "view"]`,
+/// `nats/mod.rs` is `["nats"]`).
+fn module_of(store: &Path, file: &Path) -> Vec<String> {
+    let rel = file.strip_prefix(store).unwrap_or(file).with_extension("");
+    let mut parts: Vec<String> = rel
+        .components()
+        .map(|c| c.as_os_str().to_string_lossy().into_owned())
+        .collect();
+    if parts.last().is_some_and(|p| p == "mod") {
+        parts.pop();
+    }
+    parts
+}
+
+/// The paths a line names relative to the store: `crate::store::a::b` and `super::a` (from
+/// the module `at`), one per item of a `{...}` group; each as its segments.
+fn store_paths(line: &str, at: &[String]) -> Vec<Vec<String>> {
+    let mut out = Vec::new();
+    let segments = |base: Vec<String>, rest: &str| -> Vec<Vec<String>> {
+        let items: Vec<&str> = match rest.strip_prefix('{') {
+            Some(group) => group_items(group)
+                .into_iter()
+                .map(str::trim_start)
+                .collect(),
+            None => vec![rest],
+        };
+        items
+            .into_iter()
+            .map(|item| {
+                let mut path = base.clone();
+                path.extend(
+                    item.split("::")
+                        .map(ident)
+                        .take_while(|s| !s.is_empty())
+                        .filter(|s| s != "self"),
+                );
+                path
+            })
+            .collect()
+    };
+    for path in crate_paths(line) {
+        if let Some(rest) = path.strip_prefix("store::") {
+            out.extend(segments(Vec::new(), rest));
+        }
+    }
+    let mut rest = line;
+    while let Some(found) = rest.find("super::") {
+        let before = rest[..found].chars().next_back();
+        rest = &rest[found..];
+        if before.is_some_and(|c| c.is_alphanumeric() || c == '_' || c == ':') {
+            rest = &rest["super::".len()..];
+            continue;
+        }
+        // `super::super::x` climbs once per `super`; a file's `super` is its parent module.
+        let mut base: Vec<String> = at.to_vec();
+        base.pop();
+        while let Some(next) = rest.strip_prefix("super::") {
+            rest = next;
+            if rest.starts_with("super::") {
+                base.pop();
+            }
+        }
+        out.extend(segments(base, rest));
+    }
+    out
+}
+
+/// The inner rules of the store (`cargo xtask house`): `store/rules` names only the model and
+/// the errors; `store/embedded` and `store/nats` never name each other; and no circle of files
+/// names each other (a file naming an item of a module above it, its parent's shared types,
+/// is not counted). Tests (after a line starting `#[cfg(test)]`) and comments are not read.
+fn store_rules(store: &Path) -> Result<Vec<String>> {
+    let mut files = Vec::new();
+    rust_files(store, &mut files);
+    let modules: BTreeMap<Vec<String>, PathBuf> = files
+        .iter()
+        .map(|f| (module_of(store, f), f.clone()))
+        .collect();
+    let mut found = Vec::new();
+    let mut edges: BTreeMap<Vec<String>, BTreeSet<Vec<String>>> = BTreeMap::new();
+    for (at, file) in &modules {
+        let text = std::fs::read_to_string(file).map_err(|e| format!("{}: {e}", file.display()))?;
+        let shown = file
+            .strip_prefix(root())
+            .unwrap_or(file)
+            .display()
+            .to_string();
+        for (n, line) in text.lines().enumerate() {
+            let code = line.trim_start();
+            if code.starts_with("#[cfg(test)]") {
+                break;
+            }
+            if code.starts_with("//") {
+                continue;
+            }
+            for path in store_paths(line, at) {
+                let Some(first) = path.first() else { continue };
+                let top = at.first().map(String::as_str);
+                if top == Some("rules") && !rules_may_name(first) {
+                    found.push(format!(
+                        "{shown}:{}: the rules name `store::{}`; they may name only the model and the errors",
+                        n + 1,
+                        path.join("::")
+                    ));
+                }
+                for (from, of) in [("embedded", "nats"), ("nats", "embedded")] {
+                    if top == Some(from) && first == of {
+                        found.push(format!(
+                            "{shown}:{}: the {from} backend names `store::{}`",
+                            n + 1,
+                            path.join("::")
+                        ));
+                    }
+                }
+                // The deepest module the path names.
+                let mut target = Vec::new();
+                for segment in &path {
+                    target.push(segment.clone());
+                    if !modules.contains_key(&target) {
+                        target.pop();
+                        break;
+                    }
+                }
+                if !target.is_empty() && !at.starts_with(&target) {
+                    edges.entry(at.clone()).or_default().insert(target);
+                }
+            }
+        }
+    }
+    for circle in circles(&edges) {
+        let names: Vec<String> = circle
+            .iter()
+            .map(|m| {
+                modules.get(m).map_or(m.join("/"), |f| {
+                    f.strip_prefix(root()).unwrap_or(f).display().to_string()
+                })
+            })
+            .collect();
+        found.push(format!(
+            "these files name each other in a circle: {}",
+            names.join(", ")
+        ));
+    }
+    Ok(found)
+}
+
+/// The strongly connected components of more than one node (Tarjan's algorithm).
+fn circles(edges: &BTreeMap<Vec<String>, BTreeSet<Vec<String>>>) -> Vec<Vec<Vec<String>>> {
+    struct Walk<'a> {
+        edges: &'a BTreeMap<Vec<String>, BTreeSet<Vec<String>>>,
+        index: BTreeMap<&'a [String], (usize, usize)>,
+        stack: Vec<&'a [String]>,
+        on_stack: BTreeSet<&'a [String]>,
+        out: Vec<Vec<Vec<String>>>,
+    }
+    impl<'a> Walk<'a> {
+        fn visit(&mut self, v: &'a [String]) {
+            let n = self.index.len();
+            self.index.insert(v, (n, n));
+            self.stack.push(v);
+            self.on_stack.insert(v);
+            let edges = self.edges;
+            for w in edges.get(v).into_iter().flatten() {
+                let w = w.as_slice();
+                if !self.index.contains_key(w) {
+                    self.visit(w);
+                    let low = self.index[w].1;
+                    if let Some(e) = self.index.get_mut(v) {
+                        e.1 = e.1.min(low);
+                    }
+                } else if self.on_stack.contains(w) {
+                    let idx = self.index[w].0;
+                    if let Some(e) = self.index.get_mut(v) {
+                        e.1 = e.1.min(idx);
+                    }
+                }
+            }
+            let (idx, low) = self.index[v];
+            if idx == low {
+                let mut component = Vec::new();
+                while let Some(w) = self.stack.pop() {
+                    self.on_stack.remove(w);
+                    component.push(w.to_vec());
+                    if w == v {
+                        break;
+                    }
+                }
+                if component.len() > 1 {
+                    component.sort();
+                    self.out.push(component);
+                }
+            }
+        }
+    }
+    let mut walk = Walk {
+        edges,
+        index: BTreeMap::new(),
+        stack: Vec::new(),
+        on_stack: BTreeSet::new(),
+        out: Vec::new(),
+    };
+    for v in edges.keys() {
+        if !walk.index.contains_key(v.as_slice()) {
+            walk.visit(v);
+        }
+    }
+    walk.out
 }
 
 /// `package version -> features` as `cargo tree` resolves them for the host, with or without its
@@ -365,6 +596,58 @@ mod tests {
         assert_eq!(named_items("use crate::api::*;", "api"), vec![None]);
         assert_eq!(named_items("/// see crate::api.", "api"), vec![None]);
         assert!(named_items("use crate::apis::X; use crate::bench;", "api").is_empty());
+    }
+
+    #[test]
+    fn the_store_rules_find_a_circle_a_rule_that_names_a_feature_and_a_backend_naming_the_other() {
+        let dir = std::env::temp_dir().join(format!("xtask-store-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        for d in ["rules", "embedded", "nats"] {
+            std::fs::create_dir_all(dir.join(d)).unwrap_or_default();
+        }
+        let write = |f: &str, text: &str| std::fs::write(dir.join(f), text).unwrap_or_default();
+        write("mod.rs", "pub struct StoreError;\n");
+        write("model.rs", "");
+        write("inbox.rs", "use super::model::X;\n");
+        write(
+            "rules/mod.rs",
+            "use crate::store::model::Dispatch;\nuse crate::store::StoreError;\n",
+        );
+        write("embedded/mod.rs", "use super::inbox::Y;\n");
+        write(
+            "embedded/a.rs",
+            "use super::b::B;\nuse super::EmbeddedStore;\n",
+        );
+        write("embedded/b.rs", "use super::rows::db;\n");
+        write("embedded/rows.rs", "");
+        write("nats/mod.rs", "");
+        assert_eq!(store_rules(&dir), Ok(vec![]));
+        write(
+            "embedded/rows.rs",
+            "use super::{a::A, c};\n#[cfg(test)]\nuse super::b::B;\n",
+        );
+        let found = store_rules(&dir).unwrap_or_default();
+        assert_eq!(found.len(), 1, "{found:?}");
+        assert!(
+            found[0].contains("embedded/a.rs")
+                && found[0].contains("embedded/b.rs")
+                && found[0].contains("embedded/rows.rs"),
+            "{found:?}"
+        );
+        write("embedded/rows.rs", "");
+        write("rules/mod.rs", "use crate::store::inbox::follow;\n");
+        write(
+            "nats/mod.rs",
+            "// crate::store::embedded in a comment\nuse crate::store::embedded::Y;\n",
+        );
+        let found = store_rules(&dir).unwrap_or_default();
+        assert_eq!(found.len(), 2, "{found:?}");
+        assert!(found[0].contains("nats/mod.rs:2"), "{found:?}");
+        assert!(
+            found[1].contains("rules/mod.rs:1") && found[1].contains("inbox"),
+            "{found:?}"
+        );
+        let _ = std::fs::remove_dir_all(&dir);
     }
 
     #[test]

@@ -39,7 +39,9 @@ fn main() -> ExitCode {
     let result = match args.first().map(String::as_str) {
         Some("demo") => demo(),
         Some("test") => test(&args[1..]),
-        Some("house") => house().map(|()| println!("house: the layers run one way")),
+        Some("house") => house().map(|()| {
+            println!("house: the layers run one way; the store's rules, backends and files too")
+        }),
         Some("features") => {
             same_features().map(|()| println!("features: one feature set for build and test"))
         }

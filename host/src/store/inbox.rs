@@ -22,6 +22,9 @@ use serde::{Deserialize, Serialize};
 use tokio::sync::watch;
 
 use super::model::{Fence, bytes_as_text, check_metadata, check_name};
+/// A message's kind and the note its log entry carries are the log's records as much as the
+/// inbox's: they live with the records (`model`).
+pub use super::model::{MessageKind, MessageNote};
 use super::{StoreError, StoreResult};
 
 /// The most messages a thread may have pending when the host names no limit (a setting's
@@ -37,48 +40,6 @@ pub const MAX_MESSAGE_METADATA: usize = 16 * 1024;
 
 /// The page size of [`Inbox::messages`] when the caller gives 0.
 pub const DEFAULT_MESSAGE_PAGE: usize = 100;
-
-/// What a message asks of its thread (section 9.3 of the contract).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
-#[serde(rename_all = "snake_case")]
-pub enum MessageKind {
-    /// For the run that is live now; waits for the thread's next run when none is.
-    Steer,
-    /// Asks for a next turn: starts a follow-up dispatch at once when the thread is idle.
-    FollowUp,
-}
-
-impl MessageKind {
-    /// The stable name used in storage, the CLI and JSON.
-    pub fn as_str(self) -> &'static str {
-        match self {
-            MessageKind::Steer => "steer",
-            MessageKind::FollowUp => "follow_up",
-        }
-    }
-}
-
-impl fmt::Display for MessageKind {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(self.as_str())
-    }
-}
-
-impl FromStr for MessageKind {
-    type Err = String;
-
-    /// `steer`, `follow_up` or `follow-up`.
-    fn from_str(s: &str) -> Result<MessageKind, String> {
-        match s {
-            "steer" => Ok(MessageKind::Steer),
-            "follow_up" | "follow-up" => Ok(MessageKind::FollowUp),
-            other => Err(format!(
-                "unknown message kind `{}` (expected steer or follow-up)",
-                other.escape_debug()
-            )),
-        }
-    }
-}
 
 /// Where a message is in its life. It leaves `pending` once.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
@@ -231,22 +192,6 @@ impl Message {
             sent_by: self.sent_by.clone(),
         }
     }
-}
-
-/// What a log entry that records an acknowledged message says of it (its payload is the
-/// entry's data).
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-pub struct MessageNote {
-    /// The message's inbox sequence.
-    pub seq: u64,
-    /// Its kind.
-    pub kind: MessageKind,
-    /// The sender's metadata.
-    pub metadata: BTreeMap<String, String>,
-    /// When it was sent.
-    pub sent_at: u64,
-    /// Who sent it.
-    pub sent_by: String,
 }
 
 /// A thread's inbox watermarks: all start at 0 and survive restarts; `latest` and `followed`

@@ -203,10 +203,10 @@ pub struct Dispatch {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub concurrency_key: Option<String>,
     /// The version of its plugin each claim ran, oldest first (at most
-    /// [`MAX_VERSION_RUNS`](super::versions::MAX_VERSION_RUNS)); the last is the version its run
+    /// [`MAX_VERSION_RUNS`]); the last is the version its run
     /// is pinned to. Serialized only when set.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
-    pub versions: Vec<super::versions::VersionRun>,
+    pub versions: Vec<VersionRun>,
     /// The thread's epoch when this dispatch was enqueued (stamped by the store).
     pub epoch: u64,
     /// Lifecycle state.
@@ -773,7 +773,7 @@ pub struct LogEntry {
     pub appended_at: u64,
     /// Set when the entry records an acknowledged inbox message (its payload is `data`).
     #[serde(default, rename = "message", skip_serializing_if = "Option::is_none")]
-    pub note: Option<super::inbox::MessageNote>,
+    pub note: Option<MessageNote>,
 }
 
 /// The watermarks of a thread log (the contract, docs/contract.md, section 4): `reserved >= latest >= trimmed`.
@@ -839,6 +839,80 @@ pub(crate) mod bytes_as_text {
 /// Whether a counter is zero (counters are left out of serialized records while they are).
 fn is_zero(n: &u32) -> bool {
     *n == 0
+}
+
+/// How many version entries a dispatch keeps: the oldest go first. A run moved from version to
+/// version more often than this still has its pin (the last entry).
+pub const MAX_VERSION_RUNS: usize = 16;
+
+/// The version of its plugin one claim of a dispatch ran.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct VersionRun {
+    /// The claim that ran it (the dispatch's `claims` once it was taken).
+    pub claim: u32,
+    /// The component's content hash, short form.
+    pub version: String,
+    /// The plugin's `version` label at the time, when it had one.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub label: Option<String>,
+}
+
+/// What a message asks of its thread (section 9.3 of the contract).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum MessageKind {
+    /// For the run that is live now; waits for the thread's next run when none is.
+    Steer,
+    /// Asks for a next turn: starts a follow-up dispatch at once when the thread is idle.
+    FollowUp,
+}
+
+impl MessageKind {
+    /// The stable name used in storage, the CLI and JSON.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            MessageKind::Steer => "steer",
+            MessageKind::FollowUp => "follow_up",
+        }
+    }
+}
+
+impl fmt::Display for MessageKind {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+impl FromStr for MessageKind {
+    type Err = String;
+
+    /// `steer`, `follow_up` or `follow-up`.
+    fn from_str(s: &str) -> Result<MessageKind, String> {
+        match s {
+            "steer" => Ok(MessageKind::Steer),
+            "follow_up" | "follow-up" => Ok(MessageKind::FollowUp),
+            other => Err(format!(
+                "unknown message kind `{}` (expected steer or follow-up)",
+                other.escape_debug()
+            )),
+        }
+    }
+}
+
+/// What a log entry that records an acknowledged message says of it (its payload is the
+/// entry's data).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct MessageNote {
+    /// The message's inbox sequence.
+    pub seq: u64,
+    /// Its kind.
+    pub kind: MessageKind,
+    /// The sender's metadata.
+    pub metadata: BTreeMap<String, String>,
+    /// When it was sent.
+    pub sent_at: u64,
+    /// Who sent it.
+    pub sent_by: String,
 }
 
 #[cfg(test)]

@@ -8,25 +8,9 @@
 //! that dispatch has been available for the offer's `foreign_after_ms` (then the claimer's
 //! newest takes it, and the pin moves). The rules are pure functions shared by both backends.
 
-use serde::{Deserialize, Serialize};
-
 use super::model::Dispatch;
-
-/// How many version entries a dispatch keeps: the oldest go first. A run moved from version to
-/// version more often than this still has its pin (the last entry).
-pub const MAX_VERSION_RUNS: usize = 16;
-
-/// The version of its plugin one claim of a dispatch ran.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-pub struct VersionRun {
-    /// The claim that ran it (the dispatch's `claims` once it was taken).
-    pub claim: u32,
-    /// The component's content hash, short form.
-    pub version: String,
-    /// The plugin's `version` label at the time, when it had one.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub label: Option<String>,
-}
+/// What a dispatch records of the versions it ran lives with the record (`model`).
+pub use super::model::{MAX_VERSION_RUNS, VersionRun};
 
 /// One version a claimer can run.
 #[derive(Debug, Clone, PartialEq, Eq)]

@@ -39,10 +39,9 @@ pub const DEFAULT_WAITPOINT_PAGE: usize = 100;
 
 /// `settled_by` of a timeout.
 pub const BY_TIMEOUT: &str = "timeout";
-/// `settled_by` of an interrupt of the waitpoint's thread.
-pub const BY_INTERRUPT: &str = "interrupt";
-/// `settled_by` of a waitpoint cancelled because its dispatch reached a terminal status.
-pub const BY_DISPATCH_ENDED: &str = "dispatch-ended";
+/// `settled_by` of an interrupt of the waitpoint's thread, and of a waitpoint cancelled because
+/// its dispatch reached a terminal status (decided by `rules::effects`).
+pub use crate::store::rules::{BY_DISPATCH_ENDED, BY_INTERRUPT};
 
 /// Where a waitpoint is in its life. It leaves `pending` once and never changes again.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]

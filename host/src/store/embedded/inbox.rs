@@ -19,15 +19,16 @@ use std::time::Duration;
 use async_trait::async_trait;
 use rusqlite::{Connection, OptionalExtension, Row, params};
 
-use super::lanes::{insert_queued, thread_row};
+use super::effects::{answer_inbox, has_live_work, save_inbox};
+use super::lanes::thread_row;
 use super::log::{check_fence, marks, push_entry};
 use super::rows::db;
 use super::{EmbeddedStore, Inner, MAX_VALUE};
 use crate::store::inbox::{
     DEFAULT_MESSAGE_PAGE, Inbox, InboxMarks, Message, MessageFilter, MessageKind, MessageState,
-    NOTE_ROOM, NewMessage, Sent, ThreadWatch, follow_up_dispatch, follow_up_targets,
+    NOTE_ROOM, NewMessage, Sent, ThreadWatch,
 };
-use crate::store::rules::clamp;
+use crate::store::rules::{ByteBudget, clamp};
 use crate::store::{Fence, StoreError, StoreResult};
 
 /// How often the poller looks for other processes' writes while a watch is open.
@@ -84,84 +85,6 @@ fn load_message(tx: &Connection, thread: &str, seq: u64) -> StoreResult<Option<M
         Some(row) => decode(row).map(Some),
         None => Ok(None),
     }
-}
-
-fn save_inbox(tx: &Connection, thread: &str, marks: InboxMarks) -> StoreResult<()> {
-    tx.prepare_cached(
-        "UPDATE threads SET inbox_latest = ?2, inbox_pending = ?3, inbox_followed = ?4 \
-         WHERE thread = ?1",
-    )
-    .map_err(db)?
-    .execute(params![
-        thread,
-        clamp(marks.latest),
-        clamp(marks.pending),
-        clamp(marks.followed)
-    ])
-    .map_err(db)?;
-    Ok(())
-}
-
-/// Whether the thread has a dispatch in a live status (queued, claimed or waiting).
-fn has_live_work(tx: &Connection, thread: &str) -> StoreResult<bool> {
-    Ok(tx
-        .prepare_cached(
-            "SELECT 1 FROM dispatches INDEXED BY dispatches_live \
-             WHERE (status = 'queued' OR status = 'claimed' OR status = 'waiting') AND thread = ?1 LIMIT 1",
-        )
-        .map_err(db)?
-        .query_row(params![thread], |_| Ok(()))
-        .optional()
-        .map_err(db)?
-        .is_some())
-}
-
-/// M4: when `thread` has pending messages no follow-up covers yet and no live work, enqueues
-/// one follow-up dispatch per target (a message's agent, else `default_agent`) and moves
-/// `followed` to `latest`. Returns the ids enqueued. Costs one row read (the thread's, often
-/// already cached by the statement the caller just ran) when nothing is pending.
-pub(super) fn answer_inbox(
-    tx: &Connection,
-    thread: &str,
-    default_agent: Option<&str>,
-    now: u64,
-) -> StoreResult<Vec<String>> {
-    let t = thread_row(tx, thread)?;
-    let mut marks = t.inbox;
-    if marks.pending == 0 || marks.latest <= marks.followed || has_live_work(tx, thread)? {
-        return Ok(Vec::new());
-    }
-    let uncovered: Vec<(u64, Option<String>)> = {
-        let mut stmt = tx
-            .prepare_cached(
-                "SELECT seq, agent FROM messages INDEXED BY messages_pending \
-                 WHERE thread = ?1 AND state = 'pending' AND seq > ?2 ORDER BY seq",
-            )
-            .map_err(db)?;
-        let rows = stmt
-            .query_map(params![thread, clamp(marks.followed)], |row| {
-                Ok((row.get(0)?, row.get(1)?))
-            })
-            .map_err(db)?;
-        rows.collect::<Result<_, _>>().map_err(db)?
-    };
-    let default = default_agent.or(t.last_agent.as_deref());
-    let targets = follow_up_targets(
-        uncovered
-            .iter()
-            .map(|(seq, agent)| (*seq, agent.as_deref())),
-        default,
-    );
-    let mut ids = Vec::with_capacity(targets.len());
-    for (agent, first, last) in targets {
-        let id = uuid::Uuid::now_v7().to_string();
-        let new = follow_up_dispatch(&agent, thread, first, last);
-        insert_queued(tx, &id, &new, now)?;
-        ids.push(id);
-    }
-    marks.followed = marks.latest;
-    save_inbox(tx, thread, marks)?;
-    Ok(ids)
 }
 
 impl EmbeddedStore {
@@ -384,12 +307,12 @@ impl Inbox for EmbeddedStore {
             };
             let mut out = Vec::new();
             // Rows are stepped one at a time: past the budget, the rest are never loaded.
-            let (mut bytes, budget) = (0usize, filter.max_bytes.unwrap_or(usize::MAX));
-            while bytes < budget
+            let mut budget = ByteBudget::new(filter.max_bytes);
+            while budget.open()
                 && let Some(row) = rows.next().map_err(db)?
             {
                 let message = decode(row)?;
-                bytes = bytes.saturating_add(message.payload.len());
+                budget.take(message.payload.len());
                 out.push(message);
             }
             Ok(out)

@@ -10,8 +10,7 @@ use super::rows::{self, db};
 use crate::store::StoreResult;
 use crate::store::inbox::InboxMarks;
 use crate::store::model::{Dispatch, NewDispatch};
-use crate::store::rules::{Reclaim, Settle, clamp, queued_record};
-use crate::store::waitpoints::{BY_DISPATCH_ENDED, BY_INTERRUPT};
+use crate::store::rules::{clamp, queued_record};
 
 /// Per-thread scheduling state.
 #[derive(Debug, Default)]
@@ -212,22 +211,6 @@ pub(super) fn promote_due(tx: &Connection, now: u64) -> StoreResult<()> {
     Ok(())
 }
 
-/// The one way a dispatch is superseded here, whatever decided it (a stale holder write or
-/// fence, a stale claim candidate, a reclaim after an interrupt, the control plane): stores the
-/// superseded `record` (settled by `token` when a holder's claim ended with it), releases the
-/// thread if this dispatch held it, and refreshes the lane from what is still queued.
-pub(super) fn store_superseded(
-    tx: &Connection,
-    record: &Dispatch,
-    token: Option<&str>,
-) -> StoreResult<()> {
-    let settled = token.map(|token| (token, Settle::Supersede.as_str()));
-    rows::store(tx, record, false, settled)?;
-    super::waitpoints::end_waitpoints(tx, &record.id, BY_INTERRUPT, record.updated_at)?;
-    release_thread(tx, &record.thread, &record.id)?;
-    refresh_lane(tx, &record.agent, &record.thread)
-}
-
 /// Stores a freshly claimed record and occupies its thread.
 pub(super) fn store_claimed(tx: &Connection, d: &Dispatch) -> StoreResult<()> {
     rows::store(tx, d, false, None)?;
@@ -252,30 +235,4 @@ pub(super) fn insert_queued(
         refresh_lane(tx, &d.agent, &d.thread)?;
     }
     Ok(d)
-}
-
-/// Applies a reclaim verdict (T13), answering the thread's inbox when that left it idle.
-/// Returns the record when it was requeued or dead-lettered.
-pub(super) fn store_reclaim(
-    tx: &Connection,
-    verdict: Reclaim,
-    now: u64,
-) -> StoreResult<Option<Dispatch>> {
-    match verdict {
-        Reclaim::Live => Ok(None),
-        Reclaim::Superseded(d) => {
-            store_superseded(tx, &d, None)?;
-            Ok(None)
-        }
-        Reclaim::Requeued(d) | Reclaim::DeadLettered(d) => {
-            rows::store(tx, &d, d.status == crate::store::Status::Queued, None)?;
-            if d.status.is_terminal() {
-                super::waitpoints::end_waitpoints(tx, &d.id, BY_DISPATCH_ENDED, now)?;
-            }
-            release_thread(tx, &d.thread, &d.id)?;
-            refresh_lane(tx, &d.agent, &d.thread)?;
-            super::inbox::answer_inbox(tx, &d.thread, Some(&d.agent), now)?;
-            Ok(Some(d))
-        }
-    }
 }

@@ -20,7 +20,7 @@ use std::collections::{HashMap, HashSet};
 use async_trait::async_trait;
 use rusqlite::{Connection, OptionalExtension, params};
 
-use super::mailbox::claim_picked;
+use super::claim::claim_picked;
 use super::rows::db;
 use super::{EmbeddedStore, TxError, lanes, turns};
 use crate::store::StoreResult;

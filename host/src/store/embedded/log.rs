@@ -9,12 +9,13 @@
 use async_trait::async_trait;
 use rusqlite::{Connection, OptionalExtension, params};
 
-use super::lanes::{store_superseded, thread_row};
+use super::effects::store_superseded;
+use super::lanes::thread_row;
 use super::rows::{self, db};
 use super::{EmbeddedStore, MAX_VALUE, MAX_VALUE_WHY, TxError};
 use crate::store::check_size;
-use crate::store::model::{Fence, LogEntry, Watermarks};
-use crate::store::rules::{self, Fenced};
+use crate::store::model::{Fence, LogEntry, Status, Watermarks};
+use crate::store::rules::{self, ByteBudget, Fenced};
 use crate::store::{SequenceStore, StoreError, StoreResult};
 
 /// The page size of `read` when the caller gives 0.
@@ -102,7 +103,7 @@ pub(super) fn check_fence(
             token,
             error,
         } => {
-            store_superseded(tx, &record, Some(&token))?;
+            store_superseded(tx, Status::Claimed, &record, Some(&token))?;
             Err(TxError::Commit(error))
         }
     }
@@ -211,13 +212,13 @@ let thread = thread.as_str();
             };
             let mut out = Vec::new();
             // Rows are stepped one at a time: past the budget, the rest are never loaded.
-            let mut bytes = 0usize;
+            let mut budget = ByteBudget::new(Some(max_bytes));
             for row in rows {
-                if bytes >= max_bytes {
+                if !budget.open() {
                     break;
                 }
                 let (mut entry, note) = row.map_err(|e| corrupt(0, e.to_string()))?;
-                bytes = bytes.saturating_add(entry.data.len());
+                budget.take(entry.data.len());
                 if let Some(note) = note {
                     entry.note = Some(
                         serde_json::from_str(&note)

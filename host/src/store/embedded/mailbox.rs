@@ -9,9 +9,10 @@ use async_trait::async_trait;
 use rusqlite::{Connection, OptionalExtension, params};
 use tokio::sync::Notify;
 
+use super::claim::{claim_picked, next_lane};
+use super::effects::{self, Known, store_reclaim, store_superseded};
 use super::lanes::{
-    demote, ensure_thread, insert_queued, promote_due, refresh_lane, release_thread, store_claimed,
-    store_reclaim, store_superseded, thread_row,
+    ensure_thread, insert_queued, promote_due, release_thread, store_claimed, thread_row,
 };
 use super::rows::{self, COLUMNS, ROW_COLUMNS, db};
 use super::writer::in_savepoint;
@@ -22,10 +23,9 @@ use crate::store::model::{
     Dispatch, DispatchRow, Interrupt, ListFilter, NewDispatch, Status, StatusCount,
 };
 use crate::store::rules::{
-    self, Holder, HolderOp, SupersedeClaimed, Take, clamp, lease_live, same_content,
+    self, Effects, Holder, HolderOp, SupersedeClaimed, Take, clamp, lease_live, same_content,
 };
-use crate::store::versions::{Choice, Offer};
-use crate::store::waitpoints::{BY_DISPATCH_ENDED, BY_INTERRUPT};
+use crate::store::waitpoints::BY_INTERRUPT;
 use crate::store::{Mailbox, StoreError, StoreResult};
 
 /// The page size of `list` and `list_terminal` when the caller gives 0.
@@ -63,15 +63,12 @@ impl EmbeddedStore {
         self.after_holder(out)
     }
 
-    /// What follows a holder write once it is committed: wake the claimers and the watchers
-    /// of a settled dispatch's thread (and the claimers after a stale epoch).
-    fn after_holder(&self, out: StoreResult<(Dispatch, bool)>) -> StoreResult<Dispatch> {
+    /// What follows a holder write once it is committed: the wakes of its effects (and the
+    /// claimers' after a stale epoch).
+    fn after_holder(&self, out: StoreResult<(Dispatch, Effects)>) -> StoreResult<Dispatch> {
         match out {
-            Ok((d, settled)) => {
-                if settled {
-                    self.signal();
-                    self.inner.watches.notify(&d.thread);
-                }
+            Ok((d, e)) => {
+                self.woken(&d.thread, e);
                 Ok(d)
             }
             Err(e) => {
@@ -86,14 +83,14 @@ impl EmbeddedStore {
 
 /// A holder operation in the write transaction: checks the claim as the rules say, applies
 /// `op` to a live holder's record, stores it and keeps the thread's scheduling state in step.
-/// Returns the record and whether `op` settled it.
+/// Returns the record and the effects of its change.
 fn holder_tx(
     tx: &Connection,
     now: u64,
     id: &str,
     token: &str,
     op: HolderOp,
-) -> Result<(Dispatch, bool), TxError> {
+) -> Result<(Dispatch, Effects), TxError> {
     let settles = op.settles();
     let row = rows::load(tx, id)?;
     let t = match &row {
@@ -103,153 +100,32 @@ fn holder_tx(
     let made = row.as_ref().map_or(0, |row| row.waitpoints);
     let found = row.as_ref().map(rows::StoredRow::found);
     match rules::check_holder_op(found, id, token, &op, t.epoch, now) {
-        Holder::Repeat(d) => Ok((d, false)),
+        Holder::Repeat(d) => Ok((d, Effects::NONE)),
         Holder::Refuse(e) => Err(TxError::Abort(e)),
         Holder::Supersede {
             record,
             token,
             error,
         } => {
-            store_superseded(tx, &record, Some(&token))?;
+            store_superseded(tx, Status::Claimed, &record, Some(&token))?;
             Err(TxError::Commit(error))
         }
         Holder::Live(mut d) => {
             let ready = op.apply(&mut d, now);
             let settled = settles.map(|op| (token, op.as_str()));
             rows::store(tx, &d, ready, settled)?;
-            if d.status != Status::Claimed {
-                release_thread(tx, &d.thread, &d.id)?;
-            }
-            // W4: a terminal settlement cancels the waitpoints still pending;
-            // the row's counter says whether there can be any.
-            super::waitpoints::on_terminal(tx, &d, made, now)?;
-            if d.status == Status::Queued {
-                refresh_lane(tx, &d.agent, &d.thread)?;
-            }
-            // T8, T10, T11: answer the inbox when this left the thread idle. The
-            // thread row read above holds its inbox marks (this write does not
-            // change them): with nothing pending, that is all it costs.
-            if d.status != Status::Claimed && t.inbox.pending > 0 {
-                super::inbox::answer_inbox(tx, &d.thread, Some(&d.agent), now)?;
-            }
-            Ok((d, settles.is_some()))
+            // The row's waitpoint counter and the thread row's inbox marks, read above (this
+            // write changes neither), spare the effects' statements when there is nothing to
+            // end or answer.
+            let e = rules::effects(Status::Claimed, d.status);
+            let known = Known {
+                waitpoints: Some(made),
+                inbox_pending: Some(t.inbox.pending),
+            };
+            effects::apply(tx, &d, e, known, now)?;
+            Ok((d, e))
         }
     }
-}
-
-/// Chooses the lane a claim takes: its thread and head, or none.
-pub(super) type LanePick<'a> = dyn FnMut(&Connection) -> StoreResult<Option<(String, String)>> + 'a;
-
-/// The best lane of `agent` free to claim: its thread and head.
-fn next_lane(tx: &Connection, agent: &str) -> StoreResult<Option<(String, String)>> {
-    tx.prepare_cached(
-        "SELECT thread, head FROM lanes WHERE agent = ?1 AND busy = 0 \
-         ORDER BY priority, served, created LIMIT 1",
-    )
-    .map_err(db)?
-    .query_row(params![agent], |row| Ok((row.get(0)?, row.get(1)?)))
-    .optional()
-    .map_err(db)
-}
-
-/// Claims the head of the lane `pick` chooses (T2), repairing a lane whose head turns out
-/// unusable and picking again. Returns the claimed record and the thread it was on. With an
-/// `offer` (section 14), the claim records the version it runs, and a head pinned to a version
-/// not offered is passed over: its lane is set busy for the rest of this transaction (so no pick
-/// returns it) and set free again before it commits.
-#[allow(clippy::too_many_arguments)]
-pub(super) fn claim_picked(
-    tx: &Connection,
-    agent: &str,
-    consumer: &str,
-    lease_ms: u64,
-    start: bool,
-    now: u64,
-    offer: Option<&Offer>,
-    pick: &mut LanePick<'_>,
-) -> Result<Option<(Dispatch, String)>, TxError> {
-    let mut passed = Vec::new();
-    let out = claim_offered(
-        tx,
-        agent,
-        (consumer, lease_ms, start, now),
-        offer,
-        pick,
-        &mut passed,
-    );
-    for thread in &passed {
-        set_busy(tx, thread, false)?;
-    }
-    out
-}
-
-fn set_busy(tx: &Connection, thread: &str, busy: bool) -> StoreResult<()> {
-    tx.prepare_cached("UPDATE lanes SET busy = ?2 WHERE thread = ?1")
-        .map_err(db)?
-        .execute(params![thread, busy])
-        .map_err(db)?;
-    Ok(())
-}
-
-fn claim_offered(
-    tx: &Connection,
-    agent: &str,
-    (consumer, lease_ms, start, now): (&str, u64, bool, u64),
-    offer: Option<&Offer>,
-    pick: &mut LanePick<'_>,
-    passed: &mut Vec<String>,
-) -> Result<Option<(Dispatch, String)>, TxError> {
-    // A lane whose head turns out unusable is repaired and the pick repeated; the bound only
-    // guards against a store that keeps handing back the same broken lane. A head not yet due
-    // (the clock stepped back since it was promoted) goes back to waiting, which does not
-    // count: each such step takes one dispatch out of the lanes.
-    let mut repairs = 0;
-    while repairs < 64 {
-        let Some((thread, head)) = pick(tx)? else {
-            return Ok(None);
-        };
-        let t = thread_row(tx, &thread)?;
-        let candidate = rows::load(tx, &head)?.map(|row| row.dispatch);
-        match candidate {
-            Some(d) if d.status == Status::Queued && t.holder.is_none() => {
-                if !rules::due(&d, now) {
-                    demote(tx, &d)?;
-                    continue;
-                }
-                let choice = offer.map(|o| (o, o.choose(&d, now)));
-                if let Some((_, Choice::Elsewhere)) = choice {
-                    set_busy(tx, &thread, true)?;
-                    passed.push(thread);
-                    continue;
-                }
-                repairs += 1;
-                match rules::take(d, t.epoch, consumer, lease_ms, now, start) {
-                    Take::Claimed(mut d) => {
-                        if let Some((o, Choice::Run(index))) = choice {
-                            o.record(&mut d, index);
-                        }
-                        store_claimed(tx, &d)?;
-                        return Ok(Some((d, thread)));
-                    }
-                    Take::Stale(d) => store_superseded(tx, &d, None)?,
-                }
-            }
-            _ => {
-                repairs += 1;
-                // The lane disagrees with the records (it cannot, short of a bug or a
-                // hand-edited file): rebuild it from them and pick again.
-                tx.prepare_cached("UPDATE lanes SET busy = ?2 WHERE thread = ?1")
-                    .map_err(db)?
-                    .execute(params![thread, t.holder.is_some()])
-                    .map_err(db)?;
-                refresh_lane(tx, agent, &thread)?;
-            }
-        }
-    }
-    Err(StoreError::Contention(format!(
-        "claim for agent `{agent}` found no consistent lane"
-    ))
-    .into())
 }
 
 #[async_trait]
@@ -341,7 +217,7 @@ impl Mailbox for EmbeddedStore {
                 let t = thread_row(tx, &d.thread)?;
                 if rules::stale(&d, t.epoch) {
                     let d = rules::superseded(d, now, crate::store::REASON_STALE_EPOCH);
-                    store_superseded(tx, &d, None)?;
+                    store_superseded(tx, Status::Queued, &d, None)?;
                     return Ok((None, true));
                 }
                 let mut reclaimed = false;
@@ -370,7 +246,7 @@ impl Mailbox for EmbeddedStore {
                         Ok((Some(d), reclaimed))
                     }
                     Take::Stale(d) => {
-                        store_superseded(tx, &d, None)?;
+                        store_superseded(tx, Status::Queued, &d, None)?;
                         Ok((None, true))
                     }
                 }
@@ -433,25 +309,35 @@ impl Mailbox for EmbeddedStore {
                     return Ok(None);
                 };
                 let mut d = row.dispatch;
-                if !matches!(d.status, Status::Queued | Status::Waiting) {
+                let before = d.status;
+                if !matches!(before, Status::Queued | Status::Waiting) {
                     return Ok(None);
                 }
                 rules::terminate(&mut d, Status::Cancelled, now, None);
                 rows::store(tx, &d, false, None)?;
-                if row.waitpoints > 0 {
-                    super::waitpoints::end_waitpoints(tx, &d.id, BY_DISPATCH_ENDED, now)?;
-                }
                 // A waiting dispatch held its thread: the thread's other lanes may run now.
-                release_thread(tx, &d.thread, &d.id)?;
-                refresh_lane(tx, &d.agent, &d.thread)?;
-                Ok(Some(d))
+                let e = rules::effects(before, d.status);
+                let known = Known {
+                    waitpoints: Some(row.waitpoints),
+                    inbox_pending: None,
+                };
+                effects::apply(tx, &d, e, known, now)?;
+                Ok(Some((d, e)))
             })
             .await?;
-        if let Some(d) = &out {
-            self.signal();
-            self.inner.watches.notify(&d.thread);
-        }
-        Ok(out)
+        Ok(out.map(|(d, e)| {
+            // Claimers wake whatever the dispatch was (as a cancel always did): a cancelled
+            // queued one may have been its lane's head, and the next head one a gated claim
+            // can take.
+            self.woken(
+                &d.thread,
+                Effects {
+                    wake_claimers: true,
+                    ..e
+                },
+            );
+            d
+        }))
     }
 
     async fn interrupt(&self, thread: &str, reason: &str) -> StoreResult<Interrupt> {
@@ -547,7 +433,7 @@ impl Mailbox for EmbeddedStore {
                     SupersedeClaimed::Repeat(d) => Ok(Some(d)),
                     SupersedeClaimed::Refuse(e) => Err(e.into()),
                     SupersedeClaimed::Supersede { record, token } => {
-                        store_superseded(tx, &record, Some(&token))?;
+                        store_superseded(tx, Status::Claimed, &record, Some(&token))?;
                         Ok(Some(record))
                     }
                 }

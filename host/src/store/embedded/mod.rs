@@ -49,7 +49,9 @@
 //! `synchronous = FULL` through [`EmbeddedOptions::fsync_every_commit`] to survive power loss
 //! at the cost of an fsync per operation.
 
+mod claim;
 mod deltas;
+mod effects;
 mod inbox;
 mod journal;
 mod lanes;

@@ -10,15 +10,15 @@
 use async_trait::async_trait;
 use rusqlite::{Connection, Row, params};
 
-use super::lanes::{refresh_lane, release_thread, store_superseded, thread_row};
+use super::effects::{self, Known, store_superseded};
+use super::lanes::thread_row;
 use super::rows::{self, db};
 use super::{EmbeddedStore, MAX_VALUE, TxError};
 use crate::store::model::{Dispatch, Fence, Status};
 use crate::store::rules::{self, Fenced, Holder, Settle, clamp};
 use crate::store::waitpoints::{
-    self as wp, BY_DISPATCH_ENDED, BY_TIMEOUT, Completion, Created, MAX_TOKEN_DIGESTS,
-    MAX_WAITPOINTS, NewWaitpoint, Settlement, Waitpoint, WaitpointFilter, WaitpointPage,
-    WaitpointState, Waitpoints,
+    self as wp, BY_TIMEOUT, Completion, Created, MAX_TOKEN_DIGESTS, MAX_WAITPOINTS, NewWaitpoint,
+    Settlement, Waitpoint, WaitpointFilter, WaitpointPage, WaitpointState, Waitpoints,
 };
 use crate::store::{StoreError, StoreResult, check_size};
 
@@ -158,26 +158,9 @@ fn resume_if_waiting(tx: &Connection, dispatch: &str, now: u64) -> StoreResult<b
     }
     wp::resume(&mut d, now);
     rows::store(tx, &d, true, None)?;
-    release_thread(tx, &d.thread, &d.id)?;
-    refresh_lane(tx, &d.agent, &d.thread)?;
+    let e = rules::effects(Status::Waiting, d.status);
+    effects::apply(tx, &d, e, Known::default(), now)?;
     Ok(true)
-}
-
-/// W4 of every pending waitpoint of `dispatch`, which reached a terminal status (or was
-/// superseded by an interrupt): `settled_by` says why. Returns how many.
-pub(super) fn end_waitpoints(
-    tx: &Connection,
-    dispatch: &str,
-    by: &str,
-    now: u64,
-) -> StoreResult<usize> {
-    tx.prepare_cached(
-        "UPDATE waitpoints INDEXED BY waitpoints_by_name SET state = 'cancelled', \
-         settled_by = ?2, settled_at = ?3 WHERE dispatch = ?1 AND state = 'pending'",
-    )
-    .map_err(db)?
-    .execute(params![dispatch, by, clamp(now)])
-    .map_err(db)
 }
 
 /// W4 of the pending waitpoints of every dispatch of `thread` but `keep` (an interrupt: the
@@ -299,7 +282,7 @@ impl EmbeddedStore {
                 token,
                 error,
             } => {
-                store_superseded(tx, &record, Some(&token))?;
+                store_superseded(tx, Status::Claimed, &record, Some(&token))?;
                 Err(TxError::Commit(error))
             }
         }
@@ -396,21 +379,18 @@ impl Waitpoints for EmbeddedStore {
                         token,
                         error,
                     } => {
-                        store_superseded(tx, &record, Some(&token))?;
+                        store_superseded(tx, Status::Claimed, &record, Some(&token))?;
                         Err(TxError::Commit(error))
                     }
                     Holder::Live(d) => {
                         let wps = of_dispatch(tx, &d.id)?;
                         let d = wp::suspended(d, &wps, max_resumes, now)?;
                         let settled = Some((token.as_str(), Settle::Suspend.as_str()));
-                        if d.status == Status::Queued {
-                            rows::store(tx, &d, true, settled)?;
-                            release_thread(tx, &d.thread, &d.id)?;
-                            refresh_lane(tx, &d.agent, &d.thread)?;
-                        } else {
-                            // Waiting: the thread keeps its holder, the lanes stay busy.
-                            rows::store(tx, &d, false, settled)?;
-                        }
+                        // Waiting: the thread keeps its holder, the lanes stay busy; queued
+                        // (every waitpoint already settled): the thread is free.
+                        rows::store(tx, &d, d.status == Status::Queued, settled)?;
+                        let e = rules::effects(Status::Claimed, d.status);
+                        effects::apply(tx, &d, e, Known::default(), now)?;
                         Ok(d)
                     }
                 }
@@ -587,13 +567,4 @@ impl Waitpoints for EmbeddedStore {
     fn max_result(&self) -> u64 {
         MAX_VALUE
     }
-}
-
-/// Cancels the pending waitpoints of a dispatch that just reached a terminal status, when it
-/// made any (`made`: its row's counter, read with the row).
-pub(super) fn on_terminal(tx: &Connection, d: &Dispatch, made: u32, now: u64) -> StoreResult<()> {
-    if made > 0 && d.status.is_terminal() {
-        end_waitpoints(tx, &d.id, BY_DISPATCH_ENDED, now)?;
-    }
-    Ok(())
 }

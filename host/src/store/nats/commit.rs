@@ -10,13 +10,13 @@ use bytes::Bytes;
 
 use super::NatsStore;
 use super::fetch::Read;
+pub(super) use super::jetstream::CommitError;
 use super::jetstream::stored_seq;
 use super::keys::{Key, encode_dispatch, encode_thread, encode_waitpoint};
 use super::view::{Record, Stored, ThreadRec, View};
-use crate::store::model::{Dispatch, Status};
-use crate::store::waitpoints::{
-    BY_DISPATCH_ENDED, BY_INTERRUPT, Waitpoint, WaitpointState, settle,
-};
+use crate::store::model::Dispatch;
+use crate::store::rules::waitpoints_end;
+use crate::store::waitpoints::{Waitpoint, WaitpointState, settle};
 use crate::store::{StoreError, StoreResult};
 
 /// What a write expects of the stream before it.
@@ -144,14 +144,6 @@ impl OwnHold {
 /// Messages per atomic batch (the server allows 1,000).
 pub(super) const MAX_BATCH: usize = 999;
 
-/// The outcome of a commit that the server refused.
-pub(super) enum CommitError {
-    /// An expectation failed: someone wrote first.
-    Conflict,
-    /// Anything else: the operation fails with this error.
-    Store(StoreError),
-}
-
 /// The writes that store a dispatch record, fenced by its thread's tree: the record alone,
 /// or, when it ends a dispatch that has waitpoints, the batch of [`record_writes`].
 pub(super) fn put_dispatch(view: &View, stored: Stored) -> StoreResult<Vec<Write>> {
@@ -179,12 +171,9 @@ pub(super) fn fence_first(view: &View, thread: &str, writes: &mut [Write]) {
 pub(super) fn record_writes(view: &View, mut stored: Stored) -> StoreResult<Vec<Write>> {
     let d = &stored.dispatch;
     let mut writes = Vec::new();
-    if d.status.is_terminal() && view.has_waitpoints(&d.thread, &d.id) {
-        let by = if d.status == Status::Superseded {
-            BY_INTERRUPT
-        } else {
-            BY_DISPATCH_ENDED
-        };
+    if let Some(by) = waitpoints_end(d.status)
+        && view.has_waitpoints(&d.thread, &d.id)
+    {
         for held in view.waitpoints_of(&d.thread, &d.id) {
             if held.waitpoint.is_pending() {
                 let mut w = held.waitpoint.clone();

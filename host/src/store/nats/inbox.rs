@@ -48,8 +48,8 @@ use crate::store::inbox::{
     DEFAULT_MESSAGE_PAGE, Inbox, InboxMarks, Message, MessageFilter, MessageKind, MessageState,
     NOTE_ROOM, NewMessage, Sent, ThreadWatch, follow_up_dispatch, follow_up_targets,
 };
-use crate::store::model::{Dispatch, Status};
-use crate::store::rules::queued_record;
+use crate::store::model::Dispatch;
+use crate::store::rules::{ByteBudget, queued_record};
 use crate::store::{Fence, StoreError, StoreResult};
 
 /// Settled messages purged per call at most; the rest go at the next.
@@ -68,19 +68,13 @@ pub(super) enum Answer {
     FollowUps(Vec<Dispatch>, ThreadRec),
 }
 
-/// M4, case b: what the settlement of `settled` (already changed by its operation) must write
-/// besides its record so that the inbox of its thread is answered: when the record is no longer
-/// live, the thread has no other live work, and it has pending messages above `followed`, one
-/// follow-up dispatch per target (a message's agent, else the settled dispatch's) and the thread
-/// record with `followed = latest`. Decided from the view alone: with no pending message above
-/// `followed` it looks at nothing else.
+/// M4, case b: what the settlement of `settled` (already changed by its operation, and one the
+/// rules' verdict says answers the inbox: `rules::effects`) must write besides its record so
+/// that the inbox of its thread is answered: when the thread has no other live work and it has
+/// pending messages above `followed`, one follow-up dispatch per target (a message's agent,
+/// else the settled dispatch's) and the thread record with `followed = latest`. Decided from
+/// the view alone: with no pending message above `followed` it looks at nothing else.
 pub(super) fn answer_inbox(view: &View, settled: &Dispatch, now: u64) -> StoreResult<Answer> {
-    if matches!(
-        settled.status,
-        Status::Queued | Status::Claimed | Status::Waiting
-    ) {
-        return Ok(Answer::Nothing);
-    }
     let thread = &settled.thread;
     let mut t = view.thread(thread)?;
     if !view.has_pending_after(thread, t.inbox_followed) {
@@ -593,17 +587,18 @@ impl Inbox for NatsStore {
                 Ok((floor.saturating_add(1)..=view.inbox_marks(thread).latest).collect())
             })
             .await??;
-        let in_flight = (budget / self.room().record.max(1) as usize).clamp(1, READ_CONCURRENCY);
+        let mut budget = ByteBudget::new(Some(budget));
+        let in_flight = budget.in_flight(self.room().record, READ_CONCURRENCY);
         let mut fetched = futures_util::stream::iter(seqs)
             .map(|seq| self.fetch_message(thread, seq))
             .buffered(in_flight);
-        let (mut out, mut bytes) = (Vec::new(), 0usize);
-        while bytes < budget
+        let mut out = Vec::new();
+        while budget.open()
             && out.len() < limit
             && let Some(found) = fetched.next().await
         {
             if let Some(m) = found?.filter(|m| filter.state.is_none_or(|s| s == m.state)) {
-                bytes = bytes.saturating_add(m.payload.len());
+                budget.take(m.payload.len());
                 out.push(m);
             }
         }

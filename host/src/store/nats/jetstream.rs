@@ -14,10 +14,17 @@ use bytes::Bytes;
 use serde::Deserialize;
 
 use super::NatsStore;
-use super::commit::CommitError;
 use super::config::{MIN_SERVER_PAYLOAD, NatsConfig, Room};
 use crate::config::{UrlCredentials, split_nats_url};
 use crate::store::{StoreError, StoreResult};
+
+/// The outcome of a commit that the server refused.
+pub(super) enum CommitError {
+    /// An expectation failed: someone wrote first.
+    Conflict,
+    /// Anything else: the operation fails with this error.
+    Store(StoreError),
+}
 
 /// The `Unavailable` error of a failed request: what was asked, and what went wrong.
 pub(super) fn unavailable(what: &str, e: impl fmt::Display) -> StoreError {

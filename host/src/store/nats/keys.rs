@@ -34,7 +34,7 @@ use base64::Engine;
 use base64::engine::general_purpose::URL_SAFE_NO_PAD;
 use bytes::{BufMut, Bytes, BytesMut};
 
-use super::view::{LimitRec, MessageHead, Record, Stored, ThreadRec};
+use super::records::{LimitRec, MessageHead, Record, Stored, ThreadRec};
 use crate::store::inbox::Message;
 use crate::store::limits::{Pause, pause_name};
 use crate::store::waitpoints::Waitpoint;

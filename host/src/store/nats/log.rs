@@ -19,7 +19,7 @@ use super::keys::Key;
 use super::view::Record;
 use crate::store::inbox::MessageNote;
 use crate::store::model::{Fence, LogEntry, Watermarks};
-use crate::store::rules::{self, Fenced, Settle};
+use crate::store::rules::{self, ByteBudget, Fenced, Settle};
 use crate::store::{SequenceStore, StoreError, StoreResult, check_size};
 
 /// The bit of an entry's 8-byte time that says a note follows it (stored times are below
@@ -268,9 +268,8 @@ impl SequenceStore for NatsStore {
             .latest
             .min(first.saturating_add(limit as u64).saturating_sub(1));
         let prefix = self.prefix().to_owned();
-        // Entries in flight at once: as many as the budget holds at their largest, so a
-        // bounded read never holds much more than its budget.
-        let in_flight = (max_bytes / self.room().entry.max(1) as usize).clamp(1, READ_CONCURRENCY);
+        let mut budget = ByteBudget::new(Some(max_bytes));
+        let in_flight = budget.in_flight(self.room().entry, READ_CONCURRENCY);
         let mut fetched = futures_util::stream::iter(first..=last)
             .map(|seq| {
                 let subject = Key::Entry(thread.to_owned(), seq).subject(&prefix);
@@ -282,14 +281,13 @@ impl SequenceStore for NatsStore {
             })
             .buffered(in_flight);
         let mut out = Vec::new();
-        let mut bytes = 0usize;
-        while bytes < max_bytes
+        while budget.open()
             && let Some(item) = fetched.next().await
         {
             // A missing entry was trimmed after the watermark was read.
             if let Some((seq, payload)) = item? {
                 let entry = decode_entry(thread, seq, &payload)?;
-                bytes = bytes.saturating_add(entry.data.len());
+                budget.take(entry.data.len());
                 out.push(entry);
             }
         }

@@ -14,8 +14,8 @@ use super::commit::{
     put_thread, record_writes, settled,
 };
 use super::config::{GROWTH_ROOM, Room};
+use super::effects::{Applied, applied};
 use super::fetch::Read;
-use super::inbox::{Answer, answer_inbox, follow_up_writes};
 use super::keys::{FRAME_OVERHEAD, Key};
 use super::view::{Record, Stored, View};
 use crate::store::check_size;
@@ -207,21 +207,11 @@ impl NatsStore {
                                 Some(op) => settled(d.clone(), token, op),
                                 None => plain(d.clone()),
                             };
-                            let mut writes = put_dispatch(view, stored)?;
-                            let mut wake = settles.is_some();
-                            if d.status != Status::Claimed {
-                                // T8, T10, T11: answer the inbox when this left the thread
-                                // idle.
-                                match answer_inbox(view, &d, now)? {
-                                    Answer::Nothing => {}
-                                    Answer::NeedThread => return Ok(Plan::Done(Ok(None))),
-                                    Answer::FollowUps(follow_ups, rec) => {
-                                        writes
-                                            .extend(follow_up_writes(&d.thread, follow_ups, rec)?);
-                                        wake = true;
-                                    }
-                                }
-                            }
+                            let Some(Applied { writes, wake }) =
+                                applied(view, Status::Claimed, stored, now)?
+                            else {
+                                return Ok(Plan::Done(Ok(None)));
+                            };
                             Ok(Plan::Write {
                                 writes,
                                 answer: Ok(Some(d)),
@@ -263,18 +253,15 @@ impl NatsStore {
                         | Reclaim::DeadLettered(d)
                         | Reclaim::Superseded(d) => d,
                     };
-                    let mut writes = put_dispatch(view, plain(d.clone()))?;
-                    match answer_inbox(view, &d, now)? {
-                        Answer::Nothing => {}
-                        Answer::NeedThread => return Ok(Plan::Done(Ok((None, false)))),
-                        Answer::FollowUps(follow_ups, rec) => {
-                            writes.extend(follow_up_writes(&d.thread, follow_ups, rec)?);
-                        }
-                    }
+                    let Some(Applied { writes, wake }) =
+                        applied(view, Status::Claimed, plain(d), now)?
+                    else {
+                        return Ok(Plan::Done(Ok((None, false))));
+                    };
                     Ok(Plan::Write {
                         writes,
                         answer: Ok((reported, true)),
-                        wake: true,
+                        wake,
                     })
                 })
                 .await?;
@@ -509,17 +496,21 @@ impl Mailbox for NatsStore {
             };
             // A waiting dispatch held its thread: cancelling it frees the thread (and cancels
             // its pending waitpoints, as every end of a dispatch does).
-            let freed = stored.dispatch.status == Status::Waiting;
+            let before = stored.dispatch.status;
             let mut d = stored.dispatch.clone();
             rules::terminate(&mut d, Status::Cancelled, now, None);
             let record = Stored {
                 dispatch: d.clone(),
                 ..stored.clone()
             };
+            // A cancel answers no inbox: the verdict never needs the whole thread.
+            let Some(Applied { writes, wake }) = applied(view, before, record, now)? else {
+                return Ok(Plan::Done(Ok(None)));
+            };
             Ok(Plan::Write {
-                writes: put_dispatch(view, record)?,
+                writes,
                 answer: Ok(Some(d)),
-                wake: freed,
+                wake,
             })
         })
         .await

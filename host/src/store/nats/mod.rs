@@ -165,6 +165,7 @@ mod archive;
 mod commit;
 mod config;
 mod deltas;
+mod effects;
 mod fetch;
 mod inbox;
 mod jetstream;
@@ -174,6 +175,7 @@ mod limits;
 mod log;
 mod mailbox;
 mod queries;
+mod records;
 pub mod view;
 #[cfg(test)]
 mod view_model;

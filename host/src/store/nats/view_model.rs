@@ -63,10 +63,7 @@ use super::view::{MessageHead, Record, Stored, ThreadRec, View};
 use crate::store::inbox::{InboxMarks, Message, MessageKind, MessageState};
 use crate::store::model::{NewDispatch, Status};
 use crate::store::rules::{self, HolderOp, Settle, Take};
-use crate::store::waitpoints::{
-    self as wp, BY_DISPATCH_ENDED, BY_INTERRUPT, BY_TIMEOUT, NewWaitpoint, Waitpoint,
-    WaitpointState,
-};
+use crate::store::waitpoints::{self as wp, BY_TIMEOUT, NewWaitpoint, Waitpoint, WaitpointState};
 
 const THREADS: [&str; 3] = ["t0", "t1", "t2"];
 const AGENTS: [&str; 2] = ["a0", "a1"];
@@ -387,12 +384,9 @@ fn ended(snap: &Snap, mut stored: Stored) -> Vec<Record> {
         .iter()
         .filter(|w| w.dispatch == id)
         .collect();
-    if status.is_terminal() && !mine.is_empty() {
-        let by = if status == Status::Superseded {
-            BY_INTERRUPT
-        } else {
-            BY_DISPATCH_ENDED
-        };
+    if let Some(by) = rules::waitpoints_end(status)
+        && !mine.is_empty()
+    {
         for w in mine.into_iter().filter(|w| w.is_pending()) {
             let mut w = w.clone();
             wp::settle(&mut w, WaitpointState::Cancelled, None, by, at);

@@ -1,7 +1,9 @@
 //! The store's decisions, made once for every backend (the contract, docs/contract.md,
 //! section 2): what a record looks like after a settlement, a failed attempt or a
-//! re-submission ([this module](self)), who may write a claimed dispatch ([`holder`]), and how
-//! a queued record is taken and an expired one given back ([`claim`]).
+//! re-submission ([this module](self)), who may write a claimed dispatch ([`holder`]), how
+//! a queued record is taken and an expired one given back ([`claim`]), what follows a
+//! change of status besides the record itself ([`effects`]), and where a read bounded in
+//! bytes ends ([`reads`]).
 //!
 //! Every function here is pure: it takes the stored record and what the backend read beside
 //! it (the token and operation that settled the record, the thread's epoch, the time) and
@@ -9,16 +11,21 @@
 //! NATS write, so the two cannot decide differently.
 
 mod claim;
+mod effects;
 mod holder;
+mod reads;
 
 pub(crate) use claim::{
     Reclaim, Take, due, lease_expired, lease_live, reclaim, stale, superseded, take,
 };
+pub use effects::{BY_DISPATCH_ENDED, BY_INTERRUPT};
+pub(crate) use effects::{Effects, effects, waitpoints_end};
 pub use holder::HolderOp;
 pub(crate) use holder::{
     Fenced, Found, Holder, Settle, SupersedeClaimed, check_fence, check_holder, check_holder_op,
     supersede_claimed,
 };
+pub(crate) use reads::ByteBudget;
 
 use crate::store::model::{Dispatch, NewDispatch, Status};
 use crate::store::{StoreError, StoreResult};

@@ -984,8 +984,9 @@ pub async fn a_nack_that_requeues_starts_no_follow_up<F: Factory>(factory: &F) {
     assert_eq!(pending(&s, "t").await, vec![1]);
 }
 
-/// A cancel (T3), an interrupt (T4) and the supersedes it causes (T15, and T14 by the control
-/// plane) start no follow-up: the pending messages wait for the thread's next run.
+/// A cancel (T3), an interrupt (T4) and the supersedes it causes (T15, by a holder's write or by
+/// the reclaim of its expired claim, and T14 by the control plane) start no follow-up: the
+/// pending messages wait for the thread's next run.
 pub async fn cancel_and_interrupt_start_no_follow_up<F: Factory>(factory: &F) {
     let env = Env::new(factory).await;
     let s = env.open().await;
@@ -1032,6 +1033,25 @@ pub async fn cancel_and_interrupt_start_no_follow_up<F: Factory>(factory: &F) {
     assert!(live_on(&s, "p").await.is_empty());
     assert!(follow_ups_on(&s, "p").await.is_empty(), "supersede_claimed");
     assert_eq!(pending(&s, "p").await, vec![1]);
+
+    // An interrupt of a thread whose holder then goes silent: the reclaim finds the expired
+    // claim of a stale epoch and supersedes it (T15), which starts nothing either.
+    hold(&s, "r", "r1", LEASE).await;
+    send(&s, "r", follow_up("one")).await;
+    s.mailbox.interrupt("r", "stop").await.unwrap();
+    env.advance(LEASE + 1);
+    let reclaimed = s.mailbox.reclaim_expired(env.now(), 100).await.unwrap();
+    assert!(reclaimed.is_empty(), "a stale claim is not reported");
+    assert_eq!(
+        s.mailbox.load("r1").await.unwrap().map(|d| d.status),
+        Some(Status::Superseded)
+    );
+    assert!(live_on(&s, "r").await.is_empty());
+    assert!(
+        follow_ups_on(&s, "r").await.is_empty(),
+        "a reclaim that supersedes"
+    );
+    assert_eq!(pending(&s, "r").await, vec![1]);
 
     // The messages wait for the thread's next run: it is handed them, and when it settles
     // without acking them they are answered by a follow-up.
