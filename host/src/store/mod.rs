@@ -433,7 +433,8 @@ pub(crate) fn check_size(field: &str, value: &[u8], limit: u64, why: &str) -> St
     Ok(())
 }
 
-/// A backend's two halves and the clock they read, as the host holds them.
+/// A backend's parts (the mailbox, the thread logs and the features' records) and the clock they
+/// read, as the host holds them.
 #[derive(Debug, Clone)]
 pub struct Store {
     /// The mailbox of dispatches.
