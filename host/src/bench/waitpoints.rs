@@ -52,7 +52,7 @@ async fn make_wait(store: &Store, d: &Dispatch) -> anyhow::Result<String> {
         .await?
         .waitpoint;
     let token = claimed.token().unwrap_or_default().to_owned();
-    let waiting = store.waitpoints.suspend(&d.id, &token, 100).await?;
+    let waiting = store.mailbox.suspend(&d.id, &token, 100).await?;
     if waiting.status != Status::Waiting {
         bail!("dispatch {} is {} after its suspend", d.id, waiting.status);
     }

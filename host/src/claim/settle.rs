@@ -200,7 +200,7 @@ impl ClaimHandle {
     ) -> Result<Dispatch, StoreError> {
         self.end_stream().await;
         let out = store
-            .waitpoints
+            .mailbox
             .suspend(&self.dispatch.id, &self.token, max_resumes)
             .instrument(self.span.clone())
             .await;

@@ -272,6 +272,19 @@ pub trait Mailbox: Send + Sync + Debug + 'static {
         .await
     }
 
+    /// T17: the holder suspends its claimed dispatch: `waiting` when it has a pending
+    /// waitpoint, `queued` at once (a resume) when one of its waitpoints left `pending`
+    /// since the run started. A settling holder operation (the repeat rule applies).
+    ///
+    /// # Errors
+    ///
+    /// `Limit` past `max_resumes`; `Invalid` when it has no pending waitpoint and none left
+    /// `pending` during this run; the holder refusals.
+    async fn suspend(&self, id: &str, token: &str, max_resumes: u32) -> StoreResult<Dispatch> {
+        self.hold(id, token, HolderOp::Suspend { max_resumes })
+            .await
+    }
+
     /// `complete`, then `claim_gated(next)`, as [`Mailbox::hold_and_claim`].
     async fn complete_and_claim(
         &self,

@@ -20,7 +20,8 @@ use async_trait::async_trait;
 use serde::{Deserialize, Serialize};
 use sha2::{Digest, Sha256};
 
-use super::model::{Dispatch, Fence, Status, bytes_as_text, check_metadata, check_name};
+use super::model::{Dispatch, Fence, bytes_as_text, check_metadata, check_name};
+use super::rules::{self, WaitpointsSeen};
 use super::{StoreError, StoreResult};
 
 /// The most waitpoints one dispatch may create.
@@ -325,16 +326,6 @@ pub trait Waitpoints: Send + Sync + fmt::Debug + 'static {
     /// without a token gets a fresh one. `Ok(false)` when it is not pending or full.
     async fn add_token(&self, fence: &Fence, id: &str, digest: &str) -> StoreResult<bool>;
 
-    /// T17: the holder suspends its claimed dispatch: `waiting` when it has a pending
-    /// waitpoint, `queued` at once (a resume) when one of its waitpoints left `pending`
-    /// since the run started. A settling holder operation (the repeat rule applies).
-    ///
-    /// # Errors
-    ///
-    /// `Limit` past `max_resumes`; `Invalid` when it has no pending waitpoint and none left
-    /// `pending` during this run; the holder refusals.
-    async fn suspend(&self, id: &str, token: &str, max_resumes: u32) -> StoreResult<Dispatch>;
-
     /// W2: completes a pending waitpoint with `result` (T18 when its dispatch waits). The
     /// caller has checked the completer's token or role.
     ///
@@ -481,8 +472,23 @@ pub fn completion(w: &Waitpoint, now: u64) -> Completion {
     }
 }
 
-/// T17's decision for the live holder's record `d` with its waitpoints `wps`: the new record
-/// (`waiting`, or `queued` now as a resume), or the refusal.
+/// What a suspend reads of a dispatch's waitpoints `wps` (all of them): whether one is
+/// pending, and the latest settlement among the others.
+pub fn seen<'a>(wps: impl IntoIterator<Item = &'a Waitpoint>) -> WaitpointsSeen {
+    let mut seen = WaitpointsSeen::default();
+    for w in wps {
+        if w.is_pending() {
+            seen.pending = true;
+        } else if let Some(at) = w.settled_at {
+            seen.last_settled = Some(seen.last_settled.map_or(at, |last| last.max(at)));
+        }
+    }
+    seen
+}
+
+/// T17's decision (`rules::suspend`, the holder write's [`HolderOp::Suspend`]) for the live
+/// holder's record `d` with its waitpoints `wps`: the new record (`waiting`, or `queued` now as
+/// a resume), or the refusal.
 ///
 /// # Errors
 ///
@@ -494,48 +500,18 @@ pub fn suspended(
     max_resumes: u32,
     now: u64,
 ) -> StoreResult<Dispatch> {
-    if d.resumes >= max_resumes {
-        return Err(StoreError::Limit(format!(
-            "max_resumes: dispatch `{}` has resumed {} times (the limit is {max_resumes})",
-            d.id, d.resumes
-        )));
-    }
-    let run_started = d.started_at.unwrap_or(0);
-    let settled_in_run = wps
-        .iter()
-        .any(|w| !w.is_pending() && w.settled_at.is_some_and(|at| at >= run_started));
-    let pending = wps.iter().any(Waitpoint::is_pending);
-    if !settled_in_run && !pending {
-        return Err(StoreError::Invalid(format!(
-            "suspend: dispatch `{}` has no pending waitpoint",
-            d.id
-        )));
-    }
-    d.claim = None;
-    d.started_at = None;
-    d.result = None;
-    d.updated_at = now;
-    if settled_in_run {
-        resume(&mut d, now);
-    } else {
-        d.status = Status::Waiting;
-    }
+    rules::suspend(&mut d, seen(wps), max_resumes, now)?;
     Ok(d)
 }
 
 /// T18 (and T17's immediate resume): back to `queued`, available now, one more resume.
-pub fn resume(d: &mut Dispatch, now: u64) {
-    d.status = Status::Queued;
-    d.available_at = now;
-    d.resumes = d.resumes.saturating_add(1);
-    d.updated_at = now;
-}
+pub use crate::store::rules::resume;
 
 #[cfg(test)]
 mod tests {
     #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
     use super::*;
-    use crate::store::model::NewDispatch;
+    use crate::store::model::{NewDispatch, Status};
     use crate::store::rules::{Take, queued_record, take};
 
     fn claimed() -> Dispatch {

@@ -436,14 +436,6 @@ impl Waitpoints for TimedWaitpoints {
         )
         .await
     }
-    async fn suspend(&self, id: &str, token: &str, max_resumes: u32) -> StoreResult<Dispatch> {
-        timed(
-            self.backend,
-            "suspend",
-            self.inner.suspend(id, token, max_resumes),
-        )
-        .await
-    }
     async fn complete_waitpoint(
         &self,
         id: &str,

@@ -388,7 +388,7 @@ pub(crate) async fn large_waitpoints(
         ids.push(created.waitpoint.id);
     }
     let suspended = store
-        .waitpoints
+        .mailbox
         .suspend(&fence.dispatch, &fence.token, 100)
         .await
         .unwrap();

@@ -113,7 +113,7 @@ impl Seeder {
         }
         let suspended = self
             .store
-            .waitpoints
+            .mailbox
             .suspend(&claimed.id, &token, 100)
             .await
             .unwrap();

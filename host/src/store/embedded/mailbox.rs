@@ -23,7 +23,8 @@ use crate::store::model::{
     Dispatch, DispatchRow, Interrupt, ListFilter, NewDispatch, Status, StatusCount,
 };
 use crate::store::rules::{
-    self, Effects, Holder, HolderOp, SupersedeClaimed, Take, clamp, lease_live, same_content,
+    self, Effects, Holder, HolderOp, SupersedeClaimed, Take, WaitpointsSeen, clamp, lease_live,
+    same_content,
 };
 use crate::store::waitpoints::BY_INTERRUPT;
 use crate::store::{Mailbox, StoreError, StoreResult};
@@ -111,7 +112,13 @@ fn holder_tx(
             Err(TxError::Commit(error))
         }
         Holder::Live(mut d) => {
-            let ready = op.apply(&mut d, now);
+            // A suspend is decided with the dispatch's waitpoints (none when it made none).
+            let seen = if op.reads_waitpoints() && made > 0 {
+                super::waitpoints::seen(tx, &d.id)?
+            } else {
+                WaitpointsSeen::default()
+            };
+            let ready = op.apply(&mut d, now, seen).map_err(TxError::Abort)?;
             let settled = settles.map(|op| (token, op.as_str()));
             rows::store(tx, &d, ready, settled)?;
             // The row's waitpoint counter and the thread row's inbox marks, read above (this

@@ -15,7 +15,7 @@ use super::lanes::thread_row;
 use super::rows::{self, db};
 use super::{EmbeddedStore, MAX_VALUE, TxError};
 use crate::store::model::{Dispatch, Fence, Status};
-use crate::store::rules::{self, Fenced, Holder, Settle, clamp};
+use crate::store::rules::{self, Fenced, WaitpointsSeen, clamp};
 use crate::store::waitpoints::{
     self as wp, BY_TIMEOUT, Completion, Created, MAX_TOKEN_DIGESTS, MAX_WAITPOINTS, NewWaitpoint,
     Settlement, Waitpoint, WaitpointFilter, WaitpointPage, WaitpointState, Waitpoints,
@@ -83,6 +83,24 @@ fn load(tx: &Connection, id: &str) -> StoreResult<Option<Waitpoint>> {
         &[&id],
     )?
     .pop())
+}
+
+/// What a suspend reads of `dispatch`'s waitpoints (`rules::WaitpointsSeen`), in one
+/// statement: whether one is pending, and the latest settlement of the others.
+pub(super) fn seen(tx: &Connection, dispatch: &str) -> StoreResult<WaitpointsSeen> {
+    tx.prepare_cached(
+        "SELECT coalesce(max(state = 'pending'), 0), \
+         max(CASE WHEN state <> 'pending' THEN settled_at END) \
+         FROM waitpoints INDEXED BY waitpoints_by_name WHERE dispatch = ?1",
+    )
+    .map_err(db)?
+    .query_row(params![dispatch], |row| {
+        Ok(WaitpointsSeen {
+            pending: row.get::<_, bool>(0)?,
+            last_settled: row.get::<_, Option<u64>>(1)?,
+        })
+    })
+    .map_err(db)
 }
 
 /// The waitpoints of `dispatch`, oldest first.
@@ -359,49 +377,6 @@ impl Waitpoints for EmbeddedStore {
             Ok(true)
         })
         .await
-    }
-
-    async fn suspend(&self, id: &str, token: &str, max_resumes: u32) -> StoreResult<Dispatch> {
-        let (id, token) = (id.to_owned(), token.to_owned());
-        let out = self
-            .write(move |tx, now| {
-                let row = rows::load(tx, &id)?;
-                let t = match &row {
-                    Some(row) => thread_row(tx, &row.dispatch.thread)?,
-                    None => Default::default(),
-                };
-                let found = row.as_ref().map(rows::StoredRow::found);
-                match rules::check_holder(found, &id, &token, Some(Settle::Suspend), t.epoch, now) {
-                    Holder::Repeat(d) => Ok(d),
-                    Holder::Refuse(e) => Err(TxError::Abort(e)),
-                    Holder::Supersede {
-                        record,
-                        token,
-                        error,
-                    } => {
-                        store_superseded(tx, Status::Claimed, &record, Some(&token))?;
-                        Err(TxError::Commit(error))
-                    }
-                    Holder::Live(d) => {
-                        let wps = of_dispatch(tx, &d.id)?;
-                        let d = wp::suspended(d, &wps, max_resumes, now)?;
-                        let settled = Some((token.as_str(), Settle::Suspend.as_str()));
-                        // Waiting: the thread keeps its holder, the lanes stay busy; queued
-                        // (every waitpoint already settled): the thread is free.
-                        rows::store(tx, &d, d.status == Status::Queued, settled)?;
-                        let e = rules::effects(Status::Claimed, d.status);
-                        effects::apply(tx, &d, e, Known::default(), now)?;
-                        Ok(d)
-                    }
-                }
-            })
-            .await;
-        match &out {
-            Ok(d) => self.waitpoint_changed(&d.thread, d.status == Status::Queued),
-            Err(StoreError::StaleEpoch { .. }) => self.signal(),
-            Err(_) => {}
-        }
-        out
     }
 
     async fn complete_waitpoint(

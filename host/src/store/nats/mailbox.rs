@@ -24,9 +24,10 @@ use crate::store::model::{
     Dispatch, DispatchRow, Interrupt, ListFilter, NewDispatch, Status, StatusCount,
 };
 use crate::store::rules::{
-    self, Found, Holder, HolderOp, Reclaim, Settle, SupersedeClaimed, Take, lease_live,
-    queued_record, same_content,
+    self, Found, Holder, HolderOp, Reclaim, Settle, SupersedeClaimed, Take, WaitpointsSeen,
+    lease_live, queued_record, same_content,
 };
+use crate::store::waitpoints;
 use crate::store::{Mailbox, REASON_STALE_EPOCH, StoreError, StoreResult};
 
 /// Refuses a queued record whose fields besides the payload leave too little room in its
@@ -51,25 +52,6 @@ fn fits_with_output(write: &Write, d: &Dispatch, room: &Room) -> StoreResult<()>
          at most {allowed} fit (the NATS server's max_payload is {} bytes)",
         d.id, room.value, room.server
     )))
-}
-
-/// The rules' holder verdict for `id` as the view has it.
-pub(super) fn check_holder(
-    view: &View,
-    id: &str,
-    token: &str,
-    settles: Option<Settle>,
-    now: u64,
-) -> StoreResult<Holder> {
-    let (found, thread_epoch) = holder_inputs(view, id)?;
-    Ok(rules::check_holder(
-        found,
-        id,
-        token,
-        settles,
-        thread_epoch,
-        now,
-    ))
 }
 
 /// The rules' verdict on the holder operation `op` for `id` as the view has it.
@@ -202,7 +184,21 @@ impl NatsStore {
                             wake: true,
                         }),
                         Holder::Live(mut d) => {
-                            op.clone().apply(&mut d, now);
+                            // A suspend is decided with the dispatch's waitpoints, under the
+                            // thread's fence: a completion stored first is seen here (and
+                            // resumes at once), one stored after finds the dispatch waiting.
+                            let seen = if op.reads_waitpoints() {
+                                waitpoints::seen(
+                                    view.waitpoints_of(&d.thread, &d.id)
+                                        .into_iter()
+                                        .map(|held| &held.waitpoint),
+                                )
+                            } else {
+                                WaitpointsSeen::default()
+                            };
+                            if let Err(e) = op.clone().apply(&mut d, now, seen) {
+                                return Ok(Plan::Refuse(Err(e)));
+                            }
                             let stored = match settles {
                                 Some(op) => settled(d.clone(), token, op),
                                 None => plain(d.clone()),

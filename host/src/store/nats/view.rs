@@ -1112,7 +1112,7 @@ mod tests {
 
     fn settled(d: &Dispatch, op: HolderOp) -> Dispatch {
         let mut d = d.clone();
-        op.apply(&mut d, 1_000);
+        op.apply(&mut d, 1_000, Default::default()).unwrap();
         d
     }
 

@@ -713,7 +713,7 @@ impl Model {
                 };
                 let settles = op.settles()?;
                 let mut d = s.dispatch.clone();
-                op.apply(&mut d, now);
+                op.apply(&mut d, now, Default::default()).ok()?;
                 let stored = Stored {
                     dispatch: d,
                     settled: Some((token, settles.as_str().to_owned())),

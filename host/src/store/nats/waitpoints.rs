@@ -27,15 +27,11 @@ use std::collections::{BTreeMap, HashSet};
 use async_trait::async_trait;
 
 use super::NatsStore;
-use super::commit::{
-    Expect, Plan, Write, put_dispatch, put_dispatch_expecting, put_waitpoint, settled,
-};
+use super::commit::{Expect, Plan, Write, put_dispatch_expecting, put_waitpoint};
 use super::fetch::Read;
 use super::keys::{Key, decode_waitpoint_of};
-use super::mailbox::check_holder;
 use super::view::{Stored, View};
 use crate::store::model::{Dispatch, Fence, Status};
-use crate::store::rules::{Holder, Settle};
 use crate::store::waitpoints::{
     self as wp, BY_TIMEOUT, Completion, Created, MAX_TOKEN_DIGESTS, MAX_WAITPOINTS, NewWaitpoint,
     Settlement, Waitpoint, WaitpointFilter, WaitpointPage, WaitpointState, Waitpoints,
@@ -390,46 +386,6 @@ impl Waitpoints for NatsStore {
                 answer: Ok(true),
                 wake: false,
             })
-        })
-        .await
-    }
-
-    async fn suspend(&self, id: &str, token: &str, max_resumes: u32) -> StoreResult<Dispatch> {
-        self.run(&[Read::Dispatch(id)], |view, now, _| {
-            match check_holder(view, id, token, Some(Settle::Suspend), now)? {
-                Holder::Repeat(d) => Ok(Plan::Done(Ok(d))),
-                Holder::Refuse(e) => Ok(Plan::Refuse(Err(e))),
-                Holder::Supersede {
-                    record,
-                    token,
-                    error,
-                } => Ok(Plan::Write {
-                    writes: put_dispatch(view, settled(record, &token, Settle::Supersede))?,
-                    answer: Err(error),
-                    wake: true,
-                }),
-                Holder::Live(d) => {
-                    // Decided with the dispatch's waitpoints under the thread's fence: a
-                    // completion stored first is seen here (and resumes at once), one stored
-                    // after finds the dispatch waiting.
-                    let wps: Vec<Waitpoint> = view
-                        .waitpoints_of(&d.thread, &d.id)
-                        .into_iter()
-                        .map(|h| h.waitpoint.clone())
-                        .collect();
-                    let d = match wp::suspended(d, &wps, max_resumes, now) {
-                        Ok(d) => d,
-                        Err(e) => return Ok(Plan::Refuse(Err(e))),
-                    };
-                    // Waiting, the thread stays held; queued at once, it is free.
-                    let wake = d.status == Status::Queued;
-                    Ok(Plan::Write {
-                        writes: put_dispatch(view, settled(d.clone(), token, Settle::Suspend))?,
-                        answer: Ok(d),
-                        wake,
-                    })
-                }
-            }
         })
         .await
     }

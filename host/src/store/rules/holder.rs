@@ -302,6 +302,70 @@ pub enum HolderOp {
         /// Why it was released (its `last_error`).
         reason: String,
     },
+    /// T17: waits for one of its waitpoints (or runs again at once when one was settled during
+    /// this run). Decided with what the store reads of the dispatch's waitpoints under the same
+    /// fence ([`WaitpointsSeen`]).
+    Suspend {
+        /// How many resumes the dispatch may use.
+        max_resumes: u32,
+    },
+}
+
+/// What a suspend reads of its dispatch's waitpoints, in the holder write's own atomic step.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct WaitpointsSeen {
+    /// Whether one of them is still pending.
+    pub pending: bool,
+    /// The latest `settled_at` of those no longer pending.
+    pub last_settled: Option<u64>,
+}
+
+/// T17's decision for the live holder's record `d`, with what was read of its waitpoints: the
+/// new record (`waiting`, or `queued` now as a resume when one was settled during this run), or
+/// the refusal.
+///
+/// # Errors
+///
+/// `Limit` past `max_resumes`; `Invalid` with no pending waitpoint and none settled during
+/// this run.
+pub(crate) fn suspend(
+    d: &mut Dispatch,
+    seen: WaitpointsSeen,
+    max_resumes: u32,
+    now: u64,
+) -> Result<(), StoreError> {
+    if d.resumes >= max_resumes {
+        return Err(StoreError::Limit(format!(
+            "max_resumes: dispatch `{}` has resumed {} times (the limit is {max_resumes})",
+            d.id, d.resumes
+        )));
+    }
+    let run_started = d.started_at.unwrap_or(0);
+    let settled_in_run = seen.last_settled.is_some_and(|at| at >= run_started);
+    if !settled_in_run && !seen.pending {
+        return Err(StoreError::Invalid(format!(
+            "suspend: dispatch `{}` has no pending waitpoint",
+            d.id
+        )));
+    }
+    d.claim = None;
+    d.started_at = None;
+    d.result = None;
+    d.updated_at = now;
+    if settled_in_run {
+        resume(d, now);
+    } else {
+        d.status = Status::Waiting;
+    }
+    Ok(())
+}
+
+/// T18 (and T17's immediate resume): back to `queued`, available now, one more resume.
+pub fn resume(d: &mut Dispatch, now: u64) {
+    d.status = Status::Queued;
+    d.available_at = now;
+    d.resumes = d.resumes.saturating_add(1);
+    d.updated_at = now;
 }
 
 impl HolderOp {
@@ -324,7 +388,14 @@ impl HolderOp {
             HolderOp::DeadLetter { .. } => "dead_letter",
             HolderOp::Complete(_) => "complete",
             HolderOp::Release { .. } => "release",
+            HolderOp::Suspend { .. } => "suspend",
         }
+    }
+
+    /// Whether the operation is decided with the dispatch's waitpoints ([`WaitpointsSeen`]),
+    /// which the backend then reads in the same atomic step.
+    pub(crate) fn reads_waitpoints(&self) -> bool {
+        matches!(self, HolderOp::Suspend { .. })
     }
 
     /// The run output the operation stores, if it stores one (checked against the backend's
@@ -344,13 +415,25 @@ impl HolderOp {
             HolderOp::Nack { .. } => Some(Settle::Nack),
             HolderOp::DeadLetter { .. } => Some(Settle::DeadLetter),
             HolderOp::Release { .. } => Some(Settle::Release),
+            HolderOp::Suspend { .. } => Some(Settle::Suspend),
         }
     }
 
-    /// Applies the operation to the live holder's record `d` at `now`. Returns whether the
-    /// record is queued and available now (a nack with a retry time already past).
-    pub(crate) fn apply(self, d: &mut Dispatch, now: u64) -> bool {
-        match self {
+    /// Applies the operation to the live holder's record `d` at `now`, a suspend with `seen`
+    /// (what the backend read of the dispatch's waitpoints when [`HolderOp::reads_waitpoints`];
+    /// every other operation ignores it). Returns whether the record is queued and available
+    /// now (a nack with a retry time already past, a suspend that resumes at once).
+    ///
+    /// # Errors
+    ///
+    /// Only a suspend's refusals ([`suspend`]); the record is then unchanged.
+    pub(crate) fn apply(
+        self,
+        d: &mut Dispatch,
+        now: u64,
+        seen: WaitpointsSeen,
+    ) -> Result<bool, StoreError> {
+        Ok(match self {
             HolderOp::Extend {
                 extension_ms,
                 until_max,
@@ -402,7 +485,11 @@ impl HolderOp {
                 d.updated_at = now;
                 d.available_at <= now
             }
-        }
+            HolderOp::Suspend { max_resumes } => {
+                suspend(d, seen, max_resumes, now)?;
+                d.status == Status::Queued
+            }
+        })
     }
 }
 
@@ -510,7 +597,9 @@ mod tests {
     fn repeating_the_settling_operation_with_its_token_is_a_repeat() {
         let mut d = claimed(0);
         let token = tok(&d);
-        HolderOp::Ack.apply(&mut d, NOW);
+        HolderOp::Ack
+            .apply(&mut d, NOW, WaitpointsSeen::default())
+            .unwrap();
         let settled = Some(Found {
             dispatch: &d,
             settled: Some((token.as_str(), "ack")),
@@ -575,7 +664,9 @@ mod tests {
             Fenced::Refuse(StoreError::Invalid(_))
         ));
         let mut acked = d.clone();
-        HolderOp::Ack.apply(&mut acked, NOW);
+        HolderOp::Ack
+            .apply(&mut acked, NOW, WaitpointsSeen::default())
+            .unwrap();
         assert_eq!(
             check_fence(Some(&acked), "t", &fence, 2, NOW),
             Fenced::Refuse(StoreError::NotClaimed {
@@ -655,27 +746,49 @@ mod tests {
             extension_ms,
             until_max,
         };
-        assert!(!extend(700, None).apply(&mut d, NOW));
+        assert!(
+            !extend(700, None)
+                .apply(&mut d, NOW, WaitpointsSeen::default())
+                .unwrap()
+        );
         assert_eq!(d.claim.as_ref().unwrap().lease_until, NOW + 700);
-        assert!(!extend(700, Some(NOW + 300)).apply(&mut d, NOW));
+        assert!(
+            !extend(700, Some(NOW + 300))
+                .apply(&mut d, NOW, WaitpointsSeen::default())
+                .unwrap()
+        );
         assert_eq!(
             d.claim.as_ref().unwrap().lease_until,
             NOW + 300,
             "an extension stops at its bound"
         );
-        assert!(!extend(700, Some(NOW + 900)).apply(&mut d, NOW));
+        assert!(
+            !extend(700, Some(NOW + 900))
+                .apply(&mut d, NOW, WaitpointsSeen::default())
+                .unwrap()
+        );
         assert_eq!(d.claim.as_ref().unwrap().lease_until, NOW + 700);
-        assert!(!HolderOp::Start.apply(&mut d, NOW));
+        assert!(
+            !HolderOp::Start
+                .apply(&mut d, NOW, WaitpointsSeen::default())
+                .unwrap()
+        );
         assert_eq!(d.started_at, Some(NOW));
         let result = RunResult::success(b"out".to_vec());
-        assert!(!HolderOp::Result(result.clone()).apply(&mut d, NOW));
+        assert!(
+            !HolderOp::Result(result.clone())
+                .apply(&mut d, NOW, WaitpointsSeen::default())
+                .unwrap()
+        );
         assert_eq!(
             (d.status, d.result.clone()),
             (Status::Claimed, Some(result.clone()))
         );
 
         let mut acked = d.clone();
-        HolderOp::Ack.apply(&mut acked, NOW);
+        HolderOp::Ack
+            .apply(&mut acked, NOW, WaitpointsSeen::default())
+            .unwrap();
         assert_eq!((acked.status, acked.claim.clone()), (Status::Acked, None));
         assert_eq!(
             acked.result,
@@ -684,7 +797,9 @@ mod tests {
         );
 
         let mut completed = base.clone();
-        HolderOp::Complete(result.clone()).apply(&mut completed, NOW);
+        HolderOp::Complete(result.clone())
+            .apply(&mut completed, NOW, WaitpointsSeen::default())
+            .unwrap();
         assert_eq!(
             (completed.status, completed.result),
             (Status::Acked, Some(result))
@@ -696,7 +811,8 @@ mod tests {
             retry_at: NOW,
             error: error.clone(),
         }
-        .apply(&mut nacked, NOW);
+        .apply(&mut nacked, NOW, WaitpointsSeen::default())
+        .unwrap();
         assert!(ready);
         assert_eq!((nacked.status, nacked.attempt), (Status::Queued, 1));
         let mut later = base.clone();
@@ -705,14 +821,16 @@ mod tests {
                 retry_at: NOW + 1,
                 error,
             }
-            .apply(&mut later, NOW)
+            .apply(&mut later, NOW, WaitpointsSeen::default())
+            .unwrap()
         );
 
         let mut dead = base;
         HolderOp::DeadLetter {
             error: "gave up".into(),
         }
-        .apply(&mut dead, NOW);
+        .apply(&mut dead, NOW, WaitpointsSeen::default())
+        .unwrap();
         assert_eq!(dead.status, Status::DeadLetter);
         assert_eq!(dead.last_error.as_deref(), Some("gave up"));
 

@@ -20,11 +20,11 @@ pub(crate) use claim::{
 };
 pub use effects::{BY_DISPATCH_ENDED, BY_INTERRUPT};
 pub(crate) use effects::{Effects, effects, waitpoints_end};
-pub use holder::HolderOp;
 pub(crate) use holder::{
-    Fenced, Found, Holder, Settle, SupersedeClaimed, check_fence, check_holder, check_holder_op,
-    supersede_claimed,
+    Fenced, Found, Holder, Settle, SupersedeClaimed, check_fence, check_holder_op,
+    supersede_claimed, suspend,
 };
+pub use holder::{HolderOp, WaitpointsSeen, resume};
 pub(crate) use reads::ByteBudget;
 
 use crate::store::model::{Dispatch, NewDispatch, Status};

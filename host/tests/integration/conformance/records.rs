@@ -211,10 +211,7 @@ async fn one_of_each_status(s: &Store) -> Vec<(Status, String)> {
     };
     let fence = homing::store::Fence::of(&c).unwrap();
     s.waitpoints.create_waitpoint(&fence, new).await.unwrap();
-    s.waitpoints
-        .suspend("s-waiting", &tok(&c), 100)
-        .await
-        .unwrap();
+    s.mailbox.suspend("s-waiting", &tok(&c), 100).await.unwrap();
     vec![
         (Status::Queued, "s-queued".into()),
         (Status::Claimed, "s-claimed".into()),

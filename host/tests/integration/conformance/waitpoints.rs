@@ -63,7 +63,7 @@ async fn claimed_with(store: &Store, thread: &str, id: &str, name: &str) -> (Dis
 /// Suspends claim `d`; it must succeed.
 async fn suspend(store: &Store, d: &Dispatch) -> Dispatch {
     let token = tok(d);
-    retry(|| store.waitpoints.suspend(&d.id, &token, MAX_RESUMES))
+    retry(|| store.mailbox.suspend(&d.id, &token, MAX_RESUMES))
         .await
         .unwrap_or_else(|e| panic!("suspend {}: {e}", d.id))
 }
@@ -246,7 +246,7 @@ pub async fn a_suspended_dispatch_waits_holding_its_thread_and_nothing_else<F: F
         (0, 0, 1)
     );
     assert_eq!(
-        retry(|| s.waitpoints.suspend("d1", &token, MAX_RESUMES))
+        retry(|| s.mailbox.suspend("d1", &token, MAX_RESUMES))
             .await
             .unwrap(),
         waiting,
@@ -358,7 +358,7 @@ pub async fn a_completion_before_the_suspend_resumes_at_once<F: Factory>(factory
     assert_eq!(again.id, "d1");
     env.advance(1);
     let again = s.mailbox.record_start("d1", &tok(&again)).await.unwrap();
-    match s.waitpoints.suspend("d1", &tok(&again), MAX_RESUMES).await {
+    match s.mailbox.suspend("d1", &tok(&again), MAX_RESUMES).await {
         Err(StoreError::Invalid(m)) => assert!(m.contains("no pending waitpoint"), "{m}"),
         other => panic!("expected Invalid, got {other:?}"),
     }
@@ -378,7 +378,7 @@ pub async fn a_suspend_past_max_resumes_is_limit<F: Factory>(factory: &F) {
     complete(&s, &w.id, b"ok").await;
     let d = claim_some(&s).await;
     create(&s, &d, "second", 60_000).await;
-    match s.waitpoints.suspend("d1", &tok(&d), 1).await {
+    match s.mailbox.suspend("d1", &tok(&d), 1).await {
         Err(StoreError::Limit(m)) => assert!(m.contains("max_resumes"), "{m}"),
         other => panic!("expected Limit, got {other:?}"),
     }
