@@ -222,20 +222,7 @@ pub(super) async fn calls_on(
                 settings,
             )
         });
-        let claim = crate::runtime::host::ClaimHandle {
-            dispatch: claimed.clone(),
-            token: claimed.token().unwrap_or_default().to_owned(),
-            settled: None,
-            control: Default::default(),
-            enqueued: 0,
-            handed: 0,
-            tokens: Vec::new(),
-            lease: None,
-            span: tracing::Span::none(),
-            journal: recorder,
-            warned_steps: false,
-            live: None,
-        };
+        let claim = crate::runtime::host::ClaimHandle::unguarded(claimed.clone(), recorder);
         let start = Instant::now();
         let run = runtime.run_handler(plugin, claim, &mut None).await;
         samples.push(start.elapsed().as_secs_f64() * 1e6);

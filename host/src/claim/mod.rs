@@ -56,32 +56,125 @@ pub struct Claimer<'a> {
 #[derive(Debug)]
 pub struct ClaimHandle {
     /// The dispatch as claimed.
-    pub dispatch: Dispatch,
+    dispatch: Dispatch,
     /// Its claim token.
-    pub token: String,
+    token: String,
     /// Set once it is settled.
-    pub settled: Option<Settlement>,
+    settled: Option<Settlement>,
     /// Stop requests for this claim.
-    pub control: Arc<ClaimControl>,
+    control: Arc<ClaimControl>,
     /// Follow-ups enqueued through this claim.
-    pub enqueued: u32,
+    enqueued: u32,
     /// The highest inbox sequence handed to the guest through this claim (`next-message`).
-    pub handed: u64,
+    handed: u64,
     /// The waitpoints this claim handed a completion token for (one per waitpoint and claim).
-    pub tokens: Vec<String>,
+    tokens: Vec<String>,
     /// Keeps the lease alive until dropped.
-    pub lease: Option<LeaseGuard>,
+    lease: Option<LeaseGuard>,
     /// The attempt's `homing.dispatch` span: open while the claim is held.
-    pub span: tracing::Span,
+    span: tracing::Span,
     /// The journal of this claim's run (`None` with `journal = "off"`).
-    pub journal: Option<Arc<Recorder>>,
+    journal: Option<Arc<Recorder>>,
     /// Set once a `step-put` that stored nothing (`journal = "off"`) was logged.
-    pub warned_steps: bool,
+    warned_steps: bool,
     /// What this claim streamed (`emit`), once it streamed something.
-    pub live: Option<crate::live::LiveClaim>,
+    live: Option<crate::live::LiveClaim>,
 }
 
 impl ClaimHandle {
+    /// A claim of `dispatch` held without a lease guard, a span or a stop request of its own:
+    /// what a benchmark runs a guest on.
+    pub fn unguarded(dispatch: Dispatch, journal: Option<Arc<Recorder>>) -> ClaimHandle {
+        ClaimHandle {
+            token: dispatch.token().unwrap_or_default().to_owned(),
+            dispatch,
+            settled: None,
+            control: Arc::default(),
+            enqueued: 0,
+            handed: 0,
+            tokens: Vec::new(),
+            lease: None,
+            span: tracing::Span::none(),
+            journal,
+            warned_steps: false,
+            live: None,
+        }
+    }
+
+    /// The dispatch as claimed.
+    pub fn dispatch(&self) -> &Dispatch {
+        &self.dispatch
+    }
+
+    /// Its claim token.
+    pub fn token(&self) -> &str {
+        &self.token
+    }
+
+    /// How it was settled, once it is.
+    pub fn settled(&self) -> Option<Settlement> {
+        self.settled
+    }
+
+    /// Its stop requests.
+    pub fn control(&self) -> &Arc<ClaimControl> {
+        &self.control
+    }
+
+    /// The attempt's `homing.dispatch` span.
+    pub fn span(&self) -> &tracing::Span {
+        &self.span
+    }
+
+    /// The journal of its run (`None` with `journal = "off"`).
+    pub fn journal(&self) -> Option<&Arc<Recorder>> {
+        self.journal.as_ref()
+    }
+
+    /// How many follow-ups were enqueued through it.
+    pub fn enqueued(&self) -> u32 {
+        self.enqueued
+    }
+
+    /// Counts one more follow-up enqueued through it.
+    pub fn count_enqueued(&mut self) {
+        self.enqueued = self.enqueued.saturating_add(1);
+    }
+
+    /// The highest inbox sequence handed to its guest (`next-message`).
+    pub fn handed(&self) -> u64 {
+        self.handed
+    }
+
+    /// Notes that the inbox was handed through `seq` (never moves back).
+    pub fn hand_through(&mut self, seq: u64) {
+        self.handed = self.handed.max(seq);
+    }
+
+    /// The waitpoints it handed a completion token for.
+    pub fn tokens(&self) -> &[String] {
+        &self.tokens
+    }
+
+    /// Notes that it handed a completion token for waitpoint `id`.
+    pub fn gave_token(&mut self, id: String) {
+        self.tokens.push(id);
+    }
+
+    /// True the first time only: whether to log that a `step-put` stored nothing.
+    pub fn warn_steps_once(&mut self) -> bool {
+        !std::mem::replace(&mut self.warned_steps, true)
+    }
+
+    /// What it streamed, opened with `open` the first time.
+    pub fn live_or(
+        &mut self,
+        open: impl FnOnce(&Dispatch) -> crate::live::LiveClaim,
+    ) -> &mut crate::live::LiveClaim {
+        let dispatch = &self.dispatch;
+        self.live.get_or_insert_with(|| open(dispatch))
+    }
+
     /// The fence of this claim's thread-log writes.
     pub fn fence(&self) -> Fence {
         Fence {

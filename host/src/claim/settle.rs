@@ -166,6 +166,36 @@ impl ClaimHandle {
         self.settled_by(Settlement::DeadLettered, out)
     }
 
+    /// Records the start of the run (T6), through this claim.
+    ///
+    /// # Errors
+    ///
+    /// When the store refuses the write or fails.
+    pub async fn record_start(&self, store: &Store) -> Result<Dispatch, StoreError> {
+        store
+            .mailbox
+            .record_start(&self.dispatch.id, &self.token)
+            .instrument(self.span.clone())
+            .await
+    }
+
+    /// Records what the run produced (T7), through this claim; it stays claimed.
+    ///
+    /// # Errors
+    ///
+    /// When the store refuses the write or fails.
+    pub async fn record_result(
+        &self,
+        store: &Store,
+        result: RunResult,
+    ) -> Result<Dispatch, StoreError> {
+        store
+            .mailbox
+            .record_result(&self.dispatch.id, &self.token, result)
+            .instrument(self.span.clone())
+            .await
+    }
+
     /// Supersedes the dispatch, whose thread was interrupted while it ran, with `reason`
     /// (`None`: it had already ended).
     ///

@@ -187,7 +187,7 @@ impl Runtime {
         let reuse = plugin.ctx.config.reuse_instance;
         let (mut store, instance, uses) = match warm.take() {
             Some(w) if w.uses < reuse => (w.store, Some(w.instance), w.uses),
-            _ => match self.new_store_for(plugin, Some(&claim.dispatch.id)) {
+            _ => match self.new_store_for(plugin, Some(&claim.dispatch().id)) {
                 Ok(store) => (store, None, 0),
                 Err(e) => return not_started(claim, format!("{e:#}")),
             },
@@ -198,7 +198,7 @@ impl Runtime {
             return not_started(claim, format!("{e:#}"));
         }
         store.data_mut().abort = None;
-        if let Some(recorder) = &claim.journal {
+        if let Some(recorder) = claim.journal() {
             // A replaying run reads its clock and random values from the journal at once.
             recorder.prepare().await;
         }
@@ -318,7 +318,7 @@ impl Runtime {
 fn guest_call_span(claim: &ClaimHandle, fresh: bool) -> tracing::Span {
     tracing::info_span!(
         target: crate::telemetry::trace::TARGET,
-        parent: &claim.span,
+        parent: claim.span(),
         "homing.guest_call",
         homing.instance = if fresh { "fresh" } else { "reused" },
     )

@@ -91,10 +91,10 @@ impl InFlight {
     fn add(&self, claim: &ClaimHandle, plugin: &Plugin) {
         if let Ok(mut claims) = self.claims.lock() {
             claims.insert(
-                claim.dispatch.id.clone(),
+                claim.dispatch().id.clone(),
                 Held {
-                    token: claim.token.clone(),
-                    control: claim.control.clone(),
+                    token: claim.token().to_owned(),
+                    control: claim.control().clone(),
                     plugin: plugin.ctx.name.clone(),
                     sha256: plugin.sha256.clone(),
                     since: std::time::Instant::now(),
@@ -720,8 +720,8 @@ async fn worker(
                 }
                 let claim = claim::hold(&plugin.ctx.claimer(), dispatch);
                 in_flight.add(&claim, &plugin);
-                let id = claim.dispatch.id.clone();
-                let span = claim.span.clone();
+                let id = claim.dispatch().id.clone();
+                let span = claim.span().clone();
                 // With no stop asked, the completion claims the next dispatch in the same step.
                 let next = (!shutdown.load(Ordering::SeqCst)).then_some(&claimer);
                 let (outcome, settling, claimed_next) =
@@ -798,7 +798,7 @@ async fn run_one(
     next: Option<&Claimer<'_>>,
 ) -> (Outcome, Option<Duration>, Option<Result<Gated, StoreError>>) {
     let started = std::time::Instant::now();
-    let (id, attempt) = (claim.dispatch.id.clone(), claim.dispatch.attempt);
+    let (id, attempt) = (claim.dispatch().id.clone(), claim.dispatch().attempt);
     let name = plugin.ctx.name.clone();
     let mut settling = None;
     let mut claimed_next = None;
@@ -872,7 +872,7 @@ async fn settle(
 ) -> (Outcome, Option<Result<Gated, StoreError>>) {
     // Stop renewing: from here on the host settles promptly or not at all.
     claim.stop_renewing();
-    if let Some(settled) = claim.settled {
+    if let Some(settled) = claim.settled() {
         return (settled.into(), None);
     }
     let mut claimed_next = None;
@@ -917,17 +917,17 @@ async fn settle(
             .map(|d| failed_outcome(&d)),
     };
     let outcome = match result {
-        Ok(_) if claim.settled == Some(crate::claim::Settlement::Parked) => Outcome::Parked,
+        Ok(_) if claim.settled() == Some(crate::claim::Settlement::Parked) => Outcome::Parked,
         Ok(outcome) => outcome,
         Err(StoreError::StaleEpoch { .. }) => Outcome::Superseded,
         Err(e) => {
-            warn!(plugin = %plugin.ctx.name, dispatch = %claim.dispatch.id, "could not settle: {e}");
+            warn!(plugin = %plugin.ctx.name, dispatch = %claim.dispatch().id, "could not settle: {e}");
             Outcome::Unsettled
         }
     };
     // A settlement recorded itself on the span; what is left is why nothing was settled.
-    if claim.settled.is_none() {
-        crate::telemetry::trace::record_outcome(&claim.span, outcome.as_str(), outcome.failed());
+    if claim.settled().is_none() {
+        crate::telemetry::trace::record_outcome(claim.span(), outcome.as_str(), outcome.failed());
     }
     (outcome, claimed_next)
 }

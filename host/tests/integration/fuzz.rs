@@ -960,7 +960,7 @@ mod found {
                 .table()
                 .get(&borrow(rep))
                 .unwrap()
-                .control
+                .control()
                 .request_stop(reason);
             let out = HostClaim::enqueue(&mut guest, borrow(rep), follow_up())
                 .await

@@ -89,8 +89,8 @@ impl Fixture {
             .unwrap()
             .unwrap();
         let snapshot = ClaimSnapshot {
-            id: claim.dispatch.id.clone(),
-            thread: claim.dispatch.thread.clone(),
+            id: claim.dispatch().id.clone(),
+            thread: claim.dispatch().thread.clone(),
         };
         let resource = guest.table().push(claim).unwrap();
         (resource.rep(), snapshot)
@@ -232,7 +232,7 @@ async fn nack_applies_the_plugins_backoff_and_the_guests_hint_as_a_floor() {
         .await
         .unwrap()
         .unwrap();
-    assert_eq!(claim.dispatch.attempt, 1);
+    assert_eq!(claim.dispatch().attempt, 1);
     let rep = guest.table().push(claim).unwrap().rep();
     let now = f.store.now();
     guest
@@ -327,7 +327,7 @@ async fn stop_requested_reports_shutdown_and_cancellation() {
         .table()
         .get(&borrow(rep))
         .unwrap()
-        .control
+        .control()
         .request_stop(homing::claim::StopReason::Interrupted);
     assert_eq!(
         guest.stop_requested(borrow(rep)).await.unwrap(),
@@ -802,7 +802,7 @@ async fn waitpoints_are_created_once_awaited_and_suspended_on() {
             .unwrap()
             .unwrap();
         assert_eq!(
-            (c.dispatch.id.as_str(), c.dispatch.claims),
+            (c.dispatch().id.as_str(), c.dispatch().claims),
             (claim.id.as_str(), 2)
         );
         guest.table().push(c).unwrap().rep()
@@ -861,7 +861,10 @@ async fn waitpoints_are_created_once_awaited_and_suspended_on() {
         .await
         .unwrap()
         .unwrap();
-    assert_eq!((claim3.dispatch.resumes, claim3.dispatch.claims), (2, 3));
+    assert_eq!(
+        (claim3.dispatch().resumes, claim3.dispatch().claims),
+        (2, 3)
+    );
     let rep3 = guest.table().push(claim3).unwrap().rep();
     let all = guest.waitpoints(borrow(rep3)).await.unwrap().unwrap();
     assert_eq!(

@@ -125,8 +125,8 @@ impl GuestState {
 /// The claim's journal when it journals the run's calls (`journal = "run"`).
 fn journaling(claim: &ClaimHandle) -> Option<std::sync::Arc<claim::Recorder>> {
     claim
-        .journal
-        .clone()
+        .journal()
+        .cloned()
         .filter(|recorder| recorder.journals_calls())
 }
 
@@ -171,13 +171,13 @@ fn wit_message(m: Message) -> types::Message {
 /// Why a write through `claim` is refused before it reaches the store, if it is: the claim
 /// is settled, or told to stop for good.
 fn refuse_write(claim: &ClaimHandle) -> Option<GuestError> {
-    let id = &claim.dispatch.id;
-    if claim.settled.is_some() {
+    let id = &claim.dispatch().id;
+    if claim.settled().is_some() {
         return Some(GuestError::LostClaim(format!(
             "dispatch `{id}` was already settled through this claim"
         )));
     }
-    match claim.control.stop_reason() {
+    match claim.control().stop_reason() {
         Some(claim::StopReason::Interrupted) => Some(GuestError::Interrupted(format!(
             "the thread of dispatch `{id}` was interrupted"
         ))),
@@ -194,7 +194,7 @@ fn refuse_follow_up(claim: &ClaimHandle) -> Option<GuestError> {
     if let Some(refusal) = refuse_write(claim) {
         return Some(refusal);
     }
-    (claim.enqueued >= MAX_ENQUEUES_PER_CLAIM).then(|| {
+    (claim.enqueued() >= MAX_ENQUEUES_PER_CLAIM).then(|| {
         GuestError::Denied(format!(
             "a dispatch may enqueue at most {MAX_ENQUEUES_PER_CLAIM} follow-ups"
         ))
@@ -203,7 +203,7 @@ fn refuse_follow_up(claim: &ClaimHandle) -> Option<GuestError> {
 
 impl mailbox::HostClaim for GuestState {
     async fn info(&mut self, handle: Resource<ClaimHandle>) -> wasmtime::Result<DispatchInfo> {
-        Ok(dispatch_info(&self.claim(&handle)?.dispatch))
+        Ok(dispatch_info(self.claim(&handle)?.dispatch()))
     }
 
     async fn record_start(
@@ -211,12 +211,7 @@ impl mailbox::HostClaim for GuestState {
         handle: Resource<ClaimHandle>,
     ) -> wasmtime::Result<Result<(), GuestError>> {
         let claim = self.claim(&handle)?;
-        let out = self
-            .plugin
-            .store
-            .mailbox
-            .record_start(&claim.dispatch.id, &claim.token)
-            .await;
+        let out = claim.record_start(&self.plugin.store).await;
         Ok(out.map(drop).map_err(guest_error))
     }
 
@@ -229,11 +224,8 @@ impl mailbox::HostClaim for GuestState {
         if let Err(e) = self.plugin.check_payload("output", output.len()) {
             return Ok(Err(GuestError::Invalid(e)));
         }
-        let out = self
-            .plugin
-            .store
-            .mailbox
-            .record_result(&claim.dispatch.id, &claim.token, RunResult::success(output))
+        let out = claim
+            .record_result(&self.plugin.store, RunResult::success(output))
             .await;
         Ok(out.map(drop).map_err(guest_error))
     }
@@ -293,7 +285,7 @@ impl mailbox::HostClaim for GuestState {
             return Ok(Err(GuestError::Invalid(e)));
         }
         let fence = claim.fence();
-        let thread = claim.dispatch.thread.clone();
+        let thread = claim.dispatch().thread.clone();
         if let Some(recorder) = journaling(claim) {
             let out = journaled::append(&recorder, &self.plugin.store, &thread, &entry, None);
             return Ok(out.await.map_err(guest_error));
@@ -318,7 +310,7 @@ impl mailbox::HostClaim for GuestState {
             return Ok(Err(GuestError::Invalid(e)));
         }
         let fence = claim.fence();
-        let thread = claim.dispatch.thread.clone();
+        let thread = claim.dispatch().thread.clone();
         if let Some(recorder) = journaling(claim) {
             let store = &self.plugin.store;
             let out = journaled::append(&recorder, store, &thread, &entry, Some(expected_latest));
@@ -340,7 +332,7 @@ impl mailbox::HostClaim for GuestState {
         limit: u32,
     ) -> wasmtime::Result<Result<Vec<types::LogEntry>, GuestError>> {
         let claim = self.claim(&handle)?;
-        let thread = claim.dispatch.thread.clone();
+        let thread = claim.dispatch().thread.clone();
         let recorder = journaling(claim);
         // "Up to `limit`": none for 0 (the store would read its default page for 0).
         if limit == 0 {
@@ -378,7 +370,7 @@ impl mailbox::HostClaim for GuestState {
         handle: Resource<ClaimHandle>,
     ) -> wasmtime::Result<Result<u64, GuestError>> {
         let claim = self.claim(&handle)?;
-        let thread = claim.dispatch.thread.clone();
+        let thread = claim.dispatch().thread.clone();
         if let Some(recorder) = journaling(claim) {
             let out = journaled::latest(&recorder, &self.plugin.store, &thread).await;
             return Ok(out.map_err(guest_error));
@@ -397,7 +389,7 @@ impl mailbox::HostClaim for GuestState {
         handle: Resource<ClaimHandle>,
     ) -> wasmtime::Result<Option<StopReason>> {
         let claim = self.claim(&handle)?;
-        if let Some(reason) = claim.control.stop_reason() {
+        if let Some(reason) = claim.control().stop_reason() {
             return Ok(Some(reason.into()));
         }
         if self.plugin.shutdown.load(Ordering::SeqCst) {
@@ -418,10 +410,10 @@ impl mailbox::HostClaim for GuestState {
         if let Some(refusal) = refuse_follow_up(claim) {
             return Ok(Err(refusal));
         }
-        let parent = claim.dispatch.clone();
+        let parent = claim.dispatch().clone();
         // A follow-up is a child of this attempt's span (or, with traces off, carries on the
         // `traceparent` this dispatch was enqueued with).
-        let trace = crate::telemetry::trace::traceparent(&claim.span)
+        let trace = crate::telemetry::trace::traceparent(claim.span())
             .or_else(|| parent.metadata.get("traceparent").cloned());
         let new = match self.enqueue_request(request, Some(&parent), trace) {
             Ok(new) => new,
@@ -432,7 +424,7 @@ impl mailbox::HostClaim for GuestState {
             None => self.plugin.store.mailbox.enqueue(new).await.map(|d| d.id),
         };
         if out.is_ok() {
-            self.claim_mut(&handle)?.enqueued += 1;
+            self.claim_mut(&handle)?.count_enqueued();
         }
         Ok(out.map_err(guest_error))
     }
@@ -446,16 +438,16 @@ impl mailbox::HostClaim for GuestState {
         if let Some(refusal) = refuse_write(claim) {
             return Ok(Err(refusal));
         }
-        let thread = claim.dispatch.thread.clone();
-        let agent = claim.dispatch.agent.clone();
-        let control = claim.control.clone();
-        let after = claim.handed;
+        let thread = claim.dispatch().thread.clone();
+        let agent = claim.dispatch().agent.clone();
+        let control = claim.control().clone();
+        let after = claim.handed();
         let (until, by_deadline) = self.wait_until(wait_ms);
         let store = self.plugin.store.clone();
         match messages::wait_next(&store, &thread, after, until, control.stopped()).await {
             Err(e) => Ok(Err(guest_error(e))),
             Ok(Some(message)) => {
-                self.claim_mut(&handle)?.handed = message.seq;
+                self.claim_mut(&handle)?.hand_through(message.seq);
                 let waited = store.now().saturating_sub(message.sent_at);
                 histogram!(MESSAGE_DELIVERY, "agent" => agent).record(waited as f64 / 1000.0);
                 Ok(Ok(Some(wit_message(message))))
@@ -479,8 +471,8 @@ impl mailbox::HostClaim for GuestState {
             return Ok(Err(refusal));
         }
         let fence = claim.fence();
-        let thread = claim.dispatch.thread.clone();
-        let agent = claim.dispatch.agent.clone();
+        let thread = claim.dispatch().thread.clone();
+        let agent = claim.dispatch().agent.clone();
         let out = self
             .plugin
             .store
@@ -505,9 +497,9 @@ impl mailbox::HostClaim for GuestState {
             return Ok(Err(refusal));
         }
         let fence = claim.fence();
-        let claims = claim.dispatch.claims;
-        let agent = claim.dispatch.agent.clone();
-        let given = claim.tokens.clone();
+        let claims = claim.dispatch().claims;
+        let agent = claim.dispatch().agent.clone();
+        let given = claim.tokens().to_vec();
         let token = match mint_token() {
             Ok(token) => token,
             Err(e) => return Ok(Err(guest_error(e))),
@@ -542,7 +534,7 @@ impl mailbox::HostClaim for GuestState {
         };
         let token = handed.then_some(token);
         if token.is_some() {
-            self.claim_mut(&handle)?.tokens.push(w.id.clone());
+            self.claim_mut(&handle)?.gave_token(w.id.clone());
         }
         w.token_digests.clear();
         let url = token.as_deref().and_then(|token| {
@@ -556,7 +548,7 @@ impl mailbox::HostClaim for GuestState {
         &mut self,
         handle: Resource<ClaimHandle>,
     ) -> wasmtime::Result<Result<Vec<types::Waitpoint>, GuestError>> {
-        let id = self.claim(&handle)?.dispatch.id.clone();
+        let id = self.claim(&handle)?.dispatch().id.clone();
         let out = self.plugin.store.waitpoints.waitpoints_of(&id).await;
         Ok(out
             .map(|all| {
@@ -577,9 +569,9 @@ impl mailbox::HostClaim for GuestState {
         if let Some(refusal) = refuse_write(claim) {
             return Ok(Err(refusal));
         }
-        let dispatch = claim.dispatch.id.clone();
-        let thread = claim.dispatch.thread.clone();
-        let control = claim.control.clone();
+        let dispatch = claim.dispatch().id.clone();
+        let thread = claim.dispatch().thread.clone();
+        let control = claim.control().clone();
         let (until, by_deadline) = self.wait_until(wait_ms);
         let store = self.plugin.store.clone();
         let out =
@@ -623,7 +615,7 @@ impl mailbox::HostClaim for GuestState {
             return Ok(Err(e));
         }
         // With `journal = "off"` nothing is ever stored, so every key reads as unset.
-        let Some(recorder) = claim.journal.clone() else {
+        let Some(recorder) = claim.journal().cloned() else {
             return Ok(Ok(None));
         };
         Ok(recorder.step_get(&key).await.map_err(guest_error))
@@ -647,12 +639,11 @@ impl mailbox::HostClaim for GuestState {
         }
         // `journal = "off"`: stores nothing and succeeds, so a guest's step helpers work under
         // any setting (they then run every step each time); said once per claim.
-        let Some(recorder) = claim.journal.clone() else {
+        let Some(recorder) = claim.journal().cloned() else {
             let plugin = self.plugin.name.clone();
             let claim = self.claim_mut(&handle)?;
-            if !claim.warned_steps {
-                claim.warned_steps = true;
-                debug!(plugin = %plugin, dispatch = %claim.dispatch.id, "step-put stores nothing: the plugin's journal is \"off\"");
+            if claim.warn_steps_once() {
+                debug!(plugin = %plugin, dispatch = %claim.dispatch().id, "step-put stores nothing: the plugin's journal is \"off\"");
             }
             return Ok(Ok(()));
         };
@@ -671,9 +662,7 @@ impl mailbox::HostClaim for GuestState {
             return Ok(Err(refusal));
         }
         // The first delta of a claim opens its stream; the claim ends it when it settles.
-        let live = claim.live.get_or_insert_with(|| {
-            hub.open(&claim.dispatch.id, agent, claim.dispatch.claims, timeout)
-        });
+        let live = claim.live_or(|d| hub.open(&d.id, agent, d.claims, timeout));
         Ok(live.emit(&chunk).map_err(|e| match e {
             EmitError::Empty | EmitError::TooLarge { .. } => GuestError::Invalid(e.to_string()),
             EmitError::Bytes { .. } | EmitError::Rate { .. } => GuestError::Denied(e.to_string()),
@@ -683,12 +672,12 @@ impl mailbox::HostClaim for GuestState {
 
     async fn drop(&mut self, handle: Resource<ClaimHandle>) -> wasmtime::Result<()> {
         let mut claim = self.table.delete(handle)?;
-        if claim.settled.is_none() && !claim.control.must_cancel() {
+        if claim.settled().is_none() && !claim.control().must_cancel() {
             // The agent world's guest dropped a claim it never settled: a failed attempt.
             let (store, retry) = (&self.plugin.store, &self.plugin.config.retry);
             let error = "guest dropped the claim without settling it";
             if let Err(e) = claim.nack(store, retry, error, None).await {
-                debug!(plugin = %self.plugin.name, dispatch = %claim.dispatch.id, "nack of dropped claim refused: {e}");
+                debug!(plugin = %self.plugin.name, dispatch = %claim.dispatch().id, "nack of dropped claim refused: {e}");
             }
         }
         Ok(())

@@ -275,21 +275,21 @@ impl GuestState {
     /// log tag.
     pub fn begin(&mut self, claim: &ClaimHandle) {
         self.deadline = Some(Instant::now() + self.plugin.config.timeout);
-        self.control = Some(claim.control.clone());
+        self.control = Some(claim.control().clone());
         self.http.deadline = self.deadline;
         self.http.control = self.control.clone();
-        self.http.traceparent = claim.dispatch.metadata.get("traceparent").cloned();
+        self.http.traceparent = claim.dispatch().metadata.get("traceparent").cloned();
         self.http.journal = claim
-            .journal
-            .clone()
+            .journal()
+            .cloned()
             .filter(|recorder| recorder.journals_calls());
         if let Some(slot) = &self.journal_slot {
             slot.set(self.http.journal.clone());
         }
         if let Ok(mut log) = self.log.lock() {
             log.begin(LogTag {
-                dispatch: claim.dispatch.id.clone(),
-                attempt: claim.dispatch.attempt,
+                dispatch: claim.dispatch().id.clone(),
+                attempt: claim.dispatch().attempt,
             });
         }
     }
