@@ -51,6 +51,12 @@ impl Status {
         Status::DeadLetter,
     ];
 
+    /// Whether a cancel (T3) takes a dispatch in this status: queued or waiting (a claimed one
+    /// is stopped by its host, a terminal one is settled).
+    pub fn can_cancel(self) -> bool {
+        matches!(self, Status::Queued | Status::Waiting)
+    }
+
     /// Terminal states never change again; only purge removes them.
     pub fn is_terminal(self) -> bool {
         !matches!(self, Status::Queued | Status::Claimed | Status::Waiting)

@@ -28,7 +28,7 @@ use crate::store::limits::{
     Block, Bucket, ClaimRequest, Gated, Holder, LimitSet, Limits, Pause, Rate, Scope, Usage,
 };
 use crate::store::model::{Dispatch, Status};
-use crate::store::rules::clamp;
+use crate::store::rules::{self, clamp};
 use crate::store::versions::Offer;
 
 thread_local! {
@@ -329,7 +329,7 @@ fn rotate(
     };
     let unkeyed = match unkeyed {
         Some(lane) => {
-            let turn = turns::turn(tx, agent, "")?.unwrap_or(0).max(floor);
+            let turn = rules::turns::turn(turns::turn(tx, agent, "")?, floor);
             Some((lane, turn))
         }
         None => None,
@@ -337,7 +337,7 @@ fn rotate(
     let mut idle = Vec::new();
     let mut found = None;
     turns::in_order(tx, agent, |key, stored| {
-        let turn = stored.max(floor);
+        let turn = rules::turns::turn(Some(stored), floor);
         if unkeyed.as_ref().is_some_and(|(_, t)| *t <= turn) {
             return Ok(true);
         }

@@ -317,7 +317,7 @@ impl Mailbox for EmbeddedStore {
                 };
                 let mut d = row.dispatch;
                 let before = d.status;
-                if !matches!(before, Status::Queued | Status::Waiting) {
+                if !before.can_cancel() {
                     return Ok(None);
                 }
                 rules::terminate(&mut d, Status::Cancelled, now, None);

@@ -39,7 +39,7 @@ use rusqlite::{Connection, params};
 
 use super::rows::{db, scalar_u64};
 use crate::store::StoreResult;
-use crate::store::rules::clamp;
+use crate::store::rules::{self, clamp};
 
 /// An agent with more turns than this is not kept in memory (its keys would cost memory and a
 /// long read each time another connection commits); its claims use the table's index.
@@ -503,7 +503,8 @@ pub(super) fn advance(
     (turn, floor): (u64, u64),
     cost: u64,
 ) -> StoreResult<()> {
-    let next = clamp(turn.saturating_add(cost));
+    let served = rules::turns::served(turn, cost, floor);
+    let next = served.next;
     if !set(tx, agent, key, Some((next, true)))? {
         tx.prepare_cached(
             "INSERT INTO key_turns (agent, key, turn) VALUES (?1, ?2, ?3) \
@@ -513,13 +514,12 @@ pub(super) fn advance(
         .execute(params![agent, key, next])
         .map_err(db)?;
     }
-    if turn != floor {
-        let turn = clamp(turn);
+    if served.floor != floor {
         let kept = MIRROR.with(|m| m.borrow().keeps(agent));
         if !kept {
-            write_floor(tx, agent, turn)?;
+            write_floor(tx, agent, served.floor)?;
         }
-        MIRROR.with(|m| m.borrow_mut().set_floor(agent, (turn, kept)));
+        MIRROR.with(|m| m.borrow_mut().set_floor(agent, (served.floor, kept)));
     }
     Ok(())
 }

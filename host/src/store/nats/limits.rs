@@ -138,7 +138,7 @@ pub(super) struct Turns {
 impl Turns {
     /// The turn `key` would be served at now.
     fn turn(&self, key: &str) -> u64 {
-        self.of.get(key).copied().unwrap_or(0).max(self.floor)
+        rules::turns::turn(self.of.get(key).copied(), self.floor)
     }
 }
 
@@ -599,10 +599,11 @@ impl NatsStore {
             && let Ok(mut all) = self.inner.turns.lock()
         {
             let turns = all.entry(agent.to_owned()).or_default();
-            let next = turn.saturating_add(limits.turn_cost(&key));
-            turns.floor = turns.floor.max(turn);
+            let s = rules::turns::served(turn, limits.turn_cost(&key), turns.floor);
+            turns.floor = s.floor;
+            // Another claim of the key may have moved it on since this one read its turn.
             let slot = turns.of.entry(key).or_default();
-            *slot = (*slot).max(next);
+            *slot = (*slot).max(s.next);
         }
     }
 

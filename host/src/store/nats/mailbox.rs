@@ -486,7 +486,7 @@ impl Mailbox for NatsStore {
         self.run(&[Read::Dispatch(id)], |view, now, _| {
             let Some(stored) = view
                 .dispatch(id)?
-                .filter(|s| matches!(s.dispatch.status, Status::Queued | Status::Waiting))
+                .filter(|s| s.dispatch.status.can_cancel())
             else {
                 return Ok(Plan::Refuse(Ok(None)));
             };

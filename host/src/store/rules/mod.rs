@@ -2,8 +2,8 @@
 //! section 2): what a record looks like after a settlement, a failed attempt or a
 //! re-submission ([this module](self)), who may write a claimed dispatch ([`holder`]), how
 //! a queued record is taken and an expired one given back ([`claim`]), what follows a
-//! change of status besides the record itself ([`effects`]), and where a read bounded in
-//! bytes ends ([`reads`]).
+//! change of status besides the record itself ([`effects`]), where a read bounded in bytes
+//! ends ([`reads`]), and the fair order of concurrency keys ([`turns`]).
 //!
 //! Every function here is pure: it takes the stored record and what the backend read beside
 //! it (the token and operation that settled the record, the thread's epoch, the time) and
@@ -14,6 +14,7 @@ mod claim;
 mod effects;
 mod holder;
 mod reads;
+pub(crate) mod turns;
 
 pub(crate) use claim::{
     Reclaim, Take, due, lease_expired, lease_live, reclaim, stale, superseded, take,

@@ -247,7 +247,7 @@ fn render(page: &DispatchPage, p: &Params, session: &Session) -> Markup {
             }
             @if session.operator() {
                 div.actions {
-                    @if matches!(r.status, Status::Queued | Status::Waiting) {
+                    @if r.status.can_cancel() {
                         form method="post" action={ (href) "/cancel" } {
                             (csrf(session))
                             button.danger #cancel type="submit" { "Cancel" }
