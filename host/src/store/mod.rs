@@ -174,7 +174,7 @@ pub trait Mailbox: Send + Sync + Debug + 'static {
     ) -> StoreResult<Option<Dispatch>>;
 
     /// The one write of a claim's holder: `op` applied to dispatch `id` while `token` names
-    /// its live claim (the contract, T4 to T9 and T19). Every holder operation of both
+    /// its live claim (the contract, T5 to T9, T17 and T19). Every holder operation of both
     /// backends goes through here; the methods below are shorthands for it.
     ///
     /// # Errors

@@ -921,6 +921,197 @@ pub struct MessageNote {
     pub sent_by: String,
 }
 
+/// The longest timeout a waitpoint may have: 30 days.
+pub const MAX_WAITPOINT_TIMEOUT_MS: u64 = 30 * 24 * 3600 * 1000;
+/// The most bytes a waitpoint's metadata takes, keys and values together.
+pub const MAX_WAITPOINT_METADATA: usize = 16 * 1024;
+
+/// Where a waitpoint is in its life. It leaves `pending` once and never changes again.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum WaitpointState {
+    /// Waiting for a completion, a cancellation or its timeout.
+    Pending,
+    /// Completed through the API, the CLI or the dashboard.
+    Completed,
+    /// Its timeout passed first.
+    TimedOut,
+    /// Cancelled by an operator, an interrupt, or because its dispatch ended.
+    Cancelled,
+}
+
+impl WaitpointState {
+    /// Every state.
+    pub const ALL: [WaitpointState; 4] = [
+        WaitpointState::Pending,
+        WaitpointState::Completed,
+        WaitpointState::TimedOut,
+        WaitpointState::Cancelled,
+    ];
+
+    /// The stable name used in storage, the CLI and JSON.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            WaitpointState::Pending => "pending",
+            WaitpointState::Completed => "completed",
+            WaitpointState::TimedOut => "timed_out",
+            WaitpointState::Cancelled => "cancelled",
+        }
+    }
+}
+
+impl fmt::Display for WaitpointState {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+impl FromStr for WaitpointState {
+    type Err = String;
+
+    /// The stored names; `timed-out` is accepted too.
+    fn from_str(s: &str) -> Result<WaitpointState, String> {
+        WaitpointState::ALL
+            .into_iter()
+            .find(|state| state.as_str() == s || (s == "timed-out" && *state == WaitpointState::TimedOut))
+            .ok_or_else(|| {
+                format!(
+                    "unknown waitpoint state `{}` (expected pending, completed, timed_out or cancelled)",
+                    s.escape_debug()
+                )
+            })
+    }
+}
+
+/// A stored waitpoint (section 10.1 of the contract).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Waitpoint {
+    /// A UUID v7 minted by the store.
+    pub id: String,
+    /// The dispatch whose run created it.
+    pub dispatch: String,
+    /// That dispatch's thread.
+    pub thread: String,
+    /// That dispatch's agent.
+    pub agent: String,
+    /// Unique per dispatch.
+    pub name: String,
+    /// Where it is in its life.
+    pub state: WaitpointState,
+    /// The hex SHA-256 digests of the tokens that complete it (never the tokens).
+    pub token_digests: Vec<String>,
+    /// The guest's annotations, shown to operators.
+    pub metadata: BTreeMap<String, String>,
+    /// When it times out unless something settles it first.
+    pub timeout_at: u64,
+    /// What a completion sent.
+    #[serde(
+        default,
+        with = "optional_bytes",
+        skip_serializing_if = "Option::is_none"
+    )]
+    pub result: Option<Vec<u8>>,
+    /// What made it leave `pending`: `token`, `operator:<name>`, `cli`, `timeout`,
+    /// `interrupt`, `dispatch-ended`.
+    pub settled_by: Option<String>,
+    /// When it was created.
+    pub created_at: u64,
+    /// When it left `pending`.
+    pub settled_at: Option<u64>,
+    /// The claim number of the run that created it.
+    pub created_claim: u32,
+}
+
+/// What a page of waitpoints holds of one besides its result and metadata (its ids, names,
+/// state and times), as [`Waitpoint::held`] counts it.
+pub const WAITPOINT_ROOM: usize = 512;
+
+/// The bytes a page holds of a waitpoint whose result, metadata (keys and values) and name
+/// take `result`, `metadata` and `name` bytes ([`Waitpoint::held`]).
+pub fn held_size(result: usize, metadata: usize, name: usize) -> usize {
+    result
+        .saturating_add(metadata)
+        .saturating_add(name)
+        .saturating_add(WAITPOINT_ROOM)
+}
+
+impl Waitpoint {
+    /// The bytes a page of waitpoints holds of it (what `Waitpoints::read_waitpoints`
+    /// bounds): its result, its metadata's keys and values, its name and [`WAITPOINT_ROOM`].
+    pub fn held(&self) -> usize {
+        let metadata = self.metadata.iter().map(|(k, v)| k.len() + v.len()).sum();
+        held_size(
+            self.result.as_ref().map_or(0, Vec::len),
+            metadata,
+            self.name.len(),
+        )
+    }
+
+    /// Whether it is still pending.
+    pub fn is_pending(&self) -> bool {
+        self.state == WaitpointState::Pending
+    }
+
+    /// The record as a reader may see it: without token digests.
+    pub fn public(mut self) -> Waitpoint {
+        self.token_digests.clear();
+        self
+    }
+}
+
+/// `Option<Vec<u8>>` as [`bytes_as_text`] writes bytes.
+mod optional_bytes {
+    use serde::{Deserialize, Deserializer, Serialize, Serializer};
+
+    #[derive(Serialize, Deserialize)]
+    struct Bytes(#[serde(with = "super::bytes_as_text")] Vec<u8>);
+
+    pub fn serialize<S: Serializer>(bytes: &Option<Vec<u8>>, s: S) -> Result<S::Ok, S::Error> {
+        bytes.as_ref().map(|b| Bytes(b.clone())).serialize(s)
+    }
+
+    pub fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<Option<Vec<u8>>, D::Error> {
+        Ok(Option::<Bytes>::deserialize(d)?.map(|b| b.0))
+    }
+}
+
+/// What a run asks for when it creates a waitpoint (W1).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct NewWaitpoint {
+    /// Unique per dispatch: a second create with this name returns the first.
+    pub name: String,
+    /// From now; 1 ms to [`MAX_WAITPOINT_TIMEOUT_MS`].
+    pub timeout_ms: u64,
+    /// Shown to operators.
+    pub metadata: BTreeMap<String, String>,
+    /// The digest of the token the host minted for it (`waitpoints::token_digest`).
+    pub token_digest: String,
+}
+
+impl NewWaitpoint {
+    /// Checks the name, timeout and metadata (section 7 of the contract).
+    ///
+    /// # Errors
+    ///
+    /// The message naming the field (a store turns it into `Invalid`).
+    pub fn validate(&self) -> Result<(), String> {
+        check_name("waitpoint name", &self.name)?;
+        if self.timeout_ms == 0 || self.timeout_ms > MAX_WAITPOINT_TIMEOUT_MS {
+            return Err(format!(
+                "waitpoint timeout: {} ms is outside 1 ms to 30 days",
+                self.timeout_ms
+            ));
+        }
+        check_metadata(&self.metadata, MAX_WAITPOINT_METADATA)?;
+        if self.token_digest.len() != 64
+            || !self.token_digest.bytes().all(|b| b.is_ascii_hexdigit())
+        {
+            return Err("waitpoint token digest: not a hex SHA-256".into());
+        }
+        Ok(())
+    }
+}
+
 #[cfg(test)]
 mod tests {
     #![allow(clippy::unwrap_used)]

@@ -12,24 +12,26 @@
 //! The store never holds a completion token: the host mints one per waitpoint it creates and
 //! stores its SHA-256 digest ([`token_digest`]); the API compares digests in constant time.
 
-use std::collections::BTreeMap;
 use std::fmt;
-use std::str::FromStr;
 
 use async_trait::async_trait;
-use serde::{Deserialize, Serialize};
 use sha2::{Digest, Sha256};
 
-use super::model::{Dispatch, Fence, bytes_as_text, check_metadata, check_name};
-use super::rules::{self, WaitpointsSeen};
+use super::model::Fence;
+/// The waitpoint's records live with the dispatch's (`model`), its rules with the others
+/// (`rules::waitpoints`).
+pub use super::model::{
+    MAX_WAITPOINT_METADATA, MAX_WAITPOINT_TIMEOUT_MS, NewWaitpoint, WAITPOINT_ROOM, Waitpoint,
+    WaitpointState, held_size,
+};
+pub use super::rules::resume;
+pub use super::rules::waitpoints::{
+    Completion, completion, hands_token, pending_record, seen, settle, suspended,
+};
 use super::{StoreError, StoreResult};
 
 /// The most waitpoints one dispatch may create.
 pub const MAX_WAITPOINTS: u32 = 256;
-/// The longest timeout a waitpoint may have: 30 days.
-pub const MAX_WAITPOINT_TIMEOUT_MS: u64 = 30 * 24 * 3600 * 1000;
-/// The most bytes a waitpoint's metadata takes, keys and values together.
-pub const MAX_WAITPOINT_METADATA: usize = 16 * 1024;
 /// The most token digests one waitpoint keeps (each later claim that finds its waitpoint
 /// still pending may add one: the contract, section 10.4).
 pub const MAX_TOKEN_DIGESTS: usize = 8;
@@ -43,193 +45,6 @@ pub const BY_TIMEOUT: &str = "timeout";
 /// `settled_by` of an interrupt of the waitpoint's thread, and of a waitpoint cancelled because
 /// its dispatch reached a terminal status (decided by `rules::effects`).
 pub use crate::store::rules::{BY_DISPATCH_ENDED, BY_INTERRUPT};
-
-/// Where a waitpoint is in its life. It leaves `pending` once and never changes again.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
-#[serde(rename_all = "snake_case")]
-pub enum WaitpointState {
-    /// Waiting for a completion, a cancellation or its timeout.
-    Pending,
-    /// Completed through the API, the CLI or the dashboard.
-    Completed,
-    /// Its timeout passed first.
-    TimedOut,
-    /// Cancelled by an operator, an interrupt, or because its dispatch ended.
-    Cancelled,
-}
-
-impl WaitpointState {
-    /// Every state.
-    pub const ALL: [WaitpointState; 4] = [
-        WaitpointState::Pending,
-        WaitpointState::Completed,
-        WaitpointState::TimedOut,
-        WaitpointState::Cancelled,
-    ];
-
-    /// The stable name used in storage, the CLI and JSON.
-    pub fn as_str(self) -> &'static str {
-        match self {
-            WaitpointState::Pending => "pending",
-            WaitpointState::Completed => "completed",
-            WaitpointState::TimedOut => "timed_out",
-            WaitpointState::Cancelled => "cancelled",
-        }
-    }
-}
-
-impl fmt::Display for WaitpointState {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(self.as_str())
-    }
-}
-
-impl FromStr for WaitpointState {
-    type Err = String;
-
-    /// The stored names; `timed-out` is accepted too.
-    fn from_str(s: &str) -> Result<WaitpointState, String> {
-        WaitpointState::ALL
-            .into_iter()
-            .find(|state| state.as_str() == s || (s == "timed-out" && *state == WaitpointState::TimedOut))
-            .ok_or_else(|| {
-                format!(
-                    "unknown waitpoint state `{}` (expected pending, completed, timed_out or cancelled)",
-                    s.escape_debug()
-                )
-            })
-    }
-}
-
-/// A stored waitpoint (section 10.1 of the contract).
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-pub struct Waitpoint {
-    /// A UUID v7 minted by the store.
-    pub id: String,
-    /// The dispatch whose run created it.
-    pub dispatch: String,
-    /// That dispatch's thread.
-    pub thread: String,
-    /// That dispatch's agent.
-    pub agent: String,
-    /// Unique per dispatch.
-    pub name: String,
-    /// Where it is in its life.
-    pub state: WaitpointState,
-    /// The hex SHA-256 digests of the tokens that complete it (never the tokens).
-    pub token_digests: Vec<String>,
-    /// The guest's annotations, shown to operators.
-    pub metadata: BTreeMap<String, String>,
-    /// When it times out unless something settles it first.
-    pub timeout_at: u64,
-    /// What a completion sent.
-    #[serde(
-        default,
-        with = "optional_bytes",
-        skip_serializing_if = "Option::is_none"
-    )]
-    pub result: Option<Vec<u8>>,
-    /// What made it leave `pending`: `token`, `operator:<name>`, `cli`, `timeout`,
-    /// `interrupt`, `dispatch-ended`.
-    pub settled_by: Option<String>,
-    /// When it was created.
-    pub created_at: u64,
-    /// When it left `pending`.
-    pub settled_at: Option<u64>,
-    /// The claim number of the run that created it.
-    pub created_claim: u32,
-}
-
-/// What a page of waitpoints holds of one besides its result and metadata (its ids, names,
-/// state and times), as [`Waitpoint::held`] counts it.
-pub const WAITPOINT_ROOM: usize = 512;
-
-/// The bytes a page holds of a waitpoint whose result, metadata (keys and values) and name
-/// take `result`, `metadata` and `name` bytes ([`Waitpoint::held`]).
-pub fn held_size(result: usize, metadata: usize, name: usize) -> usize {
-    result
-        .saturating_add(metadata)
-        .saturating_add(name)
-        .saturating_add(WAITPOINT_ROOM)
-}
-
-impl Waitpoint {
-    /// The bytes a page of waitpoints holds of it (what [`Waitpoints::read_waitpoints`]
-    /// bounds): its result, its metadata's keys and values, its name and [`WAITPOINT_ROOM`].
-    pub fn held(&self) -> usize {
-        let metadata = self.metadata.iter().map(|(k, v)| k.len() + v.len()).sum();
-        held_size(
-            self.result.as_ref().map_or(0, Vec::len),
-            metadata,
-            self.name.len(),
-        )
-    }
-
-    /// Whether it is still pending.
-    pub fn is_pending(&self) -> bool {
-        self.state == WaitpointState::Pending
-    }
-
-    /// The record as a reader may see it: without token digests.
-    pub fn public(mut self) -> Waitpoint {
-        self.token_digests.clear();
-        self
-    }
-}
-
-/// `Option<Vec<u8>>` as [`bytes_as_text`] writes bytes.
-mod optional_bytes {
-    use serde::{Deserialize, Deserializer, Serialize, Serializer};
-
-    #[derive(Serialize, Deserialize)]
-    struct Bytes(#[serde(with = "super::bytes_as_text")] Vec<u8>);
-
-    pub fn serialize<S: Serializer>(bytes: &Option<Vec<u8>>, s: S) -> Result<S::Ok, S::Error> {
-        bytes.as_ref().map(|b| Bytes(b.clone())).serialize(s)
-    }
-
-    pub fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<Option<Vec<u8>>, D::Error> {
-        Ok(Option::<Bytes>::deserialize(d)?.map(|b| b.0))
-    }
-}
-
-/// What a run asks for when it creates a waitpoint (W1).
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct NewWaitpoint {
-    /// Unique per dispatch: a second create with this name returns the first.
-    pub name: String,
-    /// From now; 1 ms to [`MAX_WAITPOINT_TIMEOUT_MS`].
-    pub timeout_ms: u64,
-    /// Shown to operators.
-    pub metadata: BTreeMap<String, String>,
-    /// The digest of the token the host minted for it ([`token_digest`]).
-    pub token_digest: String,
-}
-
-impl NewWaitpoint {
-    /// Checks the name, timeout and metadata (section 7 of the contract).
-    ///
-    /// # Errors
-    ///
-    /// `Invalid` naming the field.
-    pub fn validate(&self) -> StoreResult<()> {
-        let invalid = StoreError::Invalid;
-        check_name("waitpoint name", &self.name).map_err(invalid)?;
-        if self.timeout_ms == 0 || self.timeout_ms > MAX_WAITPOINT_TIMEOUT_MS {
-            return Err(invalid(format!(
-                "waitpoint timeout: {} ms is outside 1 ms to 30 days",
-                self.timeout_ms
-            )));
-        }
-        check_metadata(&self.metadata, MAX_WAITPOINT_METADATA).map_err(invalid)?;
-        if self.token_digest.len() != 64
-            || !self.token_digest.bytes().all(|b| b.is_ascii_hexdigit())
-        {
-            return Err(invalid("waitpoint token digest: not a hex SHA-256".into()));
-        }
-        Ok(())
-    }
-}
 
 /// What W1 answered: the waitpoint, and whether this call created it.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -413,106 +228,13 @@ fn hex(bytes: &[u8]) -> String {
     })
 }
 
-/// The pending record W1 stores.
-pub fn pending_record(id: &str, d: &Dispatch, new: &NewWaitpoint, now: u64) -> Waitpoint {
-    Waitpoint {
-        id: id.to_owned(),
-        dispatch: d.id.clone(),
-        thread: d.thread.clone(),
-        agent: d.agent.clone(),
-        name: new.name.clone(),
-        state: WaitpointState::Pending,
-        token_digests: vec![new.token_digest.clone()],
-        metadata: new.metadata.clone(),
-        timeout_at: super::rules::clamp(now.saturating_add(new.timeout_ms)),
-        result: None,
-        settled_by: None,
-        created_at: now,
-        settled_at: None,
-        created_claim: d.claims,
-    }
-}
-
-/// Settles a pending waitpoint: `state`, `result`, `settled_by`, `settled_at = now`.
-pub fn settle(
-    w: &mut Waitpoint,
-    state: WaitpointState,
-    result: Option<Vec<u8>>,
-    by: &str,
-    now: u64,
-) {
-    w.state = state;
-    w.result = result;
-    w.settled_by = Some(by.to_owned());
-    w.settled_at = Some(now);
-}
-
-/// What W2 decides for a waitpoint read at `now`: `Ok(())` to complete it, else the
-/// settlement to answer with (a pending one past its timeout is timed out first: the caller
-/// stores the changed record).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Completion {
-    /// Pending and in time: complete it.
-    Complete,
-    /// Pending but past its timeout: store this timed-out record (and resume), answer
-    /// `Already`.
-    TimedOut,
-    /// Settled before: answer `Already` unchanged.
-    Settled,
-}
-
-/// W2's decision for `w` at `now`.
-pub fn completion(w: &Waitpoint, now: u64) -> Completion {
-    if !w.is_pending() {
-        Completion::Settled
-    } else if w.timeout_at < now {
-        Completion::TimedOut
-    } else {
-        Completion::Complete
-    }
-}
-
-/// What a suspend reads of a dispatch's waitpoints `wps` (all of them): whether one is
-/// pending, and the latest settlement among the others.
-pub fn seen<'a>(wps: impl IntoIterator<Item = &'a Waitpoint>) -> WaitpointsSeen {
-    let mut seen = WaitpointsSeen::default();
-    for w in wps {
-        if w.is_pending() {
-            seen.pending = true;
-        } else if let Some(at) = w.settled_at {
-            seen.last_settled = Some(seen.last_settled.map_or(at, |last| last.max(at)));
-        }
-    }
-    seen
-}
-
-/// T17's decision (`rules::suspend`, the holder write's [`HolderOp::Suspend`]) for the live
-/// holder's record `d` with its waitpoints `wps`: the new record (`waiting`, or `queued` now as
-/// a resume), or the refusal.
-///
-/// # Errors
-///
-/// `Limit` past `max_resumes`; `Invalid` with no pending waitpoint and none settled during
-/// this run.
-pub fn suspended(
-    mut d: Dispatch,
-    wps: &[Waitpoint],
-    max_resumes: u32,
-    now: u64,
-) -> StoreResult<Dispatch> {
-    rules::suspend(&mut d, seen(wps), max_resumes, now)?;
-    Ok(d)
-}
-
-/// T18 (and T17's immediate resume): back to `queued`, available now, one more resume.
-pub use crate::store::rules::resume;
-
 #[cfg(test)]
 mod tests {
     #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
     use super::*;
-    use crate::store::model::{NewDispatch, Status};
+    use crate::store::model::{Dispatch, NewDispatch, Status};
     use crate::store::rules::{Take, queued_record, take};
+    use std::collections::BTreeMap;
 
     fn claimed() -> Dispatch {
         let d = queued_record("d1", &NewDispatch::new("a", "t", b"p".to_vec()), 0, 10);
@@ -552,7 +274,7 @@ mod tests {
             let mut n = new("x");
             f(&mut n);
             match n.validate() {
-                Err(StoreError::Invalid(m)) => m,
+                Err(m) => m,
                 other => panic!("{other:?}"),
             }
         };

@@ -27,7 +27,7 @@ use super::policy::{MAX_ENQUEUES_PER_CLAIM, MAX_READ, MAX_STEP_KEY, guest_error}
 use crate::claim::{self, ClaimHandle};
 use crate::runtime::bindings::{DispatchInfo, EnqueueRequest, GuestError, StopReason};
 use crate::runtime::bindings::{mailbox, types};
-use crate::store::waitpoints::{mint_token, token_digest};
+use crate::store::waitpoints::{hands_token, mint_token, token_digest};
 use crate::store::{
     Dispatch, Message, MessageKind, NewWaitpoint, RunResult, Waitpoint, WaitpointState,
 };
@@ -524,9 +524,7 @@ impl mailbox::HostClaim for GuestState {
             crate::telemetry::waitpoint_created(&agent);
             true
         } else {
-            w.is_pending()
-                && w.created_claim != claims
-                && !given.contains(&w.id)
+            hands_token(&w, claims, &given)
                 && matches!(
                     store.waitpoints.add_token(&fence, &w.id, &digest).await,
                     Ok(true)

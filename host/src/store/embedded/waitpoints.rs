@@ -310,7 +310,7 @@ impl EmbeddedStore {
 #[async_trait]
 impl Waitpoints for EmbeddedStore {
     async fn create_waitpoint(&self, fence: &Fence, new: NewWaitpoint) -> StoreResult<Created> {
-        new.validate()?;
+        new.validate().map_err(StoreError::Invalid)?;
         let fence = fence.clone();
         let created = self
             .write(move |tx, now| {

@@ -321,7 +321,7 @@ impl NatsStore {
 #[async_trait]
 impl Waitpoints for NatsStore {
     async fn create_waitpoint(&self, fence: &Fence, new: NewWaitpoint) -> StoreResult<Created> {
-        new.validate()?;
+        new.validate().map_err(StoreError::Invalid)?;
         self.run(&[Read::Dispatch(&fence.dispatch)], |view, now, _| {
             let d = match Self::fenced_record(view, fence, now)? {
                 Ok(d) => d,

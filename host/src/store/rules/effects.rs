@@ -1,6 +1,6 @@
 //! What follows a change of a dispatch's status besides its own record: the one verdict every
 //! transition of both backends takes (the contract, section 2.5). A backend applies it in one
-//! place: the embedded store in `embedded::apply`, the NATS store in `nats::commit::applied`.
+//! place: the embedded store in `embedded::effects::apply`, the NATS store in `nats::effects::applied`.
 
 use crate::store::model::Status;
 

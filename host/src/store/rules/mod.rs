@@ -15,6 +15,7 @@ mod effects;
 mod holder;
 mod reads;
 pub(crate) mod turns;
+pub mod waitpoints;
 
 pub(crate) use claim::{
     Reclaim, Take, due, lease_expired, lease_live, reclaim, stale, superseded, take,
