@@ -142,10 +142,11 @@ fn encode_call(head: &CallEntry, body: Option<&[u8]>) -> StoreResult<Bytes> {
     frame(&fields, body, &what)
 }
 
-/// Decodes the call entry of `key` (a [`Key::JournalCall`]).
-fn decode_call(key: &Key, bytes: &[u8]) -> StoreResult<CallEntry> {
+/// Decodes the fields of the call entry of `key` (a [`Key::JournalCall`]), checking they are
+/// that entry's, and finds its body without copying it.
+fn decode_head<'a>(key: &Key, bytes: &'a [u8]) -> StoreResult<(CallEntry, Option<&'a [u8]>)> {
     let (fields, body) = unframe(bytes).map_err(|e| corrupt(key, e))?;
-    let mut entry: CallEntry =
+    let entry: CallEntry =
         serde_json::from_slice(fields).map_err(|e| corrupt(key, e.to_string()))?;
     if let Key::JournalCall(dispatch, pos) = key
         && (entry.dispatch != *dispatch || entry.pos != *pos)
@@ -158,6 +159,12 @@ fn decode_call(key: &Key, bytes: &[u8]) -> StoreResult<CallEntry> {
             ),
         ));
     }
+    Ok((entry, body))
+}
+
+/// Decodes the call entry of `key` (a [`Key::JournalCall`]).
+fn decode_call(key: &Key, bytes: &[u8]) -> StoreResult<CallEntry> {
+    let (mut entry, body) = decode_head(key, bytes)?;
     entry.body = body.map(<[u8]>::to_vec);
     Ok(entry)
 }
@@ -165,20 +172,7 @@ fn decode_call(key: &Key, bytes: &[u8]) -> StoreResult<CallEntry> {
 /// Decodes the call entry of `key` (a [`Key::JournalCall`]) without copying its body: the
 /// body's size instead.
 fn decode_summary(key: &Key, bytes: &[u8]) -> StoreResult<CallSummary> {
-    let (fields, body) = unframe(bytes).map_err(|e| corrupt(key, e))?;
-    let mut entry: CallEntry =
-        serde_json::from_slice(fields).map_err(|e| corrupt(key, e.to_string()))?;
-    if let Key::JournalCall(dispatch, pos) = key
-        && (entry.dispatch != *dispatch || entry.pos != *pos)
-    {
-        return Err(corrupt(
-            key,
-            format!(
-                "the record holds entry {} of `{}`",
-                entry.pos, entry.dispatch
-            ),
-        ));
-    }
+    let (mut entry, body) = decode_head(key, bytes)?;
     entry.body = None;
     entry.cheap = Default::default();
     Ok(CallSummary {
