@@ -129,12 +129,62 @@ impl NatsServer {
     }
 
     /// Starts a JetStream cluster of `nodes` servers routed to each other on loopback, and
-    /// waits until every node is ready (the cluster has elected its leader).
+    /// waits until every node is ready and the cluster places a stream of `nodes` replicas.
+    /// A cluster that never can (a route port another server took between its pick and the
+    /// node's bind, so a node routes to a stranger) is stopped and started again on new ports,
+    /// up to three times.
     ///
     /// # Errors
     ///
-    /// When `nats-server` cannot be run or a node does not become ready within 30 s.
+    /// When `nats-server` cannot be run, a node does not become ready within 30 s, or three
+    /// clusters in a row cannot place a stream on every node.
     pub async fn cluster(nodes: usize) -> anyhow::Result<Vec<NatsServer>> {
+        let mut last = None;
+        for _ in 0..3 {
+            let servers = Self::start_cluster(nodes).await?;
+            match servers[0].places(nodes).await {
+                Ok(()) => return Ok(servers),
+                Err(e) => last = Some(e),
+            }
+        }
+        Err(last.unwrap_or_else(|| anyhow::anyhow!("no cluster was started")))
+            .context("the cluster never placed a stream on every node")
+    }
+
+    /// Whether a stream of `replicas` replicas can be placed through this node, trying for
+    /// [`READY_WITHIN`] (a new cluster elects its meta leader first); the probe stream goes
+    /// again at once.
+    async fn places(&self, replicas: usize) -> anyhow::Result<()> {
+        let deadline = tokio::time::Instant::now() + READY_WITHIN;
+        loop {
+            let tried = async {
+                let client = async_nats::ConnectOptions::new()
+                    .connection_timeout(Duration::from_secs(1))
+                    .connect(self.address())
+                    .await?;
+                let js = async_nats::jetstream::ContextBuilder::new()
+                    .timeout(Duration::from_secs(5))
+                    .build(client);
+                js.create_stream(async_nats::jetstream::stream::Config {
+                    name: "homing_placement_probe".into(),
+                    subjects: vec!["homing_placement_probe.>".into()],
+                    num_replicas: replicas,
+                    ..Default::default()
+                })
+                .await?;
+                js.delete_stream("homing_placement_probe").await?;
+                anyhow::Ok(())
+            }
+            .await;
+            match tried {
+                Ok(()) => return Ok(()),
+                Err(e) if tokio::time::Instant::now() >= deadline => return Err(e),
+                Err(_) => tokio::time::sleep(Duration::from_millis(250)).await,
+            }
+        }
+    }
+
+    async fn start_cluster(nodes: usize) -> anyhow::Result<Vec<NatsServer>> {
         let bin = binary()?;
         let scratch = Arc::new(ScratchDir::new("nats").context("a directory for the cluster")?);
         let cluster_ports = (0..nodes)
