@@ -430,21 +430,8 @@ pub trait SequenceStore: Send + Sync + Debug + 'static {
     fn max_entry(&self) -> u64;
 }
 
-/// The `Invalid` error of a value over a backend's limit: names the field, its size, the limit
-/// and where the limit comes from.
-pub(crate) fn too_large(field: &str, len: usize, limit: u64, why: &str) -> StoreError {
-    StoreError::Invalid(format!(
-        "{field}: {len} bytes exceeds the store's limit of {limit} bytes ({why})"
-    ))
-}
-
-/// Refuses `value` when it is longer than `limit`.
-pub(crate) fn check_size(field: &str, value: &[u8], limit: u64, why: &str) -> StoreResult<()> {
-    if value.len() as u64 > limit {
-        return Err(too_large(field, value.len(), limit, why));
-    }
-    Ok(())
-}
+/// The size checks of every value a backend stores are the rules'.
+pub(crate) use rules::check_size;
 
 /// A backend's parts (the mailbox, the thread logs and the features' records) and the clock they
 /// read, as the host holds them.

@@ -37,9 +37,6 @@ pub const MAX_WAITPOINTS: u32 = 256;
 pub const MAX_TOKEN_DIGESTS: usize = 8;
 /// How many resumes a dispatch may use when its plugin names no limit (a setting's default).
 pub use crate::config::DEFAULT_MAX_RESUMES;
-/// The page size of [`Waitpoints::list_waitpoints`] when the caller gives 0.
-pub const DEFAULT_WAITPOINT_PAGE: usize = 100;
-
 /// `settled_by` of a timeout.
 pub const BY_TIMEOUT: &str = "timeout";
 /// `settled_by` of an interrupt of the waitpoint's thread, and of a waitpoint cancelled because
@@ -85,7 +82,7 @@ pub struct WaitpointFilter {
     pub state: Option<WaitpointState>,
     /// Start after this `(created_at, id)`.
     pub after: Option<(u64, String)>,
-    /// Page size (0: [`DEFAULT_WAITPOINT_PAGE`]).
+    /// Page size (0: every listing's default, [`super::rules::DEFAULT_PAGE`]).
     pub limit: usize,
 }
 
@@ -112,11 +109,7 @@ impl WaitpointFilter {
 
     /// The page size.
     pub fn page(&self) -> usize {
-        if self.limit == 0 {
-            DEFAULT_WAITPOINT_PAGE
-        } else {
-            self.limit
-        }
+        super::rules::page(self.limit)
     }
 }
 

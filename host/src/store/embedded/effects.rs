@@ -14,8 +14,9 @@ use super::EmbeddedStore;
 use super::lanes::{insert_queued, refresh_lane, release_thread, thread_row};
 use super::rows::{self, db};
 use crate::store::StoreResult;
-use crate::store::inbox::{InboxMarks, follow_up_dispatch, follow_up_targets};
+use crate::store::model::inbox::InboxMarks;
 use crate::store::model::{Dispatch, Status};
+use crate::store::rules::inbox::{follow_up_dispatch, follow_up_targets};
 use crate::store::rules::{self, Effects, Reclaim, Settle, clamp};
 
 /// What the transition already read in its transaction, so that an effect with nothing to do
@@ -66,6 +67,39 @@ impl EmbeddedStore {
             self.inner.watches.notify(thread);
         }
     }
+}
+
+/// Applies the effects of an interrupt of `thread`, which superseded every queued and waiting
+/// dispatch of it in one statement (T4): the verdicts of `queued -> superseded` and of
+/// `waiting -> superseded`, each applied thread-wide. `waiting` is the thread's holder when it
+/// was waiting (superseded now); `active` its claimed holder, whose waitpoints stay until its
+/// next holder write supersedes it (T14). Returns the effects, for [`EmbeddedStore::woken`].
+pub(super) fn apply_interrupt(
+    tx: &Connection,
+    thread: &str,
+    waiting: Option<&str>,
+    active: Option<&str>,
+    now: u64,
+) -> StoreResult<Effects> {
+    let queued = rules::effects(Status::Queued, Status::Superseded);
+    let held = rules::effects(Status::Waiting, Status::Superseded);
+    if queued.refresh_lane {
+        // No queued dispatch of the thread is left: every agent's lane of it goes.
+        tx.prepare_cached("DELETE FROM lanes WHERE thread = ?1")
+            .map_err(db)?
+            .execute(params![thread])
+            .map_err(db)?;
+    }
+    if held.release
+        && let Some(holder) = waiting
+    {
+        release_thread(tx, thread, holder)?;
+    }
+    let e = queued.or(held);
+    if let Some(by) = e.end_waitpoints {
+        end_thread_waitpoints(tx, thread, active, by, now)?;
+    }
+    Ok(e)
 }
 
 /// The one way a dispatch is superseded here, whatever decided it (a stale holder write or
@@ -125,6 +159,25 @@ pub(super) fn end_waitpoints(
     )
     .map_err(db)?
     .execute(params![dispatch, by, clamp(now)])
+    .map_err(db)
+}
+
+/// W4 of the pending waitpoints of every dispatch of `thread` but `keep` (an interrupt: the
+/// claimed dispatch's are cancelled when its next holder write supersedes it).
+fn end_thread_waitpoints(
+    tx: &Connection,
+    thread: &str,
+    keep: Option<&str>,
+    by: &str,
+    now: u64,
+) -> StoreResult<usize> {
+    tx.prepare_cached(
+        "UPDATE waitpoints INDEXED BY waitpoints_by_thread SET state = 'cancelled', \
+         settled_by = ?3, settled_at = ?4 WHERE thread = ?1 AND state = 'pending' \
+         AND dispatch IS NOT ?2",
+    )
+    .map_err(db)?
+    .execute(params![thread, keep, by, clamp(now)])
     .map_err(db)
 }
 

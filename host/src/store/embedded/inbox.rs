@@ -25,8 +25,8 @@ use super::log::{check_fence, marks, push_entry};
 use super::rows::db;
 use super::{EmbeddedStore, Inner, MAX_VALUE};
 use crate::store::inbox::{
-    DEFAULT_MESSAGE_PAGE, Inbox, InboxMarks, Message, MessageFilter, MessageKind, MessageState,
-    NOTE_ROOM, NewMessage, Sent, ThreadWatch,
+    Inbox, InboxMarks, Message, MessageFilter, MessageKind, MessageState, NOTE_ROOM, NewMessage,
+    Sent, ThreadWatch,
 };
 use crate::store::rules::{ByteBudget, clamp};
 use crate::store::{Fence, StoreError, StoreResult};
@@ -97,7 +97,8 @@ impl EmbeddedStore {
 #[async_trait]
 impl Inbox for EmbeddedStore {
     async fn send(&self, thread: &str, new: NewMessage, max_pending: u64) -> StoreResult<Sent> {
-        new.validate(thread, self.max_message())?;
+        new.validate(thread, self.max_message())
+            .map_err(StoreError::Invalid)?;
         let thread = thread.to_owned();
         let name = thread.clone();
         let sent = self
@@ -276,11 +277,7 @@ impl Inbox for EmbeddedStore {
     async fn messages(&self, thread: &str, filter: &MessageFilter) -> StoreResult<Vec<Message>> {
         let thread = thread.to_owned();
         let filter = filter.clone();
-        let limit = if filter.limit == 0 {
-            DEFAULT_MESSAGE_PAGE
-        } else {
-            filter.limit
-        };
+        let limit = crate::store::rules::page(filter.limit);
         let limit = i64::try_from(limit).unwrap_or(i64::MAX);
         self.read(move |tx| {
             let sql = match filter.state {

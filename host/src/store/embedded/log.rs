@@ -18,9 +18,6 @@ use crate::store::model::{Fence, LogEntry, Status, Watermarks};
 use crate::store::rules::{self, ByteBudget, Fenced};
 use crate::store::{SequenceStore, StoreError, StoreResult};
 
-/// The page size of `read` when the caller gives 0.
-const DEFAULT_READ: usize = 1000;
-
 pub(super) fn marks(tx: &Connection, thread: &str) -> StoreResult<Watermarks> {
     let row = tx
         .prepare_cached("SELECT reserved, latest, trimmed FROM log_marks WHERE thread = ?1")
@@ -180,8 +177,7 @@ impl SequenceStore for EmbeddedStore {
     ) -> StoreResult<Vec<LogEntry>> {
         let thread = thread.to_owned();
 
-        let limit =
-            i64::try_from(if limit == 0 { DEFAULT_READ } else { limit }).unwrap_or(i64::MAX);
+        let limit = i64::try_from(crate::store::rules::log_read(limit)).unwrap_or(i64::MAX);
         let after = after.min(i64::MAX as u64);
         EmbeddedStore::read(self, move |tx| {
 let thread = thread.as_str();

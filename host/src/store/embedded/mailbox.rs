@@ -10,7 +10,7 @@ use rusqlite::{Connection, OptionalExtension, params};
 use tokio::sync::Notify;
 
 use super::claim::{claim_picked, next_lane};
-use super::effects::{self, Known, store_reclaim, store_superseded};
+use super::effects::{self, Known, apply_interrupt, store_reclaim, store_superseded};
 use super::lanes::{
     ensure_thread, insert_queued, promote_due, release_thread, store_claimed, thread_row,
 };
@@ -26,11 +26,7 @@ use crate::store::rules::{
     self, Effects, Holder, HolderOp, SupersedeClaimed, Take, WaitpointsSeen, clamp, lease_live,
     same_content,
 };
-use crate::store::waitpoints::BY_INTERRUPT;
 use crate::store::{Mailbox, StoreError, StoreResult};
-
-/// The page size of `list` and `list_terminal` when the caller gives 0.
-const DEFAULT_PAGE: usize = 100;
 
 impl EmbeddedStore {
     /// `claim`, also recording the start when `start` is set.
@@ -266,9 +262,7 @@ impl Mailbox for EmbeddedStore {
     }
 
     async fn hold(&self, id: &str, token: &str, op: HolderOp) -> StoreResult<Dispatch> {
-        if let Some(output) = op.output() {
-            check_size("output", output, MAX_VALUE, MAX_VALUE_WHY)?;
-        }
+        op.check_output(MAX_VALUE, MAX_VALUE_WHY)?;
         self.holder_write(id, token, op).await
     }
 
@@ -285,9 +279,7 @@ impl Mailbox for EmbeddedStore {
         op: HolderOp,
         next: &ClaimRequest<'_>,
     ) -> (StoreResult<Dispatch>, StoreResult<Gated>) {
-        if let Some(output) = op.output()
-            && let Err(e) = check_size("output", output, MAX_VALUE, MAX_VALUE_WHY)
-        {
+        if let Err(e) = op.check_output(MAX_VALUE, MAX_VALUE_WHY) {
             return (Err(e), self.claim_gated_inner(next).await);
         }
         let (id, token) = (id.to_owned(), token.to_owned());
@@ -378,10 +370,6 @@ impl Mailbox for EmbeddedStore {
                         .map_err(db)?;
                     ids.collect::<Result<_, _>>().map_err(db)?
                 };
-                tx.prepare_cached("DELETE FROM lanes WHERE thread = ?1")
-                    .map_err(db)?
-                    .execute(params![thread])
-                    .map_err(db)?;
                 let holder = thread_row(tx, thread)?.holder;
                 let active = match &holder {
                     Some(holder) => rows::load(tx, holder)?
@@ -389,32 +377,29 @@ impl Mailbox for EmbeddedStore {
                         .filter(|d| d.status == Status::Claimed),
                     None => None,
                 };
-                // A waiting holder was just superseded: free the thread, and cancel the waitpoints
-                // of every dispatch the interrupt ended.
-                if let Some(holder) = &holder
-                    && active.is_none()
-                {
-                    release_thread(tx, thread, holder)?;
-                }
-                super::waitpoints::end_thread_waitpoints(
+                // A holder that is not claimed was waiting, and is superseded now.
+                let waiting = holder.filter(|_| active.is_none());
+                let e = apply_interrupt(
                     tx,
                     thread,
+                    waiting.as_deref(),
                     active.as_ref().map(|d| d.id.as_str()),
-                    BY_INTERRUPT,
                     now,
                 )?;
                 let mut superseded = superseded;
                 superseded.sort();
-                Ok(Interrupt {
-                    epoch,
-                    active,
-                    superseded,
-                })
+                Ok((
+                    Interrupt {
+                        epoch,
+                        active,
+                        superseded,
+                    },
+                    e,
+                ))
             })
             .await?;
-        self.signal();
-        self.inner.watches.notify(&thread_name);
-        Ok(out)
+        self.woken(&thread_name, out.1);
+        Ok(out.0)
     }
 
     async fn supersede_claimed(
@@ -562,8 +547,7 @@ impl Mailbox for EmbeddedStore {
     }
 
     async fn list_terminal(&self, limit: usize, offset: usize) -> StoreResult<Vec<Dispatch>> {
-        let limit =
-            i64::try_from(if limit == 0 { DEFAULT_PAGE } else { limit }).unwrap_or(i64::MAX);
+        let limit = i64::try_from(rules::page(limit)).unwrap_or(i64::MAX);
         let offset = i64::try_from(offset).unwrap_or(i64::MAX);
         self.read(move |tx| {
             rows::query(
@@ -630,11 +614,7 @@ impl Mailbox for EmbeddedStore {
 /// shape of filter, so that SQLite walks the index that matches it in list order and stops
 /// after a page (keyset paging: no OFFSET to skip).
 fn list_query(filter: &ListFilter, columns: &str) -> (String, Vec<Box<dyn rusqlite::ToSql>>) {
-    let limit = if filter.limit == 0 {
-        DEFAULT_PAGE
-    } else {
-        filter.limit
-    };
+    let limit = rules::page(filter.limit);
     let mut clauses: Vec<String> = Vec::new();
     let mut args: Vec<Box<dyn rusqlite::ToSql>> = Vec::new();
     if let Some(thread) = &filter.thread {

@@ -181,25 +181,6 @@ fn resume_if_waiting(tx: &Connection, dispatch: &str, now: u64) -> StoreResult<b
     Ok(true)
 }
 
-/// W4 of the pending waitpoints of every dispatch of `thread` but `keep` (an interrupt: the
-/// claimed dispatch's are cancelled when its next holder write supersedes it).
-pub(super) fn end_thread_waitpoints(
-    tx: &Connection,
-    thread: &str,
-    keep: Option<&str>,
-    by: &str,
-    now: u64,
-) -> StoreResult<usize> {
-    tx.prepare_cached(
-        "UPDATE waitpoints INDEXED BY waitpoints_by_thread SET state = 'cancelled', \
-         settled_by = ?3, settled_at = ?4 WHERE thread = ?1 AND state = 'pending' \
-         AND dispatch IS NOT ?2",
-    )
-    .map_err(db)?
-    .execute(params![thread, keep, by, clamp(now)])
-    .map_err(db)
-}
-
 /// Deletes the waitpoints of a purged dispatch.
 pub(super) fn delete_waitpoints(tx: &Connection, dispatch: &str) -> StoreResult<()> {
     tx.prepare_cached("DELETE FROM waitpoints INDEXED BY waitpoints_by_name WHERE dispatch = ?1")

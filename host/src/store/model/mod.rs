@@ -5,6 +5,9 @@
 //! never carry half a claim. The rest (a queued record has no result, a terminal one has
 //! `completed_at`) is checked by [`Dispatch::check_shape`] on every decode and every write.
 
+pub mod inbox;
+pub mod limits;
+
 use std::collections::BTreeMap;
 use std::fmt;
 use std::str::FromStr;

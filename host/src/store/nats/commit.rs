@@ -15,8 +15,7 @@ use super::jetstream::stored_seq;
 use super::keys::{Key, encode_dispatch, encode_thread, encode_waitpoint};
 use super::view::{Record, Stored, ThreadRec, View};
 use crate::store::model::Dispatch;
-use crate::store::rules::waitpoints_end;
-use crate::store::waitpoints::{Waitpoint, WaitpointState, settle};
+use crate::store::waitpoints::Waitpoint;
 use crate::store::{StoreError, StoreResult};
 
 /// What a write expects of the stream before it.
@@ -144,47 +143,11 @@ impl OwnHold {
 /// Messages per atomic batch (the server allows 1,000).
 pub(super) const MAX_BATCH: usize = 999;
 
-/// The writes that store a dispatch record, fenced by its thread's tree: the record alone,
-/// or, when it ends a dispatch that has waitpoints, the batch of [`record_writes`].
-pub(super) fn put_dispatch(view: &View, stored: Stored) -> StoreResult<Vec<Write>> {
-    let thread = stored.dispatch.thread.clone();
-    let mut writes = record_writes(view, stored)?;
-    fence_first(view, &thread, &mut writes);
-    Ok(writes)
-}
-
 /// Gives the first of `writes` the expectation of `thread`'s tree (the batch's fence).
 pub(super) fn fence_first(view: &View, thread: &str, writes: &mut [Write]) {
     if let Some(first) = writes.first_mut() {
         first.expect = Expect::Thread(view.thread_seq(thread));
     }
-}
-
-/// The writes that store a dispatch record inside a batch (none with an expectation): the
-/// record alone, unless it ends a dispatch that has waitpoints. Then its pending waitpoints
-/// are cancelled in the same batch (W4, `interrupt` for a supersede, else `dispatch-ended`),
-/// written *before* the record, so that in the stream every write of a waitpoint precedes the
-/// record that ends its dispatch (what a lean view relies on to drop them, see
-/// `View::apply_waitpoint`), and the record says it has waitpoints (for the archiver). The
-/// view must hold the dispatch's waitpoints: a host's holds those of every live dispatch, and
-/// a read for one operation reads those of every thread it reads (`fetch`).
-pub(super) fn record_writes(view: &View, mut stored: Stored) -> StoreResult<Vec<Write>> {
-    let d = &stored.dispatch;
-    let mut writes = Vec::new();
-    if let Some(by) = waitpoints_end(d.status)
-        && view.has_waitpoints(&d.thread, &d.id)
-    {
-        for held in view.waitpoints_of(&d.thread, &d.id) {
-            if held.waitpoint.is_pending() {
-                let mut w = held.waitpoint.clone();
-                settle(&mut w, WaitpointState::Cancelled, None, by, d.updated_at);
-                writes.push(put_waitpoint(Expect::None, &w)?);
-            }
-        }
-        stored.waitpoints = true;
-    }
-    writes.push(put_dispatch_expecting(Expect::None, stored)?);
-    Ok(writes)
 }
 
 /// A write of a waitpoint record with the expectation given.

@@ -40,15 +40,15 @@ use serde_json::json;
 
 use super::commit::{Expect, MAX_BATCH, Plan, Write, plain, put_dispatch_expecting};
 use super::fetch::{PAGE, Read};
-use super::keys::{Key, decode_message, encode_message, encode_thread};
-use super::log::encode_entry;
+use super::keys::{Key, decode_message, encode_entry, encode_message, encode_thread};
 use super::view::{MessageHead, Record, ThreadRec, View};
 use super::{Inner, NatsStore};
 use crate::store::inbox::{
-    DEFAULT_MESSAGE_PAGE, Inbox, InboxMarks, Message, MessageFilter, MessageKind, MessageState,
-    NOTE_ROOM, NewMessage, Sent, ThreadWatch, follow_up_dispatch, follow_up_targets,
+    Inbox, InboxMarks, Message, MessageFilter, MessageKind, MessageState, NOTE_ROOM, NewMessage,
+    Sent, ThreadWatch,
 };
 use crate::store::model::Dispatch;
+use crate::store::rules::inbox::{follow_up_dispatch, follow_up_targets};
 use crate::store::rules::{ByteBudget, queued_record};
 use crate::store::{Fence, StoreError, StoreResult};
 
@@ -335,7 +335,8 @@ impl NatsStore {
 #[async_trait]
 impl Inbox for NatsStore {
     async fn send(&self, thread: &str, new: NewMessage, max_pending: u64) -> StoreResult<Sent> {
-        new.validate(thread, self.max_message())?;
+        new.validate(thread, self.max_message())
+            .map_err(StoreError::Invalid)?;
         self.run(&[Read::Thread(thread), Read::Inbox(thread)], |view, now, _| {
             let marks = view.inbox_marks(thread);
             if marks.pending >= max_pending {
@@ -559,11 +560,7 @@ impl Inbox for NatsStore {
     }
 
     async fn messages(&self, thread: &str, filter: &MessageFilter) -> StoreResult<Vec<Message>> {
-        let limit = if filter.limit == 0 {
-            DEFAULT_MESSAGE_PAGE
-        } else {
-            filter.limit
-        };
+        let limit = crate::store::rules::page(filter.limit);
         let Some(budget) = filter.max_bytes else {
             return Ok(self
                 .fetch_messages(thread)

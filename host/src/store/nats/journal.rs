@@ -60,7 +60,7 @@ use super::NatsStore;
 use super::commit::{Expect, MAX_BATCH, Plan, Write};
 use super::fetch::{PAGE, PAGE_BYTES, Read};
 use super::keys::Key;
-use super::log::encode_entry;
+use super::keys::encode_entry;
 use super::view::{Record, View};
 use crate::store::journal::{
     CallEntry, CallPicker, CallSummary, Journal, JournalAsk, JournalData, JournalPage, NewStep,

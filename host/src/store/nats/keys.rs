@@ -29,14 +29,20 @@
 //! Framed the same way with one byte field: the format byte, a `u32` length, the fields as
 //! JSON, then the payload (a message) or the result (a waitpoint). A waitpoint's JSON holds an
 //! empty `result` exactly when it has one, so an empty result and no result stay apart.
+//!
+//! # Log entries
+//!
+//! The append time as 8 big-endian bytes, then the entry's data; one that records an inbox
+//! message carries its note between the two ([`encode_entry`]).
 
 use base64::Engine;
 use base64::engine::general_purpose::URL_SAFE_NO_PAD;
 use bytes::{BufMut, Bytes, BytesMut};
 
 use super::records::{LimitRec, MessageHead, Record, Stored, ThreadRec};
-use crate::store::inbox::Message;
+use crate::store::inbox::{Message, MessageNote};
 use crate::store::limits::{Pause, pause_name};
+use crate::store::model::LogEntry;
 use crate::store::waitpoints::Waitpoint;
 use crate::store::{StoreError, StoreResult};
 
@@ -625,6 +631,76 @@ pub fn encode_thread(rec: &ThreadRec) -> StoreResult<Bytes> {
         .map_err(|e| StoreError::Invalid(format!("thread record: cannot encode: {e}")))
 }
 
+/// The bit of an entry's 8-byte time that says a note follows it (stored times are below
+/// 2^63, so no entry without a note has it).
+const NOTED: u64 = 1 << 63;
+
+/// The payload of a log entry: its time as 8 big-endian bytes, then the data; an entry that
+/// records an inbox message sets the time's top bit and puts a `u32` length and the note's
+/// JSON between the time and the data.
+pub fn encode_entry(now: u64, data: &[u8], note: Option<&MessageNote>) -> StoreResult<Bytes> {
+    let note = note
+        .map(|n| {
+            serde_json::to_vec(n)
+                .map_err(|e| StoreError::Invalid(format!("note: cannot encode: {e}")))
+        })
+        .transpose()?;
+    let mut payload = BytesMut::with_capacity(12 + data.len() + note.as_ref().map_or(0, Vec::len));
+    match note {
+        Some(note) => {
+            let n = u32::try_from(note.len())
+                .map_err(|_| StoreError::Invalid("note: too large for an entry".into()))?;
+            payload.put_u64((now & !NOTED) | NOTED);
+            payload.put_u32(n);
+            payload.put_slice(&note);
+        }
+        None => payload.put_u64(now & !NOTED),
+    }
+    payload.put_slice(data);
+    Ok(payload.freeze())
+}
+
+/// Decodes a log entry's payload (both forms, see [`encode_entry`]).
+pub fn decode_entry(thread: &str, seq: u64, payload: &[u8]) -> StoreResult<LogEntry> {
+    let corrupt = |reason: String| StoreError::Corrupt {
+        key: format!("log/{thread}/{seq}"),
+        reason,
+    };
+    let Some(time) = payload.get(..8).and_then(|b| <[u8; 8]>::try_from(b).ok()) else {
+        return Err(corrupt(format!(
+            "entry of {} bytes has no header",
+            payload.len()
+        )));
+    };
+    let time = u64::from_be_bytes(time);
+    if time & NOTED == 0 {
+        return Ok(LogEntry {
+            seq,
+            data: payload[8..].to_vec(),
+            appended_at: time,
+            note: None,
+        });
+    }
+    let Some(len) = payload.get(8..12).and_then(|b| <[u8; 4]>::try_from(b).ok()) else {
+        return Err(corrupt("entry truncated before its note's length".into()));
+    };
+    let end = usize::try_from(u32::from_be_bytes(len))
+        .ok()
+        .and_then(|n| n.checked_add(12))
+        .ok_or_else(|| corrupt("note length out of range".into()))?;
+    let note = payload
+        .get(12..end)
+        .ok_or_else(|| corrupt("entry truncated inside its note".into()))?;
+    let note: MessageNote =
+        serde_json::from_slice(note).map_err(|e| corrupt(format!("note: {e}")))?;
+    Ok(LogEntry {
+        seq,
+        data: payload.get(end..).unwrap_or_default().to_vec(),
+        appended_at: time & !NOTED,
+        note: Some(note),
+    })
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -827,5 +903,32 @@ mod tests {
         assert_eq!(Key::parse("hm", "hm.dl.YQ.x.1"), None);
         assert_eq!(Key::parse("hm", "hm.dl.YQ.1"), None);
         assert_eq!(Key::live("hm", "a.b"), "_HOMING_LIVE.hm.YS5i");
+    }
+
+    #[test]
+    fn entries_with_and_without_a_note_round_trip() {
+        let plain = encode_entry(1_700_000_000_000, b"data", None).unwrap_or_default();
+        let back = decode_entry("t", 1, &plain).ok();
+        assert_eq!(back.as_ref().map(|e| e.note.is_none()), Some(true));
+        assert_eq!(
+            back.map(|e| (e.appended_at, e.data)),
+            Some((1_700_000_000_000, b"data".to_vec()))
+        );
+        let note = MessageNote {
+            seq: 4,
+            kind: crate::store::inbox::MessageKind::Steer,
+            metadata: Default::default(),
+            sent_at: 3,
+            sent_by: "cli".into(),
+        };
+        let noted = encode_entry(1_700_000_000_001, b"", Some(&note)).unwrap_or_default();
+        let back = decode_entry("t", 2, &noted).ok();
+        assert_eq!(
+            back.map(|e| (e.appended_at, e.data, e.note)),
+            Some((1_700_000_000_001, Vec::new(), Some(note)))
+        );
+        for cut in 0..12 {
+            assert!(decode_entry("t", 2, &noted[..cut]).is_err(), "cut at {cut}");
+        }
     }
 }

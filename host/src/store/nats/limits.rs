@@ -38,7 +38,8 @@ use async_trait::async_trait;
 use bytes::Bytes;
 
 use super::NatsStore;
-use super::commit::{CommitError, Expect, Plan, Write, plain, put_dispatch};
+use super::commit::{CommitError, Expect, Plan, Write, plain};
+use super::effects::{Applied, changed};
 use super::fetch::Read;
 use super::keys::Key;
 use super::view::{LimitRec, Record, View};
@@ -389,16 +390,20 @@ impl NatsStore {
                     let thread_epoch = view.thread(&d.thread)?.epoch;
                     let version = req.offer.map(|o| (o, o.choose(&d, now)));
                     match rules::take(d, thread_epoch, req.consumer, req.lease_ms, now, req.start) {
-                        Take::Stale(d) => Ok(Plan::Write {
-                            writes: put_dispatch(view, plain(d))?,
-                            answer: Ok(Claimed::Again),
-                            wake: false,
-                        }),
+                        Take::Stale(d) => {
+                            let Applied { writes, wake } = changed(view, Status::Queued, plain(d))?;
+                            Ok(Plan::Write {
+                                writes,
+                                answer: Ok(Claimed::Again),
+                                wake,
+                            })
+                        }
                         Take::Claimed(mut d) => {
                             if let Some((o, VersionChoice::Run(index))) = version {
                                 o.record(&mut d, index);
                             }
-                            let mut writes = put_dispatch(view, plain(d.clone()))?;
+                            let mut writes =
+                                changed(view, Status::Queued, plain(d.clone()))?.writes;
                             for scope in &shared {
                                 writes.push(take_scope(view, scope, Holder::of_claim(&d), now)?);
                             }
@@ -987,7 +992,11 @@ fn decide(
     let thread_epoch = view.thread(&d.thread)?.epoch;
     let version = req.offer.map(|o| (o, o.choose(&d, now)));
     let d = match rules::take(d, thread_epoch, req.consumer, req.lease_ms, now, req.start) {
-        Take::Stale(d) => return Ok(Decided::Stale(put_dispatch(view, plain(d))?)),
+        Take::Stale(d) => {
+            return Ok(Decided::Stale(
+                changed(view, Status::Queued, plain(d))?.writes,
+            ));
+        }
         Take::Claimed(mut d) => {
             if let Some((o, VersionChoice::Run(index))) = version {
                 o.record(&mut d, index);
@@ -1043,7 +1052,7 @@ fn decide(
             }
         }
     }
-    let claim = put_dispatch(view, plain(d.clone()))?;
+    let claim = changed(view, Status::Queued, plain(d.clone()))?.writes;
     view.reserve(&d.thread);
     Ok(Decided::Claim(Box::new(Pending {
         dispatch: d,

@@ -9,95 +9,18 @@
 //! that keeps sequences from being reused.
 
 use async_trait::async_trait;
-use bytes::{BufMut, Bytes, BytesMut};
 use futures_util::StreamExt;
 
 use super::NatsStore;
-use super::commit::{Expect, Plan, Write, put_dispatch, put_thread, settled};
+use super::commit::{Expect, Plan, Write, put_thread, settled};
+use super::effects::{Applied, changed};
 use super::fetch::Read;
-use super::keys::Key;
+use super::keys::{Key, decode_entry, encode_entry};
 use super::view::Record;
-use crate::store::inbox::MessageNote;
-use crate::store::model::{Fence, LogEntry, Watermarks};
+use crate::store::model::{Fence, LogEntry, Status, Watermarks};
 use crate::store::rules::{self, ByteBudget, Fenced, Settle};
 use crate::store::{SequenceStore, StoreError, StoreResult, check_size};
 
-/// The bit of an entry's 8-byte time that says a note follows it (stored times are below
-/// 2^63, so no entry without a note has it).
-const NOTED: u64 = 1 << 63;
-
-/// The payload of a log entry: its time as 8 big-endian bytes, then the data; an entry that
-/// records an inbox message sets the time's top bit and puts a `u32` length and the note's
-/// JSON between the time and the data.
-pub(super) fn encode_entry(
-    now: u64,
-    data: &[u8],
-    note: Option<&MessageNote>,
-) -> StoreResult<Bytes> {
-    let note = note
-        .map(|n| {
-            serde_json::to_vec(n)
-                .map_err(|e| StoreError::Invalid(format!("note: cannot encode: {e}")))
-        })
-        .transpose()?;
-    let mut payload = BytesMut::with_capacity(12 + data.len() + note.as_ref().map_or(0, Vec::len));
-    match note {
-        Some(note) => {
-            let n = u32::try_from(note.len())
-                .map_err(|_| StoreError::Invalid("note: too large for an entry".into()))?;
-            payload.put_u64((now & !NOTED) | NOTED);
-            payload.put_u32(n);
-            payload.put_slice(&note);
-        }
-        None => payload.put_u64(now & !NOTED),
-    }
-    payload.put_slice(data);
-    Ok(payload.freeze())
-}
-
-/// Decodes a log entry's payload (both forms, see [`encode_entry`]).
-pub(super) fn decode_entry(thread: &str, seq: u64, payload: &[u8]) -> StoreResult<LogEntry> {
-    let corrupt = |reason: String| StoreError::Corrupt {
-        key: format!("log/{thread}/{seq}"),
-        reason,
-    };
-    let Some(time) = payload.get(..8).and_then(|b| <[u8; 8]>::try_from(b).ok()) else {
-        return Err(corrupt(format!(
-            "entry of {} bytes has no header",
-            payload.len()
-        )));
-    };
-    let time = u64::from_be_bytes(time);
-    if time & NOTED == 0 {
-        return Ok(LogEntry {
-            seq,
-            data: payload[8..].to_vec(),
-            appended_at: time,
-            note: None,
-        });
-    }
-    let Some(len) = payload.get(8..12).and_then(|b| <[u8; 4]>::try_from(b).ok()) else {
-        return Err(corrupt("entry truncated before its note's length".into()));
-    };
-    let end = usize::try_from(u32::from_be_bytes(len))
-        .ok()
-        .and_then(|n| n.checked_add(12))
-        .ok_or_else(|| corrupt("note length out of range".into()))?;
-    let note = payload
-        .get(12..end)
-        .ok_or_else(|| corrupt("entry truncated inside its note".into()))?;
-    let note: MessageNote =
-        serde_json::from_slice(note).map_err(|e| corrupt(format!("note: {e}")))?;
-    Ok(LogEntry {
-        seq,
-        data: payload.get(end..).unwrap_or_default().to_vec(),
-        appended_at: time & !NOTED,
-        note: Some(note),
-    })
-}
-
-/// The page size of `read` when the caller gives 0.
-const DEFAULT_READ: usize = 1000;
 /// Entries fetched at once by `read`.
 const READ_CONCURRENCY: usize = 32;
 
@@ -169,11 +92,15 @@ impl NatsStore {
                     record,
                     token,
                     error,
-                } => Some(Plan::Write {
-                    writes: put_dispatch(view, settled(*record, &token, Settle::Supersede))?,
-                    answer: Err(error),
-                    wake: true,
-                }),
+                } => {
+                    let stored = settled(*record, &token, Settle::Supersede);
+                    let Applied { writes, wake } = changed(view, Status::Claimed, stored)?;
+                    Some(Plan::Write {
+                        writes,
+                        answer: Err(error),
+                        wake,
+                    })
+                }
             },
         )
     }
@@ -258,7 +185,7 @@ impl SequenceStore for NatsStore {
         limit: usize,
         max_bytes: usize,
     ) -> StoreResult<Vec<LogEntry>> {
-        let limit = if limit == 0 { DEFAULT_READ } else { limit };
+        let limit = crate::store::rules::log_read(limit);
         let marks = self.marks(thread).await?;
         let first = after.max(marks.trimmed).saturating_add(1);
         if after >= marks.latest || first > marks.latest {
@@ -312,38 +239,5 @@ impl SequenceStore for NatsStore {
 
     fn max_entry(&self) -> u64 {
         self.room().entry
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-    use crate::store::inbox::MessageKind;
-
-    #[test]
-    fn entries_with_and_without_a_note_round_trip() {
-        let plain = encode_entry(1_700_000_000_000, b"data", None).unwrap_or_default();
-        let back = decode_entry("t", 1, &plain).ok();
-        assert_eq!(back.as_ref().map(|e| e.note.is_none()), Some(true));
-        assert_eq!(
-            back.map(|e| (e.appended_at, e.data)),
-            Some((1_700_000_000_000, b"data".to_vec()))
-        );
-        let note = MessageNote {
-            seq: 4,
-            kind: MessageKind::Steer,
-            metadata: Default::default(),
-            sent_at: 3,
-            sent_by: "cli".into(),
-        };
-        let noted = encode_entry(1_700_000_000_001, b"", Some(&note)).unwrap_or_default();
-        let back = decode_entry("t", 2, &noted).ok();
-        assert_eq!(
-            back.map(|e| (e.appended_at, e.data, e.note)),
-            Some((1_700_000_000_001, Vec::new(), Some(note)))
-        );
-        for cut in 0..12 {
-            assert!(decode_entry("t", 2, &noted[..cut]).is_err(), "cut at {cut}");
-        }
     }
 }

@@ -10,11 +10,10 @@ use tokio::sync::Notify;
 
 use super::NatsStore;
 use super::commit::{
-    Expect, MAX_BATCH, Plan, Write, fence_first, plain, put_dispatch, put_dispatch_expecting,
-    put_thread, record_writes, settled,
+    Expect, MAX_BATCH, Plan, Write, fence_first, plain, put_dispatch_expecting, put_thread, settled,
 };
 use super::config::{GROWTH_ROOM, Room};
-use super::effects::{Applied, applied};
+use super::effects::{Applied, applied, changed, in_batch};
 use super::fetch::Read;
 use super::keys::{FRAME_OVERHEAD, Key};
 use super::view::{Record, Stored, View};
@@ -123,18 +122,23 @@ impl NatsStore {
                     };
                     let thread_epoch = view.thread(&d.thread)?.epoch;
                     match rules::take(d, thread_epoch, consumer, lease_ms, now, start) {
-                        Take::Stale(d) => Ok(Plan::Write {
-                            writes: put_dispatch(view, plain(d))?,
-                            answer: Ok(Claimed::Again),
-                            wake: false,
-                        }),
+                        Take::Stale(d) => {
+                            let Applied { writes, wake } = changed(view, Status::Queued, plain(d))?;
+                            Ok(Plan::Write {
+                                writes,
+                                answer: Ok(Claimed::Again),
+                                wake,
+                            })
+                        }
                         Take::Claimed(d) => {
                             view.reserve(&d.thread);
                             held = Some(d.thread.clone());
+                            let Applied { writes, wake } =
+                                changed(view, Status::Queued, plain(d.clone()))?;
                             Ok(Plan::Write {
-                                writes: put_dispatch(view, plain(d.clone()))?,
+                                writes,
                                 answer: Ok(Claimed::Got(Box::new(d))),
-                                wake: false,
+                                wake,
                             })
                         }
                     }
@@ -178,11 +182,15 @@ impl NatsStore {
                             record,
                             token,
                             error,
-                        } => Ok(Plan::Write {
-                            writes: put_dispatch(view, settled(record, &token, Settle::Supersede))?,
-                            answer: Err(error),
-                            wake: true,
-                        }),
+                        } => {
+                            let stored = settled(record, &token, Settle::Supersede);
+                            let Applied { writes, wake } = changed(view, Status::Claimed, stored)?;
+                            Ok(Plan::Write {
+                                writes,
+                                answer: Err(error),
+                                wake,
+                            })
+                        }
                         Holder::Live(mut d) => {
                             // A suspend is decided with the dispatch's waitpoints, under the
                             // thread's fence: a completion stored first is seen here (and
@@ -378,10 +386,11 @@ impl Mailbox for NatsStore {
             let thread_epoch = view.thread(&d.thread)?.epoch;
             if rules::stale(&d, thread_epoch) {
                 let d = rules::superseded(d, now, REASON_STALE_EPOCH);
+                let Applied { writes, wake } = changed(view, Status::Queued, plain(d))?;
                 return Ok(Plan::Write {
-                    writes: put_dispatch(view, plain(d))?,
+                    writes,
                     answer: Ok(None),
-                    wake: true,
+                    wake,
                 });
             }
             let mut writes = Vec::new();
@@ -396,20 +405,27 @@ impl Mailbox for NatsStore {
                     Reclaim::Live => return Ok(Plan::Refuse(Ok(None))),
                     Reclaim::Requeued(d) | Reclaim::DeadLettered(d) | Reclaim::Superseded(d) => d,
                 };
-                writes.extend(put_dispatch(view, plain(back))?);
+                // The view holds the thread, whose queued `d` is live: a dead letter's inbox
+                // waits for `d`'s run, so the verdict never needs more of the thread.
+                let Some(Applied { writes: back, .. }) =
+                    applied(view, Status::Claimed, plain(back), now)?
+                else {
+                    return Ok(Plan::Refuse(Ok(None)));
+                };
+                writes.extend(back);
             }
             let d = match rules::take(d, thread_epoch, consumer, lease_ms, now, false) {
                 Take::Claimed(d) => d,
                 // Not reached: the epoch was checked above.
                 Take::Stale(_) => return Ok(Plan::Refuse(Ok(None))),
             };
-            let expect = if writes.is_empty() {
-                Expect::Thread(view.thread_seq(&d.thread))
-            } else {
-                Expect::None
-            };
-            writes.push(put_dispatch_expecting(expect, plain(d.clone()))?);
-            let wake = writes.len() > 1;
+            // A reclaim took over first: it fences the batch, and claimers wake for it.
+            let wake = !writes.is_empty();
+            let mut claim = in_batch(view, Status::Queued, plain(d.clone()))?;
+            if !wake {
+                fence_first(view, &d.thread, &mut claim);
+            }
+            writes.extend(claim);
             Ok(Plan::Write {
                 writes,
                 answer: Ok(Some(d)),
@@ -420,10 +436,8 @@ impl Mailbox for NatsStore {
     }
 
     async fn hold(&self, id: &str, token: &str, op: HolderOp) -> StoreResult<Dispatch> {
-        if let Some(output) = op.output() {
-            let room = self.room();
-            check_size("output", output, room.value, &room.value_why())?;
-        }
+        let room = self.room();
+        op.check_output(room.value, &room.value_why())?;
         let op = match op {
             // A claim under a slot block keeps its lease within the block's; once the block
             // has lapsed, its slots may be another's, and the claim is lost.
@@ -560,7 +574,7 @@ impl Mailbox for NatsStore {
                             ..s.clone()
                         };
                         let id = record.dispatch.id.clone();
-                        let these = record_writes(view, record)?;
+                        let these = in_batch(view, s.dispatch.status, record)?;
                         if writes.len() + these.len() > MAX_BATCH {
                             more = true;
                             break;
@@ -606,14 +620,15 @@ impl Mailbox for NatsStore {
                     SupersedeClaimed::Nothing => Plan::Refuse(Ok(None)),
                     SupersedeClaimed::Repeat(d) => Plan::Done(Ok(Some(d))),
                     SupersedeClaimed::Refuse(e) => Plan::Refuse(Err(e)),
-                    SupersedeClaimed::Supersede { record, token } => Plan::Write {
-                        writes: put_dispatch(
-                            view,
-                            settled(record.clone(), &token, Settle::Supersede),
-                        )?,
-                        answer: Ok(Some(record)),
-                        wake: true,
-                    },
+                    SupersedeClaimed::Supersede { record, token } => {
+                        let stored = settled(record.clone(), &token, Settle::Supersede);
+                        let Applied { writes, wake } = changed(view, Status::Claimed, stored)?;
+                        Plan::Write {
+                            writes,
+                            answer: Ok(Some(record)),
+                            wake,
+                        }
+                    }
                 },
             )
         })

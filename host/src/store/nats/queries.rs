@@ -23,8 +23,6 @@ enum Held {
     Archive,
 }
 
-/// The page size of `list` and `list_terminal` when the caller gives 0.
-const DEFAULT_PAGE: usize = 100;
 /// Records one `purge_terminal` call tombstones at most.
 const PURGE_PER_CALL: usize = 100_000;
 
@@ -56,11 +54,7 @@ struct Page<'f, T> {
 
 impl<'f, T: Listed> Page<'f, T> {
     fn new(filter: &'f ListFilter) -> Page<'f, T> {
-        let limit = if filter.limit == 0 {
-            DEFAULT_PAGE
-        } else {
-            filter.limit
-        };
+        let limit = crate::store::rules::page(filter.limit);
         Page {
             filter,
             limit,
@@ -241,7 +235,7 @@ impl NatsStore {
         limit: usize,
         offset: usize,
     ) -> StoreResult<Vec<Dispatch>> {
-        let limit = if limit == 0 { DEFAULT_PAGE } else { limit };
+        let limit = crate::store::rules::page(limit);
         let keep = offset.saturating_add(limit);
         // The first `offset + limit` by completion, held in a bounded map while reading.
         let mut rows: BTreeMap<(u64, String), Dispatch> = BTreeMap::new();

@@ -15,7 +15,7 @@
 //! dispatches superseded, one batch); a thread record rewrite (a trim); send an inbox message,
 //! acknowledge one (a log entry and the message, one batch), discard some. A write that ends a
 //! dispatch with waitpoints is a batch whose pending waitpoints are cancelled *before* the
-//! dispatch record, as `commit::record_writes` writes it. A write (or batch) names the last
+//! dispatch record, as `effects::applied` writes it. A write (or batch) names the last
 //! sequence of its thread's tree as its host knew it, and the stream accepts it only when that
 //! is the tree's real last sequence (the server's `Nats-Expected-Last-Subject-Sequence` on
 //! `<p>.th.<thread>.>`); a batch is stored contiguously.
@@ -371,7 +371,7 @@ fn plain(dispatch: crate::store::model::Dispatch) -> Stored {
 }
 
 /// The records that store `stored`: when it ends a dispatch that has waitpoints, its pending
-/// ones cancelled first, and the record marked (what `commit::record_writes` writes).
+/// ones cancelled first, and the record marked (what `effects::applied` writes).
 fn ended(snap: &Snap, mut stored: Stored) -> Vec<Record> {
     let (id, status, at) = (
         stored.dispatch.id.clone(),

@@ -11,7 +11,7 @@
 //! - complete, time out, cancel (W2 to W4): `w.<id>`; with the resume of a waiting dispatch
 //!   (T18), a batch of `w.<id>` and `d.<id>`;
 //! - a write that ends a dispatch with pending waitpoints: its cancelled `w.*` and then its
-//!   `d.<id>` (`commit::record_writes`), in the same batch as the rest of that write.
+//!   `d.<id>` (`effects::applied`), in the same batch as the rest of that write.
 //!
 //! A host's view keeps the waitpoints of live dispatches (records without their results) and
 //! the pending ones ordered by timeout, so a suspend, a settlement that ends a dispatch, an
@@ -27,7 +27,8 @@ use std::collections::{BTreeMap, HashSet};
 use async_trait::async_trait;
 
 use super::NatsStore;
-use super::commit::{Expect, Plan, Write, put_dispatch_expecting, put_waitpoint};
+use super::commit::{Expect, Plan, Write, put_waitpoint};
+use super::effects::in_batch;
 use super::fetch::Read;
 use super::keys::{Key, decode_waitpoint_of};
 use super::view::{Stored, View};
@@ -59,13 +60,11 @@ fn settle_writes(view: &View, w: &Waitpoint, now: u64) -> StoreResult<(Vec<Write
         Some(stored) if stored.dispatch.status == Status::Waiting => {
             let mut d = stored.dispatch.clone();
             wp::resume(&mut d, now);
-            writes.push(put_dispatch_expecting(
-                Expect::None,
-                Stored {
-                    dispatch: d,
-                    ..stored.clone()
-                },
-            )?);
+            let resumed = Stored {
+                dispatch: d,
+                ..stored.clone()
+            };
+            writes.extend(in_batch(view, Status::Waiting, resumed)?);
             true
         }
         _ => false,

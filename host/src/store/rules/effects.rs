@@ -40,6 +40,20 @@ impl Effects {
         wake_claimers: false,
         wake_watchers: false,
     };
+
+    /// What follows two changes applied together (an interrupt's supersede of a thread's queued
+    /// and waiting dispatches in one step): every effect either has. Where both end waitpoints,
+    /// `self`'s `settled_by` is kept.
+    pub(crate) fn or(self, other: Effects) -> Effects {
+        Effects {
+            release: self.release || other.release,
+            end_waitpoints: self.end_waitpoints.or(other.end_waitpoints),
+            refresh_lane: self.refresh_lane || other.refresh_lane,
+            answer_inbox: self.answer_inbox || other.answer_inbox,
+            wake_claimers: self.wake_claimers || other.wake_claimers,
+            wake_watchers: self.wake_watchers || other.wake_watchers,
+        }
+    }
 }
 
 /// Whether a dispatch in `status` holds its thread: no other dispatch of the thread is claimed

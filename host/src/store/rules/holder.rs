@@ -10,7 +10,7 @@
 use super::claim::{lease_live, stale, superseded};
 use super::{fail_attempt, terminate};
 use crate::store::model::{Dispatch, Fence, RunResult, Status};
-use crate::store::{REASON_LEASE_EXPIRED_AT_MAX, REASON_STALE_EPOCH, StoreError};
+use crate::store::{REASON_LEASE_EXPIRED_AT_MAX, REASON_STALE_EPOCH, StoreError, StoreResult};
 
 /// The operations that settle a dispatch. A settled record keeps the token and operation that
 /// settled it, so a repeat after a lost reply is recognised.
@@ -398,12 +398,24 @@ impl HolderOp {
         matches!(self, HolderOp::Suspend { .. })
     }
 
-    /// The run output the operation stores, if it stores one (checked against the backend's
-    /// largest value before anything is written).
+    /// The run output the operation stores, if it stores one.
     pub(crate) fn output(&self) -> Option<&[u8]> {
         match self {
             HolderOp::Result(r) | HolderOp::Complete(r) => Some(&r.output),
             _ => None,
+        }
+    }
+
+    /// Refuses an output larger than the backend's largest value (`limit`, set by `why`),
+    /// before anything is written.
+    ///
+    /// # Errors
+    ///
+    /// `Invalid` naming the output, its size and the limit.
+    pub(crate) fn check_output(&self, limit: u64, why: &str) -> StoreResult<()> {
+        match self.output() {
+            Some(output) => super::check_size("output", output, limit, why),
+            None => Ok(()),
         }
     }
 

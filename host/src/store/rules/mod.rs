@@ -13,6 +13,8 @@
 mod claim;
 mod effects;
 mod holder;
+pub mod inbox;
+pub mod limits;
 mod reads;
 pub(crate) mod turns;
 pub mod waitpoints;
@@ -20,14 +22,17 @@ pub mod waitpoints;
 pub(crate) use claim::{
     Reclaim, Take, due, lease_expired, lease_live, reclaim, stale, superseded, take,
 };
+#[cfg(test)]
+pub(crate) use effects::waitpoints_end;
 pub use effects::{BY_DISPATCH_ENDED, BY_INTERRUPT};
-pub(crate) use effects::{Effects, effects, waitpoints_end};
+pub(crate) use effects::{Effects, effects};
 pub(crate) use holder::{
     Fenced, Found, Holder, Settle, SupersedeClaimed, check_fence, check_holder_op,
     supersede_claimed, suspend,
 };
 pub use holder::{HolderOp, WaitpointsSeen, resume};
-pub(crate) use reads::ByteBudget;
+pub use reads::DEFAULT_PAGE;
+pub(crate) use reads::{ByteBudget, log_read, page};
 
 use crate::store::model::{Dispatch, NewDispatch, Status};
 use crate::store::{StoreError, StoreResult};
@@ -157,6 +162,22 @@ pub(crate) fn lease_extended(out: StoreResult<Dispatch>) -> StoreResult<bool> {
         ) => Ok(false),
         Err(e) => Err(e),
     }
+}
+
+/// The `Invalid` error of a value over a backend's limit: names the field, its size, the limit
+/// and where the limit comes from.
+pub(crate) fn too_large(field: &str, len: usize, limit: u64, why: &str) -> StoreError {
+    StoreError::Invalid(format!(
+        "{field}: {len} bytes exceeds the store's limit of {limit} bytes ({why})"
+    ))
+}
+
+/// Refuses `value` when it is longer than `limit`.
+pub(crate) fn check_size(field: &str, value: &[u8], limit: u64, why: &str) -> StoreResult<()> {
+    if value.len() as u64 > limit {
+        return Err(too_large(field, value.len(), limit, why));
+    }
+    Ok(())
 }
 
 #[cfg(test)]

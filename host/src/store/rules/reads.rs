@@ -1,5 +1,22 @@
-//! How a read bounded in bytes ends (the contract, sections 4.3 and 9.2): the same rule for
-//! the log's `read_within` and the inbox's `messages` with a `max_bytes`, on both backends.
+//! How big a read is: its page when the caller names none, and how a read bounded in bytes
+//! ends (the contract, sections 4.3 and 9.2): the same rules for every listing and for the
+//! log's `read_within` and the inbox's `messages` with a `max_bytes`, on both backends.
+
+/// The page of a listing (dispatches, messages, waitpoints) when the caller asks for 0.
+pub const DEFAULT_PAGE: usize = 100;
+
+/// The entries a read of a thread's log returns when the caller asks for 0.
+pub const DEFAULT_LOG_READ: usize = 1000;
+
+/// The size of a listing's page asked for as `limit`: [`DEFAULT_PAGE`] for 0.
+pub(crate) fn page(limit: usize) -> usize {
+    if limit == 0 { DEFAULT_PAGE } else { limit }
+}
+
+/// The entries of a log read asked for as `limit`: [`DEFAULT_LOG_READ`] for 0.
+pub(crate) fn log_read(limit: usize) -> usize {
+    if limit == 0 { DEFAULT_LOG_READ } else { limit }
+}
 
 /// The bytes a bounded read has taken against its budget. An item is taken while the budget
 /// is still open; the item that brings the total to the budget or past it is the last one. So

@@ -1,0 +1,245 @@
+//! The inbox's records (the contract, docs/contract.md, section 9): a message as sent and as
+//! stored, its state, a thread's watermarks and what a read of them asks for. The inbox's
+//! trait and its watches are `store::inbox`'s; what a settlement makes of pending messages
+//! (M4) is the rules'.
+
+use std::collections::BTreeMap;
+use std::fmt;
+use std::str::FromStr;
+
+use serde::{Deserialize, Serialize};
+
+use super::{MessageKind, MessageNote, bytes_as_text, check_metadata, check_name};
+
+/// The room a log entry keeps for the note of the message it records: a message's payload may
+/// take a log entry's room less this.
+pub const NOTE_ROOM: u64 = 16 * 1024;
+
+/// The most bytes a message's metadata takes, keys and values together.
+pub const MAX_MESSAGE_METADATA: usize = 16 * 1024;
+
+/// Where a message is in its life. It leaves `pending` once.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum MessageState {
+    /// Not acknowledged yet: handed to every claim of the thread until one acks it.
+    Pending,
+    /// Acknowledged by a holder; its log entry records it.
+    Acked,
+    /// Dropped by an operator before anyone acknowledged it.
+    Discarded,
+}
+
+impl MessageState {
+    /// The stable name used in storage, the CLI and JSON.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            MessageState::Pending => "pending",
+            MessageState::Acked => "acked",
+            MessageState::Discarded => "discarded",
+        }
+    }
+}
+
+impl fmt::Display for MessageState {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+impl FromStr for MessageState {
+    type Err = String;
+
+    fn from_str(s: &str) -> Result<MessageState, String> {
+        match s {
+            "pending" => Ok(MessageState::Pending),
+            "acked" => Ok(MessageState::Acked),
+            "discarded" => Ok(MessageState::Discarded),
+            other => Err(format!(
+                "unknown message state `{}` (expected pending, acked or discarded)",
+                other.escape_debug()
+            )),
+        }
+    }
+}
+
+/// What a sender submits: a message before the store stamps it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct NewMessage {
+    /// Its kind.
+    pub kind: MessageKind,
+    /// The sender's bytes; not empty.
+    pub payload: Vec<u8>,
+    /// The sender's annotations.
+    pub metadata: BTreeMap<String, String>,
+    /// The agent the sender addressed: routes the follow-up dispatch that answers it.
+    pub agent: Option<String>,
+    /// Who sent it, as the host recorded it (`api:<token name>`, `cli`, `dashboard:<name>`).
+    pub sent_by: String,
+}
+
+impl NewMessage {
+    /// A message of `kind` carrying `payload`, sent by `sent_by`, addressing no agent.
+    pub fn new(kind: MessageKind, payload: impl Into<Vec<u8>>, sent_by: impl Into<String>) -> Self {
+        NewMessage {
+            kind,
+            payload: payload.into(),
+            metadata: BTreeMap::new(),
+            agent: None,
+            sent_by: sent_by.into(),
+        }
+    }
+
+    /// Addresses `agent`.
+    pub fn to_agent(mut self, agent: impl Into<String>) -> Self {
+        self.agent = Some(agent.into());
+        self
+    }
+
+    /// Adds one metadata entry.
+    pub fn with_metadata(mut self, key: impl Into<String>, value: impl Into<String>) -> Self {
+        self.metadata.insert(key.into(), value.into());
+        self
+    }
+
+    /// Checks what a send requires (section 7 of the contract), with the payload at most
+    /// `max_payload` bytes.
+    ///
+    /// # Errors
+    ///
+    /// The message naming the field (the store's `Invalid`).
+    pub fn validate(&self, thread: &str, max_payload: u64) -> Result<(), String> {
+        check_name("thread", thread)?;
+        if self.payload.is_empty() {
+            return Err("payload: a message must not be empty".into());
+        }
+        if self.payload.len() as u64 > max_payload {
+            return Err(format!(
+                "payload: {} bytes exceeds the limit of {max_payload} bytes for a message",
+                self.payload.len()
+            ));
+        }
+        if let Some(agent) = &self.agent {
+            check_name("agent", agent)?;
+        }
+        check_name("sent_by", &self.sent_by)?;
+        check_metadata(&self.metadata, MAX_MESSAGE_METADATA)
+    }
+}
+
+/// A stored message (section 9.1 of the contract).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Message {
+    /// The thread it was sent to.
+    pub thread: String,
+    /// From 1 per thread, one more per send, never reused.
+    pub seq: u64,
+    /// The sender's choice.
+    pub kind: MessageKind,
+    /// The sender's bytes (never empty).
+    #[serde(with = "bytes_as_text")]
+    pub payload: Vec<u8>,
+    /// The sender's annotations.
+    pub metadata: BTreeMap<String, String>,
+    /// The agent the sender addressed.
+    pub agent: Option<String>,
+    /// Who sent it.
+    pub sent_by: String,
+    /// When it was stored (store clock).
+    pub sent_at: u64,
+    /// Where it is in its life.
+    pub state: MessageState,
+    /// When it was acked or discarded.
+    pub settled_at: Option<u64>,
+    /// The dispatch that acked it.
+    pub acked_by: Option<String>,
+    /// The log entry its acknowledgement appended.
+    pub log_seq: Option<u64>,
+}
+
+impl Message {
+    /// The note the log entry recording this message carries.
+    pub fn note(&self) -> MessageNote {
+        MessageNote {
+            seq: self.seq,
+            kind: self.kind,
+            metadata: self.metadata.clone(),
+            sent_at: self.sent_at,
+            sent_by: self.sent_by.clone(),
+        }
+    }
+}
+
+/// A thread's inbox watermarks: all start at 0 and survive restarts; `latest` and `followed`
+/// never decrease.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct InboxMarks {
+    /// The highest sequence sent.
+    pub latest: u64,
+    /// How many messages are pending.
+    pub pending: u64,
+    /// The highest sequence a follow-up dispatch covers.
+    pub followed: u64,
+}
+
+/// What a send stored.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Sent {
+    /// The message as stored.
+    pub message: Message,
+    /// The follow-up dispatches the send enqueued (M4, case a), by id.
+    pub follow_ups: Vec<String>,
+}
+
+/// Which messages a read of an inbox returns: of one state (all when `None`), with a sequence
+/// above `after`, oldest first, at most `limit` (0: the default page, `rules::DEFAULT_PAGE`).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct MessageFilter {
+    /// Only this state.
+    pub state: Option<MessageState>,
+    /// Only sequences above this.
+    pub after: u64,
+    /// Page size.
+    pub limit: usize,
+    /// With a budget: the page ends after the message that brings the payloads read to it or
+    /// more (one is read whenever there is one), so a reader holds at most its budget and one
+    /// message, however large they are.
+    pub max_bytes: Option<usize>,
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+
+    use super::*;
+
+    #[test]
+    fn kinds_and_states_parse_their_names() {
+        assert_eq!("steer".parse(), Ok(MessageKind::Steer));
+        assert_eq!("follow-up".parse(), Ok(MessageKind::FollowUp));
+        assert_eq!("follow_up".parse(), Ok(MessageKind::FollowUp));
+        assert!("later".parse::<MessageKind>().is_err());
+        for state in [
+            MessageState::Pending,
+            MessageState::Acked,
+            MessageState::Discarded,
+        ] {
+            assert_eq!(state.as_str().parse(), Ok(state));
+        }
+    }
+
+    #[test]
+    fn a_message_is_checked_before_anything_is_stored() {
+        let ok = NewMessage::new(MessageKind::Steer, b"hi".to_vec(), "cli");
+        assert!(ok.validate("t", 10).is_ok());
+        let empty = NewMessage::new(MessageKind::Steer, Vec::new(), "cli");
+        assert!(matches!(empty.validate("t", 10), Err(m) if m.contains("payload")));
+        let big = NewMessage::new(MessageKind::Steer, vec![1; 11], "cli");
+        assert!(matches!(big.validate("t", 10), Err(m) if m.contains("10 bytes")));
+        assert!(ok.validate(" ", 10).is_err());
+        let fat = ok
+            .clone()
+            .with_metadata("k", "v".repeat(MAX_MESSAGE_METADATA));
+        assert!(matches!(fat.validate("t", 10), Err(m) if m.contains("metadata")));
+    }
+}

@@ -1,0 +1,59 @@
+//! The inbox's follow-up rule (M4, the contract, section 9): which dispatches answer a thread's
+//! pending messages when its last live work settles, and what they carry. Both backends enqueue
+//! them from here.
+
+use crate::store::model::NewDispatch;
+
+/// Metadata keys of a follow-up dispatch (M4): who enqueued it and which messages it answers.
+pub const FOLLOW_UP_BY: (&str, &str) = ("enqueued-by", "inbox");
+/// The metadata key naming the range of messages a follow-up answers (`first-last`).
+pub const FOLLOW_UP_MESSAGES: &str = "messages";
+
+/// The follow-up dispatches M4 enqueues for `pending` (the thread's pending messages with a
+/// sequence above its `followed` watermark, oldest first): one per distinct target, the
+/// message's agent or else `default_agent`, each with the range of sequences it answers.
+/// Targets come in the order of their first message. Messages with no target (no agent and no
+/// default) are left out: the caller refuses or skips them.
+pub fn follow_up_targets<'a>(
+    pending: impl IntoIterator<Item = (u64, Option<&'a str>)>,
+    default_agent: Option<&'a str>,
+) -> Vec<(String, u64, u64)> {
+    let mut out: Vec<(String, u64, u64)> = Vec::new();
+    for (seq, agent) in pending {
+        let Some(target) = agent.or(default_agent) else {
+            continue;
+        };
+        match out.iter_mut().find(|(name, _, _)| name == target) {
+            Some((_, first, last)) => {
+                *first = (*first).min(seq);
+                *last = (*last).max(seq);
+            }
+            None => out.push((target.to_owned(), seq, seq)),
+        }
+    }
+    out
+}
+
+/// The dispatch that answers messages `first..=last` of `thread` for `agent` (M4).
+pub fn follow_up_dispatch(agent: &str, thread: &str, first: u64, last: u64) -> NewDispatch {
+    NewDispatch::new(agent, thread, Vec::new())
+        .with_metadata(FOLLOW_UP_BY.0, FOLLOW_UP_BY.1)
+        .with_metadata(FOLLOW_UP_MESSAGES, format!("{first}-{last}"))
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+
+    use super::*;
+
+    #[test]
+    fn follow_ups_group_messages_by_target() {
+        let got = follow_up_targets(
+            [(3, None), (4, Some("b")), (5, None), (6, Some("b"))],
+            Some("a"),
+        );
+        assert_eq!(got, vec![("a".into(), 3, 5), ("b".into(), 4, 6)]);
+        assert!(follow_up_targets([(1, None)], None).is_empty());
+    }
+}
