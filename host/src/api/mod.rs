@@ -56,6 +56,7 @@ mod error;
 mod health;
 mod journal;
 mod limits;
+mod schedules;
 pub(crate) mod stream;
 mod threads;
 mod view;
@@ -282,6 +283,54 @@ pub(crate) fn routes() -> Vec<Route> {
             "/v1/agents/{agent}/reload",
             Role::Operator,
             post(agents::reload),
+        ),
+        route(
+            Method::GET,
+            "/v1/schedules",
+            Role::Reader,
+            get(schedules::list),
+        ),
+        route(
+            Method::POST,
+            "/v1/schedules",
+            Role::Operator,
+            post(schedules::create),
+        ),
+        route(
+            Method::GET,
+            "/v1/schedules/{name}",
+            Role::Reader,
+            get(schedules::show),
+        ),
+        route(
+            Method::DELETE,
+            "/v1/schedules/{name}",
+            Role::Operator,
+            axum::routing::delete(schedules::delete),
+        ),
+        route(
+            Method::POST,
+            "/v1/schedules/{name}/pause",
+            Role::Operator,
+            post(schedules::pause),
+        ),
+        route(
+            Method::POST,
+            "/v1/schedules/{name}/resume",
+            Role::Operator,
+            post(schedules::resume),
+        ),
+        route(
+            Method::POST,
+            "/v1/schedules/{name}/trigger",
+            Role::Operator,
+            post(schedules::trigger),
+        ),
+        route(
+            Method::POST,
+            "/v1/schedules/{name}/backfill",
+            Role::Operator,
+            post(schedules::backfill),
         ),
         route(Method::GET, "/v1/openapi.json", Role::Reader, get(openapi)),
     ]

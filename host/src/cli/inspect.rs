@@ -42,6 +42,12 @@ pub enum PluginCommand {
 
 pub(super) async fn check(file: &Path, json: bool) -> anyhow::Result<()> {
     let config = Config::load(file)?;
+    // The schedules' times, checked by the store's rules (the config checked the rest).
+    let schedules = crate::work::schedules::defs_of(
+        &config,
+        crate::store::Clock::now_ms(&crate::store::SystemClock),
+    )
+    .map_err(anyhow::Error::msg)?;
     let runtime = Runtime::new(&config)?;
     let mut plugins = BTreeMap::new();
     let mut contracts = BTreeMap::new();
@@ -122,12 +128,15 @@ pub(super) async fn check(file: &Path, json: bool) -> anyhow::Result<()> {
         println!(
             "{}",
             serde_json::to_string_pretty(
-                &json!({"file": file.display().to_string(), "store": store, "plugins": plugins, "contracts": contracts, "variables": values, "pooling": runtime.pooling(), "api_tokens": tokens, "traces": traces})
+                &json!({"file": file.display().to_string(), "store": store, "plugins": plugins, "contracts": contracts, "variables": values, "pooling": runtime.pooling(), "api_tokens": tokens, "traces": traces, "schedules": schedules.iter().map(|d| d.name.clone()).collect::<Vec<_>>()})
             )?
         );
     } else {
         println!("{}: ok", file.display());
         println!("store: {store}");
+        for def in &schedules {
+            println!("schedule {}: agent {}", def.name, def.agent);
+        }
         for (name, world) in plugins {
             let contract = contracts.get(&name).copied().unwrap_or_default();
             println!("plugin {name}: {world} world, {contract}");

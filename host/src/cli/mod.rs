@@ -14,6 +14,7 @@ mod dev;
 pub mod exit;
 mod inspect;
 mod new;
+mod schedule;
 mod work;
 
 use std::path::PathBuf;
@@ -35,6 +36,7 @@ use crate::supervisor::Supervisor;
 
 pub use agent::AgentCommand;
 pub use inspect::{ConfigCommand, PluginCommand};
+pub use schedule::ScheduleCommand;
 pub use work::{DispatchCommand, EnqueueArgs, SendArgs, ThreadCommand, WaitpointCommand};
 
 /// Homing: a host for sandboxed AI-agent plugins.
@@ -82,6 +84,9 @@ pub enum Command {
     /// Pauses and resumes an agent's claims, and shows its limits' use.
     #[command(subcommand)]
     Agent(AgentCommand),
+    /// Lists, shows, creates, pauses, resumes, triggers, backfills and deletes schedules.
+    #[command(subcommand)]
+    Schedule(ScheduleCommand),
     /// Checks configuration.
     #[command(subcommand)]
     Config(ConfigCommand),
@@ -359,6 +364,7 @@ async fn execute(cli: Cli) -> anyhow::Result<()> {
         Command::Thread(command) => work::thread(&config, &store, command).await,
         Command::Waitpoint(command) => work::waitpoint(&config, &store, command).await,
         Command::Agent(command) => agent::run(&config, &store, command).await,
+        Command::Schedule(command) => schedule::run(&config, &store, command).await,
         Command::Enqueue(_)
         | Command::Dev
         | Command::Config(_)

@@ -18,6 +18,7 @@ use serde::Deserialize;
 pub mod api;
 pub mod limits;
 pub mod outbound;
+pub mod schedules;
 mod store;
 pub mod telemetry;
 mod units;
@@ -66,6 +67,9 @@ pub struct Config {
     /// `[limits.<name>]`: limits shared by the plugins that list them.
     #[serde(default)]
     pub limits: BTreeMap<String, limits::LimitConfig>,
+    /// `[schedules.<name>]`: agents that run on a calendar.
+    #[serde(default)]
+    pub schedules: BTreeMap<String, schedules::ScheduleConfig>,
     /// The directory relative paths resolve against (the config file's).
     #[serde(skip)]
     pub base_dir: PathBuf,
@@ -531,6 +535,15 @@ impl Config {
                 format!("[{table}] {key}")
             };
             err(format!("{line}{key}: {message}"))
+        })?;
+        schedules::find_lines(text, &mut config.schedules);
+        schedules::check(&config.schedules, &config.plugins).map_err(|(table, key, message)| {
+            let line = config
+                .schedules
+                .get(table.trim_start_matches("schedules."))
+                .map(|s| s.at_line(&key))
+                .unwrap_or_default();
+            err(format!("{line}[{table}] {key}: {message}"))
         })?;
         Ok(config)
     }

@@ -83,6 +83,7 @@ pub mod limits;
 pub mod model;
 pub mod nats;
 pub(crate) mod rules;
+pub mod schedules;
 pub mod versions;
 pub mod waitpoints;
 
@@ -451,6 +452,8 @@ pub struct Store {
     pub deltas: Arc<dyn Deltas>,
     /// Pauses, and the slots and buckets of outbound requests.
     pub limits: Arc<dyn Limits>,
+    /// The schedules' records.
+    pub schedules: Arc<dyn schedules::Schedules>,
     /// The clock both read.
     pub clock: SharedClock,
 }

@@ -29,6 +29,7 @@ pub mod fleet;
 pub mod histogram;
 mod outcome;
 mod reload;
+mod schedules;
 
 use crate::live::{Hub, LiveSettings};
 use std::collections::HashMap;
@@ -301,8 +302,17 @@ impl Supervisor {
         } else {
             None
         };
+        reconcile_schedules(&self.store, &self.config)
+            .await
+            .map_err(|e| anyhow::anyhow!(e))?;
         let mut workers = JoinSet::new();
         self.spawn_workers(&mut workers);
+        let ticks = tokio::spawn(schedules::tick_loop(
+            self.store.clone(),
+            format!("{}/schedules", self.config.host_id()),
+            self.shared.shutdown.clone(),
+            self.wake.clone(),
+        ));
         let sweeper = tokio::spawn(sweep_loop(
             self.store.clone(),
             self.config.host.sweep_interval,
@@ -378,6 +388,7 @@ impl Supervisor {
             }
         }
         sweeper.abort();
+        ticks.abort();
         stop?;
         let report = self.report.lock().map(|r| r.clone()).unwrap_or_default();
         Ok(report)
@@ -397,6 +408,12 @@ impl Supervisor {
                 return Err(why_not);
             }
         };
+        if let Err(e) = crate::work::schedules::defs_of(&config, self.store.now()) {
+            let why_not = format!("the config's schedules are refused, so nothing changed: {e}");
+            warn!(trigger = why, "reload refused: {why_not}");
+            self.fleet.config_failed(Some(why_not.clone()));
+            return Err(why_not);
+        }
         self.fleet.config_failed(None);
         if let Some(name) = only
             && !config.plugins.contains_key(name)
@@ -461,8 +478,14 @@ impl Supervisor {
         // reload of one plugin, its own table (added or replaced).
         match only {
             None => {
+                // The schedules the file declares now: added, changed, and those it no longer
+                // declares deleted (their dispatches untouched).
+                if let Err(e) = reconcile_schedules(&self.store, &config).await {
+                    warn!(trigger = why, "reload left the schedules as they were: {e}");
+                }
                 self.config.plugins = config.plugins;
                 self.config.limits = config.limits;
+                self.config.schedules = config.schedules;
             }
             Some(name) => {
                 if let Some(p) = config.plugins.get(name) {
@@ -474,6 +497,22 @@ impl Supervisor {
         self.wake.notify_waiters();
         Ok(out)
     }
+}
+
+/// Makes the stored schedules of source `config` those `config` declares.
+///
+/// # Errors
+///
+/// A declaration the rules refuse (naming its file, line and key), or the store's.
+async fn reconcile_schedules(store: &Store, config: &Config) -> Result<(), String> {
+    let defs = crate::work::schedules::defs_of(config, store.now())?;
+    let gone = crate::work::schedules::reconcile(store, &defs)
+        .await
+        .map_err(|e| format!("{}: {e}", config.source))?;
+    for name in gone {
+        info!(schedule = %name, "schedule removed from the config: deleted; its dispatches stay");
+    }
+    Ok(())
 }
 
 /// After `timeout`, stops the runs of `slot` still going on a version other than its newest

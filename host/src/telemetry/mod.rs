@@ -70,6 +70,14 @@ pub const API_REQUESTS: &str = "homing_api_requests_total";
 /// API requests refused by authentication or role: `reason` (missing, invalid, role).
 pub const API_REFUSALS: &str = "homing_api_auth_refusals_total";
 
+/// Dispatches schedules fired: `schedule`, `fire` (`on-time`, `catch-up`, `buffered`).
+pub const SCHEDULE_FIRES: &str = "homing_schedule_fires_total";
+/// Slots schedules skipped: `schedule`, `reason` (`missed_window`, `coalesced`,
+/// `overlap_skip`, `buffer_full`, `paused`, `dst_gap`).
+pub const SCHEDULE_SKIPS: &str = "homing_schedule_skips_total";
+/// From a schedule tick's due time to its run on this host: `schedule`.
+pub const SCHEDULE_LAG: &str = "homing_schedule_tick_lag_seconds";
+
 /// Inbox messages stored by a send: `agent` (the agent addressed, `none` when none).
 pub const MESSAGES_SENT: &str = "homing_messages_sent_total";
 /// Inbox messages acknowledged by a guest: `agent` (the acking dispatch's).
@@ -186,6 +194,19 @@ fn describe() {
         QUEUE_OLDEST_AGE,
         Unit::Seconds,
         "Age of the oldest queued dispatch."
+    );
+    describe_counter!(
+        SCHEDULE_FIRES,
+        "Dispatches schedules fired, by schedule and how it fired."
+    );
+    describe_counter!(
+        SCHEDULE_SKIPS,
+        "Slots schedules did not fire, by schedule and reason."
+    );
+    describe_histogram!(
+        SCHEDULE_LAG,
+        Unit::Seconds,
+        "From a schedule tick's due time to its run on this host, by schedule."
     );
     describe_counter!(MESSAGES_SENT, "Inbox messages stored, by addressed agent.");
     describe_counter!(
@@ -374,6 +395,24 @@ pub fn lease_renewed(agent: &str) {
 /// A claim lost while its guest ran.
 pub fn lease_lost(agent: &str) {
     counter!(LEASES_LOST, "agent" => agent.to_owned()).increment(1);
+}
+
+/// A schedule's tick ran `lag_ms` after it was due, firing `fired` (how each fired) and
+/// skipping `skipped` (reason, slots).
+pub fn schedule_ticked(
+    schedule: &str,
+    lag_ms: u64,
+    fired: &[&'static str],
+    skipped: &[(&'static str, u64)],
+) {
+    histogram!(SCHEDULE_LAG, "schedule" => schedule.to_owned()).record(lag_ms as f64 / 1000.0);
+    for fire in fired {
+        counter!(SCHEDULE_FIRES, "schedule" => schedule.to_owned(), "fire" => *fire).increment(1);
+    }
+    for (reason, slots) in skipped {
+        counter!(SCHEDULE_SKIPS, "schedule" => schedule.to_owned(), "reason" => *reason)
+            .increment(*slots);
+    }
 }
 
 /// Expired leases reclaimed by a sweep.

@@ -17,6 +17,7 @@ use tracing::Instrument;
 use super::{STORE_ERRORS, STORE_OPERATION};
 use crate::store::journal::{CallSummary, JournalAsk, JournalPage};
 use crate::store::limits::Usage;
+use crate::store::schedules::{Schedule, Schedules, Stored as StoredSchedule};
 use crate::store::waitpoints::WaitpointPage;
 use crate::store::{
     CallEntry, Created, Cursor, DeltaBatch, DeltaRead, Deltas, Dispatch, DispatchRow, Fence,
@@ -55,6 +56,10 @@ pub fn instrument(store: Store, backend: &'static str) -> Store {
         }),
         limits: Arc::new(TimedLimits {
             inner: store.limits,
+            backend,
+        }),
+        schedules: Arc::new(TimedSchedules {
+            inner: store.schedules,
             backend,
         }),
         clock: store.clock,
@@ -649,6 +654,47 @@ impl Limits for TimedLimits {
     }
     async fn usage(&self, scope: &str, rate: Option<&Rate>) -> StoreResult<Usage> {
         timed(self.backend, "usage", self.inner.usage(scope, rate)).await
+    }
+}
+
+#[derive(Debug)]
+struct TimedSchedules {
+    inner: Arc<dyn Schedules>,
+    backend: &'static str,
+}
+
+#[async_trait]
+impl Schedules for TimedSchedules {
+    async fn schedule(&self, name: &str) -> StoreResult<Option<StoredSchedule>> {
+        timed(self.backend, "schedule", self.inner.schedule(name)).await
+    }
+    async fn schedules(
+        &self,
+        after: Option<&str>,
+        limit: usize,
+    ) -> StoreResult<Vec<StoredSchedule>> {
+        timed(
+            self.backend,
+            "schedules",
+            self.inner.schedules(after, limit),
+        )
+        .await
+    }
+    async fn put_schedule(&self, schedule: &Schedule, expect: u64) -> StoreResult<u64> {
+        timed(
+            self.backend,
+            "put_schedule",
+            self.inner.put_schedule(schedule, expect),
+        )
+        .await
+    }
+    async fn delete_schedule(&self, name: &str, expect: Option<u64>) -> StoreResult<bool> {
+        timed(
+            self.backend,
+            "delete_schedule",
+            self.inner.delete_schedule(name, expect),
+        )
+        .await
     }
 }
 

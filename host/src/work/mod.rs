@@ -16,13 +16,15 @@
 //! - `waitpoints`: completing and cancelling waitpoints (the token check, the store call, the
 //!   metric), how a reader sees one, and a guest waiting in place for one to settle;
 //! - `journal`: how a reader sees a dispatch's journal (its call entries and steps);
-//! - `flow`: pausing and resuming an agent's claims, and how its flow control stands.
+//! - `flow`: pausing and resuming an agent's claims, and how its flow control stands;
+//! - `schedules`: schedules and their ticks (docs/contract.md section 16).
 
 pub mod flow;
 pub mod journal;
 pub mod messages;
 mod ops;
 mod request;
+pub mod schedules;
 mod wait;
 pub mod waitpoints;
 

@@ -121,6 +121,11 @@ impl Api {
         api
     }
 
+    /// The host's process.
+    pub(crate) fn host(&self) -> &std::process::Child {
+        &self._host.0
+    }
+
     /// The host's process id.
     pub(crate) fn pid(&self) -> u32 {
         self._host.0.id()
@@ -181,6 +186,17 @@ impl Api {
     pub(crate) async fn post(&self, path: &str, token: &str, body: Value) -> (u16, Value) {
         self.call(reqwest::Method::POST, path, Some(token), Some(body))
             .await
+    }
+
+    /// A call of `method` with `token` (none: unauthenticated) and an optional body.
+    pub(crate) async fn call_as(
+        &self,
+        method: reqwest::Method,
+        path: &str,
+        token: Option<&str>,
+        body: Option<Value>,
+    ) -> (u16, Value) {
+        self.call(method, path, token, body).await
     }
 
     /// Enqueues and returns the id, expecting 201.

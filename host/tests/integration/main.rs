@@ -53,6 +53,8 @@
 //! - `nats_hosts`: many hosts on one NATS store;
 //! - `nats_view`: a host's view of the stream while its own write's apply is held back;
 //! - `process_faults`: hosts killed at random points and restarted;
+//! - `schedule_surface`: schedules from the TOML, the CLI and the API of a real `homing run` on
+//!   both backends, their refusals, and a reload that removes one;
 //! - `fuzz`: guests making random WIT call sequences;
 //! - `hostile_input`: made-up methods, lists over big dispatches, redirects after login and
 //!   names with control characters against a real `homing run`.
@@ -100,6 +102,7 @@ mod outbound_guests;
 mod outbound_http;
 mod polyglot;
 mod process_faults;
+mod schedule_surface;
 mod streaming;
 mod thread_reads;
 mod traces;

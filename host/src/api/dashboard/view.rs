@@ -20,6 +20,7 @@ pub(super) enum Nav {
     Waiting,
     DeadLetters,
     Agents,
+    Schedules,
     None,
 }
 
@@ -51,6 +52,7 @@ pub(super) fn page(title: &str, nav: Nav, session: Option<&Session>, body: Marku
                             (link("/waiting", "Waiting", Nav::Waiting))
                             (link("/dead-letters", "Dead letters", Nav::DeadLetters))
                             (link("/agents", "Agents", Nav::Agents))
+                            (link("/schedules", "Schedules", Nav::Schedules))
                         }
                         div.who {
                             span { (session.name) " (" (session.role) ")" }
@@ -320,6 +322,11 @@ pub(super) fn notice(name: Option<&str>, n: Option<&str>) -> Markup {
             false,
         ),
         Some("resumed") => ("Resumed.".to_owned(), false),
+        Some("schedule-paused") => (
+            "Paused: none of its slots fires until it is resumed.".to_owned(),
+            false,
+        ),
+        Some("triggered") => ("Fired: its dispatch is queued.".to_owned(), false),
         Some("not-paused") => ("It was not paused.".to_owned(), false),
         Some("pause-refused") => (
             "Not paused: the reason must be printable and at most 1 KiB.".to_owned(),

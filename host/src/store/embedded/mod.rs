@@ -59,6 +59,7 @@ mod limits;
 mod log;
 mod mailbox;
 mod rows;
+mod schedules;
 mod turns;
 mod waitpoints;
 mod writer;
@@ -89,7 +90,7 @@ pub(crate) const MAX_VALUE_WHY: &str =
     "the embedded store's cap, well below SQLite's limit of 1,000,000,000 bytes per row";
 
 /// The schema version this build writes.
-pub const SCHEMA_VERSION: i64 = 7;
+pub const SCHEMA_VERSION: i64 = 8;
 
 /// Migrations, index `i` moves the schema from version `i` to `i + 1`. Public so a test can
 /// write a file as an earlier release did (the first `n` of them) and open it with this one.
@@ -352,6 +353,15 @@ CREATE INDEX dispatches_claimed_keys ON dispatches (agent, concurrency_key, leas
     WHERE status = 'claimed' AND concurrency_key IS NOT NULL;
 DELETE FROM limit_slots WHERE scope LIKE 'key:%';
 "#,
+    // Version 8: schedules (docs/contract.md section 16), one JSON record each, written under a
+    // compare-and-set of its revision.
+    r#"
+CREATE TABLE schedules (
+    name     TEXT PRIMARY KEY,
+    record   TEXT NOT NULL,
+    revision INTEGER NOT NULL
+) WITHOUT ROWID;
+"#,
 ];
 
 /// Options of the embedded backend.
@@ -603,6 +613,7 @@ impl EmbeddedStore {
             journal: Arc::new(self.clone()),
             deltas: Arc::new(self.clone()),
             limits: Arc::new(self.clone()),
+            schedules: Arc::new(self.clone()),
             clock: self.inner.clock.clone(),
         }
     }

@@ -7,6 +7,7 @@
 
 pub mod inbox;
 pub mod limits;
+pub mod schedules;
 
 use std::collections::BTreeMap;
 use std::fmt;

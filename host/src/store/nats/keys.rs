@@ -83,6 +83,9 @@ pub enum Key {
     /// A pause, by [`pause_name`](crate::store::limits::pause_name): `<p>.pz.<name>`; an
     /// empty payload is a resume.
     Pause(String),
+    /// A schedule, by name: `<p>.sc.<name>` (outside every tree; see `schedules`); an empty
+    /// payload is a deletion.
+    Schedule(String),
 }
 
 /// The token of the empty string (base64 of nothing is empty, and subjects have no empty
@@ -122,6 +125,7 @@ impl Key {
             Key::Delta(d, claim, first) => format!("{prefix}.dl.{}.{claim}.{first}", enc(d)),
             Key::Limit(scope) => format!("{prefix}.lim.{}", enc(scope)),
             Key::Pause(name) => format!("{prefix}.pz.{}", enc(name)),
+            Key::Schedule(name) => format!("{prefix}.sc.{}", enc(name)),
         }
     }
 
@@ -141,7 +145,8 @@ impl Key {
             | Key::JournalMark(_)
             | Key::Delta(..)
             | Key::Limit(_)
-            | Key::Pause(_) => None,
+            | Key::Pause(_)
+            | Key::Schedule(_) => None,
         }
     }
 
@@ -245,6 +250,11 @@ impl Key {
         format!("{prefix}.pz.*")
     }
 
+    /// The subject filter of every schedule.
+    pub fn schedules(prefix: &str) -> String {
+        format!("{prefix}.sc.*")
+    }
+
     /// The subject filter of every log entry of a thread.
     pub fn entries_of(prefix: &str, thread: &str) -> String {
         format!("{prefix}.th.{}.e.*", enc(thread))
@@ -291,6 +301,7 @@ impl Key {
             }
             "lim" => Key::Limit(dec(parts.next()?)?),
             "pz" => Key::Pause(dec(parts.next()?)?),
+            "sc" => Key::Schedule(dec(parts.next()?)?),
             _ => return None,
         };
         parts.next().is_none().then_some(key)
@@ -311,6 +322,7 @@ impl Key {
             Key::Delta(d, claim, first) => format!("deltas/{d}/{claim}/{first}"),
             Key::Limit(scope) => format!("limits/{scope}"),
             Key::Pause(name) => format!("pauses/{}", name.replace('\u{1f}', "/")),
+            Key::Schedule(name) => format!("schedules/{name}"),
         }
     }
 
@@ -404,6 +416,8 @@ impl Key {
                 }
                 Ok(Record::Pause(pause, Some(p)))
             }
+            // A host's view holds no schedule: a tick reads its schedule when it runs.
+            Key::Schedule(name) => Ok(Record::Schedule(name)),
         }
     }
 }

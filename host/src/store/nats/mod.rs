@@ -176,6 +176,7 @@ mod log;
 mod mailbox;
 mod queries;
 mod records;
+mod schedules;
 pub mod view;
 #[cfg(test)]
 mod view_model;
@@ -482,7 +483,8 @@ impl NatsStore {
             waitpoints: shared.clone(),
             journal: shared.clone(),
             deltas: shared.clone(),
-            limits: shared,
+            limits: shared.clone(),
+            schedules: shared,
             clock,
         }
     }

@@ -144,6 +144,8 @@ pub enum Record {
     Limit(String, LimitRec),
     /// A pause by its name, or `None` once resumed (outside every tree).
     Pause(String, Option<Pause>),
+    /// A schedule's record, by name (outside every tree; the view keeps nothing of it).
+    Schedule(String),
 }
 
 impl Record {
@@ -154,7 +156,11 @@ impl Record {
             | Record::Entry(t, _)
             | Record::Message(t, _, _)
             | Record::Waitpoint(t, _, _) => Some(t),
-            Record::Id(..) | Record::Journal(_) | Record::Limit(..) | Record::Pause(..) => None,
+            Record::Id(..)
+            | Record::Journal(_)
+            | Record::Limit(..)
+            | Record::Pause(..)
+            | Record::Schedule(_) => None,
         }
     }
 

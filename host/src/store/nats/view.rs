@@ -258,7 +258,7 @@ impl View {
             Record::Waitpoint(thread, id, w) => self.apply_waitpoint(seq, thread, id, *w),
             // A host finds chosen ids on the server when it needs them (an enqueue's write of
             // the id record expects it absent, and reads it after a conflict).
-            Record::Journal(_) => {}
+            Record::Journal(_) | Record::Schedule(_) => {}
             Record::Limit(scope, rec) => {
                 if self.limits.get(&scope).is_some_and(|e| e.seq >= seq) {
                     return;

@@ -16,6 +16,7 @@ mod holder;
 pub mod inbox;
 pub mod limits;
 mod reads;
+pub mod schedules;
 pub(crate) mod turns;
 pub mod waitpoints;
 

@@ -40,6 +40,7 @@ pub mod maintenance;
 pub mod model;
 pub mod ordering;
 pub mod records;
+pub mod schedules;
 pub mod waitpoints;
 
 /// Makes fresh, empty backends and opens instances on them.
@@ -619,6 +620,14 @@ macro_rules! suite {
                     invalid_journal_writes_are_refused_and_store_nothing,
                     a_body_at_max_body_round_trips,
                     journal_goes_with_its_dispatch,
+                },
+                schedules::{
+                    schedule_records_are_written_under_a_compare_and_set_of_their_revision,
+                    every_slot_of_a_day_fires_once_across_three_hosts_with_a_tick_left_half_done,
+                    a_clock_stepped_back_fires_nothing_twice_and_a_jump_forward_fires_only_the_latest,
+                    daylight_saving_transitions_fire_as_the_policy_says,
+                    skip_records_each_slot_while_the_last_run_lives_and_fires_the_next_on_time,
+                    pause_resume_and_removal_stop_and_restart_fires,
                 },
                 deltas::{
                     deltas_read_by_cursor_from_the_start_mid_batch_at_the_end_and_across_batches,

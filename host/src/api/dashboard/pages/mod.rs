@@ -12,6 +12,7 @@
 //! - `dead_letters`: `/dead-letters`, with retrying the selected;
 //! - `waiting`: `/waiting`, the pending waitpoints, with approving and rejecting each;
 //! - `agents`: `/agents`, with pausing and resuming each agent;
+//! - `schedules`: `/schedules`, with pausing, resuming and firing each schedule;
 //! - `login`: `/login` and `/logout`;
 //! - this module: the route table, and what the pages share: the session of a page and of an
 //!   action, the error page, query parameters.
@@ -22,6 +23,7 @@ mod dispatch;
 mod dispatches;
 mod login;
 mod overview;
+mod schedules;
 mod thread;
 mod waiting;
 
@@ -76,6 +78,10 @@ pub(super) fn routes() -> Router<Arc<Dashboard>> {
         .route("/dead-letters", get(dead_letters::page))
         .route("/dead-letters/retry", post(dead_letters::retry_selected))
         .route("/waiting", get(waiting::page))
+        .route("/schedules", get(schedules::page))
+        .route("/schedules/{name}/pause", post(schedules::pause))
+        .route("/schedules/{name}/resume", post(schedules::resume))
+        .route("/schedules/{name}/trigger", post(schedules::trigger))
         .route("/waitpoints/{id}/approve", post(waiting::approve))
         .route("/waitpoints/{id}/reject", post(waiting::reject))
         .route("/agents", get(agents::page))

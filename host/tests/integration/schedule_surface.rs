@@ -1,0 +1,318 @@
+//! Schedules as a user meets them, against a real `homing run` on each backend: a schedule of
+//! the TOML firing and shown by the API, the CLI and the metrics; one created, triggered,
+//! paused, shown and deleted through the API, with the refusals (no token, a reader, unknown
+//! fields, a file payload, a bad zone or cron, an unknown agent, a bad name, a name taken);
+//! `homing config check` and `homing run` refusing a bad `[schedules]` table with its line and
+//! key; and a reload that no longer declares a schedule deleting it while its dispatches stay.
+
+use std::time::{Duration, Instant};
+
+use serde_json::{Value, json};
+
+use crate::api::{Api, OPERATOR, READER, TOKENS};
+use crate::common::{Env, guest, signal, toml_path};
+use crate::natsd::NatsServer;
+
+fn config(port: u16, store: &str, schedules: &str) -> String {
+    format!(
+        r#"
+[host]
+lease = "5s"
+sweep_interval = "200ms"
+shutdown_grace = "2s"
+
+{store}
+
+[api]
+listen = "127.0.0.1:{port}"
+request_timeout = "10s"
+max_body = "64KiB"
+{TOKENS}
+
+[plugins.echo]
+path = {echo}
+
+{schedules}
+"#,
+        echo = toml_path(&guest("echo")),
+    )
+}
+
+const BEAT: &str = r#"
+[schedules.beat]
+agent = "echo"
+every = "1s"
+payload = "beat"
+"#;
+
+/// Polls `GET path` until `ok` holds of its answer, for at most 60 s.
+async fn until(api: &Api, path: &str, what: &str, ok: impl Fn(&Value) -> bool) -> Value {
+    let deadline = Instant::now() + Duration::from_secs(60);
+    loop {
+        let (status, v) = api.get(path).await;
+        if status == 200 && ok(&v) {
+            return v;
+        }
+        assert!(Instant::now() < deadline, "{what}: {v}\n{}", api.log());
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+fn fired(v: &Value) -> usize {
+    v["outcomes"].as_array().map_or(0, |o| {
+        o.iter().filter(|o| o["dispatch"].is_string()).count()
+    })
+}
+
+async fn surface(store: &str) {
+    let api = Api::start_with(|port| config(port, store, BEAT), |_| {}).await;
+
+    // The TOML's schedule fires every second; its dispatches run.
+    let beat = until(&api, "/v1/schedules/beat", "two fires", |v| fired(v) >= 2).await;
+    assert_eq!(beat["source"], "config", "{beat}");
+    assert_eq!(beat["next"].as_array().map(Vec::len), Some(5), "{beat}");
+    let first = beat["outcomes"]
+        .as_array()
+        .and_then(|o| o.iter().find_map(|o| o["dispatch"].as_str()))
+        .unwrap()
+        .to_owned();
+    assert!(first.starts_with("sched:beat:"), "{first}");
+    let d = api.wait_terminal(&first).await;
+    assert_eq!(d["status"], "acked", "{d}");
+    assert_eq!(d["metadata"]["schedule"], "beat", "{d}");
+    assert_eq!(d["thread"], "beat", "{d}");
+    let metrics = api.metrics().await;
+    assert!(
+        metrics
+            .iter()
+            .any(|(k, v)| k.starts_with("homing_schedule_fires_total{")
+                && k.contains("beat")
+                && *v >= 1.0),
+        "{metrics:?}"
+    );
+    let (status, list) = api.get("/v1/schedules").await;
+    assert_eq!(status, 200, "{list}");
+    assert_eq!(list["schedules"][0]["def"]["name"], "beat", "{list}");
+
+    // The CLI sees the same.
+    let shown: Value =
+        serde_json::from_str(&api.env.ok(&["schedule", "show", "beat", "--json"])).unwrap();
+    assert_eq!(shown["def"]["agent"], "echo");
+    assert!(api.env.ok(&["schedule", "list"]).contains("beat"));
+
+    // Refusals: nothing is created by any of them.
+    let good = json!({ "name": "hourly", "agent": "echo", "cron": "0 * * * *", "timezone": "Europe/Paris", "payload": "p" });
+    let (status, reply) = api
+        .call_as(
+            reqwest::Method::POST,
+            "/v1/schedules",
+            None,
+            Some(good.clone()),
+        )
+        .await;
+    assert_eq!(status, 401, "{reply}");
+    let (status, reply) = api.post("/v1/schedules", READER, good.clone()).await;
+    assert_eq!(status, 403, "{reply}");
+    for (body, field) in [
+        (
+            json!({ "name": "x", "agent": "echo", "cronn": "0 * * * *" }),
+            "cronn",
+        ),
+        (
+            json!({ "name": "x", "agent": "echo", "cron": "0 * * * *", "payload_file": "/etc/passwd" }),
+            "payload_file",
+        ),
+        (
+            json!({ "name": "x", "agent": "echo", "cron": "0 * * * *", "timezone": "Mars/Base" }),
+            "timezone",
+        ),
+        (
+            json!({ "name": "x", "agent": "echo", "cron": "61 * * * *" }),
+            "cron",
+        ),
+        (
+            json!({ "name": "x", "agent": "nope", "cron": "0 * * * *" }),
+            "agent",
+        ),
+        (
+            json!({ "name": "a/b", "agent": "echo", "cron": "0 * * * *" }),
+            "name",
+        ),
+        (
+            json!({ "name": "x", "agent": "echo", "every": "1h", "jitter": "2h" }),
+            "jitter",
+        ),
+    ] {
+        let (status, reply) = api.post("/v1/schedules", OPERATOR, body.clone()).await;
+        assert_eq!(status, 400, "{body} -> {reply}");
+        assert_eq!(reply["field"], field, "{body} -> {reply}");
+    }
+    let (status, reply) = api.get("/v1/schedules/x").await;
+    assert_eq!(status, 404, "{reply}");
+
+    // Created, triggered, paused, shown, deleted.
+    let (status, created) = api.post("/v1/schedules", OPERATOR, good.clone()).await;
+    assert_eq!(status, 201, "{created}");
+    assert_eq!(created["source"], "api");
+    assert!(
+        created["next"][0]["local"].as_str().unwrap().contains("CE"),
+        "{created}"
+    );
+    let (status, reply) = api.post("/v1/schedules", OPERATOR, good.clone()).await;
+    assert_eq!(status, 409, "{reply}");
+    let (status, trig) = api
+        .post("/v1/schedules/hourly/trigger", OPERATOR, json!({}))
+        .await;
+    assert_eq!(status, 200, "{trig}");
+    let id = trig["id"].as_str().unwrap().to_owned();
+    assert!(id.starts_with("sched:hourly:"), "{trig}");
+    let d = api.wait_terminal(&id).await;
+    assert_eq!(d["metadata"]["fire"], "manual", "{d}");
+    let (status, paused) = api
+        .post(
+            "/v1/schedules/hourly/pause",
+            OPERATOR,
+            json!({ "reason": "quiet <b>hours</b>" }),
+        )
+        .await;
+    assert_eq!(status, 200, "{paused}");
+    let (_, shown) = api.get("/v1/schedules/hourly").await;
+    assert_eq!(shown["paused"]["reason"], "quiet <b>hours</b>", "{shown}");
+    assert_eq!(shown["next"], json!([]), "{shown}");
+    let (status, reply) = api
+        .post(
+            "/v1/schedules/hourly/resume",
+            OPERATOR,
+            json!({ "catch_up": "yes" }),
+        )
+        .await;
+    assert_eq!(status, 400, "{reply}");
+    let (status, reply) = api
+        .post("/v1/schedules/hourly/resume", OPERATOR, json!({}))
+        .await;
+    assert_eq!(status, 200, "{reply}");
+    let (status, reply) = api
+        .post(
+            "/v1/schedules/hourly/backfill",
+            OPERATOR,
+            json!({ "from": "2026-01-01T00:00:00Z", "to": "not a time" }),
+        )
+        .await;
+    assert_eq!(status, 400, "{reply}");
+    assert_eq!(reply["field"], "to", "{reply}");
+    let (status, reply) = api
+        .call_as(
+            reqwest::Method::DELETE,
+            "/v1/schedules/hourly",
+            Some(READER),
+            None,
+        )
+        .await;
+    assert_eq!(status, 403, "{reply}");
+    let (status, reply) = api
+        .call_as(
+            reqwest::Method::DELETE,
+            "/v1/schedules/hourly",
+            Some(OPERATOR),
+            None,
+        )
+        .await;
+    assert_eq!(status, 200, "{reply}");
+    let (status, _) = api.get("/v1/schedules/hourly").await;
+    assert_eq!(status, 404);
+    // The triggered dispatch stays.
+    let (status, _) = api.get(&format!("/v1/dispatches/{id}")).await;
+    assert_eq!(status, 200);
+
+    // A reload that no longer declares `beat` deletes it; its dispatches stay.
+    std::fs::write(
+        api.env.config(),
+        config(
+            api.base
+                .rsplit(':')
+                .next()
+                .and_then(|p| p.parse().ok())
+                .unwrap(),
+            store,
+            "",
+        ),
+    )
+    .unwrap();
+    signal(api.host(), "HUP");
+    let deadline = Instant::now() + Duration::from_secs(60);
+    loop {
+        let (status, _) = api.get("/v1/schedules/beat").await;
+        if status == 404 {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "beat was not deleted\n{}",
+            api.log()
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let (status, d) = api.get(&format!("/v1/dispatches/{first}")).await;
+    assert_eq!(status, 200, "{d}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn schedules_through_the_toml_the_api_and_the_cli_on_the_embedded_store() {
+    surface("").await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn schedules_through_the_toml_the_api_and_the_cli_on_nats() {
+    let server = NatsServer::start();
+    let store = format!(
+        "[store]\nbackend = \"nats\"\nurl = \"{}\"\nprefix = \"sched\"\nrequest_timeout = \"2s\"\nconnect_timeout = \"10s\"\n",
+        server.url()
+    );
+    surface(&store).await;
+}
+
+/// `homing config check` and `homing run` refuse a bad `[schedules]` table with the file, the
+/// line and the key; nothing runs.
+#[test]
+fn a_bad_schedule_is_refused_with_its_line_and_key() {
+    let base = format!(
+        "[plugins.echo]\npath = {}\n\n[schedules.nightly]\nagent = \"echo\"\n",
+        toml_path(&guest("echo"))
+    );
+    for (extra, line, says) in [
+        (
+            "cron = \"0 25 * * *\"\n",
+            6,
+            "[schedules.nightly] cron: `0 25 * * *`: the hour field `25`: 25 is out of 0-23",
+        ),
+        (
+            "cron = \"0 1 * * *\"\ntimezone = \"Atlantis/Capital\"\n",
+            7,
+            "[schedules.nightly] timezone: unknown time zone `Atlantis/Capital`",
+        ),
+        (
+            "every = \"1h\"\njitter = \"1h\"\n",
+            7,
+            "[schedules.nightly] jitter:",
+        ),
+        (
+            "cron = \"0 1 * * *\"\nat = \"2030-01-01T00:00:00Z\"\n",
+            6,
+            "set exactly one of cron, every and at",
+        ),
+        ("cron = \"0 0 30 2 *\"\n", 4, "no fire time after now"),
+    ] {
+        let env = Env::new(&format!("{base}{extra}"));
+        let err = env.fails(&["config", "check"]);
+        assert!(err.contains(&format!("line {line}: ")), "{extra}: {err}");
+        assert!(err.contains(says), "{extra}: {err}");
+        let err = env.fails(&["run", "--until-idle"]);
+        assert!(err.contains(says), "{extra}: {err}");
+    }
+    let env = Env::new(&base.replace("agent = \"echo\"", "agent = \"ghost\"\ncron = \"@daily\""));
+    let err = env.fails(&["config", "check"]);
+    assert!(
+        err.contains("line 5: [schedules.nightly] agent: `ghost` is not a plugin"),
+        "{err}"
+    );
+}
