@@ -310,6 +310,7 @@ impl Supervisor {
         let ticks = tokio::spawn(schedules::tick_loop(
             self.store.clone(),
             format!("{}/schedules", self.config.host_id()),
+            self.config.host.lease,
             self.shared.shutdown.clone(),
             self.wake.clone(),
         ));
@@ -567,13 +568,34 @@ async fn wait_for_stop(
         tokio::select! {
             () = &mut signals => return Ok(()),
             () = tokio::time::sleep(IDLE_CHECK) => {
-                if !store.mailbox.has_live_work().await.context("checking for live work")? {
+                if !live_work(store).await? {
                     info!("no dispatch queued or claimed; stopping (--until-idle)");
                     return Ok(());
                 }
             }
         }
     }
+}
+
+/// Whether work other than the schedules' ticks is queued, claimed or waiting: a schedule's
+/// tick is always queued (for its next fire), and `--until-idle` does not wait for it.
+async fn live_work(store: &Store) -> anyhow::Result<bool> {
+    if !store
+        .mailbox
+        .has_live_work()
+        .await
+        .context("checking for live work")?
+    {
+        return Ok(false);
+    }
+    let counts = store
+        .mailbox
+        .live_counts()
+        .await
+        .context("checking for live work")?;
+    Ok(counts
+        .iter()
+        .any(|c| c.count > 0 && c.agent != crate::work::schedules::TICK_AGENT))
 }
 
 /// Resolves on SIGINT or SIGTERM. The handlers are installed when this is called, not when the

@@ -16,8 +16,9 @@ use crate::store::{Dispatch, Store};
 use crate::telemetry;
 use crate::work::schedules::{TICK_AGENT, tick};
 
-/// The lease of a tick: far more than a tick takes (a few store operations).
-const TICK_LEASE_MS: u64 = 30_000;
+/// The shortest lease of a tick: far more than a tick takes (a few store operations); the
+/// host's `lease` when longer.
+const MIN_TICK_LEASE_MS: u64 = 5_000;
 /// How long a failed tick waits before it runs again.
 const TICK_RETRY_MS: u64 = 1_000;
 
@@ -25,9 +26,11 @@ const TICK_RETRY_MS: u64 = 1_000;
 pub(super) async fn tick_loop(
     store: Store,
     consumer: String,
+    lease: Duration,
     shutdown: Arc<AtomicBool>,
     wake: Arc<Notify>,
 ) {
+    let lease_ms = crate::store::millis(lease).max(MIN_TICK_LEASE_MS);
     let mut failures: u32 = 0;
     while !shutdown.load(Ordering::SeqCst) {
         let signal = store.mailbox.work_signal();
@@ -36,11 +39,7 @@ pub(super) async fn tick_loop(
         tokio::pin!(notified, woken);
         notified.as_mut().enable();
         woken.as_mut().enable();
-        match store
-            .mailbox
-            .claim(TICK_AGENT, &consumer, TICK_LEASE_MS)
-            .await
-        {
+        match store.mailbox.claim(TICK_AGENT, &consumer, lease_ms).await {
             Ok(Some(d)) => {
                 failures = 0;
                 run(&store, &d).await;

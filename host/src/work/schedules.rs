@@ -23,8 +23,9 @@ use crate::store::rules::schedules::{
 use crate::store::schedules::Stored;
 use crate::store::{Dispatch, NewDispatch, Status, Store, StoreError};
 
-/// The agent of tick dispatches: claimed by every host's tick worker, routed to no plugin.
-pub const TICK_AGENT: &str = "_schedule";
+/// The agent of tick dispatches: claimed by every host's tick worker, routed to no plugin (a
+/// plugin's name holds no `.`, so none can take it).
+pub const TICK_AGENT: &str = "homing.schedule";
 /// How often a tick looks again while fires wait in the buffer for the last dispatch to end.
 pub const BUFFER_POLL_MS: u64 = 5_000;
 /// The most slots one tick handles (a schedule firing every second, after a long outage):
@@ -133,9 +134,24 @@ async fn drop_tick(store: &Store, tick: Option<&str>) {
     }
 }
 
-/// Appends outcomes, keeping the newest [`KEPT_OUTCOMES`].
+/// Appends outcomes, keeping the newest [`KEPT_OUTCOMES`]. A skip for the reason of the
+/// newest outcome, itself a skip, extends it (a run of skipped slots is one outcome, with its
+/// count and its last fire time, however many ticks it took).
 fn record(s: &mut Schedule, outcomes: impl IntoIterator<Item = Outcome>) {
-    s.outcomes.extend(outcomes);
+    for o in outcomes {
+        match s.outcomes.back_mut() {
+            Some(last)
+                if o.skipped.is_some()
+                    && last.skipped == o.skipped
+                    && o.fire >= last.through.unwrap_or(last.fire) =>
+            {
+                last.through = Some(o.through.unwrap_or(o.fire));
+                last.slots = last.slots.saturating_add(o.slots);
+                last.at = o.at;
+            }
+            _ => s.outcomes.push_back(o),
+        }
+    }
     while s.outcomes.len() > KEPT_OUTCOMES {
         s.outcomes.pop_front();
     }

@@ -3,14 +3,19 @@
 //! paused, shown and deleted through the API, with the refusals (no token, a reader, unknown
 //! fields, a file payload, a bad zone or cron, an unknown agent, a bad name, a name taken);
 //! `homing config check` and `homing run` refusing a bad `[schedules]` table with its line and
-//! key; and a reload that no longer declares a schedule deleting it while its dispatches stay.
+//! key; the dashboard's page (a reason escaped, buttons for operators only, a CSRF token
+//! required); and a reload that no longer declares a schedule deleting it while its
+//! dispatches stay.
 
 use std::time::{Duration, Instant};
 
 use serde_json::{Value, json};
 
+use reqwest::header;
+
 use crate::api::{Api, OPERATOR, READER, TOKENS};
 use crate::common::{Env, guest, signal, toml_path};
+use crate::dashboard::{raw_client, session};
 use crate::natsd::NatsServer;
 
 fn config(port: u16, store: &str, schedules: &str) -> String {
@@ -179,6 +184,7 @@ async fn surface(store: &str) {
     let (_, shown) = api.get("/v1/schedules/hourly").await;
     assert_eq!(shown["paused"]["reason"], "quiet <b>hours</b>", "{shown}");
     assert_eq!(shown["next"], json!([]), "{shown}");
+    dashboard(&api).await;
     let (status, reply) = api
         .post(
             "/v1/schedules/hourly/resume",
@@ -256,6 +262,77 @@ async fn surface(store: &str) {
     assert_eq!(status, 200, "{d}");
 }
 
+/// The dashboard's schedules page: the pause's reason escaped, the next fires of `beat`; a
+/// reader sees no button and is refused a post; an operator resumes `hourly` with its CSRF
+/// token (and is refused without it).
+async fn dashboard(api: &Api) {
+    let client = raw_client();
+    let (reader, reader_csrf) = session(api, &client, READER).await;
+    let body = client
+        .get(api.url("/schedules"))
+        .header(header::COOKIE, &reader)
+        .send()
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    assert!(body.contains("quiet &lt;b&gt;hours&lt;/b&gt;"), "{body}");
+    assert!(!body.contains("quiet <b>hours</b>"), "{body}");
+    assert!(body.contains("data-schedule=\"beat\""), "{body}");
+    assert!(body.contains("sched:beat:"), "{body}");
+    assert!(!body.contains("/schedules/hourly/resume"), "{body}");
+    let r = client
+        .post(api.url("/schedules/hourly/resume"))
+        .header(header::COOKIE, &reader)
+        .form(&[("csrf", reader_csrf.as_str())])
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 403);
+    let (operator, csrf) = session(api, &client, OPERATOR).await;
+    let body = client
+        .get(api.url("/schedules"))
+        .header(header::COOKIE, &operator)
+        .send()
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    assert!(
+        body.contains("action=\"/schedules/hourly/resume\""),
+        "{body}"
+    );
+    assert!(
+        body.contains("action=\"/schedules/beat/trigger\""),
+        "{body}"
+    );
+    let r = client
+        .post(api.url("/schedules/hourly/resume"))
+        .header(header::COOKIE, &operator)
+        .form(&[("csrf", "0".repeat(64))])
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 403);
+    let r = client
+        .post(api.url("/schedules/hourly/resume"))
+        .header(header::COOKIE, &operator)
+        .form(&[("csrf", csrf.as_str())])
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 303);
+    let (_, shown) = api.get("/v1/schedules/hourly").await;
+    assert_eq!(shown["paused"], Value::Null, "{shown}");
+    // Paused again for the rest of the test.
+    let (status, _) = api
+        .post("/v1/schedules/hourly/pause", OPERATOR, json!({}))
+        .await;
+    assert_eq!(status, 200);
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn schedules_through_the_toml_the_api_and_the_cli_on_the_embedded_store() {
     surface("").await;
@@ -315,4 +392,112 @@ fn a_bad_schedule_is_refused_with_its_line_and_key() {
         err.contains("line 5: [schedules.nightly] agent: `ghost` is not a plugin"),
         "{err}"
     );
+}
+
+/// Three `homing run` hosts on one NATS store share a schedule firing every second; one host
+/// is SIGKILLed (its tick, if it held one, is reclaimed after the lease) and another started:
+/// every second from the first fire to the last handled fired exactly once, none skipped.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn three_hosts_fire_every_slot_once_while_one_is_killed() {
+    use crate::hosts::{open_nats, spawn_run};
+    use homing::store::schedules::{dispatch_id, fire_label};
+
+    let server = NatsServer::start();
+    let toml = format!(
+        r#"
+[host]
+lease = "3s"
+sweep_interval = "200ms"
+shutdown_grace = "2s"
+
+[store]
+backend = "nats"
+url = "{url}"
+prefix = "sk"
+request_timeout = "2s"
+connect_timeout = "10s"
+
+[plugins.echo]
+path = {echo}
+concurrency = 2
+
+[schedules.second]
+agent = "echo"
+every = "1s"
+thread = "per-fire"
+overlap = "allow"
+payload = "s"
+"#,
+        url = server.url(),
+        echo = toml_path(&guest("echo")),
+    );
+    let env = Env::new(&toml);
+    let mut a = spawn_run(&env, "host-a");
+    let _b = spawn_run(&env, "host-b");
+    let _c = spawn_run(&env, "host-c");
+    let store = open_nats(&[server.url()], "sk", 1).await;
+    let fires = |n: usize| {
+        let store = store.clone();
+        async move {
+            let deadline = Instant::now() + Duration::from_secs(90);
+            loop {
+                let s = store
+                    .schedules
+                    .schedule("second")
+                    .await
+                    .unwrap()
+                    .map(|s| s.schedule);
+                if let Some(s) = &s
+                    && s.outcomes.iter().filter(|o| o.dispatch.is_some()).count() >= n
+                {
+                    return s.clone();
+                }
+                assert!(Instant::now() < deadline, "fewer than {n} fires: {s:?}");
+                tokio::time::sleep(Duration::from_millis(200)).await;
+            }
+        }
+    };
+    let early = fires(5).await;
+    signal(&a.0, "KILL");
+    let _ = a.0.wait();
+    let _d = spawn_run(&env, "host-d");
+    // Past the killed host's lease and beyond: twenty more seconds of slots.
+    let first = early
+        .outcomes
+        .iter()
+        .find(|o| o.dispatch.is_some())
+        .map(|o| o.fire)
+        .unwrap();
+    let deadline = Instant::now() + Duration::from_secs(90);
+    let last = loop {
+        let s = store
+            .schedules
+            .schedule("second")
+            .await
+            .unwrap()
+            .unwrap()
+            .schedule;
+        if s.watermark >= first + 25_000 {
+            assert!(
+                s.outcomes.iter().all(|o| o.skipped.is_none()),
+                "a slot was skipped: {:?}",
+                s.outcomes
+            );
+            break s.watermark;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "the schedule stalled at {}",
+            fire_label(s.watermark)
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    };
+    // Every second from the first fire to the watermark has its dispatch, once.
+    let mut fire = first;
+    while fire <= last {
+        let id = dispatch_id("second", fire);
+        let d = store.mailbox.load(&id).await.unwrap();
+        assert!(d.is_some(), "slot {} did not fire", fire_label(fire));
+        fire += 1_000;
+    }
 }

@@ -484,7 +484,7 @@ pub fn tick_id(name: &str, n: u64, due: u64) -> String {
 
 /// The thread of schedule `name`'s ticks: one per schedule, so its ticks run one at a time.
 pub fn tick_thread(name: &str) -> String {
-    format!("_sched/{name}")
+    format!("homing.schedule/{name}")
 }
 
 /// The thread of fire `fire`'s dispatch.

@@ -9,10 +9,11 @@ use homing::store::schedules::{
     Catchup, DEFAULT_MAX_BUFFERED, Dst, Fold, Gap, Overlap, Schedule, ScheduleDef, SkipReason,
     Source, Spec, ThreadChoice, dispatch_id, fire_label,
 };
-use homing::store::{Clock, Dispatch, ListFilter, Status, Store, StoreError};
+use homing::store::waitpoints::token_digest;
+use homing::store::{Clock, Dispatch, Fence, ListFilter, NewWaitpoint, Status, Store, StoreError};
 use homing::work::schedules::{self as sched, TICK_AGENT, fire_dispatch};
 
-use super::{Env, Factory};
+use super::{Env, Factory, retry};
 
 /// An hour, in milliseconds.
 const HOUR: u64 = 3_600_000;
@@ -429,8 +430,8 @@ pub async fn daylight_saving_transitions_fire_as_the_policy_says<F: Factory>(fac
     assert_eq!(half, 6);
 }
 
-/// `skip` while the last run is still live: one recorded skip per slot (folded), then the
-/// next slot after the run ended fires on time.
+/// `skip` while the last run waits three days on a waitpoint: one recorded skip per slot
+/// (folded), then, once the run ended, the next slot fires on time.
 pub async fn skip_records_each_slot_while_the_last_run_lives_and_fires_the_next_on_time<
     F: Factory,
 >(
@@ -447,14 +448,37 @@ pub async fn skip_records_each_slot_while_the_last_run_lives_and_fires_the_next_
     env.clock.set(start + HOUR);
     run_ticks(std::slice::from_ref(&store)).await;
     let first = dispatch_id("skipper", start + HOUR);
-    // The run is claimed and stays claimed (a long lease) for three more slots.
+    // The run is claimed, creates a waitpoint and suspends: it waits three days.
     let claimed = store
         .mailbox
-        .claim_dispatch(&first, "worker", 10 * HOUR)
+        .claim_dispatch(&first, "worker", HOUR)
         .await
         .expect("claim")
         .expect("claimed");
-    for h in 2..=4 {
+    let fence = Fence::of(&claimed).expect("a fence");
+    let created = retry(|| {
+        store.waitpoints.create_waitpoint(
+            &fence,
+            NewWaitpoint {
+                name: "approval".into(),
+                timeout_ms: 4 * 24 * HOUR,
+                metadata: BTreeMap::new(),
+                token_digest: token_digest("hwp_approval"),
+            },
+        )
+    })
+    .await
+    .expect("a waitpoint");
+    let token = claimed
+        .claim
+        .as_ref()
+        .map(|c| c.token.clone())
+        .unwrap_or_default();
+    let waiting = retry(|| store.mailbox.suspend(&first, &token, 100))
+        .await
+        .expect("suspend");
+    assert_eq!(waiting.status, Status::Waiting);
+    for h in 2..=73 {
         env.clock.set(start + h * HOUR);
         run_ticks(std::slice::from_ref(&store)).await;
     }
@@ -465,21 +489,36 @@ pub async fn skip_records_each_slot_while_the_last_run_lives_and_fires_the_next_
         .iter()
         .filter_map(|o| o.skipped.map(|r| (r, o.slots)))
         .collect();
-    assert_eq!(skips.iter().map(|(_, n)| n).sum::<u64>(), 3, "{skips:?}");
+    // 72 slots skipped, one run of them in the outcomes.
+    assert_eq!(skips.iter().map(|(_, n)| n).sum::<u64>(), 72, "{skips:?}");
     assert!(skips.iter().all(|(r, _)| *r == SkipReason::OverlapSkip));
-    let token = claimed
+    // The waitpoint completes, the run resumes, runs and is acked.
+    retry(|| {
+        store
+            .waitpoints
+            .complete_waitpoint(&created.waitpoint.id, b"ok".to_vec(), "token")
+    })
+    .await
+    .expect("complete");
+    let again = store
+        .mailbox
+        .claim_dispatch(&first, "worker", HOUR)
+        .await
+        .expect("claim")
+        .expect("claimed again");
+    let token = again
         .claim
         .as_ref()
         .map(|c| c.token.clone())
         .unwrap_or_default();
     store.mailbox.ack(&first, &token).await.expect("ack");
-    env.clock.set(start + 5 * HOUR);
+    env.clock.set(start + 74 * HOUR);
     run_ticks(std::slice::from_ref(&store)).await;
     assert!(
         fired(&store)
             .await
             .iter()
-            .any(|d| d.id == dispatch_id("skipper", start + 5 * HOUR))
+            .any(|d| d.id == dispatch_id("skipper", start + 74 * HOUR))
     );
 }
 
