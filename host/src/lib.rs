@@ -12,13 +12,13 @@
 //! - [`api`] — the HTTP API, health checks and `/metrics` that `homing run` serves, and the
 //!   dashboard;
 //! - [`supervisor`] — workers per plugin (claim, run, settle what the guest left unsettled),
-//!   the sweeper, shutdown;
+//!   the sweeper, the schedules' tick worker, shutdown;
 //! - [`runtime`] — the wasmtime engine, plugin loading, the call paths, limits, and in
 //!   [`runtime::host`] the host side of the WIT imports, one file per interface;
 //! - [`claim`] — a claimed dispatch as the host holds it: the claim handle, its stop requests,
 //!   the lease guard, settlement and retry time, and claiming;
 //! - [`work`] — what the API, the CLI and guests do with work, written once: a request made a
-//!   checked dispatch, cancel, retry, and waiting until a dispatch is terminal;
+//!   checked dispatch, cancel, retry, waiting until a dispatch is terminal, and schedules;
 //! - [`live`] — the live hub (beside `work`): what running claims stream, buffered per claim,
 //!   persisted in batches and handed to watchers;
 //! - [`telemetry`] — Prometheus metrics: their names, the recorder, the timed store and the
