@@ -27,7 +27,7 @@ use super::{Figure, figure};
 use crate::scratch::ScratchDir;
 use crate::store::embedded::EmbeddedStore;
 use crate::store::nats::{NatsConfig, NatsStore};
-use crate::store::{Dispatch, NewDispatch, RunResult, Status, Store, SystemClock};
+use crate::store::{Dispatch, NewDispatch, RunResult, ServerClock, Status, Store, SystemClock};
 
 /// Retained records per thread.
 const PER_THREAD: u64 = 10;
@@ -64,14 +64,15 @@ impl Place {
                     prefix: format!("scale{}x{size}", std::process::id()),
                     ..NatsConfig::default()
                 };
-                let store = NatsStore::connect_client(&config, Arc::new(SystemClock))
-                    .await
-                    .with_context(|| {
-                        format!(
-                            "opening a NATS store at {}",
-                            crate::config::shown_nats_url(url)
-                        )
-                    })?;
+                let store =
+                    NatsStore::connect_client(&config, ServerClock::over(Arc::new(SystemClock)))
+                        .await
+                        .with_context(|| {
+                            format!(
+                                "opening a NATS store at {}",
+                                crate::config::shown_nats_url(url)
+                            )
+                        })?;
                 Ok(Place::Nats { config, store })
             }
         }

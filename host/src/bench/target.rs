@@ -12,7 +12,7 @@ use crate::config::Config;
 use crate::scratch::ScratchDir;
 use crate::store::embedded::EmbeddedStore;
 use crate::store::nats::{NatsConfig, NatsStore};
-use crate::store::{Clock, NewDispatch, Store, SystemClock};
+use crate::store::{NewDispatch, ServerClock, Store, SystemClock};
 use crate::supervisor::{RunReport, Supervisor};
 
 /// Threads the end-to-end workload spreads its dispatches over.
@@ -96,7 +96,7 @@ impl Target {
                     prefix: format!("bench{}x{n}", std::process::id()),
                     ..NatsConfig::default()
                 };
-                let store = NatsStore::connect(&config, Arc::new(SystemClock))
+                let store = NatsStore::connect(&config, ServerClock::over(Arc::new(SystemClock)))
                     .await
                     .with_context(|| {
                         format!(
@@ -132,7 +132,7 @@ impl Target {
     pub(super) async fn second(&self, scratch: &Scratch) -> anyhow::Result<Option<Store>> {
         match &scratch.nats {
             Some(nats) => Ok(Some(
-                NatsStore::connect(&nats.config, Arc::new(SystemClock))
+                NatsStore::connect(&nats.config, ServerClock::over(Arc::new(SystemClock)))
                     .await
                     .context("a second NATS store instance")?
                     .into_store(),
@@ -177,7 +177,7 @@ impl Target {
             plugin,
         )?;
         let supervisor = Supervisor::new(config, scratch.store.clone())?;
-        let started_ms = SystemClock.now_ms();
+        let started_ms = scratch.store.now();
         let start = Instant::now();
         let report = supervisor.run(true).await?;
         let elapsed = start.elapsed();

@@ -31,7 +31,7 @@ use crate::bench;
 use crate::config::{Config, LogFormat, StoreConfig};
 use crate::store::embedded::{EmbeddedOptions, EmbeddedStore};
 use crate::store::nats::{NatsConfig, NatsStore};
-use crate::store::{Store, SystemClock};
+use crate::store::{ServerClock, Store, SystemClock};
 use crate::supervisor::Supervisor;
 
 pub use agent::AgentCommand;
@@ -262,7 +262,8 @@ pub async fn open_store(config: &Config, role: Role) -> anyhow::Result<Store> {
             // Settled records expire on the server after the retention, so no host scans
             // the stream for them.
             nats.settled_ttl = Some(config.host.retention);
-            let clock = Arc::new(SystemClock);
+            // The hosts of one stream share its server's clock, not their own.
+            let clock = ServerClock::over(Arc::new(SystemClock));
             let opened = match role {
                 Role::Host => NatsStore::open(&nats, clock).await,
                 Role::Client => NatsStore::open_client(&nats, clock).await,

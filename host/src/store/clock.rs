@@ -1,11 +1,13 @@
 //! Time is an input the host owns: stores read `now` from a [`Clock`], never from a caller.
 //!
 //! Production uses [`SystemClock`]; tests use [`ManualClock`] and move time by hand, so lease
-//! expiry and delays are tested without sleeping.
+//! expiry and delays are tested without sleeping. A store shared by several hosts (NATS) reads
+//! its server's time instead, through a [`ServerClock`]: then a host whose own clock is hours off
+//! neither fires a schedule early nor takes a live lease (docs/contract.md, "The store's clock").
 
-use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::time::{Duration, SystemTime, UNIX_EPOCH};
+use std::sync::{Arc, Mutex, PoisonError};
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 /// A duration in the store's unit, whole milliseconds, saturating at `u64::MAX`: the one
 /// conversion between the host's `Duration`s and the store's millisecond times.
@@ -17,6 +19,12 @@ pub fn millis(d: Duration) -> u64 {
 pub trait Clock: Send + Sync + std::fmt::Debug + 'static {
     /// Milliseconds since the Unix epoch.
     fn now_ms(&self) -> u64;
+
+    /// A store tells its clock the time its server stamped on something (`server_ms`), read at
+    /// `received`. A clock that keeps its own time ignores it; a [`ServerClock`] follows it.
+    fn observe_server(&self, server_ms: u64, received: Instant) {
+        let _ = (server_ms, received);
+    }
 }
 
 /// The machine's wall clock.
@@ -43,6 +51,84 @@ impl Clock for SystemClock {
 /// `wall`, or the latest time already returned through `latest` when `wall` is behind it.
 fn never_backwards(latest: &AtomicU64, wall: u64) -> u64 {
     latest.fetch_max(wall, Ordering::SeqCst).max(wall)
+}
+
+/// How far a reading may run past the server's time per millisecond elapsed since the last
+/// stamp: the monotonic clock is assumed up to 100 parts per million fast, so an estimate runs
+/// behind the server, never ahead, however long no stamp arrives.
+const DRIFT_DIVISOR: u64 = 10_000;
+
+/// The server's time, as the latest stamps it put on messages show it, carried forward by this
+/// machine's monotonic clock.
+///
+/// A stamp is read after the server wrote it, so `stamp + time since it was read` is at most
+/// the server's time now: every reading is a lower bound of the server's clock (less the
+/// network's latency), whatever this machine's wall clock says. Of the stamps seen, the one
+/// giving the latest reading is kept: an old message delivered late (a replay) cannot move the
+/// clock back. Before the first stamp the local clock answers; a store makes its first stamp
+/// when it connects, before anything reads the time.
+#[derive(Debug)]
+pub struct ServerClock {
+    local: SharedClock,
+    anchor: Mutex<Option<Anchor>>,
+    latest: AtomicU64,
+}
+
+#[derive(Debug, Clone, Copy)]
+struct Anchor {
+    at: Instant,
+    server_ms: u64,
+}
+
+impl Anchor {
+    /// The server's time at `now`, by this stamp.
+    fn reading(&self, now: Instant) -> u64 {
+        let elapsed = millis(now.saturating_duration_since(self.at));
+        self.server_ms
+            .saturating_add(elapsed - elapsed / DRIFT_DIVISOR)
+    }
+}
+
+impl ServerClock {
+    /// A clock following the server's stamps, answering from `local` until the first.
+    pub fn over(local: SharedClock) -> Arc<Self> {
+        Arc::new(ServerClock {
+            local,
+            anchor: Mutex::new(None),
+            latest: AtomicU64::new(0),
+        })
+    }
+
+    fn reading_at(&self, now: Instant) -> Option<u64> {
+        let anchor = *self.anchor.lock().unwrap_or_else(PoisonError::into_inner);
+        anchor.map(|a| never_backwards(&self.latest, a.reading(now)))
+    }
+
+    fn observe_at(&self, server_ms: u64, received: Instant, now: Instant) {
+        let stamp = Anchor {
+            at: received,
+            server_ms,
+        };
+        let mut anchor = self.anchor.lock().unwrap_or_else(PoisonError::into_inner);
+        let later = match *anchor {
+            Some(current) => stamp.reading(now) >= current.reading(now),
+            None => true,
+        };
+        if later {
+            *anchor = Some(stamp);
+        }
+    }
+}
+
+impl Clock for ServerClock {
+    fn now_ms(&self) -> u64 {
+        self.reading_at(Instant::now())
+            .unwrap_or_else(|| self.local.now_ms())
+    }
+
+    fn observe_server(&self, server_ms: u64, received: Instant) {
+        self.observe_at(server_ms, received, Instant::now());
+    }
 }
 
 /// A clock tests set and advance by hand.
@@ -109,6 +195,29 @@ mod tests {
         );
         assert_eq!(clock.now_ms(), 1_500);
         assert_eq!(clock.now_ms(), 1_500, "one jump only");
+    }
+
+    #[test]
+    fn a_server_clock_reads_the_servers_time_whatever_the_local_one_says() {
+        // The local clock is six hours ahead of the server.
+        let server_now = 1_700_000_000_000;
+        let local = ManualClock::new(server_now + 6 * 3_600_000);
+        let clock = ServerClock::over(local);
+        assert_eq!(clock.now_ms(), server_now + 6 * 3_600_000, "no stamp yet");
+        let t0 = Instant::now();
+        clock.observe_at(server_now, t0, t0);
+        assert_eq!(clock.reading_at(t0), Some(server_now));
+        // Ten seconds on: the stamp carried forward, a millisecond behind for the drift bound.
+        let later = t0 + Duration::from_secs(10);
+        assert_eq!(clock.reading_at(later), Some(server_now + 9_999));
+        // A message stamped a minute ago and delivered now (a replay) does not move it back.
+        clock.observe_at(server_now - 50_000, later, later);
+        assert_eq!(clock.reading_at(later), Some(server_now + 9_999));
+        // A fresher stamp ahead of the estimate moves it forward.
+        clock.observe_at(server_now + 10_050, later, later);
+        assert_eq!(clock.reading_at(later), Some(server_now + 10_050));
+        // Readings never run backwards, even from an earlier instant.
+        assert_eq!(clock.reading_at(t0), Some(server_now + 10_050));
     }
 
     #[test]

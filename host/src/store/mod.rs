@@ -93,7 +93,7 @@ use std::sync::Arc;
 use async_trait::async_trait;
 use tokio::sync::Notify;
 
-pub use clock::{Clock, ManualClock, SharedClock, SystemClock, millis};
+pub use clock::{Clock, ManualClock, ServerClock, SharedClock, SystemClock, millis};
 pub use deltas::{Cursor, DeltaBatch, DeltaRead, Deltas, LiveBus};
 pub use error::{StoreError, StoreResult};
 pub use inbox::{

@@ -93,6 +93,7 @@ mod journal_guests;
 mod journal_runs;
 mod journal_view;
 mod live_reload;
+mod nats_clocks;
 mod nats_conformance;
 mod nats_hosts;
 mod nats_view;

@@ -345,6 +345,25 @@ pub(super) fn check_config(found: &stream::Config, config: &NatsConfig) -> Store
 }
 
 /// Creates the stream of `config`, or checks the one that exists.
+/// The server's time, as the `ts` of its answer to a stream info request (servers from 2.10
+/// say it), in Unix milliseconds. `None` when the request fails or the server does not say: the
+/// caller's clock then keeps its own time until the stream's messages carry stamps.
+pub(super) async fn server_time(js: &jetstream::Context, stream: &str) -> Option<u64> {
+    #[derive(Deserialize)]
+    struct Stamped {
+        ts: Option<String>,
+    }
+    let answer: jetstream::response::Response<Stamped> = js
+        .request(format!("STREAM.INFO.{stream}"), &serde_json::json!({}))
+        .await
+        .ok()?;
+    let jetstream::response::Response::Ok(Stamped { ts: Some(ts) }) = answer else {
+        return None;
+    };
+    let at: jiff::Timestamp = ts.parse().ok()?;
+    u64::try_from(at.as_millisecond()).ok()
+}
+
 pub(super) async fn ensure_stream(js: &jetstream::Context, config: &NatsConfig) -> StoreResult<()> {
     match js.get_stream(&config.prefix).await {
         Ok(mut s) => {

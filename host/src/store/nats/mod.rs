@@ -350,6 +350,11 @@ impl NatsStore {
                 Err(e) => return Err(e),
             }
         }
+        // The store's clock is the server's (a `ServerClock` follows it; others ignore it):
+        // its first stamp before anything reads the time.
+        if let Some(server_ms) = jetstream::server_time(&js, &config.prefix).await {
+            clock.observe_server(server_ms, std::time::Instant::now());
+        }
         let inner = Arc::new(Inner {
             client: client.clone(),
             js,

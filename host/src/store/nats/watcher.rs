@@ -208,8 +208,12 @@ pub(super) async fn watch(weak: Weak<Inner>) {
                     let Some(inner) = weak.upgrade() else { return };
                     match next {
                         Ok(message) => {
-                            let (seq, pending) = match message.info() {
-                                Ok(info) => (info.stream_sequence, info.pending),
+                            let (seq, pending, stamp) = match message.info() {
+                                Ok(info) => (
+                                    info.stream_sequence,
+                                    info.pending,
+                                    info.published.unix_timestamp_nanos() / 1_000_000,
+                                ),
                                 Err(_) => continue,
                             };
                             if let Some(until) = load {
@@ -226,6 +230,10 @@ pub(super) async fn watch(weak: Weak<Inner>) {
                                 continue;
                             }
                             inner.ingest(seq, message.subject.as_str(), &message.payload);
+                            // Each message followed carries the server's time.
+                            if let Ok(stamp) = u64::try_from(stamp) {
+                                inner.clock.observe_server(stamp, std::time::Instant::now());
+                            }
                         }
                         Err(e) => {
                             tracing::warn!(error = %e, "nats watcher: consumer failed; resyncing");
