@@ -12,11 +12,12 @@ use axum::http::HeaderMap;
 use serde::Deserialize;
 use serde_json::{Map, Value, json};
 
-use super::dispatches::{Fields, object, read_body};
+use super::dispatches::{Fields, MAX_PAGE_BYTES, object, read_body};
+use super::journal::{PAGE_SHARE, reserve};
 use super::{ApiError, ApiState};
 use crate::config::schedules::ScheduleConfig;
-use crate::store::model::schedules::Source;
-use crate::store::rules::schedules::check_schedule_name;
+use crate::store::model::schedules::{Overlap, Source};
+use crate::store::rules::schedules::{check_schedule_name, fire_label};
 use crate::work::schedules::{self as sched, ScheduleError};
 
 impl From<ScheduleError> for ApiError {
@@ -50,7 +51,9 @@ fn schedule_name(name: &str) -> Result<(), ApiError> {
     check_schedule_name(name).map_err(|e| ApiError::invalid("name", e))
 }
 
-/// `GET /v1/schedules?after=&limit=`: a page of schedules by name, each with its next fires.
+/// `GET /v1/schedules?after=&limit=`: a page of schedules by name, each with its next fires,
+/// at most `limit` (100) and about [`MAX_PAGE_BYTES`] of records; `next_after` names the last
+/// when there may be more.
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub(super) struct ListQuery {
@@ -72,13 +75,21 @@ pub(super) async fn list(
             format!("limit: must be from 1 to {MAX_PAGE}"),
         ));
     }
+    // The store reads at most the page's bytes (and one record), under a share of the read
+    // budget held until the answer is made.
+    let _share = reserve(PAGE_SHARE).await?;
     let page = state
         .store
         .schedules
-        .schedules(q.after.as_deref(), limit)
+        .schedules(q.after.as_deref(), limit, Some(MAX_PAGE_BYTES))
         .await?;
     let now = state.store.now();
-    let next = (page.len() == limit)
+    // A page ended by its count or by its bytes may have more after it.
+    let bytes: usize = page
+        .iter()
+        .map(|s| serde_json::to_vec(&s.schedule).map_or(0, |v| v.len()))
+        .sum();
+    let next = (page.len() == limit || bytes >= MAX_PAGE_BYTES)
         .then(|| page.last().map(|s| s.schedule.def.name.clone()))
         .flatten();
     let views: Vec<_> = page.into_iter().map(|s| sched::view(s, now)).collect();
@@ -211,19 +222,56 @@ pub(super) async fn resume(
     Ok(Json(json!({ "name": name, "resumed": true })))
 }
 
-/// `POST /v1/schedules/{name}/trigger` → the dispatch it enqueued.
+/// An optional `overlap` of a trigger's or a backfill's body.
+fn overlap_field(fields: &mut Fields) -> Result<Option<Overlap>, ApiError> {
+    fields
+        .string("overlap")?
+        .map(|o| o.parse::<Overlap>())
+        .transpose()
+        .map_err(|e| ApiError::invalid("overlap", format!("overlap: {e}")))
+}
+
+/// A manual slot's outcome as JSON.
+fn manual(m: &sched::Manual) -> Value {
+    let mut v = json!({
+        "fire": fire_label(m.fire),
+        "outcome": m.outcome,
+    });
+    if let Some(id) = &m.id {
+        v["id"] = json!(id);
+    }
+    if let Some(live) = &m.live {
+        v["live"] = json!(live);
+    }
+    v
+}
+
+/// `POST /v1/schedules/{name}/trigger`: `{"overlap"?}` (default: the schedule's) → the slot's
+/// outcome: `fired` with the dispatch's `id`, `buffered`, or the skip's reason with the `live`
+/// dispatch it overlapped.
 pub(super) async fn trigger(
     State(state): State<Arc<ApiState>>,
     Path(name): Path<String>,
+    headers: HeaderMap,
+    body: Body,
 ) -> Result<Json<Value>, ApiError> {
     schedule_name(&name)?;
-    let d = sched::trigger(&state.store, &name).await?;
-    Ok(Json(
-        json!({ "name": name, "id": d.id, "thread": d.thread }),
-    ))
+    let bytes = read_body(&headers, body, state.body_limit).await?;
+    let mut fields = if bytes.is_empty() {
+        Fields::new(Map::new())
+    } else {
+        Fields::new(object(&bytes)?)
+    };
+    let overlap = overlap_field(&mut fields)?;
+    fields.finish()?;
+    let m = sched::trigger(&state.store, &name, overlap).await?;
+    let mut v = manual(&m);
+    v["name"] = json!(name);
+    Ok(Json(v))
 }
 
-/// `POST /v1/schedules/{name}/backfill`: `{"from", "to"}` (RFC 3339) → the ids enqueued.
+/// `POST /v1/schedules/{name}/backfill`: `{"from", "to", "overlap"?}` (RFC 3339; the overlap
+/// policy defaults to the schedule's) → each slot's outcome, oldest first.
 pub(super) async fn backfill(
     State(state): State<Arc<ApiState>>,
     Path(name): Path<String>,
@@ -241,7 +289,10 @@ pub(super) async fn backfill(
     };
     let from = time(&mut fields, "from")?;
     let to = time(&mut fields, "to")?;
+    let overlap = overlap_field(&mut fields)?;
     fields.finish()?;
-    let ids = sched::backfill(&state.store, &name, from, to).await?;
-    Ok(Json(json!({ "name": name, "ids": ids })))
+    let slots = sched::backfill(&state.store, &name, from, to, overlap).await?;
+    let ids: Vec<&str> = slots.iter().filter_map(|m| m.id.as_deref()).collect();
+    let slots: Vec<Value> = slots.iter().map(manual).collect();
+    Ok(Json(json!({ "name": name, "ids": ids, "slots": slots })))
 }

@@ -10,7 +10,9 @@ use super::exit::{Exit, coded};
 use crate::config::Config;
 use crate::config::schedules::ScheduleConfig;
 use crate::store::Store;
-use crate::store::model::schedules::Source;
+use crate::store::model::schedules::{Overlap, Source};
+use crate::store::rules::WALK_PAGE_BYTES;
+use crate::store::rules::schedules::fire_label;
 use crate::work::schedules::{self as sched, ScheduleError, ScheduleView};
 
 /// `homing schedule ...`.
@@ -87,12 +89,20 @@ pub enum ScheduleCommand {
     Trigger {
         /// The schedule.
         name: String,
+        /// The overlap policy for this fire (default: the schedule's): `skip`, `buffer_one`,
+        /// `buffer_all`, `cancel_other` or `allow`.
+        #[arg(long)]
+        overlap: Option<String>,
     },
-    /// Enqueues the slots of a span that did not fire (by their ids: a slot that fired is
-    /// left as it is); prints the ids.
+    /// Places the slots of a span, oldest first, under the overlap policy (a slot that fired
+    /// keeps its dispatch); prints each slot's outcome.
     Backfill {
         /// The schedule.
         name: String,
+        /// The overlap policy for these slots (default: the schedule's); `allow` fires them
+        /// all.
+        #[arg(long)]
+        overlap: Option<String>,
         /// From this RFC 3339 time.
         #[arg(long)]
         from: String,
@@ -161,7 +171,10 @@ pub(super) async fn run(
             let mut all = Vec::new();
             let mut after: Option<String> = None;
             loop {
-                let page = store.schedules.schedules(after.as_deref(), 100).await?;
+                let page = store
+                    .schedules
+                    .schedules(after.as_deref(), 100, Some(WALK_PAGE_BYTES))
+                    .await?;
                 let Some(last) = page.last() else { break };
                 after = Some(last.schedule.def.name.clone());
                 let now = store.now();
@@ -260,24 +273,51 @@ pub(super) async fn run(
                 .map_err(refused)?;
             println!("resumed schedule {}", text(&name));
         }
-        ScheduleCommand::Trigger { name } => {
-            let d = sched::trigger(store, &name).await.map_err(refused)?;
-            println!("{}", text(&d.id));
+        ScheduleCommand::Trigger { name, overlap } => {
+            let overlap = overlap_arg(overlap.as_deref())?;
+            let m = sched::trigger(store, &name, overlap)
+                .await
+                .map_err(refused)?;
+            match (&m.id, &m.live) {
+                (Some(id), _) => println!("{}", text(id)),
+                (None, live) if m.outcome == "buffered" => eprintln!(
+                    "buffered: fires when dispatch {} ends",
+                    text(live.as_deref().unwrap_or("?"))
+                ),
+                (None, live) => {
+                    return Err(coded(
+                        Exit::Failure,
+                        format!(
+                            "not fired ({}): dispatch {} of the schedule is still live; --overlap allow fires anyway",
+                            m.outcome,
+                            text(live.as_deref().unwrap_or("?"))
+                        ),
+                    ));
+                }
+            }
         }
-        ScheduleCommand::Backfill { name, from, to } => {
+        ScheduleCommand::Backfill {
+            name,
+            overlap,
+            from,
+            to,
+        } => {
+            let overlap = overlap_arg(overlap.as_deref())?;
             let from = sched::parse_time(&from)
                 .map_err(|e| coded(Exit::Invalid, format!("--from: {e}")))?;
             let to =
                 sched::parse_time(&to).map_err(|e| coded(Exit::Invalid, format!("--to: {e}")))?;
-            let ids = sched::backfill(store, &name, from, to)
+            let slots = sched::backfill(store, &name, from, to, overlap)
                 .await
                 .map_err(refused)?;
-            for id in &ids {
-                println!("{}", text(id));
+            let fired = slots.iter().filter(|m| m.id.is_some()).count();
+            for m in &slots {
+                let what = m.id.as_deref().or(m.live.as_deref()).unwrap_or("");
+                println!("{} {} {}", fire_label(m.fire), m.outcome, text(what));
             }
             eprintln!(
-                "{} slot(s) enqueued (a slot that had fired is left as it was)",
-                ids.len()
+                "{fired} of {} slot(s) fired (a slot that had fired keeps its dispatch)",
+                slots.len()
             );
         }
         ScheduleCommand::Delete { name } => {
@@ -289,6 +329,13 @@ pub(super) async fn run(
         }
     }
     Ok(())
+}
+
+/// An `--overlap` flag.
+fn overlap_arg(arg: Option<&str>) -> anyhow::Result<Option<Overlap>> {
+    arg.map(str::parse::<Overlap>)
+        .transpose()
+        .map_err(|e| coded(Exit::Invalid, format!("--overlap: {e}")))
 }
 
 /// The declaration of a table given on the command line, checked as the config's are (the

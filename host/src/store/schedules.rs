@@ -16,8 +16,8 @@ pub use super::model::schedules::{
 /// The rules a caller of the store sees: a schedule's fire times, the ids of its dispatches
 /// and ticks, and what its declaration must be.
 pub use super::rules::schedules::{
-    Cron, Plan, check, check_schedule_name, dispatch_id, due, fire_label, fire_thread, local_label,
-    tick_id, tick_thread, zone,
+    Cron, META_FIRE, META_SCHEDULE, META_SCHEDULED_FOR, Plan, check, check_schedule_name,
+    dispatch_id, due, fire_label, fire_thread, local_label, tick_id, tick_thread, zone,
 };
 
 /// A schedule as stored, with the revision a later write expects.
@@ -36,8 +36,15 @@ pub trait Schedules: Send + Sync + fmt::Debug + 'static {
     /// The schedule named `name`.
     async fn schedule(&self, name: &str) -> StoreResult<Option<Stored>>;
 
-    /// Schedules by name after `after`, at most `limit` (0: the default page).
-    async fn schedules(&self, after: Option<&str>, limit: usize) -> StoreResult<Vec<Stored>>;
+    /// Schedules by name after `after`, at most `limit` (0: the default page) and, with
+    /// `max_bytes`, ending at the record that brings their stored bytes to it (the first is
+    /// always taken): a page holds at most its budget and one record.
+    async fn schedules(
+        &self,
+        after: Option<&str>,
+        limit: usize,
+        max_bytes: Option<usize>,
+    ) -> StoreResult<Vec<Stored>>;
 
     /// Stores `schedule` when its stored revision is `expect` (0: when there is none), and
     /// returns the new revision.

@@ -672,11 +672,12 @@ impl Schedules for TimedSchedules {
         &self,
         after: Option<&str>,
         limit: usize,
+        max_bytes: Option<usize>,
     ) -> StoreResult<Vec<StoredSchedule>> {
         timed(
             self.backend,
             "schedules",
-            self.inner.schedules(after, limit),
+            self.inner.schedules(after, limit, max_bytes),
         )
         .await
     }

@@ -17,6 +17,7 @@ use crate::store::model::schedules::{
     FireKind, KEPT_OUTCOMES, Outcome, Overlap, Schedule, ScheduleDef, SchedulePause, SkipReason,
     Source,
 };
+use crate::store::rules::WALK_PAGE_BYTES;
 use crate::store::rules::schedules::{
     self as rules, META_FIRE, META_SCHEDULE, META_SCHEDULED_FOR, Overlapped, Plan,
 };
@@ -167,6 +168,69 @@ fn fired(fire: u64, at: u64, dispatch: String, kind: FireKind) -> Outcome {
         kind: Some(kind),
         skipped: None,
     }
+}
+
+/// Whether `d` (a schedule's last dispatch) still lives: queued, claimed or waiting.
+fn live(d: &Option<Dispatch>) -> bool {
+    d.as_ref()
+        .is_some_and(|d| matches!(d.status, Status::Queued | Status::Claimed | Status::Waiting))
+}
+
+/// What became of a slot placed under the overlap policy.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Placed {
+    /// It fired: its dispatch's id.
+    Fired(String),
+    /// It waits in the buffer; under `buffer_one`, the slot it displaced (recorded
+    /// `buffer_full`).
+    Buffered {
+        /// The older slot pushed out of a buffer of one.
+        displaced: Option<u64>,
+    },
+    /// It did not fire, for this reason (not yet recorded: the caller folds its skips).
+    Skipped(SkipReason),
+}
+
+/// Places slot `fire` of `def` against `last`, the schedule's last dispatch, as `def`'s
+/// overlap policy says: fired (after interrupting the last one's thread, for `cancel_other`),
+/// buffered or skipped. A fire is recorded on `s` and becomes its last dispatch (and `last`).
+async fn place(
+    store: &Store,
+    s: &mut Schedule,
+    def: &ScheduleDef,
+    fire: u64,
+    kind: FireKind,
+    now: u64,
+    last: &mut Option<Dispatch>,
+) -> Result<Placed, StoreError> {
+    match rules::overlap(def, live(last), s.buffered.len()) {
+        Overlapped::Fire => {}
+        Overlapped::InterruptThenFire => {
+            if let Some(d) = last.as_ref() {
+                store
+                    .mailbox
+                    .interrupt(&d.thread, "schedule overlap: cancel_other")
+                    .await?;
+            }
+        }
+        Overlapped::Buffer => {
+            let displaced = if def.overlap == Overlap::BufferOne {
+                s.buffered.pop_front()
+            } else {
+                None
+            };
+            s.buffered.push_back(fire);
+            return Ok(Placed::Buffered { displaced });
+        }
+        Overlapped::Skip(reason) => return Ok(Placed::Skipped(reason)),
+    }
+    let id = enqueue_fire(store, def, fire, kind).await?;
+    record(s, [fired(fire, now, id.clone(), kind)]);
+    s.last_dispatch = Some(id.clone());
+    if def.overlap != Overlap::Allow {
+        *last = store.mailbox.load(&id).await?;
+    }
+    Ok(Placed::Fired(id))
 }
 
 /// Creates a schedule from `def` (checked at the store's time), firing from now on.
@@ -381,37 +445,122 @@ pub async fn resume(store: &Store, name: &str, catch_up: bool) -> Result<Stored,
     update(store, name, Resume(catch_up)).await
 }
 
-struct Trigger(Option<String>);
+/// What a manual fire or a backfill made of a slot.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
+pub struct Manual {
+    /// The slot's fire time (UTC milliseconds).
+    pub fire: u64,
+    /// `fired`, `buffered`, or the reason it was skipped (`overlap_skip`, `buffer_full`).
+    pub outcome: String,
+    /// The dispatch it fired, when it fired.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub id: Option<String>,
+    /// The live dispatch it overlapped, when it did not fire.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub live: Option<String>,
+}
+
+/// Places manual slots (a trigger's, a backfill's) under an overlap policy: the schedule's,
+/// or the caller's `overlap`. A buffered slot gets a tick soon enough to release it.
+struct Place {
+    fires: Vec<u64>,
+    kind: FireKind,
+    overlap: Option<Overlap>,
+    out: Vec<Manual>,
+}
 
 #[async_trait]
-impl AsyncChange for Trigger {
+impl AsyncChange for Place {
     async fn apply(&mut self, store: &Store, s: &mut Schedule) -> Result<(), ScheduleError> {
-        {
-            let now = store.now();
-            let id = enqueue_fire(store, &s.def, now, FireKind::Manual).await?;
-            record(s, [fired(now, now, id.clone(), FireKind::Manual)]);
-            s.last_dispatch = Some(id.clone());
-            self.0 = Some(id);
-            Ok(())
+        let now = store.now();
+        let mut def = s.def.clone();
+        if let Some(overlap) = self.overlap {
+            def.overlap = overlap;
         }
+        // A retried change starts again from the record as read.
+        self.out.clear();
+        let mut last = match &s.last_dispatch {
+            Some(id) => store.mailbox.load(id).await?,
+            None => None,
+        };
+        let mut skips: Vec<(u64, SkipReason)> = Vec::new();
+        for &fire in &self.fires {
+            let before = s.last_dispatch.clone();
+            let (outcome, id) = match place(store, s, &def, fire, self.kind, now, &mut last).await?
+            {
+                Placed::Fired(id) => ("fired".to_owned(), Some(id)),
+                Placed::Buffered { displaced } => {
+                    skips.extend(displaced.map(|older| (older, SkipReason::BufferFull)));
+                    ("buffered".to_owned(), None)
+                }
+                Placed::Skipped(reason) => {
+                    skips.push((fire, reason));
+                    (reason.as_str().to_owned(), None)
+                }
+            };
+            let live = id.is_none().then_some(before).flatten();
+            self.out.push(Manual {
+                fire,
+                outcome,
+                id,
+                live,
+            });
+        }
+        skips.sort_unstable_by_key(|(f, _)| *f);
+        record(s, rules::fold_skips(&skips, now));
+        if !s.buffered.is_empty() && s.paused.is_none() {
+            // The buffer is released by a tick: one due within the poll, as a tick makes (the
+            // one replaced is dropped once the record is written).
+            let poll = now.saturating_add(BUFFER_POLL_MS);
+            let soon = match &s.tick {
+                Some(tick) => store
+                    .mailbox
+                    .load(tick)
+                    .await?
+                    .is_some_and(|t| t.status == Status::Queued && t.available_at <= poll),
+                None => false,
+            };
+            if !soon {
+                make_tick(store, s, poll).await?;
+            }
+        }
+        Ok(())
     }
 }
 
-/// Fires a schedule now, whatever its times and pause (the fire time is now); the watermark
-/// stays.
+async fn place_manual(
+    store: &Store,
+    name: &str,
+    fires: Vec<u64>,
+    kind: FireKind,
+    overlap: Option<Overlap>,
+) -> Result<Vec<Manual>, ScheduleError> {
+    let mut change = Place {
+        fires,
+        kind,
+        overlap,
+        out: Vec::new(),
+    };
+    update(store, name, &mut change).await?;
+    Ok(change.out)
+}
+
+/// Fires a schedule now, whatever its times and pause (the fire time is now), under its
+/// overlap policy or `overlap`: fired, buffered or skipped (recorded as a slot would be). The
+/// watermark stays.
 ///
 /// # Errors
 ///
 /// [`ScheduleError::NotFound`], or the store's.
-pub async fn trigger(store: &Store, name: &str) -> Result<Dispatch, ScheduleError> {
-    let mut t = Trigger(None);
-    update(store, name, &mut t).await?;
-    let id = t.0.unwrap_or_default();
-    store
-        .mailbox
-        .load(&id)
-        .await?
-        .ok_or(ScheduleError::NotFound(id))
+pub async fn trigger(
+    store: &Store,
+    name: &str,
+    overlap: Option<Overlap>,
+) -> Result<Manual, ScheduleError> {
+    let now = store.now();
+    let mut out = place_manual(store, name, vec![now], FireKind::Manual, overlap).await?;
+    out.pop()
+        .ok_or_else(|| ScheduleError::NotFound(name.to_owned()))
 }
 
 #[async_trait]
@@ -421,8 +570,10 @@ impl<T: AsyncChange> AsyncChange for &mut T {
     }
 }
 
-/// Enqueues the slots of `name` in `[from, to]` by their ids (a slot that already fired is
-/// left as it is), at most [`MAX_BACKFILL`]; the watermark stays. Returns the dispatches' ids.
+/// Places the slots of `name` in `[from, to]`, oldest first, under its overlap policy or
+/// `overlap` (each against the one before: under `skip`, slots after one still live are
+/// skipped; `allow` fires them all), at most [`MAX_BACKFILL`]. A slot that already fired keeps
+/// its dispatch; the watermark stays. Returns what became of each slot.
 ///
 /// # Errors
 ///
@@ -433,7 +584,8 @@ pub async fn backfill(
     name: &str,
     from: u64,
     to: u64,
-) -> Result<Vec<String>, ScheduleError> {
+    overlap: Option<Overlap>,
+) -> Result<Vec<Manual>, ScheduleError> {
     let Some(stored) = store.schedules.schedule(name).await? else {
         return Err(ScheduleError::NotFound(name.to_owned()));
     };
@@ -454,11 +606,7 @@ pub async fn backfill(
             "from, to: the span holds more than {MAX_BACKFILL} slots; backfill it in parts"
         )));
     }
-    let mut ids = Vec::with_capacity(slots.len());
-    for fire in slots {
-        ids.push(enqueue_fire(store, def, fire, FireKind::Backfill).await?);
-    }
-    Ok(ids)
+    place_manual(store, name, slots, FireKind::Backfill, overlap).await
 }
 
 /// Deletes a schedule and its tick; its dispatches are left as they are. `false` when there
@@ -497,7 +645,10 @@ pub async fn reconcile(store: &Store, defs: &[ScheduleDef]) -> Result<Vec<String
     let mut gone = Vec::new();
     let mut after: Option<String> = None;
     loop {
-        let page = store.schedules.schedules(after.as_deref(), 100).await?;
+        let page = store
+            .schedules
+            .schedules(after.as_deref(), 100, Some(WALK_PAGE_BYTES))
+            .await?;
         let Some(last) = page.last() else { break };
         after = Some(last.schedule.def.name.clone());
         for stored in &page {
@@ -614,10 +765,6 @@ async fn run_tick(
         Some(id) => store.mailbox.load(id).await?,
         None => None,
     };
-    let live = |d: &Option<Dispatch>| {
-        d.as_ref()
-            .is_some_and(|d| matches!(d.status, Status::Queued | Status::Claimed | Status::Waiting))
-    };
     if def.pause_on_failure
         && let Some(d) = &last
         && d.status == Status::DeadLetter
@@ -651,36 +798,12 @@ async fn run_tick(
         } else {
             FireKind::OnTime
         };
-        match rules::overlap(&def, live(&last), s.buffered.len()) {
-            Overlapped::Fire => {}
-            Overlapped::InterruptThenFire => {
-                if let Some(d) = &last {
-                    store
-                        .mailbox
-                        .interrupt(&d.thread, "schedule overlap: cancel_other")
-                        .await?;
-                }
+        match place(store, s, &def, fire, kind, now, &mut last).await? {
+            Placed::Fired(id) => done.fired.push((id, kind)),
+            Placed::Buffered { displaced } => {
+                skips.extend(displaced.map(|older| (older, SkipReason::BufferFull)));
             }
-            Overlapped::Buffer => {
-                if def.overlap == Overlap::BufferOne
-                    && let Some(older) = s.buffered.pop_front()
-                {
-                    skips.push((older, SkipReason::BufferFull));
-                }
-                s.buffered.push_back(fire);
-                continue;
-            }
-            Overlapped::Skip(reason) => {
-                skips.push((fire, reason));
-                continue;
-            }
-        }
-        let id = enqueue_fire(store, &def, fire, kind).await?;
-        record(s, [fired(fire, now, id.clone(), kind)]);
-        done.fired.push((id.clone(), kind));
-        s.last_dispatch = Some(id.clone());
-        if def.overlap != Overlap::Allow {
-            last = store.mailbox.load(&id).await?;
+            Placed::Skipped(reason) => skips.push((fire, reason)),
         }
     }
     skips.sort_unstable_by_key(|(f, _)| *f);

@@ -173,6 +173,58 @@ async fn surface(store: &str) {
     assert!(id.starts_with("sched:hourly:"), "{trig}");
     let d = api.wait_terminal(&id).await;
     assert_eq!(d["metadata"]["fire"], "manual", "{d}");
+    assert_eq!(trig["outcome"], "fired", "{trig}");
+    let (status, reply) = api
+        .post(
+            "/v1/schedules/hourly/trigger",
+            OPERATOR,
+            json!({ "overlap": "sometimes" }),
+        )
+        .await;
+    assert_eq!(status, 400, "{reply}");
+    assert_eq!(reply["field"], "overlap", "{reply}");
+    // A backfill under `allow` fires every slot of the span and says so slot by slot.
+    let (status, filled) = api
+        .post(
+            "/v1/schedules/hourly/backfill",
+            OPERATOR,
+            json!({ "from": "2026-01-01T00:00:00Z", "to": "2026-01-01T02:00:00Z", "overlap": "allow" }),
+        )
+        .await;
+    assert_eq!(status, 200, "{filled}");
+    assert_eq!(
+        filled["slots"].as_array().map(Vec::len),
+        Some(3),
+        "{filled}"
+    );
+    assert!(
+        filled["slots"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .all(|m| m["outcome"] == "fired" && m["id"].is_string()),
+        "{filled}"
+    );
+    // The tick agent is no agent a caller can enqueue to.
+    let (status, reply) = api
+        .post(
+            "/v1/dispatches",
+            OPERATOR,
+            json!({ "agent": "homing.schedule", "thread": "t", "payload": "p" }),
+        )
+        .await;
+    assert!(matches!(status, 400 | 404), "{status} {reply}");
+    assert_eq!(reply["field"], "agent", "{reply}");
+    let err = api.env.fails(&[
+        "enqueue",
+        "--agent",
+        "homing.schedule",
+        "--thread",
+        "t",
+        "--payload",
+        "p",
+    ]);
+    assert!(err.contains("homing.schedule"), "{err}");
     let (status, paused) = api
         .post(
             "/v1/schedules/hourly/pause",

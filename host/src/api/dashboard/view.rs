@@ -327,6 +327,15 @@ pub(super) fn notice(name: Option<&str>, n: Option<&str>) -> Markup {
             false,
         ),
         Some("triggered") => ("Fired: its dispatch is queued.".to_owned(), false),
+        Some("trigger-buffered") => (
+            "Buffered: its last dispatch is still live; this one fires when it ends.".to_owned(),
+            false,
+        ),
+        Some("trigger-skipped") => (
+            "Not fired: its last dispatch is still live and its overlap policy skips (the API's and the CLI's trigger take another policy)."
+                .to_owned(),
+            true,
+        ),
         Some("not-paused") => ("It was not paused.".to_owned(), false),
         Some("pause-refused") => (
             "Not paused: the reason must be printable and at most 1 KiB.".to_owned(),

@@ -7,6 +7,7 @@ use rusqlite::{Connection, OptionalExtension, params};
 use super::rows::db;
 use super::{EmbeddedStore, TxError};
 use crate::store::rules;
+use crate::store::rules::ByteBudget;
 use crate::store::schedules::{Schedule, Schedules, Stored};
 use crate::store::{StoreError, StoreResult};
 
@@ -55,7 +56,12 @@ impl Schedules for EmbeddedStore {
         self.read(move |tx| load(tx, &name)).await
     }
 
-    async fn schedules(&self, after: Option<&str>, limit: usize) -> StoreResult<Vec<Stored>> {
+    async fn schedules(
+        &self,
+        after: Option<&str>,
+        limit: usize,
+        max_bytes: Option<usize>,
+    ) -> StoreResult<Vec<Stored>> {
         let after = after.unwrap_or("").to_owned();
         let limit = i64::try_from(rules::page(limit)).unwrap_or(i64::MAX);
         self.read(move |tx| {
@@ -74,10 +80,18 @@ impl Schedules for EmbeddedStore {
                     ))
                 })
                 .map_err(db)?;
-            let rows: Vec<(String, String, u64)> = rows.collect::<Result<_, _>>().map_err(db)?;
-            rows.iter()
-                .map(|(name, record, revision)| decode(name, record, *revision))
-                .collect()
+            // Rows are read one at a time: the page stops at its byte budget.
+            let mut budget = ByteBudget::new(max_bytes);
+            let mut page = Vec::new();
+            for row in rows {
+                if !budget.open() {
+                    break;
+                }
+                let (name, record, revision) = row.map_err(db)?;
+                budget.take(record.len());
+                page.push(decode(&name, &record, revision)?);
+            }
+            Ok(page)
         })
         .await
     }

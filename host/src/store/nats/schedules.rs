@@ -4,16 +4,18 @@
 //! sequence, which is the record's revision; a deletion publishes an empty record (a
 //! tombstone), which a later create expects in place of nothing.
 
-use std::collections::BTreeMap;
+use std::collections::BTreeSet;
 
 use async_nats::HeaderMap;
 use async_trait::async_trait;
 use bytes::Bytes;
+use futures_util::StreamExt;
 
 use super::NatsStore;
-use super::jetstream::{CommitError, stored_seq};
+use super::jetstream::{CommitError, stored_seq, unavailable};
 use super::keys::Key;
 use crate::store::rules;
+use crate::store::rules::ByteBudget;
 use crate::store::schedules::{Schedule, Schedules, Stored};
 use crate::store::{StoreError, StoreResult};
 
@@ -51,6 +53,33 @@ impl NatsStore {
         self.get_last(&subject).await
     }
 
+    /// The names of the schedules' subjects after `after`, in order, from the stream's count of
+    /// messages by subject: a name and a count each, whatever the records' sizes. A deleted
+    /// schedule's name stays (its tombstone) until the name is created again.
+    async fn schedule_names(&self, after: Option<&str>) -> StoreResult<BTreeSet<String>> {
+        let prefix = self.prefix().to_owned();
+        let stream = self
+            .inner
+            .js
+            .get_stream_no_info(&prefix)
+            .await
+            .map_err(|e| unavailable("stream lookup", e))?;
+        let mut subjects = stream
+            .info_with_subjects(Key::schedules(&prefix))
+            .await
+            .map_err(|e| unavailable("stream subjects", e))?;
+        let mut names = BTreeSet::new();
+        while let Some(subject) = subjects.next().await {
+            let (subject, _) = subject.map_err(|e| unavailable("stream subjects", e))?;
+            if let Some(Key::Schedule(name)) = Key::parse(&prefix, &subject)
+                && after.is_none_or(|a| name.as_str() > a)
+            {
+                names.insert(name);
+            }
+        }
+        Ok(names)
+    }
+
     /// Publishes `payload` as `name`'s record, expecting its subject to end at `seq` (0: to
     /// have no message). The new sequence, or `None` when another write came first.
     async fn publish_schedule(
@@ -80,29 +109,31 @@ impl Schedules for NatsStore {
         }
     }
 
-    async fn schedules(&self, after: Option<&str>, limit: usize) -> StoreResult<Vec<Stored>> {
-        let prefix = self.prefix().to_owned();
+    async fn schedules(
+        &self,
+        after: Option<&str>,
+        limit: usize,
+        max_bytes: Option<usize>,
+    ) -> StoreResult<Vec<Stored>> {
         let limit = rules::page(limit);
-        // The first `limit` names after `after`, kept while reading so a page holds at most
-        // its own records.
-        let mut page: BTreeMap<String, Stored> = BTreeMap::new();
-        for (subject, (seq, payload)) in self.last_of_each(&Key::schedules(&prefix)).await? {
-            let Some(Key::Schedule(name)) = Key::parse(&prefix, &subject) else {
+        // The names from the stream's subjects (no record is read for them), then the page's
+        // records one at a time, within the byte budget. A deleted schedule's tombstone is
+        // read and passed over.
+        let mut budget = ByteBudget::new(max_bytes);
+        let mut page = Vec::new();
+        for name in self.schedule_names(after).await? {
+            if page.len() >= limit || !budget.open() {
+                break;
+            }
+            let Some((seq, payload)) = self.schedule_message(&name).await? else {
                 continue;
             };
-            if after.is_some_and(|a| name.as_str() <= a)
-                || (page.len() >= limit && page.keys().next_back().is_some_and(|l| &name > l))
-            {
-                continue;
-            }
             if let Some(stored) = decode(&name, seq, &payload)? {
-                page.insert(name, stored);
-                if page.len() > limit {
-                    page.pop_last();
-                }
+                budget.take(payload.len());
+                page.push(stored);
             }
         }
-        Ok(page.into_values().collect())
+        Ok(page)
     }
 
     async fn put_schedule(&self, schedule: &Schedule, expect: u64) -> StoreResult<u64> {

@@ -32,8 +32,8 @@ pub(crate) use holder::{
     supersede_claimed, suspend,
 };
 pub use holder::{HolderOp, WaitpointsSeen, resume};
-pub use reads::DEFAULT_PAGE;
 pub(crate) use reads::{ByteBudget, log_read, page};
+pub use reads::{DEFAULT_PAGE, WALK_PAGE_BYTES};
 
 use crate::store::model::{Dispatch, NewDispatch, Status};
 use crate::store::{StoreError, StoreResult};

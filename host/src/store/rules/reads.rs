@@ -5,6 +5,10 @@
 /// The page of a listing (dispatches, messages, waitpoints) when the caller asks for 0.
 pub const DEFAULT_PAGE: usize = 100;
 
+/// The bytes of records a walk over a whole listing (a reconcile, the CLI's list) holds per
+/// page.
+pub const WALK_PAGE_BYTES: usize = 2 << 20;
+
 /// The entries a read of a thread's log returns when the caller asks for 0.
 pub const DEFAULT_LOG_READ: usize = 1000;
 

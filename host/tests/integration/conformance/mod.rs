@@ -628,6 +628,7 @@ macro_rules! suite {
                     daylight_saving_transitions_fire_as_the_policy_says,
                     skip_records_each_slot_while_the_last_run_lives_and_fires_the_next_on_time,
                     pause_resume_and_removal_stop_and_restart_fires,
+                    trigger_and_backfill_follow_the_overlap_policy,
                 },
                 deltas::{
                     deltas_read_by_cursor_from_the_start_mid_batch_at_the_end_and_across_batches,

@@ -18,7 +18,8 @@ use super::{Env, Factory, retry};
 /// An hour, in milliseconds.
 const HOUR: u64 = 3_600_000;
 
-fn def(name: &str, spec: Spec, tz: &str) -> ScheduleDef {
+/// A schedule of `sched-agent` with a thread per fire and `allow`, firing `spec` in `tz`.
+pub fn def(name: &str, spec: Spec, tz: &str) -> ScheduleDef {
     ScheduleDef {
         name: name.into(),
         agent: "sched-agent".into(),
@@ -53,36 +54,44 @@ async fn run_ticks(stores: &[Store]) -> usize {
     while idle_rounds < stores.len() {
         let store = &stores[i % stores.len()];
         i += 1;
-        let Some(d) = store
-            .mailbox
-            .claim(TICK_AGENT, &format!("host-{}", i % stores.len()), 30_000)
-            .await
-            .expect("claim a tick")
-        else {
+        if !tick_once(store, &format!("host-{}", i % stores.len())).await {
             idle_rounds += 1;
             continue;
-        };
+        }
         idle_rounds = 0;
-        let name = d.metadata.get("schedule").cloned().unwrap_or_default();
-        sched::tick(store, &name, &d.id).await.expect("a tick");
-        let token = d
-            .claim
-            .as_ref()
-            .map(|c| c.token.clone())
-            .unwrap_or_default();
-        store
-            .mailbox
-            .ack(&d.id, &token)
-            .await
-            .expect("ack the tick");
         ran += 1;
         assert!(ran < 10_000, "ticks never ran out");
     }
     ran
 }
 
+/// Claims one due tick as `host` would, runs it and acks it; `false` when none is due.
+pub async fn tick_once(store: &Store, host: &str) -> bool {
+    let Some(d) = store
+        .mailbox
+        .claim(TICK_AGENT, host, 30_000)
+        .await
+        .expect("claim a tick")
+    else {
+        return false;
+    };
+    let name = d.metadata.get("schedule").cloned().unwrap_or_default();
+    sched::tick(store, &name, &d.id).await.expect("a tick");
+    let token = d
+        .claim
+        .as_ref()
+        .map(|c| c.token.clone())
+        .unwrap_or_default();
+    store
+        .mailbox
+        .ack(&d.id, &token)
+        .await
+        .expect("ack the tick");
+    true
+}
+
 /// The dispatches of the schedule's agent, by id.
-async fn fired(store: &Store) -> Vec<Dispatch> {
+pub async fn fired(store: &Store) -> Vec<Dispatch> {
     let mut out = store
         .mailbox
         .list(&ListFilter {
@@ -167,7 +176,7 @@ pub async fn schedule_records_are_written_under_a_compare_and_set_of_their_revis
         .expect("create b");
     let names: Vec<String> = store
         .schedules
-        .schedules(None, 10)
+        .schedules(None, 10, None)
         .await
         .expect("list")
         .into_iter()
@@ -176,7 +185,7 @@ pub async fn schedule_records_are_written_under_a_compare_and_set_of_their_revis
     assert_eq!(names, ["cas", "cas-b"]);
     let after: Vec<String> = store
         .schedules
-        .schedules(Some("cas"), 10)
+        .schedules(Some("cas"), 10, None)
         .await
         .expect("list")
         .into_iter()
@@ -214,6 +223,47 @@ pub async fn schedule_records_are_written_under_a_compare_and_set_of_their_revis
         .put_schedule(&s, 0)
         .await
         .expect("created again");
+
+    // A page bounded in bytes ends at the record that reaches the budget, passing over a
+    // deleted name; the next page starts after its last.
+    let mut big = s.clone();
+    big.def.payload = vec![b'x'; 10_000];
+    for name in ["big-a", "big-b", "big-c", "big-d"] {
+        big.def.name = name.into();
+        store
+            .schedules
+            .put_schedule(&big, 0)
+            .await
+            .expect("create a big one");
+    }
+    assert!(
+        store
+            .schedules
+            .delete_schedule("big-b", None)
+            .await
+            .expect("delete")
+    );
+    let page = |after: Option<&'static str>| {
+        let store = store.clone();
+        async move {
+            store
+                .schedules
+                .schedules(after, 10, Some(15_000))
+                .await
+                .expect("list")
+                .into_iter()
+                .map(|s| s.schedule.def.name)
+                .collect::<Vec<String>>()
+        }
+    };
+    assert_eq!(page(Some("b")).await, ["big-a", "big-c"]);
+    assert_eq!(page(Some("big-c")).await, ["big-d", "cas", "cas-b"]);
+    let first = store
+        .schedules
+        .schedules(Some("b"), 10, Some(1))
+        .await
+        .expect("list");
+    assert_eq!(first.len(), 1, "the first record is always taken");
 }
 
 /// Every half hour of a day fires exactly once across three hosts taking ticks in turn, with
@@ -561,4 +611,98 @@ pub async fn pause_resume_and_removal_stop_and_restart_fires<F: Factory>(factory
     assert_eq!(all.len(), 1);
     assert_eq!(all[0].status, Status::Queued);
     assert!(store.schedules.schedule("p").await.expect("read").is_none());
+}
+
+/// A trigger and a backfill follow the schedule's overlap policy, or the one they are given:
+/// with the last dispatch live, `skip` records a skip naming it, `buffer_all` buffers (and a
+/// tick within the buffer's poll releases the slots one at a time once it ends), `allow` fires.
+pub async fn trigger_and_backfill_follow_the_overlap_policy<F: Factory>(factory: &F) {
+    use homing::store::schedules::Overlap as O;
+    let env = Env::new(factory).await;
+    let store = env.open().await;
+    let start = t("2026-12-07T00:00:00Z");
+    env.clock.set(start);
+    let mut d = def("ov", Spec::Cron("0 0 1 1 *".into()), "UTC");
+    d.thread = ThreadChoice::Fixed("ov".into());
+    d.overlap = Overlap::Skip;
+    sched::create(&store, d, Source::Api).await.expect("create");
+
+    // Nothing live: fired.
+    let first = sched::trigger(&store, "ov", None).await.expect("trigger");
+    assert_eq!(first.outcome, "fired", "{first:?}");
+    let first_id = first.id.clone().expect("its dispatch");
+    // The first is live (queued): the schedule's `skip` skips, naming it.
+    env.clock.advance(1_000);
+    let skipped = sched::trigger(&store, "ov", None).await.expect("trigger");
+    assert_eq!(skipped.outcome, "overlap_skip", "{skipped:?}");
+    assert_eq!(skipped.id, None);
+    assert_eq!(skipped.live.as_deref(), Some(first_id.as_str()));
+    assert!(
+        record(&store, "ov")
+            .await
+            .outcomes
+            .iter()
+            .any(|o| o.skipped == Some(SkipReason::OverlapSkip) && o.fire == start + 1_000),
+        "the skip is recorded"
+    );
+    // `allow` fires anyway.
+    env.clock.advance(1_000);
+    let allowed = sched::trigger(&store, "ov", Some(O::Allow))
+        .await
+        .expect("trigger");
+    assert_eq!(allowed.outcome, "fired");
+    let second_id = allowed.id.expect("its dispatch");
+
+    // A backfill of three past slots: skipped under the schedule's policy, buffered under
+    // `buffer_all`.
+    let (from, to) = (t("2024-01-01T00:00:00Z"), t("2026-01-01T00:00:00Z"));
+    let slots = sched::backfill(&store, "ov", from, to, None)
+        .await
+        .expect("backfill");
+    assert_eq!(slots.len(), 3);
+    assert!(
+        slots
+            .iter()
+            .all(|m| m.outcome == "overlap_skip" && m.live.as_deref() == Some(second_id.as_str())),
+        "{slots:?}"
+    );
+    let slots = sched::backfill(&store, "ov", from, to, Some(O::BufferAll))
+        .await
+        .expect("backfill");
+    assert!(slots.iter().all(|m| m.outcome == "buffered"), "{slots:?}");
+    let s = record(&store, "ov").await;
+    assert_eq!(s.buffered.len(), 3);
+    let tick = store
+        .mailbox
+        .load(s.tick.as_deref().expect("a tick"))
+        .await
+        .expect("load")
+        .expect("the tick");
+    assert!(
+        tick.available_at <= store.now() + sched::BUFFER_POLL_MS,
+        "the tick releasing the buffer is due within the poll"
+    );
+
+    // The live ones end: each tick releases one buffered slot while the last is not live.
+    for id in [&first_id, &second_id] {
+        store.mailbox.cancel(id).await.expect("cancel");
+    }
+    let mut released = Vec::new();
+    for _ in 0..3 {
+        env.clock.advance(sched::BUFFER_POLL_MS);
+        run_ticks(std::slice::from_ref(&store)).await;
+        let last = record(&store, "ov").await.last_dispatch.expect("fired");
+        released.push(last.clone());
+        store.mailbox.cancel(&last).await.expect("cancel");
+    }
+    let expected: Vec<String> = [
+        "2024-01-01T00:00:00Z",
+        "2025-01-01T00:00:00Z",
+        "2026-01-01T00:00:00Z",
+    ]
+    .iter()
+    .map(|at| dispatch_id("ov", t(at)))
+    .collect();
+    assert_eq!(released, expected, "oldest first, one at a time");
+    assert!(record(&store, "ov").await.buffered.is_empty());
 }

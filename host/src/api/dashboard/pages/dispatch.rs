@@ -15,9 +15,8 @@ use super::super::stats;
 use super::super::view::{Nav, bytes, csrf, dispatch_href, notice, status, thread_href, when};
 use super::{
     Acting, ActionForm, Dashboard, PageError, PageState, Params, action_form, name, not_found,
-    params, respond, see_other,
+    page_share, params, respond, see_other,
 };
-use crate::api::journal::{PAGE_SHARE, reserve};
 use crate::store::journal::{JournalAsk, JournalPage};
 use crate::store::waitpoints::MAX_WAITPOINTS;
 use crate::store::{Dispatch, Status, Waitpoint, WaitpointFilter, WaitpointState};
@@ -131,12 +130,7 @@ async fn read(d: &Dashboard, id: &str) -> Result<DispatchPage, PageError> {
     timeline.push((r.updated_at, "last changed".into()));
     timeline.sort_by_key(|(t, _)| *t);
     // A page of each, without results, bodies or values: a share of the host's read budget.
-    let _share = reserve(PAGE_SHARE).await.map_err(|_| {
-        PageError::Status(
-            StatusCode::SERVICE_UNAVAILABLE,
-            "The host is shutting down.".into(),
-        )
-    })?;
+    let _share = page_share().await?;
     let waitpoints = d
         .api
         .store

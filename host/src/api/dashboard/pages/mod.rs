@@ -156,6 +156,19 @@ impl IntoResponse for PageError {
     }
 }
 
+/// A page's share of the host's read budget, held while the page's store reads and its HTML
+/// hold memory.
+async fn page_share() -> Result<tokio::sync::SemaphorePermit<'static>, PageError> {
+    crate::api::journal::reserve(crate::api::journal::PAGE_SHARE)
+        .await
+        .map_err(|_| {
+            PageError::Status(
+                StatusCode::SERVICE_UNAVAILABLE,
+                "The host is shutting down.".into(),
+            )
+        })
+}
+
 fn html_response(markup: Markup) -> Response {
     (
         [(header::CONTENT_TYPE, "text/html; charset=utf-8")],

@@ -14,9 +14,10 @@ use tracing::info;
 use super::super::session::Session;
 use super::super::view::{Nav, csrf, encode, notice};
 use super::{
-    Acting, Dashboard, PageError, PageState, Params, bad_request, not_found, params, respond,
-    see_other,
+    Acting, Dashboard, PageError, PageState, Params, bad_request, not_found, page_share, params,
+    respond, see_other,
 };
+use crate::api::dispatches::MAX_PAGE_BYTES;
 use crate::store::schedules::{Spec, check_schedule_name, fire_label};
 use crate::work::schedules::{self as sched, ScheduleError, ScheduleView};
 
@@ -43,7 +44,14 @@ pub(super) async fn page(
 ) -> Result<Response, PageError> {
     let session = d.session(&headers, &uri)?;
     let p = params(query)?;
-    let page = d.api.store.schedules.schedules(None, SHOWN).await?;
+    // At most a page's bytes of records, under a share of the host's read budget.
+    let _share = page_share().await?;
+    let page = d
+        .api
+        .store
+        .schedules
+        .schedules(None, SHOWN, Some(MAX_PAGE_BYTES))
+        .await?;
     let now = d.api.store.now();
     let views: Vec<ScheduleView> = page.into_iter().map(|s| sched::view(s, now)).collect();
     Ok(respond(
@@ -115,9 +123,14 @@ pub(super) async fn trigger(
     let form = form.map(|Form(f)| f).unwrap_or_default();
     Dashboard::csrf_ok(&session, &form.csrf, "trigger")?;
     checked_name(&name)?;
-    let fired = sched::trigger(&d.api.store, &name).await?;
-    info!(schedule = %name, dispatch = %fired.id, token = %session.name, "schedule triggered from the dashboard");
-    Ok(see_other(href(&name, "triggered")))
+    let m = sched::trigger(&d.api.store, &name, None).await?;
+    info!(schedule = %name, outcome = %m.outcome, dispatch = m.id.as_deref().unwrap_or(""), token = %session.name, "schedule triggered from the dashboard");
+    let notice = match (&m.id, m.outcome.as_str()) {
+        (Some(_), _) => "triggered",
+        (None, "buffered") => "trigger-buffered",
+        (None, _) => "trigger-skipped",
+    };
+    Ok(see_other(href(&name, notice)))
 }
 
 fn when(v: &ScheduleView) -> String {
