@@ -142,6 +142,12 @@ impl From<StoreError> for ApiError {
             | StoreError::LostClaim { .. }
             | StoreError::StaleEpoch { .. }
             | StoreError::Conflict { .. }) => ApiError::conflict(e.to_string()),
+            StoreError::Busy { thread, holder } => ApiError::conflict(format!(
+                "thread `{thread}` is busy: dispatch `{holder}` holds it (on_busy = reject)"
+            ))
+            .with("code", "thread_busy")
+            .with("thread", thread)
+            .with("holder", holder),
             StoreError::Limit(message) => {
                 let mut e = ApiError::new(StatusCode::TOO_MANY_REQUESTS, message);
                 e.retry_after = Some(1);

@@ -24,8 +24,8 @@ use super::{ApiError, ApiState, view};
 use crate::live::Hub;
 use crate::live::follow::{Event as LiveEvent, Follower, PATIENCE};
 use crate::store::{
-    ListFilter, LogEntry, Message, MessageFilter, MessageKind, MessageState, NewMessage, Status,
-    Store, StoreError, ThreadWatch,
+    ListFilter, LogEntry, Message, MessageFilter, MessageKind, MessageState, NewMessage, OnBusy,
+    Status, Store, StoreError, ThreadWatch,
 };
 use crate::work::messages::{self, SendError};
 
@@ -380,7 +380,9 @@ impl From<SendError> for ApiError {
 }
 
 /// `POST /v1/threads/{thread}/messages`: `payload` (or `payload_base64`), `kind`
-/// (`follow_up`, the default, or `steer`), `agent`, `metadata` → `201 {"seq", "follow_ups"}`.
+/// (`follow_up`, the default, or `steer`), `on_busy` (`enqueue`, `steer`, `reject`: then the
+/// thread's state decides the kind), `agent`, `metadata` → `201 {"seq", "kind", "busy",
+/// "follow_ups"}`; 409 `thread_busy` naming the holder when `reject` meets a busy thread.
 pub(super) async fn send(
     State(state): State<Arc<ApiState>>,
     Path(thread): Path<String>,
@@ -398,6 +400,11 @@ pub(super) async fn send(
             .parse()
             .map_err(|e: String| ApiError::invalid("kind", format!("kind: {e}")))?,
     };
+    let on_busy = fields
+        .string("on_busy")?
+        .map(|p| p.parse::<OnBusy>())
+        .transpose()
+        .map_err(|e| ApiError::invalid("on_busy", format!("on_busy: {e}")))?;
     let agent = fields.string("agent")?;
     let metadata = fields.metadata()?;
     fields.finish()?;
@@ -411,6 +418,7 @@ pub(super) async fn send(
         metadata,
         agent,
         sent_by: format!("api:{token}"),
+        on_busy,
     };
     let sent = messages::send(&state.store, &state.config(), &thread, new).await?;
     info!(
@@ -424,6 +432,8 @@ pub(super) async fn send(
         Json(json!({
             "thread": thread,
             "seq": sent.message.seq,
+            "kind": sent.message.kind,
+            "busy": sent.busy,
             "follow_ups": sent.follow_ups,
         })),
     )

@@ -9,6 +9,7 @@
 //! | 4 | the store is unavailable (or too busy): retrying later may succeed |
 //! | 5 | `enqueue --wait`: the dispatch ended dead-lettered, cancelled or superseded |
 //! | 6 | `enqueue --wait`: the timeout passed before the dispatch finished |
+//! | 7 | `thread send --on-busy reject`: the thread is busy; nothing was sent |
 //!
 //! The code is read off the error: a [`Coded`] error says it outright; otherwise the first
 //! error in the chain whose kind is known decides (a store error by its variant, a config or
@@ -36,6 +37,8 @@ pub enum Exit {
     DispatchFailed = 5,
     /// 6.
     TimedOut = 6,
+    /// 7.
+    Busy = 7,
 }
 
 /// An error that carries its exit code.
@@ -60,6 +63,7 @@ pub fn coded(exit: Exit, message: impl Into<String>) -> anyhow::Error {
 fn of_store(e: &StoreError) -> Exit {
     match e {
         StoreError::NotFound { .. } => Exit::NotFound,
+        StoreError::Busy { .. } => Exit::Busy,
         StoreError::Unavailable(_) | StoreError::Contention(_) => Exit::Unavailable,
         StoreError::Invalid(_) | StoreError::Duplicate { .. } | StoreError::Limit(_) => {
             Exit::Invalid

@@ -17,8 +17,8 @@ use crate::store::deltas::Cursor;
 use crate::store::model::check_name;
 use crate::store::{
     Dispatch, JournalData, ListCursor, ListFilter, LogEntry, MessageFilter, MessageKind,
-    MessageState, NewDispatch, NewMessage, Status, Store, StoreError, Waitpoint, WaitpointFilter,
-    WaitpointState,
+    MessageState, NewDispatch, NewMessage, OnBusy, Status, Store, StoreError, Waitpoint,
+    WaitpointFilter, WaitpointState,
 };
 use crate::work::journal::{self, EntryView, StepView};
 use crate::work::messages::{self, SendError};
@@ -271,6 +271,11 @@ pub struct SendArgs {
     /// (for the live run; waits for the next run when none is).
     #[arg(long, default_value = "follow-up")]
     pub kind: String,
+    /// When a run holds the thread: `enqueue` (wait for the next turn), `steer` (to the live
+    /// run) or `reject` (refused, exit 7, nothing stored). On an idle thread every policy
+    /// starts a turn. Default: the agent's `[plugins.x.inbox] on_busy`, else `--kind`.
+    #[arg(long, conflicts_with = "kind")]
+    pub on_busy: Option<String>,
     /// The message text (else `--payload-file`, else standard input).
     #[arg(long, conflicts_with = "payload_file")]
     pub payload: Option<String>,
@@ -887,6 +892,12 @@ async fn send(config: &Config, store: &Store, args: SendArgs) -> anyhow::Result<
         .kind
         .parse()
         .map_err(|e| coded(Exit::Invalid, format!("--kind: {e}")))?;
+    let on_busy = args
+        .on_busy
+        .as_deref()
+        .map(str::parse::<OnBusy>)
+        .transpose()
+        .map_err(|e| coded(Exit::Invalid, format!("--on-busy: {e}")))?;
     let timeout = parse_duration(&args.timeout)
         .map_err(|e| coded(Exit::Invalid, format!("--timeout: {e}")))?;
     let cap = messages::max_message(config, store);
@@ -902,6 +913,7 @@ async fn send(config: &Config, store: &Store, args: SendArgs) -> anyhow::Result<
     };
     let mut new = NewMessage::new(kind, payload, "cli");
     new.agent = args.agent.clone();
+    new.on_busy = on_busy;
     for entry in &args.metadata {
         let Some((key, value)) = entry.split_once('=') else {
             return Err(coded(
@@ -928,6 +940,7 @@ async fn send(config: &Config, store: &Store, args: SendArgs) -> anyhow::Result<
             let message = e.to_string().replace("metadata", "--meta");
             return Err(match e {
                 StoreError::Invalid(_) | StoreError::Limit(_) => coded(Exit::Invalid, message),
+                StoreError::Busy { .. } => coded(Exit::Busy, message),
                 other => other.into(),
             });
         }
@@ -937,7 +950,12 @@ async fn send(config: &Config, store: &Store, args: SendArgs) -> anyhow::Result<
         if args.json {
             println!(
                 "{}",
-                serde_json::json!({ "seq": seq, "follow_ups": sent.follow_ups })
+                serde_json::json!({
+                    "seq": seq,
+                    "kind": sent.message.kind,
+                    "busy": sent.busy,
+                    "follow_ups": sent.follow_ups,
+                })
             );
         } else {
             println!("{seq}");

@@ -321,6 +321,33 @@ pub struct PluginConfig {
     /// `"none"`: every claim takes the newest.
     #[serde(default)]
     pub pin: Pin,
+    /// How messages addressed to this agent meet a busy thread (`[plugins.x.inbox]`).
+    #[serde(default)]
+    pub inbox: PluginInbox,
+}
+
+/// `[plugins.x.inbox]`: what a message addressed to the agent does when its thread is busy.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, Default)]
+#[serde(deny_unknown_fields)]
+pub struct PluginInbox {
+    /// `"enqueue"`, `"steer"` or `"reject"` (default: as the message's kind says, a
+    /// follow-up waiting for the next turn); a message's own `on_busy` wins, and so does a
+    /// message sent as a steer.
+    #[serde(default)]
+    pub on_busy: Option<BusyPolicy>,
+}
+
+/// `[plugins.x.inbox] on_busy`: the config's names of the store's policies (the config sits
+/// below the store, so it keeps its own; `work::messages` maps them).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum BusyPolicy {
+    /// Wait for the next turn.
+    Enqueue,
+    /// Go to the live run.
+    Steer,
+    /// Refuse while a run holds the thread.
+    Reject,
 }
 
 /// `[plugins.x] pin`.

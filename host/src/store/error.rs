@@ -55,6 +55,15 @@ pub enum StoreError {
         /// The log's latest sequence.
         latest: u64,
     },
+    /// A message sent under `reject` to a thread a dispatch holds (claimed or waiting); nothing
+    /// was stored.
+    #[error("thread `{thread}` is busy: dispatch `{holder}` holds it")]
+    Busy {
+        /// The thread.
+        thread: String,
+        /// The dispatch holding it.
+        holder: String,
+    },
     /// A per-thread or per-dispatch cap the store enforces atomically (pending messages per
     /// thread, resumes, waitpoints per dispatch); the message names the cap and its value.
     /// Retrying does not help until something is consumed.

@@ -25,7 +25,7 @@ use super::model::Fence;
 /// note its log entry carries are the log's records as much as the inbox's.
 pub use super::model::inbox::{
     InboxMarks, MAX_MESSAGE_METADATA, Message, MessageFilter, MessageState, NOTE_ROOM, NewMessage,
-    Sent,
+    OnBusy, Sent,
 };
 pub use super::model::{MessageKind, MessageNote};
 /// The page of [`Inbox::messages`] when the filter asks for 0 (every listing's).

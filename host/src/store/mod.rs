@@ -98,7 +98,7 @@ pub use deltas::{Cursor, DeltaBatch, DeltaRead, Deltas, LiveBus};
 pub use error::{StoreError, StoreResult};
 pub use inbox::{
     Inbox, InboxMarks, Message, MessageFilter, MessageKind, MessageNote, MessageState, NewMessage,
-    Sent, ThreadWatch,
+    OnBusy, Sent, ThreadWatch,
 };
 pub use journal::{CallEntry, CallKind, Journal, JournalData, NewStep, Step};
 pub use limits::{ClaimRequest, Gated, LimitSet, Limits, Pause, Rate};

@@ -75,6 +75,7 @@ fn kind(e: &StoreError) -> &'static str {
         StoreError::Duplicate { .. } => "duplicate",
         StoreError::Invalid(_) => "invalid",
         StoreError::Conflict { .. } => "conflict",
+        StoreError::Busy { .. } => "busy",
         StoreError::Limit(_) => "limit",
         StoreError::Contention(_) => "contention",
         StoreError::Unavailable(_) => "unavailable",

@@ -5,8 +5,8 @@ use std::time::Duration;
 
 use metrics::counter;
 
-use crate::config::Config;
-use crate::store::{Message, NewMessage, Sent, Store, StoreError};
+use crate::config::{BusyPolicy, Config};
+use crate::store::{Message, MessageKind, NewMessage, OnBusy, Sent, Store, StoreError};
 use crate::telemetry::MESSAGES_SENT;
 
 /// Why a send was refused before or by the store.
@@ -40,7 +40,8 @@ pub fn max_message(config: &Config, store: &Store) -> u64 {
 
 /// Stores `new` as the next message of `thread`, within the config's limits: the agent it
 /// names must be served, the payload at most [`max_message`], the thread's pending messages
-/// under `[host] max_inbox`. Counts it in the metrics.
+/// under `[host] max_inbox`. A message with no policy of its own, not sent as a steer, takes
+/// the `[plugins.x.inbox] on_busy` of the agent it names. Counts it in the metrics.
 ///
 /// # Errors
 ///
@@ -60,6 +61,17 @@ pub async fn send(
     let size = new.payload.len() as u64;
     if size > limit {
         return Err(SendError::TooLarge { size, limit });
+    }
+    let mut new = new;
+    if new.on_busy.is_none()
+        && new.kind == MessageKind::FollowUp
+        && let Some(plugin) = new.agent.as_ref().and_then(|a| config.plugins.get(a))
+    {
+        new.on_busy = plugin.inbox.on_busy.map(|p| match p {
+            BusyPolicy::Enqueue => OnBusy::Enqueue,
+            BusyPolicy::Steer => OnBusy::Steer,
+            BusyPolicy::Reject => OnBusy::Reject,
+        });
     }
     let agent = new.agent.clone().unwrap_or_else(|| "none".to_owned());
     let sent = store.inbox.send(thread, new, config.host.max_inbox).await?;

@@ -55,6 +55,20 @@ fn wait_for_entry(env: &Env, thread: &str, text: &str, within: Duration) {
     }
 }
 
+/// Starts `steerable` on thread `r` under a `homing run` and waits until it works on its first
+/// step: its dispatch's id and the host.
+fn steerable_at_work(env: &Env) -> (String, std::process::Child) {
+    let id = env.enqueue("steerable", "r", "survey 2024", &[]);
+    let host = env.spawn_run();
+    wait_for_entry(
+        env,
+        "r",
+        "step 1/5: working on survey 2024",
+        Duration::from_secs(30),
+    );
+    (id, host)
+}
+
 /// A guest waiting in `next-message` is woken by a message sent from another process (the
 /// CLI), long before its wait would end; the latency from send to acknowledgement is printed.
 #[test]
@@ -183,14 +197,7 @@ fn a_host_killed_between_delivery_and_ack_loses_no_message() {
 #[test]
 fn a_steer_changes_the_course_of_a_running_agent() {
     let env = Env::new(&config("10s"));
-    let id = env.enqueue("steerable", "r", "survey 2024", &[]);
-    let mut host = env.spawn_run();
-    wait_for_entry(
-        &env,
-        "r",
-        "step 1/5: working on survey 2024",
-        Duration::from_secs(30),
-    );
+    let (id, mut host) = steerable_at_work(&env);
     let seq = env.ok(&[
         "thread",
         "send",
@@ -224,6 +231,74 @@ fn a_steer_changes_the_course_of_a_running_agent() {
     );
     signal(&host, "TERM");
     wait_exit(&mut host, Duration::from_secs(20));
+}
+
+/// `[plugins.steerable.inbox] on_busy = "reject"`: while a `steerable` run holds the thread, a
+/// message to the agent is refused (exit 7, naming the run) and nothing is stored; a message's
+/// own `--on-busy steer` still steers it. A bad policy is refused naming the flag or the key.
+#[test]
+fn an_agent_that_rejects_messages_while_busy_refuses_them_and_a_steer_still_lands() {
+    let cfg = config("10s").replace(
+        "timeout = \"30s\"\n",
+        "timeout = \"30s\"\n\n[plugins.steerable.inbox]\non_busy = \"reject\"\n",
+    );
+    assert!(cfg.contains("on_busy"), "{cfg}");
+    let env = Env::new(&cfg);
+    let (id, mut host) = steerable_at_work(&env);
+    let refused = env.homing(&[
+        "thread",
+        "send",
+        "r",
+        "--agent",
+        "steerable",
+        "--payload",
+        "stop",
+    ]);
+    assert_eq!(refused.status.code(), Some(7), "{refused:?}");
+    let err = String::from_utf8_lossy(&refused.stderr);
+    assert!(err.contains("busy") && err.contains(&id), "{err}");
+    assert!(
+        messages(&env, "r").is_empty(),
+        "a rejected message is not stored"
+    );
+    let bad = env.homing(&[
+        "thread",
+        "send",
+        "r",
+        "--on-busy",
+        "shout",
+        "--payload",
+        "x",
+    ]);
+    assert_eq!(bad.status.code(), Some(2));
+    assert!(String::from_utf8_lossy(&bad.stderr).contains("--on-busy"));
+    let sent: Value = serde_json::from_str(&env.ok(&[
+        "thread",
+        "send",
+        "r",
+        "--agent",
+        "steerable",
+        "--on-busy",
+        "steer",
+        "--payload",
+        "survey 2025",
+        "--json",
+    ]))
+    .unwrap();
+    assert_eq!(sent["kind"], "steer", "{sent}");
+    assert_eq!(sent["busy"], id.as_str(), "{sent}");
+    let d = env.wait_status(&id, "acked", Duration::from_secs(30));
+    assert_eq!(d["result"]["output"], "done: survey 2025");
+    signal(&host, "TERM");
+    wait_exit(&mut host, Duration::from_secs(20));
+
+    let typo = config("10s").replace(
+        "timeout = \"30s\"\n",
+        "timeout = \"30s\"\n\n[plugins.steerable.inbox]\non_busy = \"later\"\n",
+    );
+    let env = Env::new(&typo);
+    let err = env.fails(&["config", "check"]);
+    assert!(err.contains("on_busy") || err.contains("later"), "{err}");
 }
 
 /// Sends are checked before anything is stored: an unknown agent (exit 3), an empty message,

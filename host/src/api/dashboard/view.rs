@@ -303,6 +303,10 @@ pub(super) fn notice(name: Option<&str>, n: Option<&str>) -> Markup {
             true,
         ),
         Some("message-refused") => ("Not sent: the store refused the message.".to_owned(), true),
+        Some("message-thread-busy") => (
+            "Not sent: the thread is busy and its agent rejects messages while it runs (on_busy = reject).".to_owned(),
+            true,
+        ),
         Some("approved") => (
             "Approved: the waitpoint is completed and its dispatch resumes.".to_owned(),
             false,

@@ -106,6 +106,7 @@ pub fn guest_error(err: StoreError) -> GuestError {
         StoreError::Invalid(message) => GuestError::Invalid(message),
         StoreError::Conflict { latest } => GuestError::Conflict(latest),
         StoreError::Limit(message) => GuestError::Denied(message),
+        StoreError::Busy { .. } => GuestError::Denied(err.to_string()),
         StoreError::Contention(message) => GuestError::Contention(message),
         StoreError::Unavailable(message) => GuestError::Unavailable(message),
         StoreError::Corrupt { .. } => GuestError::Internal(err.to_string()),

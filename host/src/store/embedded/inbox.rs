@@ -28,6 +28,7 @@ use crate::store::inbox::{
     Inbox, InboxMarks, Message, MessageFilter, MessageKind, MessageState, NOTE_ROOM, NewMessage,
     Sent, ThreadWatch,
 };
+use crate::store::rules::inbox::send_kind;
 use crate::store::rules::{ByteBudget, clamp};
 use crate::store::{Fence, StoreError, StoreResult};
 
@@ -114,8 +115,11 @@ impl Inbox for EmbeddedStore {
                     ))
                     .into());
                 }
+                // Under a policy, what holds the thread decides the kind (or refuses).
+                let busy = t.holder.clone();
+                let kind = send_kind(&thread, new.kind, new.on_busy, busy.as_deref())?;
                 let starts_follow_up =
-                    new.kind == MessageKind::FollowUp && !has_live_work(tx, &thread)?;
+                    kind == MessageKind::FollowUp && !has_live_work(tx, &thread)?;
                 if starts_follow_up && new.agent.is_none() && t.last_agent.is_none() {
                     return Err(StoreError::Invalid(format!(
                         "agent: thread `{}` has never run an agent; name the agent to answer this message",
@@ -135,7 +139,7 @@ impl Inbox for EmbeddedStore {
                 .execute(params![
                     thread,
                     clamp(marks.latest),
-                    new.kind.as_str(),
+                    kind.as_str(),
                     new.agent,
                     new.payload,
                     metadata,
@@ -152,7 +156,7 @@ impl Inbox for EmbeddedStore {
                 let message = Message {
                     thread: thread.clone(),
                     seq: marks.latest,
-                    kind: new.kind,
+                    kind,
                     payload: new.payload,
                     metadata: new.metadata,
                     agent: new.agent,
@@ -166,6 +170,7 @@ impl Inbox for EmbeddedStore {
                 Ok(Sent {
                     message,
                     follow_ups,
+                    busy,
                 })
             })
             .await?;

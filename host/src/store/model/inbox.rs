@@ -63,6 +63,52 @@ impl FromStr for MessageState {
     }
 }
 
+/// What a send does when its thread is busy (a claimed or waiting dispatch holds it); on an
+/// idle thread every policy starts a turn, as a follow-up does.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum OnBusy {
+    /// Waits for the next turn: stored as a follow-up, answered once the run ends.
+    Enqueue,
+    /// Goes to the live run: stored as a steer.
+    Steer,
+    /// Refused while the thread is busy, naming what holds it; nothing is stored.
+    Reject,
+}
+
+impl OnBusy {
+    /// Its stable name (the config's, the API's, the CLI's).
+    pub fn as_str(self) -> &'static str {
+        match self {
+            OnBusy::Enqueue => "enqueue",
+            OnBusy::Steer => "steer",
+            OnBusy::Reject => "reject",
+        }
+    }
+}
+
+impl fmt::Display for OnBusy {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+impl FromStr for OnBusy {
+    type Err = String;
+
+    fn from_str(s: &str) -> Result<OnBusy, String> {
+        match s {
+            "enqueue" => Ok(OnBusy::Enqueue),
+            "steer" => Ok(OnBusy::Steer),
+            "reject" => Ok(OnBusy::Reject),
+            other => Err(format!(
+                "unknown policy `{}` (expected enqueue, steer or reject)",
+                other.escape_debug()
+            )),
+        }
+    }
+}
+
 /// What a sender submits: a message before the store stamps it.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct NewMessage {
@@ -76,6 +122,9 @@ pub struct NewMessage {
     pub agent: Option<String>,
     /// Who sent it, as the host recorded it (`api:<token name>`, `cli`, `dashboard:<name>`).
     pub sent_by: String,
+    /// What to do when the thread is busy; with a policy, the store decides the kind (`kind`
+    /// is then ignored). `None`: the kind as given.
+    pub on_busy: Option<OnBusy>,
 }
 
 impl NewMessage {
@@ -87,7 +136,14 @@ impl NewMessage {
             metadata: BTreeMap::new(),
             agent: None,
             sent_by: sent_by.into(),
+            on_busy: None,
         }
+    }
+
+    /// Sends under `policy` when the thread is busy.
+    pub fn on_busy(mut self, policy: OnBusy) -> Self {
+        self.on_busy = Some(policy);
+        self
     }
 
     /// Addresses `agent`.
@@ -189,6 +245,9 @@ pub struct Sent {
     pub message: Message,
     /// The follow-up dispatches the send enqueued (M4, case a), by id.
     pub follow_ups: Vec<String>,
+    /// The dispatch that held the thread when the message was stored (claimed or waiting),
+    /// if one did.
+    pub busy: Option<String>,
 }
 
 /// Which messages a read of an inbox returns: of one state (all when `None`), with a sequence

@@ -48,7 +48,7 @@ use crate::store::inbox::{
     Sent, ThreadWatch,
 };
 use crate::store::model::Dispatch;
-use crate::store::rules::inbox::{follow_up_dispatch, follow_up_targets};
+use crate::store::rules::inbox::{follow_up_dispatch, follow_up_targets, send_kind};
 use crate::store::rules::{ByteBudget, queued_record};
 use crate::store::{Fence, StoreError, StoreResult};
 
@@ -346,8 +346,15 @@ impl Inbox for NatsStore {
                     marks.pending
                 )))));
             }
+            // Under a policy, what holds the thread decides the kind (or refuses); the write
+            // is fenced by the thread's tree, so the holder read here is the server's.
+            let busy = view.holder(thread).map(|d| d.dispatch.id.clone());
+            let kind = match send_kind(thread, new.kind, new.on_busy, busy.as_deref()) {
+                Ok(kind) => kind,
+                Err(e) => return Ok(Plan::Refuse(Err(e))),
+            };
             let starts_follow_up =
-                new.kind == MessageKind::FollowUp && view.live_of(thread).is_empty();
+                kind == MessageKind::FollowUp && view.live_of(thread).is_empty();
             let last_agent = view.last_agent(thread);
             if starts_follow_up && new.agent.is_none() && last_agent.is_none() {
                 return Ok(Plan::Refuse(Err(StoreError::Invalid(format!(
@@ -359,7 +366,7 @@ impl Inbox for NatsStore {
             let message = Message {
                 thread: thread.to_owned(),
                 seq,
-                kind: new.kind,
+                kind,
                 payload: new.payload.clone(),
                 metadata: new.metadata.clone(),
                 agent: new.agent.clone(),
@@ -400,6 +407,7 @@ impl Inbox for NatsStore {
                 answer: Ok(Sent {
                     message,
                     follow_ups,
+                    busy,
                 }),
                 wake,
             })

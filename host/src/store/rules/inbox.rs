@@ -2,7 +2,9 @@
 //! pending messages when its last live work settles, and what they carry. Both backends enqueue
 //! them from here.
 
-use crate::store::model::NewDispatch;
+use crate::store::StoreError;
+use crate::store::model::inbox::OnBusy;
+use crate::store::model::{MessageKind, NewDispatch};
 
 /// Metadata keys of a follow-up dispatch (M4): who enqueued it and which messages it answers.
 pub const FOLLOW_UP_BY: (&str, &str) = ("enqueued-by", "inbox");
@@ -41,6 +43,36 @@ pub fn follow_up_dispatch(agent: &str, thread: &str, first: u64, last: u64) -> N
         .with_metadata(FOLLOW_UP_MESSAGES, format!("{first}-{last}"))
 }
 
+/// The kind a message sent as `kind` under `on_busy` is stored as, with `holder` the dispatch
+/// holding its thread (claimed or waiting) when the send decides: on an idle thread every
+/// policy starts a turn (a follow-up); on a busy one `enqueue` waits for the next turn, `steer`
+/// goes to the live run and `reject` refuses, naming the holder.
+///
+/// # Errors
+///
+/// [`StoreError::Busy`] for `reject` on a busy thread.
+pub fn send_kind(
+    thread: &str,
+    kind: MessageKind,
+    on_busy: Option<OnBusy>,
+    holder: Option<&str>,
+) -> Result<MessageKind, StoreError> {
+    let Some(policy) = on_busy else {
+        return Ok(kind);
+    };
+    let Some(holder) = holder else {
+        return Ok(MessageKind::FollowUp);
+    };
+    match policy {
+        OnBusy::Enqueue => Ok(MessageKind::FollowUp),
+        OnBusy::Steer => Ok(MessageKind::Steer),
+        OnBusy::Reject => Err(StoreError::Busy {
+            thread: thread.to_owned(),
+            holder: holder.to_owned(),
+        }),
+    }
+}
+
 #[cfg(test)]
 mod tests {
     #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
@@ -55,5 +87,29 @@ mod tests {
         );
         assert_eq!(got, vec![("a".into(), 3, 5), ("b".into(), 4, 6)]);
         assert!(follow_up_targets([(1, None)], None).is_empty());
+    }
+
+    #[test]
+    fn a_policy_decides_the_kind_only_on_a_busy_thread() {
+        use MessageKind::{FollowUp, Steer};
+        for policy in [OnBusy::Enqueue, OnBusy::Steer, OnBusy::Reject] {
+            assert_eq!(send_kind("t", Steer, Some(policy), None), Ok(FollowUp));
+        }
+        assert_eq!(send_kind("t", Steer, None, Some("d")), Ok(Steer));
+        assert_eq!(
+            send_kind("t", Steer, Some(OnBusy::Enqueue), Some("d")),
+            Ok(FollowUp)
+        );
+        assert_eq!(
+            send_kind("t", FollowUp, Some(OnBusy::Steer), Some("d")),
+            Ok(Steer)
+        );
+        assert_eq!(
+            send_kind("t", FollowUp, Some(OnBusy::Reject), Some("d")),
+            Err(StoreError::Busy {
+                thread: "t".into(),
+                holder: "d".into()
+            })
+        );
     }
 }

@@ -1513,3 +1513,88 @@ pub async fn a_watch_made_before_a_send_on_another_instance_fires<F: Factory>(fa
         .await
         .expect("a discard on the same instance wakes the watch");
 }
+
+/// A send under a policy (`on_busy`): on an idle thread every policy starts a turn, as a
+/// follow-up does; while a dispatch holds the thread (claimed here, on another instance),
+/// `enqueue` waits for the next turn, `steer` goes to the live run, and `reject` is `Busy`
+/// naming the holder and stores nothing. The answer names the holder it met.
+pub async fn a_send_under_a_policy_is_decided_by_what_holds_the_thread<F: Factory>(factory: &F) {
+    use homing::store::OnBusy;
+    let env = Env::new(factory).await;
+    let s = env.open().await;
+    let other = env.open().await;
+    run_once(&s, "t", "d0").await;
+
+    // Idle: every policy starts one turn.
+    let sent = send(&s, "t", steer("hello").on_busy(OnBusy::Reject)).await;
+    assert_eq!(sent.message.kind, MessageKind::FollowUp);
+    assert_eq!(sent.busy, None);
+    assert_eq!(sent.follow_ups.len(), 1, "{sent:?}");
+    let turn = sent.follow_ups[0].clone();
+
+    // The turn runs, claimed on the other instance: the thread is busy.
+    let running = other
+        .mailbox
+        .claim_dispatch(&turn, WORKER, 30_000)
+        .await
+        .expect("claim")
+        .expect("the follow-up");
+    let before = marks(&s, "t").await;
+    match s
+        .inbox
+        .send(
+            "t",
+            follow_up("again").on_busy(OnBusy::Reject),
+            DEFAULT_MAX_INBOX,
+        )
+        .await
+    {
+        Err(StoreError::Busy { thread, holder }) => {
+            assert_eq!(thread, "t");
+            assert_eq!(holder, running.id);
+        }
+        other => panic!("reject on a busy thread: {other:?}"),
+    }
+    assert_eq!(
+        marks(&s, "t").await,
+        before,
+        "a rejected send stores nothing"
+    );
+
+    let steered = send(&s, "t", follow_up("faster").on_busy(OnBusy::Steer)).await;
+    assert_eq!(steered.message.kind, MessageKind::Steer);
+    assert_eq!(steered.busy.as_deref(), Some(running.id.as_str()));
+    assert!(steered.follow_ups.is_empty());
+    let queued = send(&s, "t", steer("next").on_busy(OnBusy::Enqueue)).await;
+    assert_eq!(queued.message.kind, MessageKind::FollowUp);
+    assert_eq!(queued.busy.as_deref(), Some(running.id.as_str()));
+    assert!(queued.follow_ups.is_empty());
+    let stored = s
+        .inbox
+        .message("t", steered.message.seq)
+        .await
+        .expect("read")
+        .expect("the message");
+    assert_eq!(
+        stored.kind,
+        MessageKind::Steer,
+        "the decided kind is stored"
+    );
+
+    // The run ends: the thread is idle again, and `reject` starts a turn.
+    other
+        .mailbox
+        .ack(&running.id, &tok(&running))
+        .await
+        .expect("ack");
+    let after = s
+        .inbox
+        .send(
+            "t",
+            follow_up("idle again").on_busy(OnBusy::Reject),
+            DEFAULT_MAX_INBOX,
+        )
+        .await
+        .expect("an idle thread takes it");
+    assert_eq!(after.busy, None);
+}

@@ -594,6 +594,7 @@ macro_rules! suite {
                     purge_removes_settled_messages_before_the_cutoff_and_never_pending_ones,
                     racing_sends_and_settlements_leave_no_message_uncovered,
                     a_watch_made_before_a_send_on_another_instance_fires,
+                    a_send_under_a_policy_is_decided_by_what_holds_the_thread,
                 },
                 waitpoints::{
                     creating_a_waitpoint_twice_by_name_returns_the_first,

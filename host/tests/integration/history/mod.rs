@@ -2456,6 +2456,7 @@ mod checker_tests {
             let sent = Sent {
                 message: message(thread, seq, payload, MessageState::Pending, None),
                 follow_ups: follow_ups.iter().map(|s| (*s).to_owned()).collect(),
+                busy: None,
             };
             self.at(
                 at,

@@ -362,6 +362,7 @@ fn refusal(e: &SendError) -> &'static str {
         SendError::UnknownAgent(_) => "message-unknown-agent",
         SendError::TooLarge { .. } => "message-too-large",
         SendError::Store(StoreError::Limit(_)) => "message-inbox-full",
+        SendError::Store(StoreError::Busy { .. }) => "message-thread-busy",
         SendError::Store(StoreError::Invalid(why)) if why.starts_with("agent:") => {
             "message-needs-agent"
         }
@@ -417,6 +418,7 @@ pub(super) async fn send(
         metadata: Default::default(),
         agent,
         sent_by: format!("dashboard:{}", session.name),
+        on_busy: None,
     };
     match messages::send(&d.api.store, &d.api.config(), &thread, new).await {
         Ok(sent) => {
@@ -428,7 +430,12 @@ pub(super) async fn send(
             };
             Ok(back(notice, Some(sent.message.seq)))
         }
-        Err(SendError::Store(e)) if !matches!(e, StoreError::Limit(_) | StoreError::Invalid(_)) => {
+        Err(SendError::Store(e))
+            if !matches!(
+                e,
+                StoreError::Limit(_) | StoreError::Invalid(_) | StoreError::Busy { .. }
+            ) =>
+        {
             Err(e.into())
         }
         Err(e) => {
