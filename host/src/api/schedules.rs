@@ -184,6 +184,23 @@ pub(super) async fn delete(
     }
 }
 
+/// The JSON object of an action on schedule `name` (its name checked first); an empty body is
+/// `{}` when `empty_ok`.
+async fn action_body(
+    state: &ApiState,
+    name: &str,
+    headers: &HeaderMap,
+    body: Body,
+    empty_ok: bool,
+) -> Result<Map<String, Value>, ApiError> {
+    schedule_name(name)?;
+    let bytes = read_body(headers, body, state.body_limit).await?;
+    if empty_ok && bytes.is_empty() {
+        return Ok(Map::new());
+    }
+    object(&bytes)
+}
+
 /// `POST /v1/schedules/{name}/pause`: `{"reason"?}`.
 pub(super) async fn pause(
     State(state): State<Arc<ApiState>>,
@@ -191,9 +208,7 @@ pub(super) async fn pause(
     headers: HeaderMap,
     body: Body,
 ) -> Result<Json<Value>, ApiError> {
-    schedule_name(&name)?;
-    let bytes = read_body(&headers, body, state.body_limit).await?;
-    let mut fields = Fields::new(object(&bytes)?);
+    let mut fields = Fields::new(action_body(&state, &name, &headers, body, false).await?);
     let reason = fields.string("reason")?.unwrap_or_default();
     fields.finish()?;
     let stored = sched::pause(&state.store, &name, &reason).await?;
@@ -209,9 +224,7 @@ pub(super) async fn resume(
     headers: HeaderMap,
     body: Body,
 ) -> Result<Json<Value>, ApiError> {
-    schedule_name(&name)?;
-    let bytes = read_body(&headers, body, state.body_limit).await?;
-    let mut map = object(&bytes)?;
+    let mut map = action_body(&state, &name, &headers, body, false).await?;
     let catch_up = match map.remove("catch_up") {
         None | Some(Value::Null) => false,
         Some(Value::Bool(b)) => b,
@@ -255,13 +268,7 @@ pub(super) async fn trigger(
     headers: HeaderMap,
     body: Body,
 ) -> Result<Json<Value>, ApiError> {
-    schedule_name(&name)?;
-    let bytes = read_body(&headers, body, state.body_limit).await?;
-    let mut fields = if bytes.is_empty() {
-        Fields::new(Map::new())
-    } else {
-        Fields::new(object(&bytes)?)
-    };
+    let mut fields = Fields::new(action_body(&state, &name, &headers, body, true).await?);
     let overlap = overlap_field(&mut fields)?;
     fields.finish()?;
     let m = sched::trigger(&state.store, &name, overlap).await?;
@@ -278,9 +285,7 @@ pub(super) async fn backfill(
     headers: HeaderMap,
     body: Body,
 ) -> Result<Json<Value>, ApiError> {
-    schedule_name(&name)?;
-    let bytes = read_body(&headers, body, state.body_limit).await?;
-    let mut fields = Fields::new(object(&bytes)?);
+    let mut fields = Fields::new(action_body(&state, &name, &headers, body, false).await?);
     let time = |fields: &mut Fields, key: &str| -> Result<u64, ApiError> {
         let text = fields
             .string(key)?

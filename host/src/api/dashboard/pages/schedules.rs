@@ -79,6 +79,19 @@ fn checked_name(name: &str) -> Result<(), PageError> {
     check_schedule_name(name).map_err(bad_request)
 }
 
+/// The form of an operator's `action` on schedule `name`, its CSRF token and the name checked.
+fn acted(
+    session: &Session,
+    form: Result<Form<ScheduleForm>, FormRejection>,
+    action: &str,
+    name: &str,
+) -> Result<ScheduleForm, PageError> {
+    let form = form.map(|Form(f)| f).unwrap_or_default();
+    Dashboard::csrf_ok(session, &form.csrf, action)?;
+    checked_name(name)?;
+    Ok(form)
+}
+
 /// `POST /schedules/{name}/pause`.
 pub(super) async fn pause(
     State(d): PageState,
@@ -86,9 +99,7 @@ pub(super) async fn pause(
     Acting(session): Acting,
     form: Result<Form<ScheduleForm>, FormRejection>,
 ) -> Result<Response, PageError> {
-    let form = form.map(|Form(f)| f).unwrap_or_default();
-    Dashboard::csrf_ok(&session, &form.csrf, "pause")?;
-    checked_name(&name)?;
+    let form = acted(&session, form, "pause", &name)?;
     match sched::pause(&d.api.store, &name, form.reason.trim()).await {
         Ok(_) => {}
         Err(ScheduleError::Invalid(_)) => return Ok(see_other(href(&name, "pause-refused"))),
@@ -105,9 +116,7 @@ pub(super) async fn resume(
     Acting(session): Acting,
     form: Result<Form<ScheduleForm>, FormRejection>,
 ) -> Result<Response, PageError> {
-    let form = form.map(|Form(f)| f).unwrap_or_default();
-    Dashboard::csrf_ok(&session, &form.csrf, "resume")?;
-    checked_name(&name)?;
+    acted(&session, form, "resume", &name)?;
     sched::resume(&d.api.store, &name, false).await?;
     info!(schedule = %name, token = %session.name, "schedule resumed from the dashboard");
     Ok(see_other(href(&name, "resumed")))
@@ -120,9 +129,7 @@ pub(super) async fn trigger(
     Acting(session): Acting,
     form: Result<Form<ScheduleForm>, FormRejection>,
 ) -> Result<Response, PageError> {
-    let form = form.map(|Form(f)| f).unwrap_or_default();
-    Dashboard::csrf_ok(&session, &form.csrf, "trigger")?;
-    checked_name(&name)?;
+    acted(&session, form, "trigger", &name)?;
     let m = sched::trigger(&d.api.store, &name, None).await?;
     info!(schedule = %name, outcome = %m.outcome, dispatch = m.id.as_deref().unwrap_or(""), token = %session.name, "schedule triggered from the dashboard");
     let notice = match (&m.id, m.outcome.as_str()) {
