@@ -253,8 +253,17 @@ fn a_concurrency_key_holds_across_two_nats_hosts_and_a_killed_hosts_slots_free_a
         let dead = held_by_a(&all(&store).await);
         assert!(
             !dead.is_empty() && dead.len() <= CAP,
-            "host a died holding {} slots",
-            dead.len()
+            "host a died holding {} slots (killed at {killed}): {:?}\n{}",
+            dead.len(),
+            dead.iter()
+                .map(|d| (
+                    &d.id,
+                    d.attempt,
+                    d.started_at,
+                    d.claim.as_ref().map(|c| c.lease_until)
+                ))
+                .collect::<Vec<_>>(),
+            host_log(&env, "host-a")
         );
         let lease_end = dead
             .iter()

@@ -312,6 +312,9 @@ impl Drop for Inner {
     }
 }
 
+/// How many times a store asks the server's time when it connects (see `connect_as`).
+const CONNECT_STAMPS: usize = 3;
+
 impl NatsStore {
     /// Connects, creates or checks the stream, replays it into the view, and starts following:
     /// the instance a host holds.
@@ -351,9 +354,14 @@ impl NatsStore {
             }
         }
         // The store's clock is the server's (a `ServerClock` follows it; others ignore it):
-        // its first stamp before anything reads the time.
-        if let Some(server_ms) = jetstream::server_time(&js, &config.prefix).await {
-            clock.observe_server(server_ms, std::time::Instant::now());
+        // its first stamps before anything reads the time. A stamp is only as good as the
+        // answer was quick (the clock runs behind by the time it took to reach this task, and a
+        // host running behind writes leases that short), so it asks a few times and the clock
+        // keeps the stamp read soonest after the server wrote it.
+        for _ in 0..CONNECT_STAMPS {
+            if let Some(server_ms) = jetstream::server_time(&js, &config.prefix).await {
+                clock.observe_server(server_ms, std::time::Instant::now());
+            }
         }
         let inner = Arc::new(Inner {
             client: client.clone(),
