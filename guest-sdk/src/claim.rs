@@ -476,12 +476,14 @@ mod tests {
             data: b"hi".to_vec(),
             appended_at: 0,
             message: None,
+            turn: None,
         };
         let binary = LogEntry {
             seq: 2,
             data: vec![0xff, 0xfe],
             appended_at: 0,
             message: None,
+            turn: None,
         };
         assert_eq!(text.text(), Some("hi"));
         assert_eq!(binary.text(), None);

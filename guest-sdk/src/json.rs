@@ -110,6 +110,7 @@ mod tests {
             data: br#"{"n":3}"#.to_vec(),
             appended_at: 0,
             message: None,
+            turn: None,
         };
         let value: BTreeMap<String, u32> = entry.json()?;
         assert_eq!(value.get("n"), Some(&3));
@@ -123,6 +124,7 @@ mod tests {
             data: b"not json".to_vec(),
             appended_at: 0,
             message: None,
+            turn: None,
         };
         assert!(matches!(entry.json::<u32>(), Err(Error::Invalid(_))));
     }

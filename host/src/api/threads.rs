@@ -380,9 +380,10 @@ impl From<SendError> for ApiError {
 }
 
 /// `POST /v1/threads/{thread}/messages`: `payload` (or `payload_base64`), `kind`
-/// (`follow_up`, the default, or `steer`), `on_busy` (`enqueue`, `steer`, `reject`: then the
-/// thread's state decides the kind), `agent`, `metadata` → `201 {"seq", "kind", "busy",
-/// "follow_ups"}`; 409 `thread_busy` naming the holder when `reject` meets a busy thread.
+/// (`follow_up`, the default, or `steer`), `on_busy` (`enqueue`, `steer`, `reject`,
+/// `interrupt`: then the thread's state decides the kind), `agent`, `metadata` → `201 {"seq",
+/// "kind", "busy", "interrupted", "follow_ups"}`; 409 `thread_busy` naming the holder when
+/// `reject` meets a busy thread.
 pub(super) async fn send(
     State(state): State<Arc<ApiState>>,
     Path(thread): Path<String>,
@@ -434,6 +435,7 @@ pub(super) async fn send(
             "seq": sent.message.seq,
             "kind": sent.message.kind,
             "busy": sent.busy,
+            "interrupted": messages::interrupted_json(&sent),
             "follow_ups": sent.follow_ups,
         })),
     )

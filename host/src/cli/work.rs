@@ -272,8 +272,10 @@ pub struct SendArgs {
     #[arg(long, default_value = "follow-up")]
     pub kind: String,
     /// When a run holds the thread: `enqueue` (wait for the next turn), `steer` (to the live
-    /// run) or `reject` (refused, exit 7, nothing stored). On an idle thread every policy
-    /// starts a turn. Default: the agent's `[plugins.x.inbox] on_busy`, else `--kind`.
+    /// run), `reject` (refused, exit 7, nothing stored) or `interrupt` (the run is stopped, its
+    /// turn's end marked in the log, and a follow-up answers the message). On an idle thread
+    /// every policy starts a turn. Default: the agent's `[plugins.x.inbox] on_busy`, else
+    /// `--kind`.
     #[arg(long, conflicts_with = "kind")]
     pub on_busy: Option<String>,
     /// The message text (else `--payload-file`, else standard input).
@@ -954,6 +956,7 @@ async fn send(config: &Config, store: &Store, args: SendArgs) -> anyhow::Result<
                     "seq": seq,
                     "kind": sent.message.kind,
                     "busy": sent.busy,
+                    "interrupted": messages::interrupted_json(&sent),
                     "follow_ups": sent.follow_ups,
                 })
             );
@@ -986,8 +989,17 @@ async fn send(config: &Config, store: &Store, args: SendArgs) -> anyhow::Result<
 }
 
 /// One log entry as `thread log` prints it: its sequence, then (for an acknowledged message)
-/// which message it records, then its data.
+/// which message it records, then its data; a turn's mark says what ended the turn.
 fn entry_line(entry: &LogEntry) -> String {
+    if let Some(turn) = &entry.turn {
+        return format!(
+            "{:>6}  [turn {}: dispatch {} by message {}]",
+            entry.seq,
+            turn.event.as_str(),
+            text(&turn.dispatch),
+            turn.message
+        );
+    }
     match &entry.note {
         Some(note) => format!(
             "{:>6}  [{} {} from {}] {}",

@@ -330,7 +330,7 @@ pub struct PluginConfig {
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, Default)]
 #[serde(deny_unknown_fields)]
 pub struct PluginInbox {
-    /// `"enqueue"`, `"steer"` or `"reject"` (default: as the message's kind says, a
+    /// `"enqueue"`, `"steer"`, `"reject"` or `"interrupt"` (default: as the message's kind says, a
     /// follow-up waiting for the next turn); a message's own `on_busy` wins, and so does a
     /// message sent as a steer.
     #[serde(default)]
@@ -348,6 +348,8 @@ pub enum BusyPolicy {
     Steer,
     /// Refuse while a run holds the thread.
     Reject,
+    /// Stop the run that holds the thread and start a turn with the message.
+    Interrupt,
 }
 
 /// `[plugins.x] pin`.

@@ -105,7 +105,7 @@ pub use limits::{ClaimRequest, Gated, LimitSet, Limits, Pause, Rate};
 pub use model::{
     Claim, DEFAULT_MAX_ATTEMPTS, DEFAULT_PRIORITY, Dispatch, DispatchRow, Fence, Interrupt,
     ListCursor, ListFilter, LogEntry, NewDispatch, RowResult, RunResult, RunStatus, Status,
-    StatusCount, Watermarks,
+    StatusCount, TurnEvent, TurnMark, Watermarks,
 };
 pub use rules::{HolderOp, MAX_ERROR_TEXT};
 pub use versions::{Choice, Offer, OfferedVersion, VersionRun};

@@ -71,12 +71,22 @@ pub async fn send(
             BusyPolicy::Enqueue => OnBusy::Enqueue,
             BusyPolicy::Steer => OnBusy::Steer,
             BusyPolicy::Reject => OnBusy::Reject,
+            BusyPolicy::Interrupt => OnBusy::Interrupt,
         });
     }
     let agent = new.agent.clone().unwrap_or_else(|| "none".to_owned());
     let sent = store.inbox.send(thread, new, config.host.max_inbox).await?;
     counter!(MESSAGES_SENT, "agent" => agent).increment(1);
     Ok(sent)
+}
+
+/// What a send answers of the run it interrupted (the API's and `thread send --json`'s
+/// `interrupted`): the dispatch and the log entry marking its turn's end, or null.
+pub fn interrupted_json(sent: &Sent) -> serde_json::Value {
+    match &sent.interrupted {
+        Some((dispatch, entry)) => serde_json::json!({"dispatch": dispatch, "entry": entry}),
+        None => serde_json::Value::Null,
+    }
 }
 
 /// Waits until message `seq` of `thread` leaves `pending` (acked or discarded), up to

@@ -303,6 +303,86 @@ fn an_agent_that_rejects_messages_while_busy_refuses_them_and_a_steer_still_land
 
 /// Sends are checked before anything is stored: an unknown agent (exit 3), an empty message,
 /// a full inbox and a bad kind (exit 2), each naming what was wrong.
+/// `on_busy = "interrupt"` against a running guest: the send stops the run (its writes are
+/// fenced, it ends superseded), the log marks the turn's end after the run's own entries, and a
+/// follow-up answers the message; nothing of the stopped run lands after the mark.
+fn an_interrupting_message_stops_the_run_and_the_next_turn_answers_it(store: &str) {
+    let cfg = config("10s")
+        .replace(
+            "[store]\nbackend = \"embedded\"\npath = \"homing.db\"\n",
+            store,
+        )
+        .replace(
+            "timeout = \"30s\"\n",
+            "timeout = \"30s\"\n\n[plugins.steerable.inbox]\non_busy = \"interrupt\"\n",
+        );
+    assert!(cfg.contains("on_busy") && cfg.contains(store), "{cfg}");
+    let env = Env::new(&cfg);
+    let (id, mut host) = steerable_at_work(&env);
+    let sent: Value = serde_json::from_str(&env.ok(&[
+        "thread",
+        "send",
+        "r",
+        "--agent",
+        "steerable",
+        "--payload",
+        "stop",
+        "--json",
+    ]))
+    .unwrap();
+    assert_eq!(sent["busy"], id.as_str(), "{sent}");
+    assert_eq!(sent["interrupted"]["dispatch"], id.as_str(), "{sent}");
+    let mark = sent["interrupted"]["entry"]
+        .as_u64()
+        .expect("the mark's entry");
+    let next = sent["follow_ups"][0]
+        .as_str()
+        .expect("a follow-up")
+        .to_owned();
+
+    let done = env.wait_status(&next, "acked", Duration::from_secs(30));
+    assert_eq!(done["result"]["output"], "noted 1 message(s)", "{done}");
+    let stopped = env.wait_status(&id, "superseded", Duration::from_secs(30));
+    assert!(stopped["result"].is_null(), "{stopped}");
+
+    let entries = log(&env, "r");
+    let at = entries
+        .iter()
+        .position(|e| e["seq"] == mark)
+        .unwrap_or_else(|| panic!("no entry {mark}: {entries:?}"));
+    let turn = &entries[at]["turn"];
+    assert_eq!(turn["event"], "interrupted", "{entries:?}");
+    assert_eq!(turn["dispatch"], id.as_str());
+    assert_eq!(turn["message"], 1);
+    assert_eq!(entries[at]["data"], "");
+    assert_eq!(entries[0]["data"], "step 1/5: working on survey 2024");
+    let after: Vec<&Value> = entries[at + 1..].iter().map(|e| &e["data"]).collect();
+    assert_eq!(after, ["stop", "noted: stop"], "{entries:?}");
+    assert!(
+        env.ok(&["thread", "log", "r"])
+            .contains(&format!("[turn interrupted: dispatch {id} by message 1]")),
+        "thread log shows the mark"
+    );
+    signal(&host, "TERM");
+    wait_exit(&mut host, Duration::from_secs(20));
+}
+
+#[test]
+fn an_interrupting_message_stops_the_run_and_the_next_turn_answers_it_embedded() {
+    an_interrupting_message_stops_the_run_and_the_next_turn_answers_it(
+        "[store]\nbackend = \"embedded\"\npath = \"homing.db\"\n",
+    );
+}
+
+#[test]
+fn an_interrupting_message_stops_the_run_and_the_next_turn_answers_it_on_nats() {
+    let server = crate::natsd::NatsServer::start();
+    an_interrupting_message_stops_the_run_and_the_next_turn_answers_it(&format!(
+        "[store]\nbackend = \"nats\"\nurl = \"{}\"\nprefix = \"turns\"\nconnect_timeout = \"20s\"\n",
+        server.url()
+    ));
+}
+
 #[test]
 fn bad_sends_are_refused_naming_what_was_wrong_and_store_nothing() {
     let mut cfg = config("10s");

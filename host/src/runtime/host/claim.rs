@@ -29,7 +29,7 @@ use crate::runtime::bindings::{DispatchInfo, EnqueueRequest, GuestError, StopRea
 use crate::runtime::bindings::{mailbox, types};
 use crate::store::waitpoints::{hands_token, mint_token, token_digest};
 use crate::store::{
-    Dispatch, Message, MessageKind, NewWaitpoint, RunResult, Waitpoint, WaitpointState,
+    Dispatch, Message, MessageKind, NewWaitpoint, RunResult, TurnEvent, Waitpoint, WaitpointState,
 };
 use crate::telemetry::{MESSAGE_DELIVERY, MESSAGES_ACKED};
 use crate::work::{messages, waitpoints};
@@ -358,6 +358,13 @@ impl mailbox::HostClaim for GuestState {
                             metadata: note.metadata.into_iter().collect(),
                             sent_at: note.sent_at,
                             sent_by: note.sent_by,
+                        }),
+                        turn: e.turn.map(|turn| types::TurnMark {
+                            event: match turn.event {
+                                TurnEvent::Interrupted => types::TurnEvent::Interrupted,
+                            },
+                            dispatch: turn.dispatch,
+                            message: turn.message,
                         }),
                     })
                     .collect()

@@ -222,9 +222,25 @@ pub(super) fn answer_inbox(
     default_agent: Option<&str>,
     now: u64,
 ) -> StoreResult<Vec<String>> {
+    if has_live_work(tx, thread)? {
+        return Ok(Vec::new());
+    }
+    follow_up(tx, thread, default_agent, now)
+}
+
+/// M4's follow-ups for the pending messages of `thread` no follow-up covers yet, whatever live
+/// work the thread has: [`answer_inbox`] once the thread has none, and an interrupt-policy send
+/// behind the run it stopped (its queued and waiting dispatches superseded, the claimed one of
+/// an older epoch: the follow-up runs when that one lets the thread go).
+pub(super) fn follow_up(
+    tx: &Connection,
+    thread: &str,
+    default_agent: Option<&str>,
+    now: u64,
+) -> StoreResult<Vec<String>> {
     let t = thread_row(tx, thread)?;
     let mut marks = t.inbox;
-    if marks.pending == 0 || marks.latest <= marks.followed || has_live_work(tx, thread)? {
+    if marks.pending == 0 || marks.latest <= marks.followed {
         return Ok(Vec::new());
     }
     let uncovered: Vec<(u64, Option<String>)> = {

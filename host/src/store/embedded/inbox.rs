@@ -19,17 +19,19 @@ use std::time::Duration;
 use async_trait::async_trait;
 use rusqlite::{Connection, OptionalExtension, Row, params};
 
-use super::effects::{answer_inbox, has_live_work, save_inbox};
+use super::effects::{answer_inbox, follow_up, has_live_work, save_inbox};
 use super::lanes::thread_row;
-use super::log::{check_fence, marks, push_entry};
-use super::rows::db;
+use super::log::{check_fence, marks, marks as log_marks, push_entry};
+use super::mailbox::interrupt_in;
+use super::rows::{self, db};
 use super::{EmbeddedStore, Inner, MAX_VALUE};
 use crate::store::inbox::{
     Inbox, InboxMarks, Message, MessageFilter, MessageKind, MessageState, NOTE_ROOM, NewMessage,
     Sent, ThreadWatch,
 };
-use crate::store::rules::inbox::send_kind;
-use crate::store::rules::{ByteBudget, clamp};
+use crate::store::model::{EntryNote, TurnEvent, TurnMark};
+use crate::store::rules::inbox::send_verdict;
+use crate::store::rules::{self, ByteBudget, Effects, clamp};
 use crate::store::{Fence, StoreError, StoreResult};
 
 /// How often the poller looks for other processes' writes while a watch is open.
@@ -115,9 +117,20 @@ impl Inbox for EmbeddedStore {
                     ))
                     .into());
                 }
-                // Under a policy, what holds the thread decides the kind (or refuses).
+                // Under a policy, what holds the thread decides the kind (or refuses), and
+                // whether the send stops it.
                 let busy = t.holder.clone();
-                let kind = send_kind(&thread, new.kind, new.on_busy, busy.as_deref())?;
+                let holder = match &busy {
+                    Some(id) => rows::load(tx, id)?.map(|row| !rules::stale(&row.dispatch, t.epoch)),
+                    None => None,
+                };
+                let verdict = send_verdict(
+                    &thread,
+                    new.kind,
+                    new.on_busy,
+                    busy.as_deref().map(|id| (id, holder.unwrap_or(false))),
+                )?;
+                let kind = verdict.kind;
                 let starts_follow_up =
                     kind == MessageKind::FollowUp && !has_live_work(tx, &thread)?;
                 if starts_follow_up && new.agent.is_none() && t.last_agent.is_none() {
@@ -129,6 +142,27 @@ impl Inbox for EmbeddedStore {
                 }
                 marks.latest += 1;
                 marks.pending += 1;
+                // An interrupt: T4 for the whole thread and the turn's end in its log, in this
+                // step; the follow-up below waits for the stopped run to let the thread go.
+                let mut effects = Effects::NONE;
+                let mut interrupted = None;
+                if let (true, Some(holder)) = (verdict.interrupt, busy.as_deref()) {
+                    let reason = format!("interrupted by message {} of its thread", marks.latest);
+                    let (_, e) = interrupt_in(tx, &thread, &reason, now)?;
+                    effects = e;
+                    let turn = EntryNote::Turn {
+                        turn: TurnMark {
+                            event: TurnEvent::Interrupted,
+                            dispatch: holder.to_owned(),
+                            message: marks.latest,
+                        },
+                    };
+                    let note = serde_json::to_string(&turn)
+                        .map_err(|e| StoreError::Invalid(format!("turn mark: {e}")))?;
+                    let mut log = log_marks(tx, &thread)?;
+                    let at = push_entry(tx, &thread, &mut log, b"", Some(&note), now)?;
+                    interrupted = Some((holder.to_owned(), at));
+                }
                 let metadata = serde_json::to_string(&new.metadata)
                     .map_err(|e| StoreError::Invalid(format!("metadata: {e}")))?;
                 tx.prepare_cached(
@@ -148,7 +182,9 @@ impl Inbox for EmbeddedStore {
                 ])
                 .map_err(db)?;
                 save_inbox(tx, &thread, marks)?;
-                let follow_ups = if starts_follow_up {
+                let follow_ups = if interrupted.is_some() {
+                    follow_up(tx, &thread, new.agent.as_deref(), now)?
+                } else if starts_follow_up {
                     answer_inbox(tx, &thread, new.agent.as_deref(), now)?
                 } else {
                     Vec::new()
@@ -167,13 +203,19 @@ impl Inbox for EmbeddedStore {
                     acked_by: None,
                     log_seq: None,
                 };
-                Ok(Sent {
-                    message,
-                    follow_ups,
-                    busy,
-                })
+                Ok((
+                    Sent {
+                        message,
+                        follow_ups,
+                        busy,
+                        interrupted,
+                    },
+                    effects,
+                ))
             })
             .await?;
+        let (sent, effects) = sent;
+        self.woken(&name, effects);
         if !sent.follow_ups.is_empty() {
             self.signal();
         }

@@ -14,7 +14,7 @@ use super::lanes::thread_row;
 use super::rows::{self, db};
 use super::{EmbeddedStore, MAX_VALUE, MAX_VALUE_WHY, TxError};
 use crate::store::check_size;
-use crate::store::model::{Fence, LogEntry, Status, Watermarks};
+use crate::store::model::{EntryNote, Fence, LogEntry, Status, Watermarks};
 use crate::store::rules::{self, ByteBudget, Fenced};
 use crate::store::{SequenceStore, StoreError, StoreResult};
 
@@ -197,6 +197,7 @@ let thread = thread.as_str();
                             data: row.get(1)?,
                             appended_at: row.get(2)?,
                             note: None,
+                            turn: None,
                         },
                         row.get::<_, Option<String>>(3)?,
                     ))
@@ -216,10 +217,9 @@ let thread = thread.as_str();
                 let (mut entry, note) = row.map_err(|e| corrupt(0, e.to_string()))?;
                 budget.take(entry.data.len());
                 if let Some(note) = note {
-                    entry.note = Some(
-                        serde_json::from_str(&note)
-                            .map_err(|e| corrupt(entry.seq, format!("message note: {e}")))?,
-                    );
+                    serde_json::from_str::<EntryNote>(&note)
+                        .map_err(|e| corrupt(entry.seq, format!("note: {e}")))?
+                        .set_on(&mut entry);
                 }
                 out.push(entry);
             }

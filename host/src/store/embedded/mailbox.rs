@@ -343,59 +343,10 @@ impl Mailbox for EmbeddedStore {
         let thread_name = thread.to_owned();
         let thread = thread.to_owned();
         let reason = reason.to_owned();
-
         let out = self
             .write(move |tx, now| {
-                let thread = thread.as_str();
-                let reason = reason.as_str();
-
-                ensure_thread(tx, thread)?;
-                let epoch = tx
-                    .prepare_cached(
-                        "UPDATE threads SET epoch = epoch + 1 WHERE thread = ?1 RETURNING epoch",
-                    )
-                    .map_err(db)?
-                    .query_row(params![thread], |row| row.get::<_, u64>(0))
-                    .map_err(db)?;
-                let superseded: Vec<String> = {
-                    let mut stmt = tx
-                    .prepare_cached(
-                        "UPDATE dispatches SET status = 'superseded', ready = 0, last_error = ?2, \
-                         completed_at = ?3, updated_at = ?3 WHERE thread = ?1 \
-                         AND status IN ('queued', 'waiting') RETURNING id",
-                    )
-                    .map_err(db)?;
-                    let ids = stmt
-                        .query_map(params![thread, reason, now], |row| row.get::<_, String>(0))
-                        .map_err(db)?;
-                    ids.collect::<Result<_, _>>().map_err(db)?
-                };
-                let holder = thread_row(tx, thread)?.holder;
-                let active = match &holder {
-                    Some(holder) => rows::load(tx, holder)?
-                        .map(|row| row.dispatch)
-                        .filter(|d| d.status == Status::Claimed),
-                    None => None,
-                };
-                // A holder that is not claimed was waiting, and is superseded now.
-                let waiting = holder.filter(|_| active.is_none());
-                let e = apply_interrupt(
-                    tx,
-                    thread,
-                    waiting.as_deref(),
-                    active.as_ref().map(|d| d.id.as_str()),
-                    now,
-                )?;
-                let mut superseded = superseded;
-                superseded.sort();
-                Ok((
-                    Interrupt {
-                        epoch,
-                        active,
-                        superseded,
-                    },
-                    e,
-                ))
+                ensure_thread(tx, &thread)?;
+                Ok(interrupt_in(tx, &thread, &reason, now)?)
             })
             .await?;
         self.woken(&thread_name, out.1);
@@ -608,6 +559,61 @@ impl Mailbox for EmbeddedStore {
     fn max_value(&self) -> u64 {
         MAX_VALUE
     }
+}
+
+/// T4 for a whole thread, inside the caller's transaction: bumps the epoch, supersedes the
+/// queued and waiting dispatches with `reason` (cancelling the waiting one's waitpoints) and
+/// reports the claimed one (still claimed; its next holder write is fenced). The thread's row
+/// must exist. Returns what happened and the effects to wake with.
+pub(super) fn interrupt_in(
+    tx: &Connection,
+    thread: &str,
+    reason: &str,
+    now: u64,
+) -> StoreResult<(Interrupt, Effects)> {
+    let epoch = tx
+        .prepare_cached("UPDATE threads SET epoch = epoch + 1 WHERE thread = ?1 RETURNING epoch")
+        .map_err(db)?
+        .query_row(params![thread], |row| row.get::<_, u64>(0))
+        .map_err(db)?;
+    let mut superseded: Vec<String> = {
+        let mut stmt = tx
+            .prepare_cached(
+                "UPDATE dispatches SET status = 'superseded', ready = 0, last_error = ?2, \
+                 completed_at = ?3, updated_at = ?3 WHERE thread = ?1 \
+                 AND status IN ('queued', 'waiting') RETURNING id",
+            )
+            .map_err(db)?;
+        let ids = stmt
+            .query_map(params![thread, reason, now], |row| row.get::<_, String>(0))
+            .map_err(db)?;
+        ids.collect::<Result<_, _>>().map_err(db)?
+    };
+    let holder = thread_row(tx, thread)?.holder;
+    let active = match &holder {
+        Some(holder) => rows::load(tx, holder)?
+            .map(|row| row.dispatch)
+            .filter(|d| d.status == Status::Claimed),
+        None => None,
+    };
+    // A holder that is not claimed was waiting, and is superseded now.
+    let waiting = holder.filter(|_| active.is_none());
+    let e = apply_interrupt(
+        tx,
+        thread,
+        waiting.as_deref(),
+        active.as_ref().map(|d| d.id.as_str()),
+        now,
+    )?;
+    superseded.sort();
+    Ok((
+        Interrupt {
+            epoch,
+            active,
+            superseded,
+        },
+        e,
+    ))
 }
 
 /// The statement of a `list` page selecting `columns`, and its arguments. One statement per

@@ -74,6 +74,11 @@ pub enum OnBusy {
     Steer,
     /// Refused while the thread is busy, naming what holds it; nothing is stored.
     Reject,
+    /// Stops the run that holds the thread (its epoch moves on, so its writes are fenced), marks
+    /// the turn's end in the log and answers the message with a follow-up once the thread is
+    /// free. A run already stopped this way is not stopped again: the message joins the turn
+    /// that follows it.
+    Interrupt,
 }
 
 impl OnBusy {
@@ -83,6 +88,7 @@ impl OnBusy {
             OnBusy::Enqueue => "enqueue",
             OnBusy::Steer => "steer",
             OnBusy::Reject => "reject",
+            OnBusy::Interrupt => "interrupt",
         }
     }
 }
@@ -101,8 +107,9 @@ impl FromStr for OnBusy {
             "enqueue" => Ok(OnBusy::Enqueue),
             "steer" => Ok(OnBusy::Steer),
             "reject" => Ok(OnBusy::Reject),
+            "interrupt" => Ok(OnBusy::Interrupt),
             other => Err(format!(
-                "unknown policy `{}` (expected enqueue, steer or reject)",
+                "unknown policy `{}` (expected enqueue, steer, reject or interrupt)",
                 other.escape_debug()
             )),
         }
@@ -248,6 +255,9 @@ pub struct Sent {
     /// The dispatch that held the thread when the message was stored (claimed or waiting),
     /// if one did.
     pub busy: Option<String>,
+    /// The dispatch this send interrupted (`interrupt` on a busy thread whose run was not
+    /// interrupted already), and the log entry that marks its turn's end.
+    pub interrupted: Option<(String, u64)>,
 }
 
 /// Which messages a read of an inbox returns: of one state (all when `None`), with a sequence

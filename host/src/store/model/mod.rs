@@ -784,6 +784,63 @@ pub struct LogEntry {
     /// Set when the entry records an acknowledged inbox message (its payload is `data`).
     #[serde(default, rename = "message", skip_serializing_if = "Option::is_none")]
     pub note: Option<MessageNote>,
+    /// Set when the store wrote the entry to mark where a turn ended (its `data` is empty).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub turn: Option<TurnMark>,
+}
+
+/// What ended a turn, as a log entry the store appends records it (the contract, section 9.6).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum TurnEvent {
+    /// A message sent under the `interrupt` policy stopped the run that held the thread.
+    Interrupted,
+}
+
+impl TurnEvent {
+    /// Its stable name (storage, JSON, the CLI).
+    pub fn as_str(self) -> &'static str {
+        match self {
+            TurnEvent::Interrupted => "interrupted",
+        }
+    }
+}
+
+/// A turn's end, recorded in the thread log: the entries before it were written by the run it
+/// names, and what that run left unfinished (a model's tool calls without results) never
+/// gets an answer from it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct TurnMark {
+    /// What ended it.
+    pub event: TurnEvent,
+    /// The dispatch whose run it ended.
+    pub dispatch: String,
+    /// The inbox sequence of the message that ended it.
+    pub message: u64,
+}
+
+/// The note a stored log entry carries, as the backends keep it (one JSON text): the message it
+/// records, or the turn it marks.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(untagged)]
+pub enum EntryNote {
+    /// A turn's end (`{"turn": {...}}`).
+    Turn {
+        /// The mark.
+        turn: TurnMark,
+    },
+    /// An acknowledged message (the note's fields at the top level, as first stored).
+    Message(MessageNote),
+}
+
+impl EntryNote {
+    /// Puts the note on `entry`.
+    pub fn set_on(self, entry: &mut LogEntry) {
+        match self {
+            EntryNote::Turn { turn } => entry.turn = Some(turn),
+            EntryNote::Message(note) => entry.note = Some(note),
+        }
+    }
 }
 
 /// The watermarks of a thread log (the contract, docs/contract.md, section 4): `reserved >= latest >= trimmed`.

@@ -4,15 +4,17 @@
 //! (an interrupt). The thread's holder and lanes are derived from the records by every view, so
 //! a release or a lane refresh writes nothing here; the end of the pending waitpoints (W4) goes
 //! in the batch before the record when the verdict says so; the inbox's follow-ups (M4 b) after
-//! it when the verdict says so. Every write of an existing dispatch's record comes through here
+//! it when the verdict says so ([`answer_inbox`]), and T4's supersedes for a whole thread
+//! ([`superseding`]). Every write of an existing dispatch's record comes through here
 //! (one that keeps the status has no effects); `commit::put_dispatch_expecting` alone writes a
 //! new record (an enqueue, a follow-up).
 
-use super::commit::{Expect, Write, fence_first, put_dispatch_expecting, put_waitpoint};
-use super::inbox::{Answer, answer_inbox, follow_up_writes};
-use super::view::{Stored, View};
-use crate::store::model::Status;
-use crate::store::rules::{self, Effects};
+use super::commit::{Expect, Write, fence_first, plain, put_dispatch_expecting, put_waitpoint};
+use super::keys::{Key, encode_thread};
+use super::view::{Record, Stored, ThreadRec, View};
+use crate::store::model::{Dispatch, Status};
+use crate::store::rules::inbox::{follow_up_dispatch, follow_up_targets};
+use crate::store::rules::{self, Effects, queued_record};
 use crate::store::waitpoints::{WaitpointState, settle};
 use crate::store::{StoreError, StoreResult};
 
@@ -121,4 +123,133 @@ fn change_writes(view: &View, e: Effects, mut stored: Stored) -> StoreResult<Vec
     }
     writes.push(put_dispatch_expecting(Expect::None, stored)?);
     Ok(writes)
+}
+
+/// What the M4 hook of a settlement found.
+pub(super) enum Answer {
+    /// Nothing to answer: no message above `followed`, or the thread still has live work.
+    Nothing,
+    /// The view does not hold every dispatch of the thread (a client's read of one record):
+    /// decide again on the whole thread.
+    NeedThread,
+    /// The follow-up dispatches to enqueue and the thread record to write with them.
+    FollowUps(Vec<Dispatch>, ThreadRec),
+}
+
+/// M4, case b: what the settlement of `settled` (already changed by its operation, and one the
+/// rules' verdict says answers the inbox: `rules::effects`) must write besides its record so
+/// that the inbox of its thread is answered: when the thread has no other live work and it has
+/// pending messages above `followed`, one follow-up dispatch per target (a message's agent,
+/// else the settled dispatch's) and the thread record with `followed = latest`. Decided from
+/// the view alone: with no pending message above `followed` it looks at nothing else.
+pub(super) fn answer_inbox(view: &View, settled: &Dispatch, now: u64) -> StoreResult<Answer> {
+    let thread = &settled.thread;
+    let mut t = view.thread(thread)?;
+    if !view.has_pending_after(thread, t.inbox_followed) {
+        return Ok(Answer::Nothing);
+    }
+    if !view.knows_live(thread) {
+        return Ok(Answer::NeedThread);
+    }
+    if view
+        .live_of(thread)
+        .iter()
+        .any(|s| s.dispatch.id != settled.id)
+    {
+        return Ok(Answer::Nothing);
+    }
+    let uncovered = view.pending_after(thread, t.inbox_followed);
+    let targets = follow_up_targets(
+        uncovered.iter().map(|(n, h)| (*n, h.agent.as_deref())),
+        Some(settled.agent.as_str()),
+    );
+    let follow_ups = targets
+        .into_iter()
+        .map(|(agent, first, last)| {
+            let id = uuid::Uuid::now_v7().to_string();
+            queued_record(
+                &id,
+                &follow_up_dispatch(&agent, thread, first, last),
+                t.epoch,
+                now,
+            )
+        })
+        .collect();
+    t.inbox_followed = view.inbox_marks(thread).latest;
+    Ok(Answer::FollowUps(follow_ups, t))
+}
+
+/// The writes that go after the first of an atomic batch for M4: each follow-up's record and
+/// the thread record, none with an expectation of its own.
+pub(super) fn follow_up_writes(
+    thread: &str,
+    follow_ups: Vec<Dispatch>,
+    rec: ThreadRec,
+) -> StoreResult<Vec<Write>> {
+    let mut writes = Vec::with_capacity(follow_ups.len() + 1);
+    for d in follow_ups {
+        writes.push(put_dispatch_expecting(Expect::None, plain(d))?);
+    }
+    writes.push(Write {
+        key: Key::Thread(thread.to_owned()),
+        expect: Expect::None,
+        payload: encode_thread(&rec)?,
+        record: Record::Thread(thread.to_owned(), rec),
+    });
+    Ok(writes)
+}
+
+/// What [`superseding`] wrote.
+pub(super) struct Superseding {
+    /// The writes, for the caller's batch.
+    pub writes: Vec<Write>,
+    /// The dispatches they supersede.
+    pub ids: Vec<String>,
+    /// Whether some were left for a later batch.
+    pub more: bool,
+}
+
+/// T4 for the queued and waiting dispatches of `thread`, whose epoch is `epoch` now: the
+/// writes superseding them with `reason` (each after its pending waitpoints cancelled), the
+/// waiting one (which holds the thread) first, as many as fit in `room` writes. Those left
+/// keep their older epoch, so a claim supersedes them instead of running them.
+pub(super) fn superseding(
+    view: &View,
+    thread: &str,
+    epoch: u64,
+    reason: &str,
+    now: u64,
+    room: usize,
+) -> StoreResult<Superseding> {
+    let mut doomed: Vec<&Stored> = view
+        .live_of(thread)
+        .into_iter()
+        .filter(|s| {
+            matches!(s.dispatch.status, Status::Queued | Status::Waiting)
+                && rules::stale(&s.dispatch, epoch)
+        })
+        .collect();
+    doomed.sort_by(|a, b| {
+        let key = |s: &Stored| s.dispatch.status != Status::Waiting;
+        (key(a), &a.dispatch.id).cmp(&(key(b), &b.dispatch.id))
+    });
+    let mut out = Superseding {
+        writes: Vec::new(),
+        ids: Vec::new(),
+        more: false,
+    };
+    for s in doomed {
+        let record = Stored {
+            dispatch: rules::superseded(s.dispatch.clone(), now, reason),
+            ..s.clone()
+        };
+        let these = in_batch(view, s.dispatch.status, record)?;
+        if out.writes.len() + these.len() > room {
+            out.more = true;
+            break;
+        }
+        out.ids.push(s.dispatch.id.clone());
+        out.writes.extend(these);
+    }
+    Ok(out)
 }

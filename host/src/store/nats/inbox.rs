@@ -38,98 +38,25 @@ use async_trait::async_trait;
 use futures_util::StreamExt;
 use serde_json::json;
 
-use super::commit::{Expect, MAX_BATCH, Plan, Write, plain, put_dispatch_expecting};
+use super::commit::{Expect, MAX_BATCH, Plan, Write, fence_first, put_thread};
+use super::effects::{follow_up_writes, superseding};
 use super::fetch::{PAGE, Read};
-use super::keys::{Key, decode_message, encode_entry, encode_message, encode_thread};
-use super::view::{MessageHead, Record, ThreadRec, View};
+use super::keys::{Key, decode_message, encode_entry, encode_message};
+use super::view::{MessageHead, Record};
 use super::{Inner, NatsStore};
 use crate::store::inbox::{
     Inbox, InboxMarks, Message, MessageFilter, MessageKind, MessageState, NOTE_ROOM, NewMessage,
-    Sent, ThreadWatch,
+    OnBusy, Sent, ThreadWatch,
 };
-use crate::store::model::Dispatch;
-use crate::store::rules::inbox::{follow_up_dispatch, follow_up_targets, send_kind};
-use crate::store::rules::{ByteBudget, queued_record};
+use crate::store::model::{EntryNote, TurnEvent, TurnMark};
+use crate::store::rules::inbox::{follow_up_dispatch, follow_up_targets, send_verdict};
+use crate::store::rules::{self, ByteBudget, queued_record};
 use crate::store::{Fence, StoreError, StoreResult};
 
 /// Settled messages purged per call at most; the rest go at the next.
 const PURGE_PER_CALL: usize = 100_000;
 /// The most message records a bounded page reads at once.
 const READ_CONCURRENCY: usize = 16;
-
-/// What the M4 hook of a settlement found.
-pub(super) enum Answer {
-    /// Nothing to answer: no message above `followed`, or the thread still has live work.
-    Nothing,
-    /// The view does not hold every dispatch of the thread (a client's read of one record):
-    /// decide again on the whole thread.
-    NeedThread,
-    /// The follow-up dispatches to enqueue and the thread record to write with them.
-    FollowUps(Vec<Dispatch>, ThreadRec),
-}
-
-/// M4, case b: what the settlement of `settled` (already changed by its operation, and one the
-/// rules' verdict says answers the inbox: `rules::effects`) must write besides its record so
-/// that the inbox of its thread is answered: when the thread has no other live work and it has
-/// pending messages above `followed`, one follow-up dispatch per target (a message's agent,
-/// else the settled dispatch's) and the thread record with `followed = latest`. Decided from
-/// the view alone: with no pending message above `followed` it looks at nothing else.
-pub(super) fn answer_inbox(view: &View, settled: &Dispatch, now: u64) -> StoreResult<Answer> {
-    let thread = &settled.thread;
-    let mut t = view.thread(thread)?;
-    if !view.has_pending_after(thread, t.inbox_followed) {
-        return Ok(Answer::Nothing);
-    }
-    if !view.knows_live(thread) {
-        return Ok(Answer::NeedThread);
-    }
-    if view
-        .live_of(thread)
-        .iter()
-        .any(|s| s.dispatch.id != settled.id)
-    {
-        return Ok(Answer::Nothing);
-    }
-    let uncovered = view.pending_after(thread, t.inbox_followed);
-    let targets = follow_up_targets(
-        uncovered.iter().map(|(n, h)| (*n, h.agent.as_deref())),
-        Some(settled.agent.as_str()),
-    );
-    let follow_ups = targets
-        .into_iter()
-        .map(|(agent, first, last)| {
-            let id = uuid::Uuid::now_v7().to_string();
-            queued_record(
-                &id,
-                &follow_up_dispatch(&agent, thread, first, last),
-                t.epoch,
-                now,
-            )
-        })
-        .collect();
-    t.inbox_followed = view.inbox_marks(thread).latest;
-    Ok(Answer::FollowUps(follow_ups, t))
-}
-
-/// The writes that go after the first of an atomic batch for M4: each follow-up's record and
-/// the thread record, none with an expectation of its own.
-pub(super) fn follow_up_writes(
-    thread: &str,
-    follow_ups: Vec<Dispatch>,
-    rec: ThreadRec,
-) -> StoreResult<Vec<Write>> {
-    let mut writes = Vec::with_capacity(follow_ups.len() + 1);
-    for d in follow_ups {
-        writes.push(put_dispatch_expecting(Expect::None, plain(d))?);
-    }
-    writes.push(Write {
-        key: Key::Thread(thread.to_owned()),
-        expect: Expect::None,
-        payload: encode_thread(&rec)?,
-        record: Record::Thread(thread.to_owned(), rec),
-    });
-    Ok(writes)
-}
 
 /// A write of a message record with the expectation given.
 fn put_message(expect: Expect, message: &Message) -> StoreResult<Write> {
@@ -337,7 +264,11 @@ impl Inbox for NatsStore {
     async fn send(&self, thread: &str, new: NewMessage, max_pending: u64) -> StoreResult<Sent> {
         new.validate(thread, self.max_message())
             .map_err(StoreError::Invalid)?;
-        self.run(&[Read::Thread(thread), Read::Inbox(thread)], |view, now, _| {
+        // An interrupt may append the turn's mark: then the decision reads the log's end too.
+        let interrupts = new.on_busy == Some(OnBusy::Interrupt);
+        let reads = [Read::Thread(thread), Read::Inbox(thread), Read::Log(thread)];
+        let reads = if interrupts { &reads[..] } else { &reads[..2] };
+        self.run(reads, |view, now, _| {
             let marks = view.inbox_marks(thread);
             if marks.pending >= max_pending {
                 return Ok(Plan::Refuse(Err(StoreError::Limit(format!(
@@ -346,15 +277,25 @@ impl Inbox for NatsStore {
                     marks.pending
                 )))));
             }
-            // Under a policy, what holds the thread decides the kind (or refuses); the write
-            // is fenced by the thread's tree, so the holder read here is the server's.
-            let busy = view.holder(thread).map(|d| d.dispatch.id.clone());
-            let kind = match send_kind(thread, new.kind, new.on_busy, busy.as_deref()) {
-                Ok(kind) => kind,
+            // Under a policy, what holds the thread decides the kind (or refuses) and whether
+            // the send stops it; the write is fenced by the thread's tree, so the holder read
+            // here is the server's.
+            let mut t = view.thread(thread)?;
+            let holder = view.holder(thread).map(|s| &s.dispatch);
+            let busy = holder.map(|d| d.id.clone());
+            let verdict = match send_verdict(
+                thread,
+                new.kind,
+                new.on_busy,
+                holder.map(|d| (d.id.as_str(), !rules::stale(d, t.epoch))),
+            ) {
+                Ok(verdict) => verdict,
                 Err(e) => return Ok(Plan::Refuse(Err(e))),
             };
-            let starts_follow_up =
-                kind == MessageKind::FollowUp && view.live_of(thread).is_empty();
+            let kind = verdict.kind;
+            let interrupting = busy.as_deref().filter(|_| verdict.interrupt);
+            let starts_follow_up = kind == MessageKind::FollowUp
+                && (interrupting.is_some() || view.live_of(thread).is_empty());
             let last_agent = view.last_agent(thread);
             if starts_follow_up && new.agent.is_none() && last_agent.is_none() {
                 return Ok(Plan::Refuse(Err(StoreError::Invalid(format!(
@@ -377,13 +318,35 @@ impl Inbox for NatsStore {
                 acked_by: None,
                 log_seq: None,
             };
-            let mut writes = vec![put_message(
-                Expect::Thread(view.thread_seq(thread)),
-                &message,
-            )?];
+            let mut writes = Vec::new();
+            let mut interrupted = None;
+            if let Some(holder) = interrupting {
+                // T4 for the whole thread and the turn's end in its log, in this batch; the
+                // follow-up below waits for the stopped run to let the thread go.
+                t.epoch += 1;
+                let reason = format!("interrupted by message {seq} of its thread");
+                // Room is left for the mark, the message, the follow-ups and the thread.
+                let room = MAX_BATCH.saturating_sub(16);
+                writes.extend(superseding(view, thread, t.epoch, &reason, now, room)?.writes);
+                let at = view.latest(thread) + 1;
+                let turn = EntryNote::Turn {
+                    turn: TurnMark {
+                        event: TurnEvent::Interrupted,
+                        dispatch: holder.to_owned(),
+                        message: seq,
+                    },
+                };
+                writes.push(Write {
+                    key: Key::Entry(thread.to_owned(), at),
+                    expect: Expect::None,
+                    payload: encode_entry(now, b"", Some(&turn))?,
+                    record: Record::Entry(thread.to_owned(), at),
+                });
+                interrupted = Some((holder.to_owned(), at));
+            }
+            writes.push(put_message(Expect::None, &message)?);
             let mut follow_ups = Vec::new();
             if starts_follow_up {
-                let mut t = view.thread(thread)?;
                 let mut uncovered: Vec<(u64, Option<&str>)> = view
                     .pending_after(thread, t.inbox_followed)
                     .into_iter()
@@ -400,14 +363,18 @@ impl Inbox for NatsStore {
                 }
                 t.inbox_followed = seq;
                 writes.extend(follow_up_writes(thread, records, t)?);
+            } else if interrupting.is_some() {
+                writes.push(put_thread(view, thread, t)?);
             }
-            let wake = !follow_ups.is_empty();
+            fence_first(view, thread, &mut writes);
+            let wake = !follow_ups.is_empty() || interrupting.is_some();
             Ok(Plan::Write {
                 writes,
                 answer: Ok(Sent {
                     message,
                     follow_ups,
                     busy,
+                    interrupted,
                 }),
                 wake,
             })
@@ -481,7 +448,11 @@ impl Inbox for NatsStore {
                     let entry = Write {
                         key: Key::Entry(thread.to_owned(), log_seq),
                         expect: Expect::Thread(view.thread_seq(thread)),
-                        payload: encode_entry(now, &message.payload, Some(&message.note()))?,
+                        payload: encode_entry(
+                            now,
+                            &message.payload,
+                            Some(&EntryNote::Message(message.note())),
+                        )?,
                         record: Record::Entry(thread.to_owned(), log_seq),
                     };
                     let mut acked = message.clone();

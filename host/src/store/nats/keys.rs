@@ -40,8 +40,9 @@ use base64::engine::general_purpose::URL_SAFE_NO_PAD;
 use bytes::{BufMut, Bytes, BytesMut};
 
 use super::records::{LimitRec, MessageHead, Record, Stored, ThreadRec};
-use crate::store::inbox::{Message, MessageNote};
+use crate::store::inbox::Message;
 use crate::store::limits::{Pause, pause_name};
+use crate::store::model::EntryNote;
 use crate::store::model::LogEntry;
 use crate::store::waitpoints::Waitpoint;
 use crate::store::{StoreError, StoreResult};
@@ -652,7 +653,7 @@ const NOTED: u64 = 1 << 63;
 /// The payload of a log entry: its time as 8 big-endian bytes, then the data; an entry that
 /// records an inbox message sets the time's top bit and puts a `u32` length and the note's
 /// JSON between the time and the data.
-pub fn encode_entry(now: u64, data: &[u8], note: Option<&MessageNote>) -> StoreResult<Bytes> {
+pub fn encode_entry(now: u64, data: &[u8], note: Option<&EntryNote>) -> StoreResult<Bytes> {
     let note = note
         .map(|n| {
             serde_json::to_vec(n)
@@ -693,6 +694,7 @@ pub fn decode_entry(thread: &str, seq: u64, payload: &[u8]) -> StoreResult<LogEn
             data: payload[8..].to_vec(),
             appended_at: time,
             note: None,
+            turn: None,
         });
     }
     let Some(len) = payload.get(8..12).and_then(|b| <[u8; 4]>::try_from(b).ok()) else {
@@ -705,14 +707,17 @@ pub fn decode_entry(thread: &str, seq: u64, payload: &[u8]) -> StoreResult<LogEn
     let note = payload
         .get(12..end)
         .ok_or_else(|| corrupt("entry truncated inside its note".into()))?;
-    let note: MessageNote =
+    let note: EntryNote =
         serde_json::from_slice(note).map_err(|e| corrupt(format!("note: {e}")))?;
-    Ok(LogEntry {
+    let mut entry = LogEntry {
         seq,
         data: payload.get(end..).unwrap_or_default().to_vec(),
         appended_at: time & !NOTED,
-        note: Some(note),
-    })
+        note: None,
+        turn: None,
+    };
+    note.set_on(&mut entry);
+    Ok(entry)
 }
 
 #[cfg(test)]
@@ -928,21 +933,39 @@ mod tests {
             back.map(|e| (e.appended_at, e.data)),
             Some((1_700_000_000_000, b"data".to_vec()))
         );
-        let note = MessageNote {
+        let note = crate::store::MessageNote {
             seq: 4,
             kind: crate::store::inbox::MessageKind::Steer,
             metadata: Default::default(),
             sent_at: 3,
             sent_by: "cli".into(),
         };
-        let noted = encode_entry(1_700_000_000_001, b"", Some(&note)).unwrap_or_default();
+        let noted = encode_entry(
+            1_700_000_000_001,
+            b"",
+            Some(&EntryNote::Message(note.clone())),
+        )
+        .unwrap_or_default();
         let back = decode_entry("t", 2, &noted).ok();
         assert_eq!(
-            back.map(|e| (e.appended_at, e.data, e.note)),
-            Some((1_700_000_000_001, Vec::new(), Some(note)))
+            back.map(|e| (e.appended_at, e.data, e.note, e.turn)),
+            Some((1_700_000_000_001, Vec::new(), Some(note), None))
         );
         for cut in 0..12 {
             assert!(decode_entry("t", 2, &noted[..cut]).is_err(), "cut at {cut}");
         }
+        let turn = crate::store::model::TurnMark {
+            event: crate::store::model::TurnEvent::Interrupted,
+            dispatch: "d".into(),
+            message: 7,
+        };
+        let marked = encode_entry(
+            1_700_000_000_002,
+            b"",
+            Some(&EntryNote::Turn { turn: turn.clone() }),
+        )
+        .unwrap_or_default();
+        let back = decode_entry("t", 3, &marked).ok();
+        assert_eq!(back.map(|e| (e.note, e.turn)), Some((None, Some(turn))));
     }
 }

@@ -13,7 +13,7 @@ use super::commit::{
     Expect, MAX_BATCH, Plan, Write, fence_first, plain, put_dispatch_expecting, put_thread, settled,
 };
 use super::config::{GROWTH_ROOM, Room};
-use super::effects::{Applied, applied, changed, in_batch};
+use super::effects::{Applied, applied, changed, in_batch, superseding};
 use super::fetch::Read;
 use super::keys::{FRAME_OVERHEAD, Key};
 use super::view::{Record, Stored, View};
@@ -553,35 +553,10 @@ impl Mailbox for NatsStore {
                             .map(|s| s.dispatch.clone());
                         writes.push(put_thread(view, thread, t)?);
                     }
-                    let mut doomed: Vec<&Stored> = view
-                        .live_of(thread)
-                        .into_iter()
-                        .filter(|s| {
-                            matches!(s.dispatch.status, Status::Queued | Status::Waiting)
-                                && rules::stale(&s.dispatch, epoch)
-                        })
-                        .collect();
-                    doomed.sort_by(|a, b| {
-                        let key = |s: &Stored| s.dispatch.status != Status::Waiting;
-                        (key(a), &a.dispatch.id).cmp(&(key(b), &b.dispatch.id))
-                    });
-                    let mut more = false;
-                    let mut chunk = Vec::new();
-                    for s in doomed {
-                        let d = rules::superseded(s.dispatch.clone(), now, reason);
-                        let record = Stored {
-                            dispatch: d,
-                            ..s.clone()
-                        };
-                        let id = record.dispatch.id.clone();
-                        let these = in_batch(view, s.dispatch.status, record)?;
-                        if writes.len() + these.len() > MAX_BATCH {
-                            more = true;
-                            break;
-                        }
-                        chunk.push(id);
-                        writes.extend(these);
-                    }
+                    let room = MAX_BATCH.saturating_sub(writes.len());
+                    let s = superseding(view, thread, epoch, reason, now, room)?;
+                    let (more, chunk) = (s.more, s.ids);
+                    writes.extend(s.writes);
                     if writes.is_empty() {
                         return Ok(Plan::Done(Ok((false, chunk))));
                     }

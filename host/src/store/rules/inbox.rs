@@ -43,32 +43,54 @@ pub fn follow_up_dispatch(agent: &str, thread: &str, first: u64, last: u64) -> N
         .with_metadata(FOLLOW_UP_MESSAGES, format!("{first}-{last}"))
 }
 
-/// The kind a message sent as `kind` under `on_busy` is stored as, with `holder` the dispatch
-/// holding its thread (claimed or waiting) when the send decides: on an idle thread every
-/// policy starts a turn (a follow-up); on a busy one `enqueue` waits for the next turn, `steer`
-/// goes to the live run and `reject` refuses, naming the holder.
+/// What a send does, as [`send_verdict`] decides it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct SendVerdict {
+    /// The kind the message is stored as.
+    pub kind: MessageKind,
+    /// Whether the send interrupts the run that holds the thread: moves the thread's epoch on,
+    /// supersedes its queued and waiting dispatches and marks the turn's end in its log, in
+    /// the step that stores the message.
+    pub interrupt: bool,
+}
+
+/// What a message sent as `kind` under `on_busy` does, with `holder` the dispatch holding its
+/// thread (claimed or waiting) when the send decides, and whether that holder is of the
+/// thread's current epoch. On an idle thread every policy starts a turn (a follow-up); on a
+/// busy one `enqueue` waits for the next turn, `steer` goes to the live run, `reject` refuses,
+/// naming the holder, and `interrupt` stops the holder and waits for the turn after it. A
+/// holder of an older epoch was stopped already: an `interrupt` then only waits for the next
+/// turn, so messages racing to interrupt one run move the epoch once.
 ///
 /// # Errors
 ///
 /// [`StoreError::Busy`] for `reject` on a busy thread.
-pub fn send_kind(
+pub fn send_verdict(
     thread: &str,
     kind: MessageKind,
     on_busy: Option<OnBusy>,
-    holder: Option<&str>,
-) -> Result<MessageKind, StoreError> {
-    let Some(policy) = on_busy else {
-        return Ok(kind);
+    holder: Option<(&str, bool)>,
+) -> Result<SendVerdict, StoreError> {
+    let plain = |kind| SendVerdict {
+        kind,
+        interrupt: false,
     };
-    let Some(holder) = holder else {
-        return Ok(MessageKind::FollowUp);
+    let Some(policy) = on_busy else {
+        return Ok(plain(kind));
+    };
+    let Some((holder, current)) = holder else {
+        return Ok(plain(MessageKind::FollowUp));
     };
     match policy {
-        OnBusy::Enqueue => Ok(MessageKind::FollowUp),
-        OnBusy::Steer => Ok(MessageKind::Steer),
+        OnBusy::Enqueue => Ok(plain(MessageKind::FollowUp)),
+        OnBusy::Steer => Ok(plain(MessageKind::Steer)),
         OnBusy::Reject => Err(StoreError::Busy {
             thread: thread.to_owned(),
             holder: holder.to_owned(),
+        }),
+        OnBusy::Interrupt => Ok(SendVerdict {
+            kind: MessageKind::FollowUp,
+            interrupt: current,
         }),
     }
 }
@@ -90,25 +112,47 @@ mod tests {
     }
 
     #[test]
-    fn a_policy_decides_the_kind_only_on_a_busy_thread() {
+    fn a_policy_decides_only_on_a_busy_thread() {
         use MessageKind::{FollowUp, Steer};
-        for policy in [OnBusy::Enqueue, OnBusy::Steer, OnBusy::Reject] {
-            assert_eq!(send_kind("t", Steer, Some(policy), None), Ok(FollowUp));
+        let kind = |kind, policy, holder| send_verdict("t", kind, policy, holder).map(|v| v.kind);
+        for policy in [
+            OnBusy::Enqueue,
+            OnBusy::Steer,
+            OnBusy::Reject,
+            OnBusy::Interrupt,
+        ] {
+            assert_eq!(
+                send_verdict("t", Steer, Some(policy), None),
+                Ok(SendVerdict {
+                    kind: FollowUp,
+                    interrupt: false
+                })
+            );
         }
-        assert_eq!(send_kind("t", Steer, None, Some("d")), Ok(Steer));
+        let live = Some(("d", true));
+        assert_eq!(kind(Steer, None, live), Ok(Steer));
+        assert_eq!(kind(Steer, Some(OnBusy::Enqueue), live), Ok(FollowUp));
+        assert_eq!(kind(FollowUp, Some(OnBusy::Steer), live), Ok(Steer));
         assert_eq!(
-            send_kind("t", Steer, Some(OnBusy::Enqueue), Some("d")),
-            Ok(FollowUp)
-        );
-        assert_eq!(
-            send_kind("t", FollowUp, Some(OnBusy::Steer), Some("d")),
-            Ok(Steer)
-        );
-        assert_eq!(
-            send_kind("t", FollowUp, Some(OnBusy::Reject), Some("d")),
+            kind(FollowUp, Some(OnBusy::Reject), live),
             Err(StoreError::Busy {
                 thread: "t".into(),
                 holder: "d".into()
+            })
+        );
+        assert_eq!(
+            send_verdict("t", Steer, Some(OnBusy::Interrupt), live),
+            Ok(SendVerdict {
+                kind: FollowUp,
+                interrupt: true
+            })
+        );
+        // A holder stopped already is not stopped again: the message waits for the next turn.
+        assert_eq!(
+            send_verdict("t", Steer, Some(OnBusy::Interrupt), Some(("d", false))),
+            Ok(SendVerdict {
+                kind: FollowUp,
+                interrupt: false
             })
         );
     }

@@ -1598,3 +1598,103 @@ pub async fn a_send_under_a_policy_is_decided_by_what_holds_the_thread<F: Factor
         .expect("an idle thread takes it");
     assert_eq!(after.busy, None);
 }
+
+/// `interrupt` (section 9.5): a send to a busy thread stops its run in the step that stores the
+/// message (the epoch moves on, queued work is superseded, the log marks the turn's end) and
+/// queues the follow-up behind the stopped run; a second interrupt of the same run stops
+/// nothing more and joins the turn after it; a waiting holder is superseded at once.
+pub async fn an_interrupting_send_stops_the_run_marks_its_turn_and_queues_the_next<F: Factory>(
+    factory: &F,
+) {
+    use homing::store::{OnBusy, TurnEvent};
+    let env = Env::new(factory).await;
+    let s = env.open().await;
+    let other = env.open().await;
+
+    // A run holds the thread on the other instance, with more work queued behind it.
+    let running = hold(&other, "t", "d1", 30_000).await;
+    other
+        .log
+        .append("t", b"before", Some(&fence(&running)))
+        .await
+        .expect("append");
+    put_on(&s, "t", "q1").await;
+    let epoch = s.mailbox.thread_epoch("t").await.expect("epoch");
+
+    let sent = send(&s, "t", follow_up("stop").on_busy(OnBusy::Interrupt)).await;
+    assert_eq!(sent.message.kind, MessageKind::FollowUp);
+    assert_eq!(sent.busy.as_deref(), Some("d1"));
+    let (stopped, at) = sent.interrupted.clone().expect("the run was interrupted");
+    assert_eq!(stopped, "d1");
+    assert_eq!(sent.follow_ups.len(), 1, "{sent:?}");
+    let next = sent.follow_ups[0].clone();
+    assert_eq!(s.mailbox.thread_epoch("t").await.expect("epoch"), epoch + 1);
+    let q = s.mailbox.load("q1").await.expect("load").expect("q1");
+    assert_eq!(q.status, Status::Superseded, "queued work goes: {q:?}");
+
+    // The log: the run's entry stays, the turn's end follows it.
+    let log = s.log.read("t", 0, 10).await.expect("read");
+    assert_eq!(log.len(), 2, "{log:?}");
+    assert_eq!(log[0].data, b"before");
+    assert_eq!(log[1].seq, at);
+    assert!(log[1].data.is_empty());
+    let mark = log[1].turn.clone().expect("a turn mark");
+    assert_eq!(mark.event, TurnEvent::Interrupted);
+    assert_eq!((mark.dispatch.as_str(), mark.message), ("d1", 1));
+
+    // A second interrupt of the same run moves nothing: it waits with the first.
+    let again = send(&s, "t", follow_up("and this").on_busy(OnBusy::Interrupt)).await;
+    assert_eq!(again.interrupted, None, "{again:?}");
+    assert!(again.follow_ups.is_empty(), "{again:?}");
+    assert_eq!(s.mailbox.thread_epoch("t").await.expect("epoch"), epoch + 1);
+    assert_eq!(s.log.read("t", 0, 10).await.expect("read").len(), 2);
+
+    // The follow-up waits for the stopped run, whose writes are fenced.
+    assert!(
+        s.mailbox
+            .claim_dispatch(&next, WORKER, LEASE)
+            .await
+            .expect("claim")
+            .is_none(),
+        "the stopped run still holds the thread"
+    );
+    match s.log.append("t", b"late", Some(&fence(&running))).await {
+        Err(StoreError::StaleEpoch { .. }) => {}
+        other => panic!("the stopped run's write: {other:?}"),
+    }
+    let turn = retry(|| s.mailbox.claim_dispatch(&next, WORKER, LEASE))
+        .await
+        .expect("claim")
+        .expect("the follow-up runs once the thread is free");
+    assert_eq!(turn.epoch, epoch + 1);
+    assert_eq!(
+        turn.metadata.get(FOLLOW_UP_MESSAGES).map(String::as_str),
+        Some("1-1")
+    );
+    assert_eq!(
+        seqs_in(&s, "t", Some(MessageState::Pending)).await,
+        vec![1, 2]
+    );
+
+    // A waiting holder is superseded in the same step, and the follow-up can run at once.
+    let (waiting, _) = super::waitpoints::claimed_with(&other, "w", "d2", "approval").await;
+    super::waitpoints::suspend(&other, &waiting).await;
+    let sent = send(&s, "w", follow_up("stop").on_busy(OnBusy::Interrupt)).await;
+    assert_eq!(
+        sent.interrupted.as_ref().map(|(d, _)| d.as_str()),
+        Some("d2")
+    );
+    let d2 = s.mailbox.load("d2").await.expect("load").expect("d2");
+    assert_eq!(d2.status, Status::Superseded, "{d2:?}");
+    let next = sent.follow_ups.first().expect("a follow-up").clone();
+    retry(|| s.mailbox.claim_dispatch(&next, WORKER, LEASE))
+        .await
+        .expect("claim")
+        .expect("the thread is free");
+
+    // On an idle thread an interrupt starts a turn and stops nothing.
+    run_once(&s, "idle", "d3").await;
+    let sent = send(&s, "idle", follow_up("hi").on_busy(OnBusy::Interrupt)).await;
+    assert_eq!((sent.busy, sent.interrupted), (None, None));
+    assert_eq!(sent.follow_ups.len(), 1);
+}

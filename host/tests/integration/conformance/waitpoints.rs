@@ -52,7 +52,12 @@ async fn create(store: &Store, d: &Dispatch, name: &str, timeout_ms: u64) -> Cre
 }
 
 /// Enqueues `id` on `thread`, claims it (recording its start) and creates waitpoint `name`.
-async fn claimed_with(store: &Store, thread: &str, id: &str, name: &str) -> (Dispatch, Waitpoint) {
+pub(super) async fn claimed_with(
+    store: &Store,
+    thread: &str,
+    id: &str,
+    name: &str,
+) -> (Dispatch, Waitpoint) {
     put_on(store, thread, id).await;
     let d = claim_id(store, id).await;
     let d = store.mailbox.record_start(id, &tok(&d)).await.unwrap();
@@ -61,7 +66,7 @@ async fn claimed_with(store: &Store, thread: &str, id: &str, name: &str) -> (Dis
 }
 
 /// Suspends claim `d`; it must succeed.
-async fn suspend(store: &Store, d: &Dispatch) -> Dispatch {
+pub(super) async fn suspend(store: &Store, d: &Dispatch) -> Dispatch {
     let token = tok(d);
     retry(|| store.mailbox.suspend(&d.id, &token, MAX_RESUMES))
         .await

@@ -2428,6 +2428,7 @@ mod checker_tests {
                     data: data.as_bytes().to_vec(),
                     appended_at: T,
                     note: None,
+                    turn: None,
                 })
                 .collect();
             self.at(
@@ -2457,6 +2458,7 @@ mod checker_tests {
                 message: message(thread, seq, payload, MessageState::Pending, None),
                 follow_ups: follow_ups.iter().map(|s| (*s).to_owned()).collect(),
                 busy: None,
+                interrupted: None,
             };
             self.at(
                 at,
@@ -2526,6 +2528,7 @@ mod checker_tests {
                     data: data.as_bytes().to_vec(),
                     appended_at: T,
                     note: note.map(|m| message(thread, m, data, MessageState::Acked, None).note()),
+                    turn: None,
                 })
                 .collect();
             self.at(

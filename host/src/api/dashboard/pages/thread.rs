@@ -209,6 +209,13 @@ fn render(page: &ThreadPage, p: &Params, session: &Session) -> Markup {
                                 td.num { (e.seq) }
                                 td { (when(e.appended_at, now)) }
                                 td {
+                                    @if let Some(turn) = &e.turn {
+                                        p.note.muted {
+                                            "Turn " (turn.event.as_str()) ": dispatch "
+                                            a.mono href={ "/dispatches/" (encode(&turn.dispatch)) } { (turn.dispatch) }
+                                            " stopped by message " (turn.message)
+                                        }
+                                    }
                                     @if let Some(note) = &e.note {
                                         p.note.muted {
                                             "Message " (note.seq) " (" (kind_label(note.kind)) ") from "
