@@ -8,6 +8,9 @@ replies that exercise one tool round trip:
   assistant reply asking for the tool `add` (the first two integers in the user's message,
   else 2 and 3);
 - a request that carries the tool's result gets a final assistant text that quotes it;
+- a request whose history holds a tool call that a later message shows will never be answered
+  (no tool message for its id right after the assistant message that made it) is answered 400,
+  as OpenAI answers it;
 - a request that offers no tools (the researcher example's) gets a note numbered after the
   assistant messages it carries: `Note N on <the user's message>.`. When the user's message
   contains `(fail once)`, the request for note 3 of that message is answered 503 the first
@@ -88,10 +91,38 @@ def note_reply(messages):
     return {"role": "assistant", "content": f"Note {n} on {topic}."}, "stop"
 
 
+def unanswered_call(messages):
+    """The id of a tool call that a later message shows will never be answered: the tool
+    messages right after an assistant message with `tool_calls` must answer each of its ids.
+    OpenAI refuses such a history with a 400, and so does the stand-in."""
+    for i, m in enumerate(messages):
+        if m.get("role") != "assistant" or not m.get("tool_calls"):
+            continue
+        j = i + 1
+        answered = set()
+        while j < len(messages) and messages[j].get("role") == "tool":
+            answered.add(messages[j].get("tool_call_id"))
+            j += 1
+        if j == len(messages):
+            continue
+        for call in m["tool_calls"]:
+            if call.get("id") not in answered:
+                return call.get("id")
+    return None
+
+
 def answer(request):
     messages = request.get("messages")
     if not isinstance(messages, list) or not messages:
         return 400, {"error": {"message": "messages must be a non-empty list"}}
+    dangling = unanswered_call(messages)
+    if dangling is not None:
+        return 400, {
+            "error": {
+                "message": "An assistant message with 'tool_calls' must be followed by tool "
+                f"messages responding to each 'tool_call_id'. Missing: {dangling}"
+            }
+        }
     offered = [t.get("function", {}).get("name") for t in request.get("tools") or []]
     last_user = max(
         (i for i, m in enumerate(messages) if m.get("role") == "user"), default=-1

@@ -106,15 +106,28 @@ export class MessageNote {
   }
 }
 
-/** One thread-log entry: `seq` (BigInt), `data` (bytes), `appendedAt` (Unix ms, BigInt), and
+/** Where the host ended a turn: `event` (`'interrupted'`), `dispatch` (the run it stopped) and
+ * `message` (the inbox sequence of the message that stopped it, a BigInt). Tool calls that run
+ * left without results: see `homing-guest/history`. */
+export class TurnMark {
+  constructor(raw) {
+    this.event = raw.event;
+    this.dispatch = raw.dispatch;
+    this.message = raw.message;
+  }
+}
+
+/** One thread-log entry: `seq` (BigInt), `data` (bytes), `appendedAt` (Unix ms, BigInt),
  * `message`, a `MessageNote` when the entry records an acknowledged inbox message (its body is
- * `data`), else `undefined`. */
+ * `data`), else `undefined`, and `turn`, a `TurnMark` when the host wrote the entry to mark
+ * where a turn ended (its data is empty), else `undefined`. */
 export class LogEntry {
   constructor(raw) {
     this.seq = raw.seq;
     this.data = raw.data;
     this.appendedAt = raw.appendedAt;
     this.message = raw.message === undefined || raw.message === null ? undefined : new MessageNote(raw.message);
+    this.turn = raw.turn === undefined || raw.turn === null ? undefined : new TurnMark(raw.turn);
   }
 
   /** The entry as UTF-8 text, or `undefined` when it is not text. */

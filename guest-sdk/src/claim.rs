@@ -25,7 +25,7 @@ use crate::error::Error;
 use crate::step::StepKeys;
 
 pub use crate::__bindings::types::{
-    DispatchInfo, LogEntry, Message, MessageKind, MessageNote, StopReason,
+    DispatchInfo, LogEntry, Message, MessageKind, MessageNote, StopReason, TurnEvent, TurnMark,
 };
 
 /// How many log entries [`Claim::read_log_all`] asks for per call. The host may return fewer

@@ -87,6 +87,8 @@ pub mod enqueue;
 pub mod error;
 #[cfg(feature = "handler")]
 pub mod handler;
+#[cfg(feature = "json")]
+pub mod history;
 #[cfg(feature = "http")]
 pub mod http;
 #[cfg(feature = "json")]
@@ -97,7 +99,10 @@ pub mod waitpoint;
 
 #[cfg(feature = "agent")]
 pub use agent::{Agent, claim_next};
-pub use claim::{Claim, DispatchInfo, LogEntry, Message, MessageKind, MessageNote, StopReason};
+pub use claim::{
+    Claim, DispatchInfo, LogEntry, Message, MessageKind, MessageNote, StopReason, TurnEvent,
+    TurnMark,
+};
 pub use enqueue::{Enqueue, enqueue};
 pub use error::Error;
 #[cfg(feature = "handler")]

@@ -2,7 +2,12 @@
 //! runs a tool when the model asks for one.
 //!
 //! The payload is one user message (text). The conversation is the thread log: one JSON entry
-//! per chat message, `{"dispatch": "<id>", "message": {"role": ..., ...}}`. On each dispatch the
+//! per chat message, `{"dispatch": "<id>", "message": {"role": ..., ...}}`, and each message
+//! sent into the thread and acknowledged (a user turn). A dispatch the inbox started (empty
+//! payload: a message arrived while no run was live, or interrupted the run that was) takes
+//! the pending messages as the user's turn. Tool calls a stopped run left without results are
+//! answered as unfinished before each model call (`homing_guest::history`), so a thread whose
+//! run was interrupted mid-tool stays usable. On each dispatch the
 //! agent reads the log, appends the user's message, and POSTs
 //! `{model, messages, tools}` to `{base_url}/chat/completions` with
 //! `authorization: Bearer <api_key>`. When the reply asks for a tool (`tool_calls`), the agent
@@ -117,6 +122,12 @@ impl Model {
     fn complete(&self, claim: &Claim, history: &[Value]) -> Result<Value, String> {
         let mut messages = vec![json!({"role": "system", "content": SYSTEM})];
         messages.extend(history.iter().cloned());
+        // A run stopped between a reply asking for tools and their results (an interrupting
+        // message) left calls no result will ever answer; the model refuses such a history.
+        let closed = homing_guest::history::close_tool_calls_openai(&mut messages);
+        if closed > 0 {
+            homing_guest::info!("{closed} tool call(s) of a stopped run answered as unfinished");
+        }
         let body = json!({
             "model": self.name, "messages": messages, "tools": tools(), "stream": true
         });
@@ -234,7 +245,17 @@ impl Conversation {
             mine: Vec::new(),
         };
         for entry in &log {
-            // Entries this agent did not write (not its JSON shape) are skipped.
+            // A message sent into the thread and acknowledged is the user's turn.
+            if entry.message.is_some() {
+                let text = entry.text().unwrap_or("(a message that is not text)");
+                conversation.mine.push(false);
+                conversation
+                    .messages
+                    .push(json!({"role": "user", "content": text}));
+                continue;
+            }
+            // Entries this agent did not write (not its JSON shape) are skipped: turn marks,
+            // other writers' entries.
             let Ok(value) = entry.json::<Value>() else {
                 continue;
             };
@@ -283,7 +304,20 @@ impl Handler for Assistant {
         let model = Model::from_config()?;
         let (mut conversation, latest) = Conversation::read(claim)?;
 
-        if !conversation.mine.contains(&true) {
+        if text.is_empty() {
+            // Started by the inbox (a message arrived while no run was live, or one interrupted
+            // the last run): the pending messages are the user's turn. Acknowledging one
+            // appends it to the log, where a retry reads it back.
+            for message in claim.messages() {
+                let message = message?;
+                let text = message.text().unwrap_or("(a message that is not text)").to_owned();
+                claim.ack_message(message.seq)?;
+                conversation
+                    .messages
+                    .push(json!({"role": "user", "content": text}));
+                conversation.mine.push(true);
+            }
+        } else if !conversation.mine.contains(&true) {
             let user =
                 json!({"dispatch": claim.id(), "message": {"role": "user", "content": text}});
             match claim.append_expected(homing_guest::json::to_vec(&user)?, latest) {

@@ -7,7 +7,8 @@ log (`append`, `append_expected`, `read_log`, `read_log_all`, `log_latest`), rea
 acknowledges the thread's inbox (`next_message`, `messages`, `ack_message`), waits for people
 and webhooks (`wait_for`; under it `waitpoint`, `waitpoints`, `await_waitpoint`, `suspend`),
 memoizes work across retries and resumes (`step`), streams output to watchers (`emit`) and
-enqueues follow-ups (`enqueue`). Host
+enqueues follow-ups (`enqueue`). `homing_guest.history` closes the tool calls a stopped run
+left in a chat history. Host
 refusals raise `HomingError`, whose `kind` is the WIT `error` case (`"lost-claim"`,
 `"conflict"`, ...); stop on `error.claim_is_gone()`.
 
@@ -178,12 +179,30 @@ class MessageNote:
         return f"MessageNote(seq={self.seq}, kind={self.kind!r}, sent_by={self.sent_by!r})"
 
 
-class LogEntry:
-    """One thread-log entry: `seq`, `data` (bytes), `appended_at` (Unix ms, host clock), and
-    `message`, a `MessageNote` when the entry records an acknowledged inbox message (its body
-    is `data`), else `None`."""
+class TurnMark:
+    """Where the host ended a turn: `event` (`"interrupted"`), `dispatch` (the run it stopped)
+    and `message` (the inbox sequence of the message that stopped it). Tool calls that run left
+    without results: see `homing_guest.history`."""
 
-    __slots__ = ("seq", "data", "appended_at", "message")
+    __slots__ = ("event", "dispatch", "message")
+
+    def __init__(self, raw):
+        event = raw.event
+        self.event: str = getattr(event, "name", str(event)).lower().replace("_", "-")
+        self.dispatch: str = raw.dispatch
+        self.message: int = raw.message
+
+    def __repr__(self) -> str:
+        return f"TurnMark(event={self.event!r}, dispatch={self.dispatch!r}, message={self.message})"
+
+
+class LogEntry:
+    """One thread-log entry: `seq`, `data` (bytes), `appended_at` (Unix ms, host clock),
+    `message`, a `MessageNote` when the entry records an acknowledged inbox message (its body
+    is `data`), else `None`, and `turn`, a `TurnMark` when the host wrote the entry to mark
+    where a turn ended (its data is empty), else `None`."""
+
+    __slots__ = ("seq", "data", "appended_at", "message", "turn")
 
     def __init__(self, raw):
         self.seq: int = raw.seq
@@ -191,6 +210,8 @@ class LogEntry:
         self.appended_at: int = raw.appended_at
         note = getattr(raw, "message", None)
         self.message: Optional[MessageNote] = None if note is None else MessageNote(note)
+        turn = getattr(raw, "turn", None)
+        self.turn: Optional[TurnMark] = None if turn is None else TurnMark(turn)
 
     @property
     def text(self) -> Optional[str]:

@@ -360,6 +360,73 @@ fn js_sdk_packs() {
     }
 }
 
+/// The Python and JavaScript SDKs' history helpers (`history.py`, `history.js`) give what the
+/// shared cases expect, as the Rust SDK's `history` module does (its unit test reads the same
+/// file): tool calls a stopped run left unanswered get error results.
+#[test]
+fn sdk_history_helpers_close_unanswered_tool_calls_in_python_and_javascript() {
+    let cases = root().join("guest-sdk/testdata/tool_calls.json");
+    let python = std::process::Command::new("python3")
+        .arg("-c")
+        .arg(
+            "import importlib.util, json, sys\n\
+             spec = importlib.util.spec_from_file_location('history', sys.argv[1])\n\
+             h = importlib.util.module_from_spec(spec); spec.loader.exec_module(h)\n\
+             n = 0\n\
+             for c in json.load(open(sys.argv[2])):\n\
+             \x20   m = c['input']\n\
+             \x20   f = {'openai': h.close_tool_calls_openai, 'anthropic': h.close_tool_calls_anthropic}[c['format']]\n\
+             \x20   added = f(m)\n\
+             \x20   assert (m, added) == (c['expected'], c['added']), (c['name'], m, added)\n\
+             \x20   n += 1\n\
+             print(n)\n",
+        )
+        .arg(root().join("guest-sdk/python/homing_guest/history.py"))
+        .arg(&cases)
+        .output()
+        .expect("python3 runs (the tests need Python)");
+    assert!(
+        python.status.success(),
+        "python: {}",
+        String::from_utf8_lossy(&python.stderr)
+    );
+    let node = std::process::Command::new("node")
+        .args(["--input-type=module", "-e"])
+        .arg(
+            "import { readFileSync } from 'node:fs';\n\
+             import assert from 'node:assert/strict';\n\
+             const h = await import(process.argv[1]);\n\
+             let n = 0;\n\
+             for (const c of JSON.parse(readFileSync(process.argv[2], 'utf8'))) {\n\
+               const f = c.format === 'openai' ? h.closeToolCallsOpenai : h.closeToolCallsAnthropic;\n\
+               const m = c.input; const added = f(m);\n\
+               assert.deepStrictEqual(m, c.expected, c.name); assert.equal(added, c.added, c.name);\n\
+               n += 1;\n\
+             }\n\
+             console.log(n);\n",
+        )
+        .arg(format!(
+            "file://{}",
+            root().join("guest-sdk/js/history.js").display()
+        ))
+        .arg(&cases)
+        .output()
+        .expect("node runs (the tests need Node)");
+    assert!(
+        node.status.success(),
+        "node: {}",
+        String::from_utf8_lossy(&node.stderr)
+    );
+    let count = |out: &[u8]| {
+        String::from_utf8_lossy(out)
+            .trim()
+            .parse::<usize>()
+            .unwrap()
+    };
+    assert!(count(&python.stdout) >= 10, "every case ran in Python");
+    assert_eq!(count(&python.stdout), count(&node.stdout));
+}
+
 /// The Python SDK builds into a wheel carrying the package and its WIT (built from a copy, so
 /// the build leaves nothing in the repository).
 #[test]
@@ -373,6 +440,7 @@ fn python_sdk_builds_a_wheel() {
         "homing_guest/__init__.py",
         "homing_guest/http.py",
         "homing_guest/config.py",
+        "homing_guest/history.py",
         "homing_guest/py.typed",
         "homing_guest/wit/homing.wit",
     ] {

@@ -593,3 +593,122 @@ fn assistant_with_a_wrong_key_fails_without_revealing_it() {
     );
     assert!(!format!("{d}{log}").contains("a-wrong-key-5d2e"));
 }
+
+/// A run stopped between the model's reply asking for two tools and their results (an
+/// `interrupt` message) leaves the conversation with two calls no result will ever answer, and
+/// the stand-in model, like OpenAI, refuses such a history with a 400. The turn the interrupting
+/// message starts reads the log, takes the message as the user's turn, answers the two calls as
+/// unfinished (`homing_guest::history`) and goes on; nothing of the stopped run lands after the
+/// turn's mark.
+#[test]
+fn a_turn_after_an_interrupt_answers_the_tool_calls_the_stopped_run_left() {
+    use homing::store::embedded::EmbeddedStore;
+    use homing::store::{Fence, NewDispatch, StoreError, SystemClock};
+
+    const KEY: &str = "assistant-test-key-51aa";
+    let model = StandIn::start(KEY);
+    let env = Env::new(&assistant_config());
+    let store = EmbeddedStore::open(&env.path().join("homing.db"), Arc::new(SystemClock))
+        .unwrap()
+        .store();
+    let rt = tokio::runtime::Runtime::new().unwrap();
+
+    // The run that will be stopped: claimed by a host of its own, it has asked the model and
+    // logged the reply with two tool calls, and runs the first tool when the message comes.
+    let stopped = rt.block_on(async {
+        let mut new = NewDispatch::new("assistant", "chat", b"What is 40 + 2, and 1 + 1?".to_vec());
+        new.id = Some("stopped-run".into());
+        store.mailbox.enqueue(new).await.unwrap();
+        let d = store
+            .mailbox
+            .claim_dispatch("stopped-run", "another-host/assistant", 60_000)
+            .await
+            .unwrap()
+            .unwrap();
+        let fence = Fence::of(&d).unwrap();
+        let call = |id: &str, a: u32, b: u32| {
+            json!({"id": id, "type": "function",
+                   "function": {"name": "add", "arguments": json!({"a": a, "b": b}).to_string()}})
+        };
+        for message in [
+            json!({"role": "user", "content": "What is 40 + 2, and 1 + 1?"}),
+            json!({"role": "assistant", "content": null,
+                   "tool_calls": [call("call_a", 40, 2), call("call_b", 1, 1)]}),
+        ] {
+            let entry = json!({"dispatch": "stopped-run", "message": message}).to_string();
+            store
+                .log
+                .append("chat", entry.as_bytes(), Some(&fence))
+                .await
+                .unwrap();
+        }
+        fence
+    });
+
+    let sent: Value = serde_json::from_str(&env.ok(&[
+        "thread",
+        "send",
+        "chat",
+        "--agent",
+        "assistant",
+        "--on-busy",
+        "interrupt",
+        "--payload",
+        "Never mind: what is 2 + 3?",
+        "--json",
+    ]))
+    .unwrap();
+    assert_eq!(sent["interrupted"]["dispatch"], "stopped-run", "{sent}");
+    let next = sent["follow_ups"][0].as_str().unwrap().to_owned();
+    // The stopped run's next write (its first tool's result) is refused, and lets the thread go.
+    rt.block_on(async {
+        let late = json!({"dispatch": "stopped-run",
+                          "message": {"role": "tool", "tool_call_id": "call_a", "content": "42"}});
+        match store
+            .log
+            .append("chat", late.to_string().as_bytes(), Some(&stopped))
+            .await
+        {
+            Err(StoreError::StaleEpoch { .. }) => {}
+            other => panic!("the stopped run's write: {other:?}"),
+        }
+    });
+
+    let log = run_until_idle_with(
+        &env,
+        &[
+            ("ASSISTANT_BASE_URL", &model.url),
+            ("ASSISTANT_API_KEY", KEY),
+        ],
+    );
+    let answer = output(&env, &next);
+    assert!(answer.contains("the tool answered 5"), "{answer}\n{log}");
+    assert!(
+        log.contains("2 tool call(s) of a stopped run answered as unfinished"),
+        "{log}"
+    );
+    assert_eq!(env.show("stopped-run")["status"], "superseded");
+
+    let entries: Vec<Value> =
+        serde_json::from_str(&env.ok(&["thread", "log", "chat", "--json"])).unwrap();
+    let mark = entries
+        .iter()
+        .position(|e| e["turn"]["event"] == "interrupted")
+        .unwrap_or_else(|| panic!("a turn mark: {entries:?}"));
+    assert_eq!(
+        mark, 2,
+        "the mark follows the stopped run's two entries: {entries:?}"
+    );
+    assert_eq!(entries[mark + 1]["data"], "Never mind: what is 2 + 3?");
+    let after: Vec<String> = entries[mark + 2..]
+        .iter()
+        .map(|e| {
+            serde_json::from_str::<Value>(e["data"].as_str().unwrap()).unwrap()["dispatch"]
+                .to_string()
+        })
+        .collect();
+    assert!(
+        !after.is_empty() && after.iter().all(|d| d.contains(&next)),
+        "only the new turn writes after the mark: {entries:?}"
+    );
+}
