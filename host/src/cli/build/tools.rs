@@ -52,6 +52,10 @@ const SDK: &[(&str, &str)] = &[
         include_str!("../../../../guest-sdk/python/homing_guest/config.py"),
     ),
     (
+        "python/homing_guest/history.py",
+        include_str!("../../../../guest-sdk/python/homing_guest/history.py"),
+    ),
+    (
         "python/homing_guest/wit/homing.wit",
         super::super::new::CONTRACT,
     ),
@@ -71,9 +75,13 @@ const SDK: &[(&str, &str)] = &[
         "js/config.js",
         include_str!("../../../../guest-sdk/js/config.js"),
     ),
+    (
+        "js/history.js",
+        include_str!("../../../../guest-sdk/js/history.js"),
+    ),
     ("js/wit/homing.wit", super::super::new::CONTRACT),
     // The Rust crate, as `cargo package` makes it (its `include` list: Cargo.toml, README.md,
-    // src/, wit/). `homing build` points `homing-guest` at this copy, so a Rust agent builds
+    // src/, testdata/, wit/). `homing build` points `homing-guest` at this copy, so a Rust agent builds
     // with no checkout of Homing and no registry entry for the crate. A test checks this list
     // against the crate's files.
     (
@@ -113,6 +121,10 @@ const SDK: &[(&str, &str)] = &[
         include_str!("../../../../guest-sdk/src/handler.rs"),
     ),
     (
+        "rust/homing-guest/src/history.rs",
+        include_str!("../../../../guest-sdk/src/history.rs"),
+    ),
+    (
         "rust/homing-guest/src/http.rs",
         include_str!("../../../../guest-sdk/src/http.rs"),
     ),
@@ -135,6 +147,10 @@ const SDK: &[(&str, &str)] = &[
     (
         "rust/homing-guest/src/waitpoint.rs",
         include_str!("../../../../guest-sdk/src/waitpoint.rs"),
+    ),
+    (
+        "rust/homing-guest/testdata/tool_calls.json",
+        include_str!("../../../../guest-sdk/testdata/tool_calls.json"),
     ),
     (
         "rust/homing-guest/wit/homing.wit",
@@ -575,13 +591,14 @@ mod tests {
     }
 
     /// The Rust crate the binary carries is the whole crate as `cargo package` includes it
-    /// (Cargo.toml, README.md, src/, wit/), byte for byte.
+    /// (Cargo.toml, README.md, src/, testdata/, wit/), byte for byte.
     #[test]
     fn the_carried_rust_crate_is_the_whole_crate() {
         let crate_dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("../guest-sdk");
         let mut on_disk = BTreeSet::from(["Cargo.toml".to_owned(), "README.md".to_owned()]);
-        files_under(&crate_dir, &crate_dir.join("src"), &mut on_disk);
-        files_under(&crate_dir, &crate_dir.join("wit"), &mut on_disk);
+        for dir in ["src", "testdata", "wit"] {
+            files_under(&crate_dir, &crate_dir.join(dir), &mut on_disk);
+        }
         let carried: BTreeSet<String> = SDK
             .iter()
             .filter_map(|(path, _)| path.strip_prefix("rust/homing-guest/"))

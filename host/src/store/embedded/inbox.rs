@@ -27,7 +27,7 @@ use super::rows::{self, db};
 use super::{EmbeddedStore, Inner, MAX_VALUE};
 use crate::store::inbox::{
     Inbox, InboxMarks, Message, MessageFilter, MessageKind, MessageState, NOTE_ROOM, NewMessage,
-    Sent, ThreadWatch,
+    OnBusy, Sent, ThreadWatch,
 };
 use crate::store::model::{EntryNote, TurnEvent, TurnMark};
 use crate::store::rules::inbox::send_verdict;
@@ -120,9 +120,12 @@ impl Inbox for EmbeddedStore {
                 // Under a policy, what holds the thread decides the kind (or refuses), and
                 // whether the send stops it.
                 let busy = t.holder.clone();
+                // Only an interrupt asks whether the holder was stopped already (a row read).
                 let holder = match &busy {
-                    Some(id) => rows::load(tx, id)?.map(|row| !rules::stale(&row.dispatch, t.epoch)),
-                    None => None,
+                    Some(id) if new.on_busy == Some(OnBusy::Interrupt) => {
+                        rows::load(tx, id)?.map(|row| !rules::stale(&row.dispatch, t.epoch))
+                    }
+                    _ => None,
                 };
                 let verdict = send_verdict(
                     &thread,

@@ -1698,3 +1698,113 @@ pub async fn an_interrupting_send_stops_the_run_marks_its_turn_and_queues_the_ne
     assert_eq!((sent.busy, sent.interrupted), (None, None));
     assert_eq!(sent.follow_ups.len(), 1);
 }
+
+/// Interrupting sends racing each other from two instances stop the run once: one epoch bump,
+/// one turn mark, one follow-up, every message pending for it in order. An interrupting send
+/// racing the run's own ack: either the ack lands (the send then meets an idle thread and
+/// interrupts nothing) or the interrupt does (the ack is `StaleEpoch`), never both, never
+/// neither.
+pub async fn racing_interrupts_stop_a_run_once_and_race_its_ack_cleanly<F: Factory>(factory: &F) {
+    use homing::store::OnBusy;
+    const SENDS: usize = 10;
+    let env = Env::new(factory).await;
+    let hosts = env.open_many(3).await;
+    let running = hold(&hosts[2], "t", "run", 60_000).await;
+    let epoch = hosts[0].mailbox.thread_epoch("t").await.expect("epoch");
+
+    let mut tasks = JoinSet::new();
+    for (h, host) in hosts.iter().enumerate().take(2) {
+        let host = host.clone();
+        tasks.spawn(async move {
+            let mut sent = Vec::new();
+            for i in 0..SENDS / 2 {
+                let new = follow_up(&format!("h{h} m{i}")).on_busy(OnBusy::Interrupt);
+                sent.push(
+                    retry(|| host.inbox.send("t", new.clone(), DEFAULT_MAX_INBOX))
+                        .await
+                        .unwrap_or_else(|e| panic!("send: {e}")),
+                );
+            }
+            sent
+        });
+    }
+    let mut sent = Vec::new();
+    while let Some(joined) = tasks.join_next().await {
+        match joined {
+            Ok(mine) => sent.extend(mine),
+            Err(err) => std::panic::resume_unwind(err.into_panic()),
+        }
+    }
+    let s = &hosts[0];
+    let stops: Vec<&Sent> = sent.iter().filter(|x| x.interrupted.is_some()).collect();
+    assert_eq!(stops.len(), 1, "one send stops the run: {sent:?}");
+    let follow_ups: Vec<&String> = sent.iter().flat_map(|x| &x.follow_ups).collect();
+    assert_eq!(follow_ups.len(), 1, "one follow-up: {sent:?}");
+    assert!(
+        sent.iter().all(|x| x.busy.as_deref() == Some("run")),
+        "{sent:?}"
+    );
+    assert_eq!(s.mailbox.thread_epoch("t").await.expect("epoch"), epoch + 1);
+    let marks: Vec<LogEntry> = s
+        .log
+        .read("t", 0, 100)
+        .await
+        .expect("read")
+        .into_iter()
+        .filter(|e| e.turn.is_some())
+        .collect();
+    assert_eq!(marks.len(), 1, "one turn mark: {marks:?}");
+    let pending: Vec<u64> = (1..=SENDS as u64).collect();
+    assert_eq!(seqs_in(s, "t", Some(MessageState::Pending)).await, pending);
+
+    // The stopped run's ack is refused; the one follow-up runs next and is handed all ten.
+    match s.mailbox.ack("run", &tok(&running)).await {
+        Err(StoreError::StaleEpoch { .. }) => {}
+        other => panic!("the stopped run's ack: {other:?}"),
+    }
+    let next = retry(|| s.mailbox.claim(AGENT, WORKER, LEASE))
+        .await
+        .expect("claim")
+        .expect("the follow-up");
+    assert_eq!(&next.id, follow_ups[0]);
+    assert_eq!(next.epoch, epoch + 1);
+    assert_eq!(seqs_in(s, "t", Some(MessageState::Pending)).await, pending);
+
+    // An interrupt racing the run's own ack, a few rounds, each on a thread of its own.
+    for round in 0..6 {
+        let thread = format!("race-{round}");
+        let id = format!("race-run-{round}");
+        let run = hold(&hosts[2], &thread, &id, 60_000).await;
+        let (sender, holder) = (hosts[round % 2].clone(), hosts[2].clone());
+        let t = thread.clone();
+        let send = tokio::spawn(async move {
+            let new = follow_up("stop").on_busy(OnBusy::Interrupt);
+            retry(|| sender.inbox.send(&t, new.clone(), DEFAULT_MAX_INBOX)).await
+        });
+        let token = tok(&run);
+        let r = id.clone();
+        let ack = tokio::spawn(async move { retry(|| holder.mailbox.ack(&r, &token)).await });
+        let sent = send
+            .await
+            .expect("join")
+            .expect("the send is stored either way");
+        let acked = ack.await.expect("join");
+        let d = load(s, &id).await;
+        match (&acked, &sent.interrupted) {
+            (Ok(_), None) => {
+                assert_eq!(d.status, Status::Acked, "{d:?}");
+                assert_eq!(sent.busy, None, "the send met an idle thread: {sent:?}");
+            }
+            (Err(StoreError::StaleEpoch { .. }), Some((stopped, _))) => {
+                assert_eq!(stopped, &id);
+                assert_eq!(d.status, Status::Superseded, "{d:?}");
+            }
+            other => panic!("round {round}: the ack and the interrupt disagree: {other:?}"),
+        }
+        assert_eq!(
+            sent.follow_ups.len(),
+            1,
+            "a turn answers the message: {sent:?}"
+        );
+    }
+}
