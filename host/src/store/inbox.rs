@@ -31,7 +31,7 @@ pub use super::model::{MessageKind, MessageNote};
 /// The page of [`Inbox::messages`] when the filter asks for 0 (every listing's).
 pub use super::rules::DEFAULT_PAGE as DEFAULT_MESSAGE_PAGE;
 /// The follow-up rule (M4) is the rules'.
-pub use super::rules::inbox::{FOLLOW_UP_BY, FOLLOW_UP_MESSAGES};
+pub use super::rules::inbox::{FOLLOW_UP_BY, FOLLOW_UP_INTERRUPTED, FOLLOW_UP_MESSAGES};
 
 /// The most messages a thread may have pending when the host names no limit (a setting's
 /// default, so it lives with the config).

@@ -342,6 +342,7 @@ fn an_interrupting_message_stops_the_run_and_the_next_turn_answers_it(store: &st
 
     let done = env.wait_status(&next, "acked", Duration::from_secs(30));
     assert_eq!(done["result"]["output"], "noted 1 message(s)", "{done}");
+    assert_eq!(done["metadata"]["interrupted"], id.as_str(), "{done}");
     let stopped = env.wait_status(&id, "superseded", Duration::from_secs(30));
     assert!(stopped["result"].is_null(), "{stopped}");
 

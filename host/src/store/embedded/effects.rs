@@ -225,17 +225,18 @@ pub(super) fn answer_inbox(
     if has_live_work(tx, thread)? {
         return Ok(Vec::new());
     }
-    follow_up(tx, thread, default_agent, now)
+    follow_up(tx, thread, default_agent, None, now)
 }
 
 /// M4's follow-ups for the pending messages of `thread` no follow-up covers yet, whatever live
 /// work the thread has: [`answer_inbox`] once the thread has none, and an interrupt-policy send
-/// behind the run it stopped (its queued and waiting dispatches superseded, the claimed one of
-/// an older epoch: the follow-up runs when that one lets the thread go).
+/// behind the run of `interrupted` it stopped (its queued and waiting dispatches superseded, the
+/// claimed one of an older epoch: the follow-up runs when that one lets the thread go).
 pub(super) fn follow_up(
     tx: &Connection,
     thread: &str,
     default_agent: Option<&str>,
+    interrupted: Option<&str>,
     now: u64,
 ) -> StoreResult<Vec<String>> {
     let t = thread_row(tx, thread)?;
@@ -267,7 +268,7 @@ pub(super) fn follow_up(
     let mut ids = Vec::with_capacity(targets.len());
     for (agent, first, last) in targets {
         let id = uuid::Uuid::now_v7().to_string();
-        let new = follow_up_dispatch(&agent, thread, first, last);
+        let new = follow_up_dispatch(&agent, thread, first, last, interrupted);
         insert_queued(tx, &id, &new, now)?;
         ids.push(id);
     }

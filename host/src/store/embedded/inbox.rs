@@ -185,8 +185,8 @@ impl Inbox for EmbeddedStore {
                 ])
                 .map_err(db)?;
                 save_inbox(tx, &thread, marks)?;
-                let follow_ups = if interrupted.is_some() {
-                    follow_up(tx, &thread, new.agent.as_deref(), now)?
+                let follow_ups = if let Some((stopped, _)) = &interrupted {
+                    follow_up(tx, &thread, new.agent.as_deref(), Some(stopped), now)?
                 } else if starts_follow_up {
                     answer_inbox(tx, &thread, new.agent.as_deref(), now)?
                 } else {

@@ -169,7 +169,7 @@ pub(super) fn answer_inbox(view: &View, settled: &Dispatch, now: u64) -> StoreRe
             let id = uuid::Uuid::now_v7().to_string();
             queued_record(
                 &id,
-                &follow_up_dispatch(&agent, thread, first, last),
+                &follow_up_dispatch(&agent, thread, first, last, None),
                 t.epoch,
                 now,
             )

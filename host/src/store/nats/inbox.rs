@@ -357,7 +357,7 @@ impl Inbox for NatsStore {
                 let mut records = Vec::new();
                 for (agent, first, last) in follow_up_targets(uncovered, default) {
                     let id = uuid::Uuid::now_v7().to_string();
-                    let new = follow_up_dispatch(&agent, thread, first, last);
+                    let new = follow_up_dispatch(&agent, thread, first, last, interrupting);
                     follow_ups.push(id.clone());
                     records.push(queued_record(&id, &new, t.epoch, now));
                 }

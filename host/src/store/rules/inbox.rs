@@ -10,6 +10,9 @@ use crate::store::model::{MessageKind, NewDispatch};
 pub const FOLLOW_UP_BY: (&str, &str) = ("enqueued-by", "inbox");
 /// The metadata key naming the range of messages a follow-up answers (`first-last`).
 pub const FOLLOW_UP_MESSAGES: &str = "messages";
+/// The metadata key of a follow-up an interrupting send enqueued: the dispatch it stopped, so
+/// the follow-up's claim knows the turn before it was cut short.
+pub const FOLLOW_UP_INTERRUPTED: &str = "interrupted";
 
 /// The follow-up dispatches M4 enqueues for `pending` (the thread's pending messages with a
 /// sequence above its `followed` watermark, oldest first): one per distinct target, the
@@ -36,11 +39,22 @@ pub fn follow_up_targets<'a>(
     out
 }
 
-/// The dispatch that answers messages `first..=last` of `thread` for `agent` (M4).
-pub fn follow_up_dispatch(agent: &str, thread: &str, first: u64, last: u64) -> NewDispatch {
-    NewDispatch::new(agent, thread, Vec::new())
+/// The dispatch that answers messages `first..=last` of `thread` for `agent` (M4), after the
+/// run of dispatch `interrupted` when an interrupting send enqueues it (case c).
+pub fn follow_up_dispatch(
+    agent: &str,
+    thread: &str,
+    first: u64,
+    last: u64,
+    interrupted: Option<&str>,
+) -> NewDispatch {
+    let new = NewDispatch::new(agent, thread, Vec::new())
         .with_metadata(FOLLOW_UP_BY.0, FOLLOW_UP_BY.1)
-        .with_metadata(FOLLOW_UP_MESSAGES, format!("{first}-{last}"))
+        .with_metadata(FOLLOW_UP_MESSAGES, format!("{first}-{last}"));
+    match interrupted {
+        Some(id) => new.with_metadata(FOLLOW_UP_INTERRUPTED, id),
+        None => new,
+    }
 }
 
 /// What a send does, as [`send_verdict`] decides it.

@@ -8,7 +8,9 @@
 use std::collections::{BTreeMap, BTreeSet};
 use std::time::Duration;
 
-use homing::store::inbox::{DEFAULT_MAX_INBOX, FOLLOW_UP_BY, FOLLOW_UP_MESSAGES};
+use homing::store::inbox::{
+    DEFAULT_MAX_INBOX, FOLLOW_UP_BY, FOLLOW_UP_INTERRUPTED, FOLLOW_UP_MESSAGES,
+};
 use homing::store::{
     DEFAULT_MAX_ATTEMPTS, DEFAULT_PRIORITY, Fence, InboxMarks, LogEntry, Message, MessageFilter,
     MessageKind, MessageState, NewMessage, RunResult, Sent, Status, StoreError,
@@ -1672,6 +1674,11 @@ pub async fn an_interrupting_send_stops_the_run_marks_its_turn_and_queues_the_ne
         Some("1-1")
     );
     assert_eq!(
+        turn.metadata.get(FOLLOW_UP_INTERRUPTED).map(String::as_str),
+        Some("d1"),
+        "the follow-up's claim says which run was stopped"
+    );
+    assert_eq!(
         seqs_in(&s, "t", Some(MessageState::Pending)).await,
         vec![1, 2]
     );
@@ -1697,6 +1704,8 @@ pub async fn an_interrupting_send_stops_the_run_marks_its_turn_and_queues_the_ne
     let sent = send(&s, "idle", follow_up("hi").on_busy(OnBusy::Interrupt)).await;
     assert_eq!((sent.busy, sent.interrupted), (None, None));
     assert_eq!(sent.follow_ups.len(), 1);
+    let idle = load(&s, &sent.follow_ups[0]).await;
+    assert_eq!(idle.metadata.get(FOLLOW_UP_INTERRUPTED), None, "{idle:?}");
 }
 
 /// Interrupting sends racing each other from two instances stop the run once: one epoch bump,
