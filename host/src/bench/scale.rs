@@ -64,15 +64,14 @@ impl Place {
                     prefix: format!("scale{}x{size}", std::process::id()),
                     ..NatsConfig::default()
                 };
-                let store =
-                    NatsStore::connect_client(&config, ServerClock::over(Arc::new(SystemClock)))
-                        .await
-                        .with_context(|| {
-                            format!(
-                                "opening a NATS store at {}",
-                                crate::config::shown_nats_url(url)
-                            )
-                        })?;
+                let store = NatsStore::connect_client(&config, ServerClock::system())
+                    .await
+                    .with_context(|| {
+                        format!(
+                            "opening a NATS store at {}",
+                            crate::config::shown_nats_url(url)
+                        )
+                    })?;
                 Ok(Place::Nats { config, store })
             }
         }

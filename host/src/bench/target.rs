@@ -96,7 +96,7 @@ impl Target {
                     prefix: format!("bench{}x{n}", std::process::id()),
                     ..NatsConfig::default()
                 };
-                let store = NatsStore::connect(&config, ServerClock::over(Arc::new(SystemClock)))
+                let store = NatsStore::connect(&config, ServerClock::system())
                     .await
                     .with_context(|| {
                         format!(
@@ -132,7 +132,7 @@ impl Target {
     pub(super) async fn second(&self, scratch: &Scratch) -> anyhow::Result<Option<Store>> {
         match &scratch.nats {
             Some(nats) => Ok(Some(
-                NatsStore::connect(&nats.config, ServerClock::over(Arc::new(SystemClock)))
+                NatsStore::connect(&nats.config, ServerClock::system())
                     .await
                     .context("a second NATS store instance")?
                     .into_store(),

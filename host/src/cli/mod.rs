@@ -263,7 +263,7 @@ pub async fn open_store(config: &Config, role: Role) -> anyhow::Result<Store> {
             // the stream for them.
             nats.settled_ttl = Some(config.host.retention);
             // The hosts of one stream share its server's clock, not their own.
-            let clock = ServerClock::over(Arc::new(SystemClock));
+            let clock = ServerClock::system();
             let opened = match role {
                 Role::Host => NatsStore::open(&nats, clock).await,
                 Role::Client => NatsStore::open_client(&nats, clock).await,

@@ -90,6 +90,12 @@ impl Anchor {
 }
 
 impl ServerClock {
+    /// A clock following the server's stamps, answering from the machine's clock until the
+    /// first: what every NATS store of a host, the CLI and the bench reads.
+    pub fn system() -> Arc<Self> {
+        ServerClock::over(Arc::new(SystemClock))
+    }
+
     /// A clock following the server's stamps, answering from `local` until the first.
     pub fn over(local: SharedClock) -> Arc<Self> {
         Arc::new(ServerClock {
