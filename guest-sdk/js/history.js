@@ -88,3 +88,15 @@ export function closeToolCallsAnthropic(messages) {
   }
   return added;
 }
+
+/** The log entries a reader of the conversation keeps: all but those a `rollback` message
+ * masked (a mark's `turn.masked`, `{first, last}`: the stopped run's entries, still stored). A
+ * mark comes after what it masks, so give it entries read to the log's end, as
+ * `claim.readLogAll()` returns them. The marks themselves are kept. */
+export function unmasked(entries) {
+  const masks = entries
+    .map((e) => (e && e.turn ? e.turn.masked : undefined))
+    .filter((m) => m !== undefined && m !== null);
+  if (masks.length === 0) return [...entries];
+  return entries.filter((e) => !masks.some((m) => m.first <= e.seq && e.seq <= m.last));
+}

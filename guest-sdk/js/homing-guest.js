@@ -106,14 +106,19 @@ export class MessageNote {
   }
 }
 
-/** Where the host ended a turn: `event` (`'interrupted'`), `dispatch` (the run it stopped) and
- * `message` (the inbox sequence of the message that stopped it, a BigInt). Tool calls that run
- * left without results: see `homing-guest/history`. */
+/** Where the host ended a turn: `event` (`'interrupted'` or `'rolled-back'`), `dispatch` (the
+ * run it stopped), `message` (the inbox sequence of the message that stopped it, a BigInt) and,
+ * for a rollback, `masked`: `{first, last}` (BigInts), the log entries that run wrote, which the
+ * conversation no longer holds (`unmasked` in `homing-guest/history` drops them), else
+ * `undefined`. Tool calls a stopped run left without results: see `homing-guest/history`. */
 export class TurnMark {
   constructor(raw) {
     this.event = raw.event;
     this.dispatch = raw.dispatch;
     this.message = raw.message;
+    this.masked = raw.masked === undefined || raw.masked === null
+      ? undefined
+      : { first: raw.masked.first, last: raw.masked.last };
   }
 }
 

@@ -25,8 +25,27 @@ use crate::error::Error;
 use crate::step::StepKeys;
 
 pub use crate::__bindings::types::{
-    DispatchInfo, LogEntry, Message, MessageKind, MessageNote, StopReason, TurnEvent, TurnMark,
+    DispatchInfo, LogEntry, LogRange, Message, MessageKind, MessageNote, StopReason, TurnEvent,
+    TurnMark,
 };
+
+/// The entries of `entries` a reader of the conversation keeps: all but those a `rollback`
+/// message masked ([`TurnMark::masked`]: the stopped run's entries, still stored). A mark comes
+/// after what it masks, so give it entries read to the log's end, as
+/// [`Claim::read_log_all`] returns them. The marks themselves are kept.
+pub fn unmasked(entries: Vec<LogEntry>) -> Vec<LogEntry> {
+    let masks: Vec<LogRange> = entries
+        .iter()
+        .filter_map(|e| e.turn.as_ref().and_then(|t| t.masked))
+        .collect();
+    if masks.is_empty() {
+        return entries;
+    }
+    entries
+        .into_iter()
+        .filter(|e| !masks.iter().any(|m| (m.first..=m.last).contains(&e.seq)))
+        .collect()
+}
 
 /// How many log entries [`Claim::read_log_all`] asks for per call. The host may return fewer
 /// (it caps the page size); the loop ends on an empty page, not a short one.
@@ -441,6 +460,44 @@ pub(crate) fn duration_to_ms(duration: Duration) -> u64 {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// The cases `testdata/masks.json` shares with the Python and JavaScript SDKs.
+    #[cfg(feature = "json")]
+    #[test]
+    fn unmasked_keeps_what_the_shared_cases_expect() -> Result<(), serde_json::Error> {
+        use serde_json::Value;
+        let cases: Vec<Value> = serde_json::from_str(include_str!("../testdata/masks.json"))?;
+        assert!(cases.len() >= 6);
+        for case in cases {
+            let entries = case["entries"]
+                .as_array()
+                .into_iter()
+                .flatten()
+                .map(|e| LogEntry {
+                    seq: e["seq"].as_u64().unwrap_or_default(),
+                    data: Vec::new(),
+                    appended_at: 0,
+                    message: None,
+                    turn: e.get("turn").map(|t| TurnMark {
+                        event: if t["event"] == "rolled-back" {
+                            TurnEvent::RolledBack
+                        } else {
+                            TurnEvent::Interrupted
+                        },
+                        dispatch: "d".into(),
+                        message: 1,
+                        masked: t["masked"].as_array().map(|r| LogRange {
+                            first: r[0].as_u64().unwrap_or_default(),
+                            last: r[1].as_u64().unwrap_or_default(),
+                        }),
+                    }),
+                })
+                .collect();
+            let kept: Vec<Value> = unmasked(entries).iter().map(|e| e.seq.into()).collect();
+            assert_eq!(Value::from(kept), case["expected"], "{}", case["name"]);
+        }
+        Ok(())
+    }
 
     fn info_with_metadata(metadata: &[(&str, &str)]) -> DispatchInfo {
         DispatchInfo {

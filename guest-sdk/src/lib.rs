@@ -100,8 +100,8 @@ pub mod waitpoint;
 #[cfg(feature = "agent")]
 pub use agent::{Agent, claim_next};
 pub use claim::{
-    Claim, DispatchInfo, LogEntry, Message, MessageKind, MessageNote, StopReason, TurnEvent,
-    TurnMark,
+    Claim, DispatchInfo, LogEntry, LogRange, Message, MessageKind, MessageNote, StopReason,
+    TurnEvent, TurnMark, unmasked,
 };
 pub use enqueue::{Enqueue, enqueue};
 pub use error::Error;

@@ -7,7 +7,8 @@
 //! payload: a message arrived while no run was live, or interrupted the run that was) takes
 //! the pending messages as the user's turn. Tool calls a stopped run left without results are
 //! answered as unfinished before each model call (`homing_guest::history`), so a thread whose
-//! run was interrupted mid-tool stays usable. On each dispatch the
+//! run was interrupted mid-tool stays usable; the entries of a run a `rollback` message stopped
+//! are left out (`homing_guest::unmasked`). On each dispatch the
 //! agent reads the log, appends the user's message, and POSTs
 //! `{model, messages, tools}` to `{base_url}/chat/completions` with
 //! `authorization: Bearer <api_key>`. When the reply asks for a tool (`tool_calls`), the agent
@@ -240,6 +241,8 @@ impl Conversation {
     fn read(claim: &Claim) -> Result<(Conversation, u64), Error> {
         let log = claim.read_log_all()?;
         let latest = log.last().map_or(0, |entry| entry.seq);
+        // What a `rollback` message masked (a stopped run's turn) is not the conversation.
+        let log = homing_guest::unmasked(log);
         let mut conversation = Conversation {
             messages: Vec::new(),
             mine: Vec::new(),

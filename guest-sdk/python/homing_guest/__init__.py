@@ -180,20 +180,29 @@ class MessageNote:
 
 
 class TurnMark:
-    """Where the host ended a turn: `event` (`"interrupted"`), `dispatch` (the run it stopped)
-    and `message` (the inbox sequence of the message that stopped it). Tool calls that run left
-    without results: see `homing_guest.history`."""
+    """Where the host ended a turn: `event` (`"interrupted"` or `"rolled-back"`), `dispatch`
+    (the run it stopped), `message` (the inbox sequence of the message that stopped it) and, for
+    a rollback, `masked`: `(first, last)`, the log entries that run wrote, which the
+    conversation no longer holds (`homing_guest.history.unmasked` drops them), else `None`.
+    Tool calls a stopped run left without results: see `homing_guest.history`."""
 
-    __slots__ = ("event", "dispatch", "message")
+    __slots__ = ("event", "dispatch", "message", "masked")
 
     def __init__(self, raw):
         event = raw.event
         self.event: str = getattr(event, "name", str(event)).lower().replace("_", "-")
         self.dispatch: str = raw.dispatch
         self.message: int = raw.message
+        masked = getattr(raw, "masked", None)
+        self.masked: Optional[Tuple[int, int]] = (
+            None if masked is None else (masked.first, masked.last)
+        )
 
     def __repr__(self) -> str:
-        return f"TurnMark(event={self.event!r}, dispatch={self.dispatch!r}, message={self.message})"
+        return (
+            f"TurnMark(event={self.event!r}, dispatch={self.dispatch!r}, "
+            f"message={self.message}, masked={self.masked!r})"
+        )
 
 
 class LogEntry:

@@ -90,3 +90,19 @@ def close_tool_calls_anthropic(messages):
         content[results:results] = missing
         added += len(missing)
     return added
+
+
+def unmasked(entries):
+    """The log entries a reader of the conversation keeps: all but those a `rollback` message
+    masked (a mark's `turn.masked`, `(first, last)`: the stopped run's entries, still stored).
+    A mark comes after what it masks, so give it entries read to the log's end, as
+    `Claim.read_log_all()` returns them. The marks themselves are kept."""
+    masks = []
+    for entry in entries:
+        turn = getattr(entry, "turn", None)
+        masked = getattr(turn, "masked", None) if turn is not None else None
+        if masked is not None:
+            masks.append((masked[0], masked[1]))
+    if not masks:
+        return list(entries)
+    return [e for e in entries if not any(first <= e.seq <= last for first, last in masks)]

@@ -131,6 +131,20 @@ pub(crate) fn entry(e: &LogEntry) -> Value {
             }),
         );
     }
+    if let (Some(turn), Some(map)) = (&e.turn, v.as_object_mut()) {
+        let mut mark = json!({
+            "event": turn.event.as_str(),
+            "dispatch": turn.dispatch,
+            "message": turn.message,
+        });
+        if let (Some(masked), Some(m)) = (turn.masked, mark.as_object_mut()) {
+            m.insert(
+                "masked".into(),
+                json!({ "first": masked.first, "last": masked.last }),
+            );
+        }
+        map.insert("turn".into(), mark);
+    }
     v
 }
 

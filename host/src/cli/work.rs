@@ -16,7 +16,7 @@ use crate::live::{Hub, LiveSettings};
 use crate::store::deltas::Cursor;
 use crate::store::model::check_name;
 use crate::store::{
-    Dispatch, JournalData, ListCursor, ListFilter, LogEntry, MessageFilter, MessageKind,
+    Dispatch, JournalData, ListCursor, ListFilter, LogEntry, LogRange, MessageFilter, MessageKind,
     MessageState, NewDispatch, NewMessage, OnBusy, Status, Store, StoreError, Waitpoint,
     WaitpointFilter, WaitpointState,
 };
@@ -168,9 +168,14 @@ pub enum ThreadCommand {
         #[arg(long, default_value_t = 1000)]
         limit: usize,
         /// Keep following: print new entries as they are appended, until interrupted (with
-        /// `--json`, one JSON object per line).
+        /// `--json`, one JSON object per line). Entries a later rollback masks are printed as
+        /// they come; its mark says which.
         #[arg(long)]
         follow: bool,
+        /// Also the entries a `rollback` message masked (hidden by default; the log keeps
+        /// them), each marked `masked`.
+        #[arg(long)]
+        all: bool,
         /// JSON output.
         #[arg(long)]
         json: bool,
@@ -272,8 +277,9 @@ pub struct SendArgs {
     #[arg(long, default_value = "follow-up")]
     pub kind: String,
     /// When a run holds the thread: `enqueue` (wait for the next turn), `steer` (to the live
-    /// run), `reject` (refused, exit 7, nothing stored) or `interrupt` (the run is stopped, its
-    /// turn's end marked in the log, and a follow-up answers the message). On an idle thread
+    /// run), `reject` (refused, exit 7, nothing stored), `interrupt` (the run is stopped, its
+    /// turn's end marked in the log, and a follow-up answers the message) or `rollback` (as
+    /// `interrupt`, and what the stopped run wrote to the log is masked). On an idle thread
     /// every policy starts a turn. Default: the agent's `[plugins.x.inbox] on_busy`, else
     /// `--kind`.
     #[arg(long, conflicts_with = "kind")]
@@ -726,6 +732,7 @@ pub(super) async fn thread(
             after,
             limit,
             follow,
+            all,
             json,
         } => {
             name("thread", &thread)?;
@@ -733,11 +740,23 @@ pub(super) async fn thread(
                 return follow_log(store, &thread, after, json).await;
             }
             let entries = store.log.read(&thread, after, limit).await?;
+            let masks = match entries.last() {
+                Some(last) => masks_from(store, &thread, &entries, last.seq).await?,
+                None => Vec::new(),
+            };
+            let masked = |e: &LogEntry| masks.iter().any(|m| m.contains(e.seq));
+            let entries = entries.into_iter().filter(|e| all || !masked(e));
             if json {
+                let entries: Vec<LogEntry> = entries.collect();
                 println!("{}", serde_json::to_string_pretty(&entries)?);
             } else {
                 for entry in entries {
-                    println!("{}", entry_line(&entry));
+                    let line = entry_line(&entry);
+                    if masked(&entry) {
+                        println!("{line}  [masked]");
+                    } else {
+                        println!("{line}");
+                    }
                 }
             }
         }
@@ -988,12 +1007,38 @@ async fn send(config: &Config, store: &Store, args: SendArgs) -> anyhow::Result<
     }
 }
 
+/// The ranges the rollback marks of `thread` mask: those among `read` and those after it, up to
+/// the log's end (a mark comes after what it masks, so a page of the log is not enough to know
+/// what to hide in it).
+async fn masks_from(
+    store: &Store,
+    thread: &str,
+    read: &[LogEntry],
+    mut after: u64,
+) -> anyhow::Result<Vec<LogRange>> {
+    let mark = |e: &LogEntry| e.turn.as_ref().and_then(|t| t.masked);
+    let mut masks: Vec<LogRange> = read.iter().filter_map(mark).collect();
+    loop {
+        let page = store.log.read(thread, after, 1000).await?;
+        let Some(last) = page.last() else {
+            return Ok(masks);
+        };
+        after = last.seq;
+        masks.extend(page.iter().filter_map(mark));
+    }
+}
+
 /// One log entry as `thread log` prints it: its sequence, then (for an acknowledged message)
-/// which message it records, then its data; a turn's mark says what ended the turn.
+/// which message it records, then its data; a turn's mark says what ended the turn (and, for a
+/// rollback, which entries it masked).
 fn entry_line(entry: &LogEntry) -> String {
     if let Some(turn) = &entry.turn {
+        let masked = match turn.masked {
+            Some(m) => format!("; masked entries {}-{}", m.first, m.last),
+            None => String::new(),
+        };
         return format!(
-            "{:>6}  [turn {}: dispatch {} by message {}]",
+            "{:>6}  [turn {}: dispatch {} by message {}{masked}]",
             entry.seq,
             turn.event.as_str(),
             text(&turn.dispatch),

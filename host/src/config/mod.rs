@@ -330,7 +330,8 @@ pub struct PluginConfig {
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, Default)]
 #[serde(deny_unknown_fields)]
 pub struct PluginInbox {
-    /// `"enqueue"`, `"steer"`, `"reject"` or `"interrupt"` (default: as the message's kind says, a
+    /// `"enqueue"`, `"steer"`, `"reject"`, `"interrupt"` or `"rollback"` (default: as the
+    /// message's kind says, a
     /// follow-up waiting for the next turn); a message's own `on_busy` wins, and so does a
     /// message sent as a steer.
     #[serde(default)]
@@ -350,6 +351,8 @@ pub enum BusyPolicy {
     Reject,
     /// Stop the run that holds the thread and start a turn with the message.
     Interrupt,
+    /// As `Interrupt`, and mask what the stopped run wrote to the thread log.
+    Rollback,
 }
 
 /// `[plugins.x] pin`.

@@ -104,8 +104,8 @@ pub use journal::{CallEntry, CallKind, Journal, JournalData, NewStep, Step};
 pub use limits::{ClaimRequest, Gated, LimitSet, Limits, Pause, Rate};
 pub use model::{
     Claim, DEFAULT_MAX_ATTEMPTS, DEFAULT_PRIORITY, Dispatch, DispatchRow, Fence, Interrupt,
-    ListCursor, ListFilter, LogEntry, NewDispatch, RowResult, RunResult, RunStatus, Status,
-    StatusCount, TurnEvent, TurnMark, Watermarks,
+    ListCursor, ListFilter, LogEntry, LogRange, NewDispatch, RowResult, RunResult, RunStatus,
+    Status, StatusCount, TurnEvent, TurnMark, Watermarks, unmasked,
 };
 pub use rules::{HolderOp, MAX_ERROR_TEXT};
 pub use versions::{Choice, Offer, OfferedVersion, VersionRun};

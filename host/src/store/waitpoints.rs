@@ -231,7 +231,7 @@ mod tests {
 
     fn claimed() -> Dispatch {
         let d = queued_record("d1", &NewDispatch::new("a", "t", b"p".to_vec()), 0, 10);
-        match take(d, 0, "w", 5_000, 100, true) {
+        match take(d, (0, 0), "w", 5_000, 100, true) {
             Take::Claimed(d) => d,
             other => panic!("{other:?}"),
         }

@@ -72,6 +72,7 @@ pub async fn send(
             BusyPolicy::Steer => OnBusy::Steer,
             BusyPolicy::Reject => OnBusy::Reject,
             BusyPolicy::Interrupt => OnBusy::Interrupt,
+            BusyPolicy::Rollback => OnBusy::Rollback,
         });
     }
     let agent = new.agent.clone().unwrap_or_else(|| "none".to_owned());

@@ -368,6 +368,87 @@ fn an_interrupting_message_stops_the_run_and_the_next_turn_answers_it(store: &st
     wait_exit(&mut host, Duration::from_secs(20));
 }
 
+/// `--on-busy rollback` against a running guest: as an interrupt, and the mark masks what the
+/// stopped run wrote: `thread log` (and its `--json`) shows the log as it was before the run,
+/// with the mark saying which entries it masked; `--all` shows them, marked.
+fn a_rollback_message_masks_the_stopped_run(store: &str) {
+    let cfg = config("10s").replace(
+        "[store]\nbackend = \"embedded\"\npath = \"homing.db\"\n",
+        store,
+    );
+    assert!(cfg.contains(store), "{cfg}");
+    let env = Env::new(&cfg);
+    let (id, mut host) = steerable_at_work(&env);
+    let sent: Value = serde_json::from_str(&env.ok(&[
+        "thread",
+        "send",
+        "r",
+        "--agent",
+        "steerable",
+        "--on-busy",
+        "rollback",
+        "--payload",
+        "start over",
+        "--json",
+    ]))
+    .unwrap();
+    assert_eq!(sent["interrupted"]["dispatch"], id.as_str(), "{sent}");
+    let mark = sent["interrupted"]["entry"]
+        .as_u64()
+        .expect("the mark's entry");
+    assert!(mark > 1, "the run wrote before it was stopped: {sent}");
+    let next = sent["follow_ups"][0]
+        .as_str()
+        .expect("a follow-up")
+        .to_owned();
+    let done = env.wait_status(&next, "acked", Duration::from_secs(30));
+    assert_eq!(done["result"]["output"], "noted 1 message(s)", "{done}");
+    env.wait_status(&id, "superseded", Duration::from_secs(30));
+
+    // Shown: the mark and what followed it; the run's steps are masked.
+    let shown = log(&env, "r");
+    let data: Vec<&Value> = shown.iter().map(|e| &e["data"]).collect();
+    assert_eq!(data, ["", "start over", "noted: start over"], "{shown:?}");
+    let turn = &shown[0]["turn"];
+    assert_eq!(turn["event"], "rolled_back", "{shown:?}");
+    assert_eq!(turn["masked"]["first"], 1);
+    assert_eq!(turn["masked"]["last"], mark - 1);
+    let text = env.ok(&["thread", "log", "r"]);
+    assert!(
+        text.contains(&format!(
+            "[turn rolled_back: dispatch {id} by message 1; masked entries 1-{}]",
+            mark - 1
+        )),
+        "{text}"
+    );
+    assert!(!text.contains("step 1/5"), "{text}");
+    // Nothing is deleted: `--all` shows the masked entries, marked.
+    let all = env.ok(&["thread", "log", "r", "--all"]);
+    assert!(
+        all.contains("step 1/5: working on survey 2024  [masked]"),
+        "{all}"
+    );
+    assert_eq!(all.lines().count() as u64, mark + 2, "{all}");
+    signal(&host, "TERM");
+    wait_exit(&mut host, Duration::from_secs(20));
+}
+
+#[test]
+fn a_rollback_message_masks_the_stopped_run_embedded() {
+    a_rollback_message_masks_the_stopped_run(
+        "[store]\nbackend = \"embedded\"\npath = \"homing.db\"\n",
+    );
+}
+
+#[test]
+fn a_rollback_message_masks_the_stopped_run_on_nats() {
+    let server = crate::natsd::NatsServer::start();
+    a_rollback_message_masks_the_stopped_run(&format!(
+        "[store]\nbackend = \"nats\"\nurl = \"{}\"\nprefix = \"turns\"\nconnect_timeout = \"20s\"\n",
+        server.url()
+    ));
+}
+
 #[test]
 fn an_interrupting_message_stops_the_run_and_the_next_turn_answers_it_embedded() {
     an_interrupting_message_stops_the_run_and_the_next_turn_answers_it(

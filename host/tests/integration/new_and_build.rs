@@ -362,14 +362,13 @@ fn js_sdk_packs() {
 
 /// The Python and JavaScript SDKs' history helpers (`history.py`, `history.js`) give what the
 /// shared cases expect, as the Rust SDK's `history` module does (its unit test reads the same
-/// file): tool calls a stopped run left unanswered get error results.
+/// file): tool calls a stopped run left unanswered get error results, and `unmasked` drops
+/// what a rollback masked.
 #[test]
 fn sdk_history_helpers_close_unanswered_tool_calls_in_python_and_javascript() {
-    let cases = root().join("guest-sdk/testdata/tool_calls.json");
-    let python = std::process::Command::new("python3")
-        .arg("-c")
-        .arg(
-            "import importlib.util, json, sys\n\
+    let tool_calls = "guest-sdk/testdata/tool_calls.json";
+    let python = in_python(
+        "import importlib.util, json, sys\n\
              spec = importlib.util.spec_from_file_location('history', sys.argv[1])\n\
              h = importlib.util.module_from_spec(spec); spec.loader.exec_module(h)\n\
              n = 0\n\
@@ -380,20 +379,10 @@ fn sdk_history_helpers_close_unanswered_tool_calls_in_python_and_javascript() {
              \x20   assert (m, added) == (c['expected'], c['added']), (c['name'], m, added)\n\
              \x20   n += 1\n\
              print(n)\n",
-        )
-        .arg(root().join("guest-sdk/python/homing_guest/history.py"))
-        .arg(&cases)
-        .output()
-        .expect("python3 runs (the tests need Python)");
-    assert!(
-        python.status.success(),
-        "python: {}",
-        String::from_utf8_lossy(&python.stderr)
+        tool_calls,
     );
-    let node = std::process::Command::new("node")
-        .args(["--input-type=module", "-e"])
-        .arg(
-            "import { readFileSync } from 'node:fs';\n\
+    let node = in_node(
+        "import { readFileSync } from 'node:fs';\n\
              import assert from 'node:assert/strict';\n\
              const h = await import(process.argv[1]);\n\
              let n = 0;\n\
@@ -404,27 +393,83 @@ fn sdk_history_helpers_close_unanswered_tool_calls_in_python_and_javascript() {
                n += 1;\n\
              }\n\
              console.log(n);\n",
-        )
+        tool_calls,
+    );
+    assert!(python >= 10, "every case ran in Python");
+    assert_eq!(python, node);
+
+    // `unmasked`, against the cases the Rust SDK checks too.
+    let masks = "guest-sdk/testdata/masks.json";
+    let python = in_python(
+        "import importlib.util, json, sys\n\
+             from types import SimpleNamespace as N\n\
+             spec = importlib.util.spec_from_file_location('history', sys.argv[1])\n\
+             h = importlib.util.module_from_spec(spec); spec.loader.exec_module(h)\n\
+             n = 0\n\
+             for c in json.load(open(sys.argv[2])):\n\
+             \x20   es = [N(seq=e['seq'], turn=None if 'turn' not in e else N(masked=None if 'masked' not in e['turn'] else tuple(e['turn']['masked']))) for e in c['entries']]\n\
+             \x20   kept = [e.seq for e in h.unmasked(es)]\n\
+             \x20   assert kept == c['expected'], (c['name'], kept)\n\
+             \x20   n += 1\n\
+             print(n)\n",
+        masks,
+    );
+    let node = in_node(
+        "import { readFileSync } from 'node:fs';\n\
+             import assert from 'node:assert/strict';\n\
+             const h = await import(process.argv[1]);\n\
+             let n = 0;\n\
+             for (const c of JSON.parse(readFileSync(process.argv[2], 'utf8'))) {\n\
+               const es = c.entries.map((e) => ({ seq: BigInt(e.seq), turn: e.turn === undefined ? undefined\n\
+                 : { masked: e.turn.masked === undefined ? undefined : { first: BigInt(e.turn.masked[0]), last: BigInt(e.turn.masked[1]) } } }));\n\
+               assert.deepStrictEqual(h.unmasked(es).map((e) => Number(e.seq)), c.expected, c.name);\n\
+               n += 1;\n\
+             }\n\
+             console.log(n);\n",
+        masks,
+    );
+    assert!(python >= 6, "every mask case ran in Python");
+    assert_eq!(python, node);
+}
+
+/// Runs `script` with the Python SDK's `history.py` and the cases file `cases` (under the
+/// repository) as its arguments; the number of cases it printed.
+fn in_python(script: &str, cases: &str) -> usize {
+    let out = std::process::Command::new("python3")
+        .arg("-c")
+        .arg(script)
+        .arg(root().join("guest-sdk/python/homing_guest/history.py"))
+        .arg(root().join(cases))
+        .output()
+        .expect("python3 runs (the tests need Python)");
+    counted("python", &out)
+}
+
+/// [`in_python`] for the JavaScript SDK's `history.js`, with Node.
+fn in_node(script: &str, cases: &str) -> usize {
+    let out = std::process::Command::new("node")
+        .args(["--input-type=module", "-e"])
+        .arg(script)
         .arg(format!(
             "file://{}",
             root().join("guest-sdk/js/history.js").display()
         ))
-        .arg(&cases)
+        .arg(root().join(cases))
         .output()
         .expect("node runs (the tests need Node)");
+    counted("node", &out)
+}
+
+fn counted(what: &str, out: &std::process::Output) -> usize {
     assert!(
-        node.status.success(),
-        "node: {}",
-        String::from_utf8_lossy(&node.stderr)
+        out.status.success(),
+        "{what}: {}",
+        String::from_utf8_lossy(&out.stderr)
     );
-    let count = |out: &[u8]| {
-        String::from_utf8_lossy(out)
-            .trim()
-            .parse::<usize>()
-            .unwrap()
-    };
-    assert!(count(&python.stdout) >= 10, "every case ran in Python");
-    assert_eq!(count(&python.stdout), count(&node.stdout));
+    String::from_utf8_lossy(&out.stdout)
+        .trim()
+        .parse::<usize>()
+        .unwrap_or_else(|e| panic!("{what} printed no count: {e}"))
 }
 
 /// The Python SDK builds into a wheel carrying the package and its WIT (built from a copy, so

@@ -153,6 +153,10 @@ const SDK: &[(&str, &str)] = &[
         include_str!("../../../../guest-sdk/testdata/tool_calls.json"),
     ),
     (
+        "rust/homing-guest/testdata/masks.json",
+        include_str!("../../../../guest-sdk/testdata/masks.json"),
+    ),
+    (
         "rust/homing-guest/wit/homing.wit",
         include_str!("../../../../guest-sdk/wit/homing.wit"),
     ),

@@ -362,9 +362,14 @@ impl mailbox::HostClaim for GuestState {
                         turn: e.turn.map(|turn| types::TurnMark {
                             event: match turn.event {
                                 TurnEvent::Interrupted => types::TurnEvent::Interrupted,
+                                TurnEvent::RolledBack => types::TurnEvent::RolledBack,
                             },
                             dispatch: turn.dispatch,
                             message: turn.message,
+                            masked: turn.masked.map(|r| types::LogRange {
+                                first: r.first,
+                                last: r.last,
+                            }),
                         }),
                     })
                     .collect()

@@ -60,6 +60,16 @@ pub(super) fn claim_picked(
     out
 }
 
+/// What [`rules::take`](crate::store::rules::take) needs of `d`'s thread besides its epoch:
+/// the log's latest sequence, read only for a first claim (later claims keep their
+/// `log_from`).
+pub(super) fn log_from(tx: &Connection, d: &Dispatch) -> StoreResult<u64> {
+    match d.log_from {
+        Some(n) => Ok(n),
+        None => Ok(super::log::marks(tx, &d.thread)?.latest),
+    }
+}
+
 fn set_busy(tx: &Connection, thread: &str, busy: bool) -> StoreResult<()> {
     tx.prepare_cached("UPDATE lanes SET busy = ?2 WHERE thread = ?1")
         .map_err(db)?
@@ -100,7 +110,8 @@ fn claim_offered(
                     continue;
                 }
                 repairs += 1;
-                match rules::take(d, t.epoch, consumer, lease_ms, now, start) {
+                let log = log_from(tx, &d)?;
+                match rules::take(d, (t.epoch, log), consumer, lease_ms, now, start) {
                     Take::Claimed(mut d) => {
                         if let Some((o, Choice::Run(index))) = choice {
                             o.record(&mut d, index);

@@ -29,8 +29,8 @@ use crate::store::inbox::{
     Inbox, InboxMarks, Message, MessageFilter, MessageKind, MessageState, NOTE_ROOM, NewMessage,
     OnBusy, Sent, ThreadWatch,
 };
-use crate::store::model::{EntryNote, TurnEvent, TurnMark};
-use crate::store::rules::inbox::send_verdict;
+use crate::store::model::EntryNote;
+use crate::store::rules::inbox::{send_verdict, turn_mark};
 use crate::store::rules::{self, ByteBudget, Effects, clamp};
 use crate::store::{Fence, StoreError, StoreResult};
 
@@ -120,18 +120,20 @@ impl Inbox for EmbeddedStore {
                 // Under a policy, what holds the thread decides the kind (or refuses), and
                 // whether the send stops it.
                 let busy = t.holder.clone();
-                // Only an interrupt asks whether the holder was stopped already (a row read).
+                // Only a policy that stops the run reads its row: whether it was stopped
+                // already, and where the log stood at its first claim.
                 let holder = match &busy {
-                    Some(id) if new.on_busy == Some(OnBusy::Interrupt) => {
-                        rows::load(tx, id)?.map(|row| !rules::stale(&row.dispatch, t.epoch))
+                    Some(id) if new.on_busy.is_some_and(OnBusy::stops) => {
+                        rows::load(tx, id)?.map(|row| row.dispatch)
                     }
                     _ => None,
                 };
+                let current = holder.as_ref().is_some_and(|d| !rules::stale(d, t.epoch));
                 let verdict = send_verdict(
                     &thread,
                     new.kind,
                     new.on_busy,
-                    busy.as_deref().map(|id| (id, holder.unwrap_or(false))),
+                    busy.as_deref().map(|id| (id, current)),
                 )?;
                 let kind = verdict.kind;
                 let starts_follow_up =
@@ -149,22 +151,18 @@ impl Inbox for EmbeddedStore {
                 // step; the follow-up below waits for the stopped run to let the thread go.
                 let mut effects = Effects::NONE;
                 let mut interrupted = None;
-                if let (true, Some(holder)) = (verdict.interrupt, busy.as_deref()) {
+                if let (Some(event), Some(holder)) = (verdict.stop, holder.as_ref()) {
                     let reason = format!("interrupted by message {} of its thread", marks.latest);
                     let (_, e) = interrupt_in(tx, &thread, &reason, now)?;
                     effects = e;
-                    let turn = EntryNote::Turn {
-                        turn: TurnMark {
-                            event: TurnEvent::Interrupted,
-                            dispatch: holder.to_owned(),
-                            message: marks.latest,
-                        },
-                    };
-                    let note = serde_json::to_string(&turn)
-                        .map_err(|e| StoreError::Invalid(format!("turn mark: {e}")))?;
                     let mut log = log_marks(tx, &thread)?;
+                    let at = log.reserved.max(log.latest) + 1;
+                    let note = serde_json::to_string(&EntryNote::Turn {
+                        turn: turn_mark(event, holder, marks.latest, at),
+                    })
+                    .map_err(|e| StoreError::Invalid(format!("turn mark: {e}")))?;
                     let at = push_entry(tx, &thread, &mut log, b"", Some(&note), now)?;
-                    interrupted = Some((holder.to_owned(), at));
+                    interrupted = Some((holder.id.clone(), at));
                 }
                 let metadata = serde_json::to_string(&new.metadata)
                     .map_err(|e| StoreError::Invalid(format!("metadata: {e}")))?;

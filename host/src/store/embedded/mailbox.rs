@@ -243,7 +243,8 @@ impl Mailbox for EmbeddedStore {
                 let Some(row) = rows::load(tx, id)? else {
                     return Ok((None, reclaimed));
                 };
-                match rules::take(row.dispatch, t.epoch, consumer, lease_ms, now, false) {
+                let log = super::claim::log_from(tx, &row.dispatch)?;
+                match rules::take(row.dispatch, (t.epoch, log), consumer, lease_ms, now, false) {
                     Take::Claimed(d) => {
                         store_claimed(tx, &d)?;
                         Ok((Some(d), reclaimed))

@@ -90,7 +90,7 @@ pub(crate) const MAX_VALUE_WHY: &str =
     "the embedded store's cap, well below SQLite's limit of 1,000,000,000 bytes per row";
 
 /// The schema version this build writes.
-pub const SCHEMA_VERSION: i64 = 8;
+pub const SCHEMA_VERSION: i64 = 9;
 
 /// Migrations, index `i` moves the schema from version `i` to `i + 1`. Public so a test can
 /// write a file as an earlier release did (the first `n` of them) and open it with this one.
@@ -361,6 +361,11 @@ CREATE TABLE schedules (
     record   TEXT NOT NULL,
     revision INTEGER NOT NULL
 ) WITHOUT ROWID;
+"#,
+    // Version 9: where the thread log stood when a dispatch was first claimed (docs/contract.md
+    // section 9.6: what a `rollback` message masks); NULL until its first claim.
+    r#"
+ALTER TABLE dispatches ADD COLUMN log_from INTEGER;
 "#,
 ];
 

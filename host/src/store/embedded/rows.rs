@@ -13,7 +13,7 @@ use crate::store::{StoreError, StoreResult};
 pub(super) const COLUMNS: &str = "id, agent, thread, run_id, payload, metadata, priority, available_at, \
     dedupe_key, max_attempts, attempt, epoch, status, claim_token, claimed_by, lease_until, started_at, \
     result_status, result_output, result_error, last_error, created_at, updated_at, completed_at, \
-    settled_token, settled_op, claims, resumes, waitpoints, concurrency_key, versions";
+    settled_token, settled_op, claims, resumes, waitpoints, concurrency_key, versions, log_from";
 
 /// The columns a list row selects, in the order [`decode_row`] reads them: no payload and no
 /// output, only their sizes (`octet_length` reads a value's size from the record's header, not
@@ -103,6 +103,7 @@ pub(super) fn decode(row: &Row<'_>) -> StoreResult<StoredRow> {
         dedupe_key: row.get(8).map_err(field)?,
         max_attempts: row.get(9).map_err(field)?,
         attempt: row.get(10).map_err(field)?,
+        log_from: row.get(31).map_err(field)?,
         claims: row.get(26).map_err(field)?,
         resumes: row.get(27).map_err(field)?,
         concurrency_key: row.get(29).map_err(field)?,
@@ -232,7 +233,7 @@ pub(super) fn store(
              claim_token = ?7, claimed_by = ?8, lease_until = ?9, started_at = ?10, result_status = ?11, \
              result_output = ?12, result_error = ?13, last_error = ?14, updated_at = ?15, completed_at = ?16, \
              settled_token = coalesce(?17, settled_token), settled_op = coalesce(?18, settled_op), \
-             claims = ?19, resumes = ?20, versions = ?21 WHERE id = ?1",
+             claims = ?19, resumes = ?20, versions = ?21, log_from = ?22 WHERE id = ?1",
         )
         .map_err(db)?;
     let versions = if d.versions.is_empty() {
@@ -265,6 +266,7 @@ pub(super) fn store(
         d.claims,
         d.resumes,
         versions,
+        d.log_from,
     ])
     .map_err(db)?;
     Ok(())

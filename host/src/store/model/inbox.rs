@@ -79,6 +79,17 @@ pub enum OnBusy {
     /// free. A run already stopped this way is not stopped again: the message joins the turn
     /// that follows it.
     Interrupt,
+    /// As `Interrupt`, and the entries the stopped dispatch's runs wrote to the log are masked
+    /// by the turn's mark ([`TurnMark::masked`](super::TurnMark)): the next turn reads the
+    /// log as it was before that dispatch ran. Nothing is deleted.
+    Rollback,
+}
+
+impl OnBusy {
+    /// Whether the policy stops the run that holds a busy thread.
+    pub fn stops(self) -> bool {
+        matches!(self, OnBusy::Interrupt | OnBusy::Rollback)
+    }
 }
 
 impl OnBusy {
@@ -89,6 +100,7 @@ impl OnBusy {
             OnBusy::Steer => "steer",
             OnBusy::Reject => "reject",
             OnBusy::Interrupt => "interrupt",
+            OnBusy::Rollback => "rollback",
         }
     }
 }
@@ -108,8 +120,9 @@ impl FromStr for OnBusy {
             "steer" => Ok(OnBusy::Steer),
             "reject" => Ok(OnBusy::Reject),
             "interrupt" => Ok(OnBusy::Interrupt),
+            "rollback" => Ok(OnBusy::Rollback),
             other => Err(format!(
-                "unknown policy `{}` (expected enqueue, steer, reject or interrupt)",
+                "unknown policy `{}` (expected enqueue, steer, reject, interrupt or rollback)",
                 other.escape_debug()
             )),
         }

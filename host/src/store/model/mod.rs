@@ -199,6 +199,11 @@ pub struct Dispatch {
     pub max_attempts: u32,
     /// Failed attempts so far (nack, lease expiry, crash).
     pub attempt: u32,
+    /// Its thread log's latest sequence when it was first claimed (stamped by the store): the
+    /// entries its runs wrote come after it, which is what a `rollback` message masks.
+    /// Serialized only when set.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub log_from: Option<u64>,
     /// How many times it has been claimed (each claim adds one; never lowered): the number of
     /// the run a claim starts, which numbers that run's streamed output and journal entries.
     /// Serialized only when set, so a record that never ran keeps its bytes.
@@ -795,6 +800,9 @@ pub struct LogEntry {
 pub enum TurnEvent {
     /// A message sent under the `interrupt` policy stopped the run that held the thread.
     Interrupted,
+    /// A message sent under the `rollback` policy stopped the run that held the thread and
+    /// masked what its runs wrote to the log ([`TurnMark::masked`]).
+    RolledBack,
 }
 
 impl TurnEvent {
@@ -802,6 +810,7 @@ impl TurnEvent {
     pub fn as_str(self) -> &'static str {
         match self {
             TurnEvent::Interrupted => "interrupted",
+            TurnEvent::RolledBack => "rolled_back",
         }
     }
 }
@@ -817,6 +826,45 @@ pub struct TurnMark {
     pub dispatch: String,
     /// The inbox sequence of the message that ended it.
     pub message: u64,
+    /// The entries a rollback masked: every entry after the one that was the log's latest
+    /// when the stopped dispatch was first claimed ([`Dispatch::log_from`]), up to this mark.
+    /// They stay stored (the log is append-only); readers hide them unless asked for all.
+    /// `None` for an interrupt, and for a rollback whose run wrote nothing.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub masked: Option<LogRange>,
+}
+
+/// An inclusive range of a thread log's sequences.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct LogRange {
+    /// The first sequence in it.
+    pub first: u64,
+    /// The last sequence in it.
+    pub last: u64,
+}
+
+impl LogRange {
+    /// Whether `seq` is in it.
+    pub fn contains(&self, seq: u64) -> bool {
+        (self.first..=self.last).contains(&seq)
+    }
+}
+
+/// The entries of `entries` a reader shows by default: all but those a rollback's mark among
+/// them masked. A mark masks entries before it, so a read that stops before a mark shows what
+/// it later masks; a read to the log's end sees every mark.
+pub fn unmasked(entries: Vec<LogEntry>) -> Vec<LogEntry> {
+    let masks: Vec<LogRange> = entries
+        .iter()
+        .filter_map(|e| e.turn.as_ref().and_then(|t| t.masked))
+        .collect();
+    if masks.is_empty() {
+        return entries;
+    }
+    entries
+        .into_iter()
+        .filter(|e| !masks.iter().any(|m| m.contains(e.seq)))
+        .collect()
 }
 
 /// The note a stored log entry carries, as the backends keep it (one JSON text): the message it

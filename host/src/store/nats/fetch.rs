@@ -104,6 +104,8 @@ pub(super) enum Read<'a> {
     Inbox(&'a str),
     /// The thread record and inbox messages of a dispatch's thread.
     InboxOf(&'a str),
+    /// The thread record and latest log entry of a dispatch's thread.
+    LogOf(&'a str),
     /// One waitpoint (from its thread's tree, else the archive), its dispatch and its
     /// thread's record.
     Waitpoint(&'a str),
@@ -643,7 +645,7 @@ impl NatsStore {
                         touched.insert(t);
                     }
                 }
-                Read::Dispatch(id) | Read::ThreadOf(id) | Read::InboxOf(id) => {
+                Read::Dispatch(id) | Read::ThreadOf(id) | Read::InboxOf(id) | Read::LogOf(id) => {
                     let t = match found.get(id) {
                         Some(t) => t.clone(),
                         None => {
@@ -661,6 +663,9 @@ impl NatsStore {
                         }
                         Read::InboxOf(_) => {
                             inboxes.insert(t);
+                        }
+                        Read::LogOf(_) => {
+                            logs.insert(t);
                         }
                         _ => records.push((t, id.to_owned())),
                     }

@@ -48,8 +48,8 @@ use crate::store::inbox::{
     Inbox, InboxMarks, Message, MessageFilter, MessageKind, MessageState, NOTE_ROOM, NewMessage,
     OnBusy, Sent, ThreadWatch,
 };
-use crate::store::model::{EntryNote, TurnEvent, TurnMark};
-use crate::store::rules::inbox::{follow_up_dispatch, follow_up_targets, send_verdict};
+use crate::store::model::EntryNote;
+use crate::store::rules::inbox::{follow_up_dispatch, follow_up_targets, send_verdict, turn_mark};
 use crate::store::rules::{self, ByteBudget, queued_record};
 use crate::store::{Fence, StoreError, StoreResult};
 
@@ -265,7 +265,7 @@ impl Inbox for NatsStore {
         new.validate(thread, self.max_message())
             .map_err(StoreError::Invalid)?;
         // An interrupt may append the turn's mark: then the decision reads the log's end too.
-        let interrupts = new.on_busy == Some(OnBusy::Interrupt);
+        let interrupts = new.on_busy.is_some_and(OnBusy::stops);
         let reads = [Read::Thread(thread), Read::Inbox(thread), Read::Log(thread)];
         let reads = if interrupts { &reads[..] } else { &reads[..2] };
         self.run(reads, |view, now, _| {
@@ -293,7 +293,8 @@ impl Inbox for NatsStore {
                 Err(e) => return Ok(Plan::Refuse(Err(e))),
             };
             let kind = verdict.kind;
-            let interrupting = busy.as_deref().filter(|_| verdict.interrupt);
+            let stop = verdict.stop.zip(holder);
+            let interrupting = stop.map(|(_, d)| d.id.as_str());
             let starts_follow_up = kind == MessageKind::FollowUp
                 && (interrupting.is_some() || view.live_of(thread).is_empty());
             let last_agent = view.last_agent(thread);
@@ -320,7 +321,7 @@ impl Inbox for NatsStore {
             };
             let mut writes = Vec::new();
             let mut interrupted = None;
-            if let Some(holder) = interrupting {
+            if let Some((event, holder)) = stop {
                 // T4 for the whole thread and the turn's end in its log, in this batch; the
                 // follow-up below waits for the stopped run to let the thread go.
                 t.epoch += 1;
@@ -330,11 +331,7 @@ impl Inbox for NatsStore {
                 writes.extend(superseding(view, thread, t.epoch, &reason, now, room)?.writes);
                 let at = view.latest(thread) + 1;
                 let turn = EntryNote::Turn {
-                    turn: TurnMark {
-                        event: TurnEvent::Interrupted,
-                        dispatch: holder.to_owned(),
-                        message: seq,
-                    },
+                    turn: turn_mark(event, holder, seq, at),
                 };
                 writes.push(Write {
                     key: Key::Entry(thread.to_owned(), at),
@@ -342,7 +339,7 @@ impl Inbox for NatsStore {
                     payload: encode_entry(now, b"", Some(&turn))?,
                     record: Record::Entry(thread.to_owned(), at),
                 });
-                interrupted = Some((holder.to_owned(), at));
+                interrupted = Some((holder.id.clone(), at));
             }
             writes.push(put_message(Expect::None, &message)?);
             let mut follow_ups = Vec::new();

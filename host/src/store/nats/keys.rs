@@ -955,9 +955,10 @@ mod tests {
             assert!(decode_entry("t", 2, &noted[..cut]).is_err(), "cut at {cut}");
         }
         let turn = crate::store::model::TurnMark {
-            event: crate::store::model::TurnEvent::Interrupted,
+            event: crate::store::model::TurnEvent::RolledBack,
             dispatch: "d".into(),
             message: 7,
+            masked: Some(crate::store::model::LogRange { first: 3, last: 5 }),
         };
         let marked = encode_entry(
             1_700_000_000_002,

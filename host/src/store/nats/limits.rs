@@ -389,7 +389,15 @@ impl NatsStore {
                     };
                     let thread_epoch = view.thread(&d.thread)?.epoch;
                     let version = req.offer.map(|o| (o, o.choose(&d, now)));
-                    match rules::take(d, thread_epoch, req.consumer, req.lease_ms, now, req.start) {
+                    let log = view.latest(&d.thread);
+                    match rules::take(
+                        d,
+                        (thread_epoch, log),
+                        req.consumer,
+                        req.lease_ms,
+                        now,
+                        req.start,
+                    ) {
                         Take::Stale(d) => {
                             let Applied { writes, wake } = changed(view, Status::Queued, plain(d))?;
                             Ok(Plan::Write {
@@ -991,7 +999,15 @@ fn decide(
         };
     let thread_epoch = view.thread(&d.thread)?.epoch;
     let version = req.offer.map(|o| (o, o.choose(&d, now)));
-    let d = match rules::take(d, thread_epoch, req.consumer, req.lease_ms, now, req.start) {
+    let log = view.latest(&d.thread);
+    let d = match rules::take(
+        d,
+        (thread_epoch, log),
+        req.consumer,
+        req.lease_ms,
+        now,
+        req.start,
+    ) {
         Take::Stale(d) => {
             return Ok(Decided::Stale(
                 changed(view, Status::Queued, plain(d))?.writes,
@@ -1544,7 +1560,7 @@ mod tests {
 
     /// `d` claimed by `consumer` (each claim gets a token of its own).
     fn claimed(d: &Dispatch, consumer: &str) -> Dispatch {
-        let Take::Claimed(d) = take(d.clone(), d.epoch, consumer, LEASE, NOW, true) else {
+        let Take::Claimed(d) = take(d.clone(), (d.epoch, 0), consumer, LEASE, NOW, true) else {
             panic!("a current record is taken");
         };
         d

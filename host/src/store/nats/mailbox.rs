@@ -121,7 +121,8 @@ impl NatsStore {
                         view.demote(&d);
                     };
                     let thread_epoch = view.thread(&d.thread)?.epoch;
-                    match rules::take(d, thread_epoch, consumer, lease_ms, now, start) {
+                    let log = view.latest(&d.thread);
+                    match rules::take(d, (thread_epoch, log), consumer, lease_ms, now, start) {
                         Take::Stale(d) => {
                             let Applied { writes, wake } = changed(view, Status::Queued, plain(d))?;
                             Ok(Plan::Write {
@@ -375,7 +376,8 @@ impl Mailbox for NatsStore {
         consumer: &str,
         lease_ms: u64,
     ) -> StoreResult<Option<Dispatch>> {
-        self.run(&[Read::ThreadOf(id)], |view, now, _| {
+        // The log's end too: a first claim keeps it (`log_from`).
+        self.run(&[Read::ThreadOf(id), Read::LogOf(id)], |view, now, _| {
             let Some(stored) = view
                 .dispatch(id)?
                 .filter(|s| s.dispatch.status == Status::Queued)
@@ -414,7 +416,8 @@ impl Mailbox for NatsStore {
                 };
                 writes.extend(back);
             }
-            let d = match rules::take(d, thread_epoch, consumer, lease_ms, now, false) {
+            let log = view.latest(&d.thread);
+            let d = match rules::take(d, (thread_epoch, log), consumer, lease_ms, now, false) {
                 Take::Claimed(d) => d,
                 // Not reached: the epoch was checked above.
                 Take::Stale(_) => return Ok(Plan::Refuse(Ok(None))),

@@ -1104,7 +1104,7 @@ mod tests {
     }
 
     fn claimed(d: &Dispatch) -> Dispatch {
-        let Take::Claimed(d) = take(d.clone(), d.epoch, "w", 30_000, 1_000, true) else {
+        let Take::Claimed(d) = take(d.clone(), (d.epoch, 0), "w", 30_000, 1_000, true) else {
             panic!("a current record is taken");
         };
         d

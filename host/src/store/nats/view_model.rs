@@ -688,7 +688,7 @@ impl Model {
                 };
                 match rules::take(
                     s.dispatch.clone(),
-                    snap.rec.epoch,
+                    (snap.rec.epoch, 0),
                     "worker",
                     LEASE_MS,
                     now,

@@ -54,10 +54,11 @@ pub(crate) fn due(d: &Dispatch, now: u64) -> bool {
 }
 
 /// Claims the queued `d` for `consumer` until `now + lease_ms` with a fresh token (and records
-/// the start when `start` is set), unless its thread's epoch moved past it.
+/// the start when `start` is set), unless its thread's epoch moved past it. `log_latest` is its
+/// thread log's latest sequence, kept as [`Dispatch::log_from`] by its first claim.
 pub(crate) fn take(
     mut d: Dispatch,
-    thread_epoch: u64,
+    (thread_epoch, log_latest): (u64, u64),
     consumer: &str,
     lease_ms: u64,
     now: u64,
@@ -68,6 +69,7 @@ pub(crate) fn take(
     }
     d.status = Status::Claimed;
     d.claims = d.claims.saturating_add(1);
+    d.log_from.get_or_insert(log_latest);
     if start {
         d.started_at = Some(now);
     }
@@ -137,7 +139,7 @@ mod tests {
     }
 
     fn claimed(epoch: u64, lease_until: u64) -> Dispatch {
-        let Take::Claimed(mut d) = take(queued(epoch), epoch, "w", 0, 1_000, true) else {
+        let Take::Claimed(mut d) = take(queued(epoch), (epoch, 0), "w", 0, 1_000, true) else {
             panic!("a current record is taken");
         };
         if let Some(c) = &mut d.claim {
@@ -148,7 +150,7 @@ mod tests {
 
     #[test]
     fn take_claims_a_current_record_with_a_fresh_token_and_lease() {
-        let Take::Claimed(d) = take(queued(2), 2, "w", 500, 1_000, false) else {
+        let Take::Claimed(d) = take(queued(2), (2, 0), "w", 500, 1_000, false) else {
             panic!("expected a claim");
         };
         assert_eq!(d.status, Status::Claimed);
@@ -158,7 +160,7 @@ mod tests {
         assert_eq!(claim.lease_until, 1_500);
         assert_eq!(d.started_at, None);
         assert_eq!(d.updated_at, 1_000);
-        let Take::Claimed(started) = take(queued(2), 2, "w", 500, 1_000, true) else {
+        let Take::Claimed(started) = take(queued(2), (2, 0), "w", 500, 1_000, true) else {
             panic!("expected a claim");
         };
         assert_eq!(started.started_at, Some(1_000));
@@ -166,8 +168,27 @@ mod tests {
     }
 
     #[test]
+    fn the_first_claim_keeps_where_the_log_stood_and_later_claims_keep_it() {
+        let Take::Claimed(mut d) = take(queued(2), (2, 7), "w", 500, 1_000, false) else {
+            panic!("expected a claim");
+        };
+        assert_eq!(d.log_from, Some(7));
+        d.status = Status::Queued;
+        d.claim = None;
+        let Take::Claimed(again) = take(d, (2, 12), "w", 500, 2_000, false) else {
+            panic!("expected a claim");
+        };
+        assert_eq!(
+            again.log_from,
+            Some(7),
+            "a retry's run is the same dispatch's"
+        );
+        assert_eq!(again.claims, 2);
+    }
+
+    #[test]
     fn take_clamps_the_lease_into_signed_range() {
-        let Take::Claimed(d) = take(queued(0), 0, "w", u64::MAX, 1_000, false) else {
+        let Take::Claimed(d) = take(queued(0), (0, 0), "w", u64::MAX, 1_000, false) else {
             panic!("expected a claim");
         };
         assert_eq!(d.claim.unwrap().lease_until, i64::MAX as u64);
@@ -175,7 +196,7 @@ mod tests {
 
     #[test]
     fn take_supersedes_a_candidate_of_an_older_epoch() {
-        match take(queued(1), 2, "w", 500, 2_000, true) {
+        match take(queued(1), (2, 0), "w", 500, 2_000, true) {
             Take::Stale(d) => {
                 assert_eq!(d.status, Status::Superseded);
                 assert_eq!(d.claim, None);

@@ -523,7 +523,7 @@ mod tests {
     fn claimed(epoch: u64) -> Dispatch {
         let new = NewDispatch::new("agent", "t", b"p".to_vec());
         let d = queued_record("d1", &new, epoch, 1_000);
-        match take(d, epoch, "w", 5_000, NOW - 1_000, false) {
+        match take(d, (epoch, 0), "w", 5_000, NOW - 1_000, false) {
             Take::Claimed(d) => d,
             other => panic!("expected a claim, got {other:?}"),
         }

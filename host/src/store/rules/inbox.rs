@@ -4,7 +4,7 @@
 
 use crate::store::StoreError;
 use crate::store::model::inbox::OnBusy;
-use crate::store::model::{MessageKind, NewDispatch};
+use crate::store::model::{Dispatch, LogRange, MessageKind, NewDispatch, TurnEvent, TurnMark};
 
 /// Metadata keys of a follow-up dispatch (M4): who enqueued it and which messages it answers.
 pub const FOLLOW_UP_BY: (&str, &str) = ("enqueued-by", "inbox");
@@ -57,22 +57,39 @@ pub fn follow_up_dispatch(
     }
 }
 
+/// The mark a send that stopped `holder` appends at log sequence `at` (message `message` of
+/// the thread stopped it): a rollback's masks what `holder`'s runs wrote, every entry after
+/// the log's latest at its first claim and before the mark (nothing when they wrote none).
+pub fn turn_mark(event: TurnEvent, holder: &Dispatch, message: u64, at: u64) -> TurnMark {
+    let first = holder.log_from.unwrap_or(0).saturating_add(1);
+    let last = at.saturating_sub(1);
+    TurnMark {
+        event,
+        dispatch: holder.id.clone(),
+        message,
+        masked: (event == TurnEvent::RolledBack && first <= last)
+            .then_some(LogRange { first, last }),
+    }
+}
+
 /// What a send does, as [`send_verdict`] decides it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct SendVerdict {
     /// The kind the message is stored as.
     pub kind: MessageKind,
-    /// Whether the send interrupts the run that holds the thread: moves the thread's epoch on,
-    /// supersedes its queued and waiting dispatches and marks the turn's end in its log, in
-    /// the step that stores the message.
-    pub interrupt: bool,
+    /// How the send stops the run that holds the thread, when it does: it moves the thread's
+    /// epoch on, supersedes its queued and waiting dispatches and marks the turn's end in its
+    /// log with this event (a rollback's mark masks the run's entries), in the step that
+    /// stores the message.
+    pub stop: Option<TurnEvent>,
 }
 
 /// What a message sent as `kind` under `on_busy` does, with `holder` the dispatch holding its
 /// thread (claimed or waiting) when the send decides, and whether that holder is of the
 /// thread's current epoch. On an idle thread every policy starts a turn (a follow-up); on a
 /// busy one `enqueue` waits for the next turn, `steer` goes to the live run, `reject` refuses,
-/// naming the holder, and `interrupt` stops the holder and waits for the turn after it. A
+/// naming the holder, `interrupt` stops the holder and waits for the turn after it, and
+/// `rollback` does so and masks what the holder wrote to the log. A
 /// holder of an older epoch was stopped already: an `interrupt` then only waits for the next
 /// turn, so messages racing to interrupt one run move the epoch once.
 ///
@@ -85,10 +102,7 @@ pub fn send_verdict(
     on_busy: Option<OnBusy>,
     holder: Option<(&str, bool)>,
 ) -> Result<SendVerdict, StoreError> {
-    let plain = |kind| SendVerdict {
-        kind,
-        interrupt: false,
-    };
+    let plain = |kind| SendVerdict { kind, stop: None };
     let Some(policy) = on_busy else {
         return Ok(plain(kind));
     };
@@ -102,9 +116,13 @@ pub fn send_verdict(
             thread: thread.to_owned(),
             holder: holder.to_owned(),
         }),
-        OnBusy::Interrupt => Ok(SendVerdict {
+        OnBusy::Interrupt | OnBusy::Rollback => Ok(SendVerdict {
             kind: MessageKind::FollowUp,
-            interrupt: current,
+            stop: current.then_some(if policy == OnBusy::Rollback {
+                TurnEvent::RolledBack
+            } else {
+                TurnEvent::Interrupted
+            }),
         }),
     }
 }
@@ -114,6 +132,22 @@ mod tests {
     #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
     use super::*;
+
+    #[test]
+    fn a_rollback_masks_what_the_stopped_dispatch_wrote_and_an_interrupt_nothing() {
+        let mut holder =
+            crate::store::rules::queued_record("d", &NewDispatch::new("a", "t", Vec::new()), 0, 1);
+        holder.log_from = Some(4);
+        let mark = turn_mark(TurnEvent::RolledBack, &holder, 2, 9);
+        assert_eq!(mark.masked, Some(LogRange { first: 5, last: 8 }));
+        assert_eq!(mark.dispatch, "d");
+        assert_eq!(
+            turn_mark(TurnEvent::Interrupted, &holder, 2, 9).masked,
+            None
+        );
+        // A run that wrote nothing masks nothing.
+        assert_eq!(turn_mark(TurnEvent::RolledBack, &holder, 2, 5).masked, None);
+    }
 
     #[test]
     fn follow_ups_group_messages_by_target() {
@@ -134,12 +168,13 @@ mod tests {
             OnBusy::Steer,
             OnBusy::Reject,
             OnBusy::Interrupt,
+            OnBusy::Rollback,
         ] {
             assert_eq!(
                 send_verdict("t", Steer, Some(policy), None),
                 Ok(SendVerdict {
                     kind: FollowUp,
-                    interrupt: false
+                    stop: None
                 })
             );
         }
@@ -158,15 +193,26 @@ mod tests {
             send_verdict("t", Steer, Some(OnBusy::Interrupt), live),
             Ok(SendVerdict {
                 kind: FollowUp,
-                interrupt: true
+                stop: Some(TurnEvent::Interrupted)
             })
+        );
+        assert_eq!(
+            send_verdict("t", Steer, Some(OnBusy::Rollback), live),
+            Ok(SendVerdict {
+                kind: FollowUp,
+                stop: Some(TurnEvent::RolledBack)
+            })
+        );
+        assert_eq!(
+            send_verdict("t", Steer, Some(OnBusy::Rollback), Some(("d", false))).map(|v| v.stop),
+            Ok(None)
         );
         // A holder stopped already is not stopped again: the message waits for the next turn.
         assert_eq!(
             send_verdict("t", Steer, Some(OnBusy::Interrupt), Some(("d", false))),
             Ok(SendVerdict {
                 kind: FollowUp,
-                interrupt: false
+                stop: None
             })
         );
     }

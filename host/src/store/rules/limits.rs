@@ -255,7 +255,7 @@ mod tests {
         let new = crate::store::NewDispatch::new("a", "t", "");
         let d = crate::store::rules::queued_record("d", &new, 0, 0);
         let crate::store::rules::Take::Claimed(d) =
-            crate::store::rules::take(d, 0, "w", 1_000, 10, false)
+            crate::store::rules::take(d, (0, 0), "w", 1_000, 10, false)
         else {
             panic!("not claimed");
         };

@@ -134,6 +134,7 @@ pub(crate) fn queued_record(id: &str, new: &NewDispatch, epoch: u64, now: u64) -
         dedupe_key: new.dedupe_key.clone(),
         max_attempts: new.max_attempts,
         attempt: new.attempt,
+        log_from: None,
         claims: 0,
         resumes: 0,
         concurrency_key: new.concurrency_key.clone(),

@@ -1708,6 +1708,113 @@ pub async fn an_interrupting_send_stops_the_run_marks_its_turn_and_queues_the_ne
     assert_eq!(idle.metadata.get(FOLLOW_UP_INTERRUPTED), None, "{idle:?}");
 }
 
+/// `rollback` (section 9.6): as `interrupt`, and the mark masks every entry the stopped
+/// dispatch's runs wrote (all its attempts, from where the log stood at its first claim), so
+/// a reader of the conversation sees the log as it was before that dispatch ran; the entries
+/// stay stored. A rollback of a run that wrote nothing masks nothing, and a second rollback
+/// of a stopped run stops nothing more.
+pub async fn a_rollback_masks_what_the_stopped_dispatch_wrote_across_its_attempts<F: Factory>(
+    factory: &F,
+) {
+    use homing::store::{OnBusy, TurnEvent, unmasked};
+    let env = Env::new(factory).await;
+    let s = env.open().await;
+    let other = env.open().await;
+
+    // What came before the run stays: an operator's entry.
+    s.log.append("t", b"before", None).await.expect("append");
+    // The run's first attempt writes, fails and is retried; its second attempt writes too.
+    let first = hold(&other, "t", "d1", 30_000).await;
+    assert_eq!(first.log_from, Some(1), "{first:?}");
+    other
+        .log
+        .append("t", b"attempt 1", Some(&fence(&first)))
+        .await
+        .expect("append");
+    other
+        .mailbox
+        .nack("d1", first.token().expect("token"), 0, "flaky")
+        .await
+        .expect("nack");
+    let second = retry(|| other.mailbox.claim_dispatch("d1", WORKER, 30_000))
+        .await
+        .expect("claim")
+        .expect("the retry is claimed");
+    assert_eq!(
+        second.log_from,
+        Some(1),
+        "a retry keeps its first claim's mark"
+    );
+    for data in [&b"attempt 2"[..], b"tool call"] {
+        other
+            .log
+            .append("t", data, Some(&fence(&second)))
+            .await
+            .expect("append");
+    }
+
+    let sent = send(&s, "t", follow_up("start over").on_busy(OnBusy::Rollback)).await;
+    let (stopped, at) = sent.interrupted.clone().expect("the run was stopped");
+    assert_eq!((stopped.as_str(), at), ("d1", 5));
+    assert_eq!(sent.follow_ups.len(), 1, "{sent:?}");
+    let log = s.log.read("t", 0, 10).await.expect("read");
+    assert_eq!(log.len(), 5, "the masked entries stay stored: {log:?}");
+    let mark = log[4].turn.clone().expect("a turn mark");
+    assert_eq!(mark.event, TurnEvent::RolledBack);
+    assert_eq!((mark.dispatch.as_str(), mark.message), ("d1", 1));
+    let masked = mark.masked.expect("a rollback masks the run's entries");
+    assert_eq!((masked.first, masked.last), (2, 4));
+    let shown: Vec<u64> = unmasked(log).iter().map(|e| e.seq).collect();
+    assert_eq!(shown, vec![1, 5], "readers see the log as before the run");
+
+    // The stopped run writes nothing more; a second rollback stops nothing.
+    match other.log.append("t", b"late", Some(&fence(&second))).await {
+        Err(StoreError::StaleEpoch { .. }) => {}
+        other => panic!("the stopped run's write: {other:?}"),
+    }
+    let again = send(&s, "t", follow_up("and this").on_busy(OnBusy::Rollback)).await;
+    assert_eq!(again.interrupted, None, "{again:?}");
+    assert_eq!(s.log.read("t", 0, 10).await.expect("read").len(), 5);
+
+    // The follow-up's run starts after the mark, so a rollback of it masks only its own.
+    let next = sent.follow_ups[0].clone();
+    let turn = retry(|| s.mailbox.claim_dispatch(&next, WORKER, 30_000))
+        .await
+        .expect("claim")
+        .expect("the follow-up runs once the thread is free");
+    assert_eq!(turn.log_from, Some(5));
+    s.log
+        .append("t", b"answer", Some(&fence(&turn)))
+        .await
+        .expect("append");
+    let sent = send(&s, "t", follow_up("no, again").on_busy(OnBusy::Rollback)).await;
+    // Its next write finds the stop (and lets the thread go).
+    match s.log.append("t", b"late", Some(&fence(&turn))).await {
+        Err(StoreError::StaleEpoch { .. }) => {}
+        other => panic!("the stopped run's write: {other:?}"),
+    }
+    let log = s.log.read("t", 0, 10).await.expect("read");
+    let mark = log.last().and_then(|e| e.turn.clone()).expect("a mark");
+    assert_eq!(mark.dispatch, next);
+    let masked = mark.masked.expect("masked");
+    assert_eq!((masked.first, masked.last), (6, 6));
+    assert_eq!(
+        unmasked(log).iter().map(|e| e.seq).collect::<Vec<_>>(),
+        vec![1, 5, 7]
+    );
+
+    // A run that wrote nothing before its rollback masks nothing.
+    let next = sent.follow_ups[0].clone();
+    retry(|| s.mailbox.claim_dispatch(&next, WORKER, 30_000))
+        .await
+        .expect("claim")
+        .expect("claimed");
+    send(&s, "t", follow_up("stop").on_busy(OnBusy::Rollback)).await;
+    let log = s.log.read("t", 0, 10).await.expect("read");
+    let mark = log.last().and_then(|e| e.turn.clone()).expect("a mark");
+    assert_eq!((mark.event, mark.masked), (TurnEvent::RolledBack, None));
+}
+
 /// Interrupting sends racing each other from two instances stop the run once: one epoch bump,
 /// one turn mark, one follow-up, every message pending for it in order. An interrupting send
 /// racing the run's own ack: either the ack lands (the send then meets an idle thread and

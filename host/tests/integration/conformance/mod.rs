@@ -597,6 +597,7 @@ macro_rules! suite {
                     a_send_under_a_policy_is_decided_by_what_holds_the_thread,
                     an_interrupting_send_stops_the_run_marks_its_turn_and_queues_the_next,
                     racing_interrupts_stop_a_run_once_and_race_its_ack_cleanly,
+                    a_rollback_masks_what_the_stopped_dispatch_wrote_across_its_attempts,
                 },
                 waitpoints::{
                     creating_a_waitpoint_twice_by_name_returns_the_first,

@@ -2282,6 +2282,7 @@ mod checker_tests {
             dedupe_key: None,
             max_attempts: 5,
             attempt: 0,
+            log_from: None,
             claims: u32::from(token.is_some()),
             resumes: 0,
             concurrency_key: None,

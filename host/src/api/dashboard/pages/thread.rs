@@ -173,6 +173,12 @@ fn render(page: &ThreadPage, p: &Params, session: &Session) -> Markup {
     } = page;
     let (latest, now) = (*latest, *now);
     let href = thread_href(thread);
+    // The rollback marks among the shown entries (the latest ones, so a mark is shown with
+    // every entry it masks).
+    let masks: Vec<_> = entries
+        .iter()
+        .filter_map(|(e, _)| e.turn.as_ref().and_then(|t| t.masked))
+        .collect();
     html! {
         h1 { "Thread " span.mono { (thread) } }
         (notice(p.notice.as_deref(), p.n.as_deref()))
@@ -214,7 +220,13 @@ fn render(page: &ThreadPage, p: &Params, session: &Session) -> Markup {
                                             "Turn " (turn.event.as_str()) ": dispatch "
                                             a.mono href={ "/dispatches/" (encode(&turn.dispatch)) } { (turn.dispatch) }
                                             " stopped by message " (turn.message)
+                                            @if let Some(m) = turn.masked {
+                                                "; entries " (m.first) " to " (m.last) " masked"
+                                            }
                                         }
+                                    }
+                                    @if masks.iter().any(|m| m.contains(e.seq)) {
+                                        p.note.muted.masked { "Masked by a rollback: hidden from the next turns' history" }
                                     }
                                     @if let Some(note) = &e.note {
                                         p.note.muted {
@@ -259,6 +271,16 @@ fn send_box(href: &str, agents: &[String], session: &Session) -> Markup {
                     select name="kind" {
                         option value="follow_up" selected { "follow-up (asks for a next turn)" }
                         option value="steer" { "steer (for the live run)" }
+                    }
+                }
+                label { "If busy "
+                    select name="on_busy" {
+                        option value="" selected { "(the agent's policy)" }
+                        option value="enqueue" { "enqueue (wait for the next turn)" }
+                        option value="steer" { "steer (to the live run)" }
+                        option value="reject" { "reject (refuse)" }
+                        option value="interrupt" { "interrupt (stop the run)" }
+                        option value="rollback" { "rollback (stop it, mask its entries)" }
                     }
                 }
                 label { "Agent "
@@ -361,6 +383,8 @@ pub(super) struct SendForm {
     kind: String,
     #[serde(default)]
     agent: String,
+    #[serde(default)]
+    on_busy: String,
 }
 
 /// The notice a refused send goes back to the page with.
@@ -410,6 +434,14 @@ pub(super) async fn send(
             .parse()
             .map_err(|e: String| bad_request(format!("kind: {e}")))?,
     };
+    let on_busy = match form.on_busy.as_str() {
+        "" => None,
+        policy => Some(
+            policy
+                .parse()
+                .map_err(|e: String| bad_request(format!("on_busy: {e}")))?,
+        ),
+    };
     let agent = Some(form.agent.trim())
         .filter(|a| !a.is_empty())
         .map(str::to_owned);
@@ -425,7 +457,7 @@ pub(super) async fn send(
         metadata: Default::default(),
         agent,
         sent_by: format!("dashboard:{}", session.name),
-        on_busy: None,
+        on_busy,
     };
     match messages::send(&d.api.store, &d.api.config(), &thread, new).await {
         Ok(sent) => {
