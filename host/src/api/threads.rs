@@ -435,6 +435,7 @@ pub(super) async fn send(
             "seq": sent.message.seq,
             "kind": sent.message.kind,
             "busy": sent.busy,
+            "applied": sent.applied,
             "interrupted": messages::interrupted_json(&sent),
             "follow_ups": sent.follow_ups,
         })),

@@ -975,6 +975,7 @@ async fn send(config: &Config, store: &Store, args: SendArgs) -> anyhow::Result<
                     "seq": seq,
                     "kind": sent.message.kind,
                     "busy": sent.busy,
+                    "applied": sent.applied,
                     "interrupted": messages::interrupted_json(&sent),
                     "follow_ups": sent.follow_ups,
                 })

@@ -287,6 +287,7 @@ fn an_agent_that_rejects_messages_while_busy_refuses_them_and_a_steer_still_land
     .unwrap();
     assert_eq!(sent["kind"], "steer", "{sent}");
     assert_eq!(sent["busy"], id.as_str(), "{sent}");
+    assert_eq!(sent["applied"], "steer", "{sent}");
     let d = env.wait_status(&id, "acked", Duration::from_secs(30));
     assert_eq!(d["result"]["output"], "done: survey 2025");
     signal(&host, "TERM");
@@ -331,6 +332,7 @@ fn an_interrupting_message_stops_the_run_and_the_next_turn_answers_it(store: &st
     ]))
     .unwrap();
     assert_eq!(sent["busy"], id.as_str(), "{sent}");
+    assert_eq!(sent["applied"], "interrupt", "{sent}");
     assert_eq!(sent["interrupted"]["dispatch"], id.as_str(), "{sent}");
     let mark = sent["interrupted"]["entry"]
         .as_u64()
@@ -393,6 +395,7 @@ fn a_rollback_message_masks_the_stopped_run(store: &str) {
     ]))
     .unwrap();
     assert_eq!(sent["interrupted"]["dispatch"], id.as_str(), "{sent}");
+    assert_eq!(sent["applied"], "rollback", "{sent}");
     let mark = sent["interrupted"]["entry"]
         .as_u64()
         .expect("the mark's entry");

@@ -208,6 +208,7 @@ impl Inbox for EmbeddedStore {
                     Sent {
                         message,
                         follow_ups,
+                        applied: verdict.applied(busy.is_some()),
                         busy,
                         interrupted,
                     },

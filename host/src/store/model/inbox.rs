@@ -271,6 +271,11 @@ pub struct Sent {
     /// The dispatch this send interrupted (`interrupt` on a busy thread whose run was not
     /// interrupted already), and the log entry that marks its turn's end.
     pub interrupted: Option<(String, u64)>,
+    /// What the send did to a busy thread, as the policy that took effect: `Enqueue` (the
+    /// message waits for the next turn; also an `Interrupt` or `Rollback` that found the run
+    /// stopped already), `Steer`, `Interrupt` or `Rollback`. `None` when the thread was idle
+    /// (every policy then starts a turn, as a follow-up does).
+    pub applied: Option<OnBusy>,
 }
 
 /// Which messages a read of an inbox returns: of one state (all when `None`), with a sequence

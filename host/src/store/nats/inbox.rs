@@ -370,6 +370,7 @@ impl Inbox for NatsStore {
                 answer: Ok(Sent {
                     message,
                     follow_ups,
+                    applied: verdict.applied(busy.is_some()),
                     busy,
                     interrupted,
                 }),

@@ -84,6 +84,19 @@ pub struct SendVerdict {
     pub stop: Option<TurnEvent>,
 }
 
+impl SendVerdict {
+    /// The policy that took effect ([`Sent::applied`](crate::store::inbox::Sent)), when the
+    /// thread was `busy`.
+    pub fn applied(&self, busy: bool) -> Option<OnBusy> {
+        busy.then_some(match (self.stop, self.kind) {
+            (Some(TurnEvent::RolledBack), _) => OnBusy::Rollback,
+            (Some(TurnEvent::Interrupted), _) => OnBusy::Interrupt,
+            (None, MessageKind::Steer) => OnBusy::Steer,
+            (None, MessageKind::FollowUp) => OnBusy::Enqueue,
+        })
+    }
+}
+
 /// What a message sent as `kind` under `on_busy` does, with `holder` the dispatch holding its
 /// thread (claimed or waiting) when the send decides, and whether that holder is of the
 /// thread's current epoch. On an idle thread every policy starts a turn (a follow-up); on a
@@ -207,6 +220,21 @@ mod tests {
             send_verdict("t", Steer, Some(OnBusy::Rollback), Some(("d", false))).map(|v| v.stop),
             Ok(None)
         );
+        let applied = |policy, holder| {
+            send_verdict("t", FollowUp, Some(policy), holder).map(|v| v.applied(holder.is_some()))
+        };
+        assert_eq!(applied(OnBusy::Rollback, live), Ok(Some(OnBusy::Rollback)));
+        assert_eq!(
+            applied(OnBusy::Interrupt, live),
+            Ok(Some(OnBusy::Interrupt))
+        );
+        assert_eq!(applied(OnBusy::Steer, live), Ok(Some(OnBusy::Steer)));
+        assert_eq!(
+            applied(OnBusy::Interrupt, Some(("d", false))),
+            Ok(Some(OnBusy::Enqueue)),
+            "a run stopped already: the message waits for the next turn"
+        );
+        assert_eq!(applied(OnBusy::Rollback, None), Ok(None));
         // A holder stopped already is not stopped again: the message waits for the next turn.
         assert_eq!(
             send_verdict("t", Steer, Some(OnBusy::Interrupt), Some(("d", false))),

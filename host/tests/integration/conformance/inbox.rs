@@ -1702,6 +1702,7 @@ pub async fn an_interrupting_send_stops_the_run_marks_its_turn_and_queues_the_ne
     // On an idle thread an interrupt starts a turn and stops nothing.
     run_once(&s, "idle", "d3").await;
     let sent = send(&s, "idle", follow_up("hi").on_busy(OnBusy::Interrupt)).await;
+    assert_eq!(sent.applied, None, "an idle thread: no policy applies");
     assert_eq!((sent.busy, sent.interrupted), (None, None));
     assert_eq!(sent.follow_ups.len(), 1);
     let idle = load(&s, &sent.follow_ups[0]).await;
@@ -1756,6 +1757,7 @@ pub async fn a_rollback_masks_what_the_stopped_dispatch_wrote_across_its_attempt
     let sent = send(&s, "t", follow_up("start over").on_busy(OnBusy::Rollback)).await;
     let (stopped, at) = sent.interrupted.clone().expect("the run was stopped");
     assert_eq!((stopped.as_str(), at), ("d1", 5));
+    assert_eq!(sent.applied, Some(OnBusy::Rollback));
     assert_eq!(sent.follow_ups.len(), 1, "{sent:?}");
     let log = s.log.read("t", 0, 10).await.expect("read");
     assert_eq!(log.len(), 5, "the masked entries stay stored: {log:?}");
@@ -1767,13 +1769,19 @@ pub async fn a_rollback_masks_what_the_stopped_dispatch_wrote_across_its_attempt
     let shown: Vec<u64> = unmasked(log).iter().map(|e| e.seq).collect();
     assert_eq!(shown, vec![1, 5], "readers see the log as before the run");
 
-    // The stopped run writes nothing more; a second rollback stops nothing.
+    // A second rollback stops nothing: it waits for the next turn; the stopped run writes
+    // nothing more.
+    let again = send(&s, "t", follow_up("and this").on_busy(OnBusy::Rollback)).await;
+    assert_eq!(again.interrupted, None, "{again:?}");
+    assert_eq!(
+        again.applied,
+        Some(OnBusy::Enqueue),
+        "it waits for the next turn"
+    );
     match other.log.append("t", b"late", Some(&fence(&second))).await {
         Err(StoreError::StaleEpoch { .. }) => {}
         other => panic!("the stopped run's write: {other:?}"),
     }
-    let again = send(&s, "t", follow_up("and this").on_busy(OnBusy::Rollback)).await;
-    assert_eq!(again.interrupted, None, "{again:?}");
     assert_eq!(s.log.read("t", 0, 10).await.expect("read").len(), 5);
 
     // The follow-up's run starts after the mark, so a rollback of it masks only its own.

@@ -2460,6 +2460,7 @@ mod checker_tests {
                 follow_ups: follow_ups.iter().map(|s| (*s).to_owned()).collect(),
                 busy: None,
                 interrupted: None,
+                applied: None,
             };
             self.at(
                 at,
