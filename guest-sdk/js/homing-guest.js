@@ -106,9 +106,9 @@ export class MessageNote {
   }
 }
 
-/** Where the host ended a turn: `event` (`'interrupted'` or `'rolled-back'`), `dispatch` (the
- * run it stopped), `message` (the inbox sequence of the message that stopped it, a BigInt) and,
- * for a rollback, `masked`: `{first, last}` (BigInts), the log entries that run wrote, which the
+/** Where the host ended a turn: `event` (`'interrupted'`, `'rolled-back'` or `'merged'`),
+ * `dispatch` (the run it stopped), `message` (the inbox sequence of the message that stopped it,
+ * a BigInt) and, for a rollback or a merge, `masked`: `{first, last}` (BigInts), the log entries that run wrote, which the
  * conversation no longer holds (`unmasked` in `homing-guest/history` drops them), else
  * `undefined`. Tool calls a stopped run left without results: see `homing-guest/history`. */
 export class TurnMark {

@@ -180,9 +180,9 @@ class MessageNote:
 
 
 class TurnMark:
-    """Where the host ended a turn: `event` (`"interrupted"` or `"rolled-back"`), `dispatch`
-    (the run it stopped), `message` (the inbox sequence of the message that stopped it) and, for
-    a rollback, `masked`: `(first, last)`, the log entries that run wrote, which the
+    """Where the host ended a turn: `event` (`"interrupted"`, `"rolled-back"` or `"merged"`),
+    `dispatch` (the run it stopped), `message` (the inbox sequence of the message that stopped
+    it) and, for a rollback or a merge, `masked`: `(first, last)`, the log entries that run wrote, which the
     conversation no longer holds (`homing_guest.history.unmasked` drops them), else `None`.
     Tool calls a stopped run left without results: see `homing_guest.history`."""
 

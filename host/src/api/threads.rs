@@ -437,6 +437,7 @@ pub(super) async fn send(
             "busy": sent.busy,
             "applied": sent.applied,
             "interrupted": messages::interrupted_json(&sent),
+            "reopened": sent.reopened,
             "follow_ups": sent.follow_ups,
         })),
     )

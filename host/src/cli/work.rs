@@ -278,8 +278,10 @@ pub struct SendArgs {
     pub kind: String,
     /// When a run holds the thread: `enqueue` (wait for the next turn), `steer` (to the live
     /// run), `reject` (refused, exit 7, nothing stored), `interrupt` (the run is stopped, its
-    /// turn's end marked in the log, and a follow-up answers the message) or `rollback` (as
-    /// `interrupt`, and what the stopped run wrote to the log is masked). On an idle thread
+    /// turn's end marked in the log, and a follow-up answers the message), `rollback` (as
+    /// `interrupt`, and what the stopped run wrote to the log is masked) or `merge` (as
+    /// `rollback`, and the messages the stopped run had taken are handed to the next turn
+    /// first). On an idle thread
     /// every policy starts a turn. Default: the agent's `[plugins.x.inbox] on_busy`, else
     /// `--kind`.
     #[arg(long, conflicts_with = "kind")]
@@ -977,6 +979,7 @@ async fn send(config: &Config, store: &Store, args: SendArgs) -> anyhow::Result<
                     "busy": sent.busy,
                     "applied": sent.applied,
                     "interrupted": messages::interrupted_json(&sent),
+                    "reopened": sent.reopened,
                     "follow_ups": sent.follow_ups,
                 })
             );

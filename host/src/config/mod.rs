@@ -330,7 +330,7 @@ pub struct PluginConfig {
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, Default)]
 #[serde(deny_unknown_fields)]
 pub struct PluginInbox {
-    /// `"enqueue"`, `"steer"`, `"reject"`, `"interrupt"` or `"rollback"` (default: as the
+    /// `"enqueue"`, `"steer"`, `"reject"`, `"interrupt"`, `"rollback"` or `"merge"` (default: as the
     /// message's kind says, a
     /// follow-up waiting for the next turn); a message's own `on_busy` wins, and so does a
     /// message sent as a steer.
@@ -353,6 +353,8 @@ pub enum BusyPolicy {
     Interrupt,
     /// As `Interrupt`, and mask what the stopped run wrote to the thread log.
     Rollback,
+    /// As `Rollback`, and hand the next turn the messages the stopped run had taken.
+    Merge,
 }
 
 /// `[plugins.x] pin`.

@@ -73,6 +73,7 @@ pub async fn send(
             BusyPolicy::Reject => OnBusy::Reject,
             BusyPolicy::Interrupt => OnBusy::Interrupt,
             BusyPolicy::Rollback => OnBusy::Rollback,
+            BusyPolicy::Merge => OnBusy::Merge,
         });
     }
     let agent = new.agent.clone().unwrap_or_else(|| "none".to_owned());

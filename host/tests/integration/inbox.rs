@@ -370,17 +370,21 @@ fn an_interrupting_message_stops_the_run_and_the_next_turn_answers_it(store: &st
     wait_exit(&mut host, Duration::from_secs(20));
 }
 
-/// `--on-busy rollback` against a running guest: as an interrupt, and the mark masks what the
-/// stopped run wrote: `thread log` (and its `--json`) shows the log as it was before the run,
-/// with the mark saying which entries it masked; `--all` shows them, marked.
-fn a_rollback_message_masks_the_stopped_run(store: &str) {
+/// A host on `store` with the steerable guest at work on thread `r` (see
+/// [`steerable_at_work`]), and the answer to `payload` sent to the thread with `--on-busy
+/// policy`.
+fn sent_to_busy_steerable(
+    store: &str,
+    policy: &str,
+    payload: &str,
+) -> (Env, String, std::process::Child, Value) {
     let cfg = config("10s").replace(
         "[store]\nbackend = \"embedded\"\npath = \"homing.db\"\n",
         store,
     );
     assert!(cfg.contains(store), "{cfg}");
     let env = Env::new(&cfg);
-    let (id, mut host) = steerable_at_work(&env);
+    let (id, host) = steerable_at_work(&env);
     let sent: Value = serde_json::from_str(&env.ok(&[
         "thread",
         "send",
@@ -388,12 +392,20 @@ fn a_rollback_message_masks_the_stopped_run(store: &str) {
         "--agent",
         "steerable",
         "--on-busy",
-        "rollback",
+        policy,
         "--payload",
-        "start over",
+        payload,
         "--json",
     ]))
     .unwrap();
+    (env, id, host, sent)
+}
+
+/// `--on-busy rollback` against a running guest: as an interrupt, and the mark masks what the
+/// stopped run wrote: `thread log` (and its `--json`) shows the log as it was before the run,
+/// with the mark saying which entries it masked; `--all` shows them, marked.
+fn a_rollback_message_masks_the_stopped_run(store: &str) {
+    let (env, id, mut host, sent) = sent_to_busy_steerable(store, "rollback", "start over");
     assert_eq!(sent["interrupted"]["dispatch"], id.as_str(), "{sent}");
     assert_eq!(sent["applied"], "rollback", "{sent}");
     let mark = sent["interrupted"]["entry"]
@@ -434,6 +446,56 @@ fn a_rollback_message_masks_the_stopped_run(store: &str) {
     assert_eq!(all.lines().count() as u64, mark + 2, "{all}");
     signal(&host, "TERM");
     wait_exit(&mut host, Duration::from_secs(20));
+}
+
+/// `--on-busy merge` against a running guest: the run is rolled back and the next turn is
+/// handed what it had taken: the follow-up runs the stopped goal again (its payload) and reads
+/// the new message, which steers it.
+fn a_merge_message_hands_the_next_turn_the_stopped_goal(store: &str) {
+    let (env, id, mut host, sent) = sent_to_busy_steerable(store, "merge", "survey 2025");
+    assert_eq!(sent["applied"], "merge", "{sent}");
+    assert_eq!(sent["interrupted"]["dispatch"], id.as_str(), "{sent}");
+    let next = sent["follow_ups"][0]
+        .as_str()
+        .expect("a follow-up")
+        .to_owned();
+    let done = env.wait_status(&next, "acked", Duration::from_secs(30));
+    assert_eq!(
+        done["payload"], "survey 2024",
+        "the stopped goal goes on: {done}"
+    );
+    assert_eq!(done["result"]["output"], "done: survey 2025", "{done}");
+    env.wait_status(&id, "superseded", Duration::from_secs(30));
+    let shown = log(&env, "r");
+    assert_eq!(shown[0]["turn"]["event"], "merged", "{shown:?}");
+    assert_eq!(
+        shown[1]["data"], "step 1/5: working on survey 2024",
+        "{shown:?}"
+    );
+    assert!(
+        shown
+            .iter()
+            .any(|e| e["data"] == "changed course: survey 2025"),
+        "{shown:?}"
+    );
+    signal(&host, "TERM");
+    wait_exit(&mut host, Duration::from_secs(20));
+}
+
+#[test]
+fn a_merge_message_hands_the_next_turn_the_stopped_goal_embedded() {
+    a_merge_message_hands_the_next_turn_the_stopped_goal(
+        "[store]\nbackend = \"embedded\"\npath = \"homing.db\"\n",
+    );
+}
+
+#[test]
+fn a_merge_message_hands_the_next_turn_the_stopped_goal_on_nats() {
+    let server = crate::natsd::NatsServer::start();
+    a_merge_message_hands_the_next_turn_the_stopped_goal(&format!(
+        "[store]\nbackend = \"nats\"\nurl = \"{}\"\nprefix = \"turns\"\nconnect_timeout = \"20s\"\n",
+        server.url()
+    ));
 }
 
 #[test]

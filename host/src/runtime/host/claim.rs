@@ -363,6 +363,7 @@ impl mailbox::HostClaim for GuestState {
                             event: match turn.event {
                                 TurnEvent::Interrupted => types::TurnEvent::Interrupted,
                                 TurnEvent::RolledBack => types::TurnEvent::RolledBack,
+                                TurnEvent::Merged => types::TurnEvent::Merged,
                             },
                             dispatch: turn.dispatch,
                             message: turn.message,

@@ -16,7 +16,7 @@ use super::rows::{self, db};
 use crate::store::StoreResult;
 use crate::store::model::inbox::InboxMarks;
 use crate::store::model::{Dispatch, Status};
-use crate::store::rules::inbox::{follow_up_dispatch, follow_up_targets};
+use crate::store::rules::inbox::{Stopped, follow_up_dispatch, follow_up_targets};
 use crate::store::rules::{self, Effects, Reclaim, Settle, clamp};
 
 /// What the transition already read in its transaction, so that an effect with nothing to do
@@ -225,23 +225,25 @@ pub(super) fn answer_inbox(
     if has_live_work(tx, thread)? {
         return Ok(Vec::new());
     }
-    follow_up(tx, thread, default_agent, None, now)
+    follow_up(tx, thread, default_agent, None, &[], now)
 }
 
 /// M4's follow-ups for the pending messages of `thread` no follow-up covers yet, whatever live
-/// work the thread has: [`answer_inbox`] once the thread has none, and an interrupt-policy send
-/// behind the run of `interrupted` it stopped (its queued and waiting dispatches superseded, the
-/// claimed one of an older epoch: the follow-up runs when that one lets the thread go).
+/// work the thread has: [`answer_inbox`] once the thread has none, and a stopping send behind
+/// the run it stopped (its queued and waiting dispatches superseded, the claimed one of an
+/// older epoch: the follow-up runs when that one lets the thread go), with the messages a
+/// merge `reopened` first.
 pub(super) fn follow_up(
     tx: &Connection,
     thread: &str,
     default_agent: Option<&str>,
-    interrupted: Option<&str>,
+    stopped: Option<Stopped<'_>>,
+    reopened: &[(u64, Option<String>)],
     now: u64,
 ) -> StoreResult<Vec<String>> {
     let t = thread_row(tx, thread)?;
     let mut marks = t.inbox;
-    if marks.pending == 0 || marks.latest <= marks.followed {
+    if marks.pending == 0 || (marks.latest <= marks.followed && reopened.is_empty()) {
         return Ok(Vec::new());
     }
     let uncovered: Vec<(u64, Option<String>)> = {
@@ -260,15 +262,16 @@ pub(super) fn follow_up(
     };
     let default = default_agent.or(t.last_agent.as_deref());
     let targets = follow_up_targets(
-        uncovered
+        reopened
             .iter()
+            .chain(&uncovered)
             .map(|(seq, agent)| (*seq, agent.as_deref())),
         default,
     );
     let mut ids = Vec::with_capacity(targets.len());
     for (agent, first, last) in targets {
         let id = uuid::Uuid::now_v7().to_string();
-        let new = follow_up_dispatch(&agent, thread, first, last, interrupted);
+        let new = follow_up_dispatch(&agent, thread, first, last, stopped);
         insert_queued(tx, &id, &new, now)?;
         ids.push(id);
     }

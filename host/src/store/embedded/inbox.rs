@@ -29,8 +29,8 @@ use crate::store::inbox::{
     Inbox, InboxMarks, Message, MessageFilter, MessageKind, MessageState, NOTE_ROOM, NewMessage,
     OnBusy, Sent, ThreadWatch,
 };
-use crate::store::model::EntryNote;
-use crate::store::rules::inbox::{send_verdict, turn_mark};
+use crate::store::model::{EntryNote, TurnEvent};
+use crate::store::rules::inbox::{Stopped, merge_agent, send_verdict, turn_mark};
 use crate::store::rules::{self, ByteBudget, Effects, clamp};
 use crate::store::{Fence, StoreError, StoreResult};
 
@@ -75,6 +75,30 @@ fn decode(row: &Row<'_>) -> StoreResult<Message> {
         thread,
         seq,
     })
+}
+
+/// M5 for a `merge`: the messages of `thread` that `dispatch` acknowledged, pending again,
+/// oldest first, with the agent each names.
+fn reopen_acked(
+    tx: &Connection,
+    thread: &str,
+    dispatch: &str,
+) -> StoreResult<Vec<(u64, Option<String>)>> {
+    let mut stmt = tx
+        .prepare_cached(
+            "UPDATE messages SET state = 'pending', settled_at = NULL, acked_by = NULL, \
+             log_seq = NULL WHERE thread = ?1 AND acked_by = ?2 AND state = 'acked' \
+             RETURNING seq, agent",
+        )
+        .map_err(db)?;
+    let rows = stmt
+        .query_map(params![thread, dispatch], |row| {
+            Ok((row.get(0)?, row.get(1)?))
+        })
+        .map_err(db)?;
+    let mut out: Vec<(u64, Option<String>)> = rows.collect::<Result<_, _>>().map_err(db)?;
+    out.sort_unstable();
+    Ok(out)
 }
 
 fn load_message(tx: &Connection, thread: &str, seq: u64) -> StoreResult<Option<Message>> {
@@ -151,6 +175,10 @@ impl Inbox for EmbeddedStore {
                 // step; the follow-up below waits for the stopped run to let the thread go.
                 let mut effects = Effects::NONE;
                 let mut interrupted = None;
+                let mut reopened = Vec::new();
+                if let (Some(TurnEvent::Merged), Some(holder)) = (verdict.stop, holder.as_ref()) {
+                    merge_agent(new.agent.as_deref(), holder)?;
+                }
                 if let (Some(event), Some(holder)) = (verdict.stop, holder.as_ref()) {
                     let reason = format!("interrupted by message {} of its thread", marks.latest);
                     let (_, e) = interrupt_in(tx, &thread, &reason, now)?;
@@ -163,6 +191,10 @@ impl Inbox for EmbeddedStore {
                     .map_err(|e| StoreError::Invalid(format!("turn mark: {e}")))?;
                     let at = push_entry(tx, &thread, &mut log, b"", Some(&note), now)?;
                     interrupted = Some((holder.id.clone(), at));
+                    if event == TurnEvent::Merged {
+                        reopened = reopen_acked(tx, &thread, &holder.id)?;
+                        marks.pending += reopened.len() as u64;
+                    }
                 }
                 let metadata = serde_json::to_string(&new.metadata)
                     .map_err(|e| StoreError::Invalid(format!("metadata: {e}")))?;
@@ -183,8 +215,19 @@ impl Inbox for EmbeddedStore {
                 ])
                 .map_err(db)?;
                 save_inbox(tx, &thread, marks)?;
-                let follow_ups = if let Some((stopped, _)) = &interrupted {
-                    follow_up(tx, &thread, new.agent.as_deref(), Some(stopped), now)?
+                let follow_ups = if let (Some(_), Some(dispatch)) = (&interrupted, &holder) {
+                    let stopped = Stopped {
+                        dispatch,
+                        merge: verdict.stop == Some(TurnEvent::Merged),
+                    };
+                    follow_up(
+                        tx,
+                        &thread,
+                        new.agent.as_deref(),
+                        Some(stopped),
+                        &reopened,
+                        now,
+                    )?
                 } else if starts_follow_up {
                     answer_inbox(tx, &thread, new.agent.as_deref(), now)?
                 } else {
@@ -209,6 +252,7 @@ impl Inbox for EmbeddedStore {
                         message,
                         follow_ups,
                         applied: verdict.applied(busy.is_some()),
+                        reopened: reopened.iter().map(|(seq, _)| *seq).collect(),
                         busy,
                         interrupted,
                     },

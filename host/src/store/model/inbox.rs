@@ -83,12 +83,16 @@ pub enum OnBusy {
     /// by the turn's mark ([`TurnMark::masked`](super::TurnMark)): the next turn reads the
     /// log as it was before that dispatch ran. Nothing is deleted.
     Rollback,
+    /// As `Rollback`, and the messages the stopped dispatch acknowledged return to pending, so
+    /// the next turn is handed them before the new one, in order; the follow-up for the
+    /// stopped dispatch's agent carries its payload.
+    Merge,
 }
 
 impl OnBusy {
     /// Whether the policy stops the run that holds a busy thread.
     pub fn stops(self) -> bool {
-        matches!(self, OnBusy::Interrupt | OnBusy::Rollback)
+        matches!(self, OnBusy::Interrupt | OnBusy::Rollback | OnBusy::Merge)
     }
 }
 
@@ -101,6 +105,7 @@ impl OnBusy {
             OnBusy::Reject => "reject",
             OnBusy::Interrupt => "interrupt",
             OnBusy::Rollback => "rollback",
+            OnBusy::Merge => "merge",
         }
     }
 }
@@ -121,8 +126,9 @@ impl FromStr for OnBusy {
             "reject" => Ok(OnBusy::Reject),
             "interrupt" => Ok(OnBusy::Interrupt),
             "rollback" => Ok(OnBusy::Rollback),
+            "merge" => Ok(OnBusy::Merge),
             other => Err(format!(
-                "unknown policy `{}` (expected enqueue, steer, reject, interrupt or rollback)",
+                "unknown policy `{}` (expected enqueue, steer, reject, interrupt, rollback or merge)",
                 other.escape_debug()
             )),
         }
@@ -276,6 +282,9 @@ pub struct Sent {
     /// stopped already), `Steer`, `Interrupt` or `Rollback`. `None` when the thread was idle
     /// (every policy then starts a turn, as a follow-up does).
     pub applied: Option<OnBusy>,
+    /// The messages a `merge` returned to pending (the stopped dispatch had acknowledged
+    /// them), oldest first.
+    pub reopened: Vec<u64>,
 }
 
 /// Which messages a read of an inbox returns: of one state (all when `None`), with a sequence

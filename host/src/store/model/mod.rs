@@ -803,6 +803,9 @@ pub enum TurnEvent {
     /// A message sent under the `rollback` policy stopped the run that held the thread and
     /// masked what its runs wrote to the log ([`TurnMark::masked`]).
     RolledBack,
+    /// A message sent under the `merge` policy stopped it, masked what its runs wrote and
+    /// returned the messages it had acknowledged to pending.
+    Merged,
 }
 
 impl TurnEvent {
@@ -811,6 +814,7 @@ impl TurnEvent {
         match self {
             TurnEvent::Interrupted => "interrupted",
             TurnEvent::RolledBack => "rolled_back",
+            TurnEvent::Merged => "merged",
         }
     }
 }

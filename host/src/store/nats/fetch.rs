@@ -356,7 +356,7 @@ impl NatsStore {
     }
 
     /// The last stream sequence of a thread's tree (0 when it holds nothing).
-    async fn tree_seq(&self, thread: &str) -> StoreResult<u64> {
+    pub(super) async fn tree_seq(&self, thread: &str) -> StoreResult<u64> {
         let tree = Key::tree(self.prefix(), thread);
         Ok(self
             .get_last_matching(&tree)

@@ -48,8 +48,11 @@ use crate::store::inbox::{
     Inbox, InboxMarks, Message, MessageFilter, MessageKind, MessageState, NOTE_ROOM, NewMessage,
     OnBusy, Sent, ThreadWatch,
 };
-use crate::store::model::EntryNote;
-use crate::store::rules::inbox::{follow_up_dispatch, follow_up_targets, send_verdict, turn_mark};
+use crate::store::model::{EntryNote, TurnEvent};
+use crate::store::rules::inbox::{
+    Stopped, follow_up_dispatch, follow_up_targets, merge_agent, reopened as reopened_message,
+    send_verdict, turn_mark,
+};
 use crate::store::rules::{self, ByteBudget, queued_record};
 use crate::store::{Fence, StoreError, StoreResult};
 
@@ -114,9 +117,18 @@ fn no_message(thread: &str, seq: u64) -> StoreError {
 impl NatsStore {
     /// Message `seq` of `thread` as stored now (one direct get).
     async fn fetch_message(&self, thread: &str, seq: u64) -> StoreResult<Option<Message>> {
+        Ok(self.fetch_message_at(thread, seq).await?.map(|(_, m)| m))
+    }
+
+    /// [`NatsStore::fetch_message`] with the record's stream sequence.
+    async fn fetch_message_at(
+        &self,
+        thread: &str,
+        seq: u64,
+    ) -> StoreResult<Option<(u64, Message)>> {
         let key = Key::Message(thread.to_owned(), seq);
         match self.get_last(&key.subject(self.prefix())).await? {
-            Some((_, payload)) => decode_message(&key, &payload).map(Some),
+            Some((at, payload)) => Ok(Some((at, decode_message(&key, &payload)?))),
             None => Ok(None),
         }
     }
@@ -259,15 +271,21 @@ impl NatsStore {
     }
 }
 
-#[async_trait]
-impl Inbox for NatsStore {
-    async fn send(&self, thread: &str, new: NewMessage, max_pending: u64) -> StoreResult<Sent> {
-        new.validate(thread, self.max_message())
-            .map_err(StoreError::Invalid)?;
-        // An interrupt may append the turn's mark: then the decision reads the log's end too.
-        let interrupts = new.on_busy.is_some_and(OnBusy::stops);
-        let reads = [Read::Thread(thread), Read::Inbox(thread), Read::Log(thread)];
-        let reads = if interrupts { &reads[..] } else { &reads[..2] };
+/// The most messages a merge reopens: they share the atomic batch with the mark, the message,
+/// the follow-ups and the superseded work.
+const MAX_REOPENED: usize = MAX_BATCH - 32;
+
+impl NatsStore {
+    /// One decision of [`Inbox::send`]: `None` when a merge's messages (`acked`, read at a tree
+    /// sequence) are not current with the view it decides on.
+    async fn send_once(
+        &self,
+        thread: &str,
+        new: &NewMessage,
+        max_pending: u64,
+        reads: &[Read<'_>],
+        acked: Option<&(u64, BTreeMap<u64, Message>)>,
+    ) -> StoreResult<Option<Sent>> {
         self.run(reads, |view, now, _| {
             let marks = view.inbox_marks(thread);
             if marks.pending >= max_pending {
@@ -294,6 +312,34 @@ impl Inbox for NatsStore {
             };
             let kind = verdict.kind;
             let stop = verdict.stop.zip(holder);
+            // A merge (M5): the messages the stopped run acknowledged, read from the server at
+            // the view's tree sequence, else decided again on fresh reads.
+            let mut reopened: Vec<Message> = Vec::new();
+            if let Some((TurnEvent::Merged, holder)) = stop {
+                if let Err(e) = merge_agent(new.agent.as_deref(), holder) {
+                    return Ok(Plan::Refuse(Err(e)));
+                }
+                let Some((_, records)) = acked.filter(|(at, _)| *at == view.thread_seq(thread))
+                else {
+                    return Ok(Plan::Refuse(Ok(None)));
+                };
+                reopened = records
+                    .values()
+                    .filter(|m| {
+                        m.state == MessageState::Acked
+                            && m.acked_by.as_deref() == Some(holder.id.as_str())
+                    })
+                    .map(|m| reopened_message(m.clone()))
+                    .collect();
+                if reopened.len() > MAX_REOPENED {
+                    return Ok(Plan::Refuse(Err(StoreError::Limit(format!(
+                        "merge: the stopped run of thread `{}` acknowledged {} messages; one \
+                         atomic batch reopens at most {MAX_REOPENED} (send it with `rollback`)",
+                        thread.escape_debug(),
+                        reopened.len()
+                    )))));
+                }
+            }
             let interrupting = stop.map(|(_, d)| d.id.as_str());
             let starts_follow_up = kind == MessageKind::FollowUp
                 && (interrupting.is_some() || view.live_of(thread).is_empty());
@@ -326,8 +372,9 @@ impl Inbox for NatsStore {
                 // follow-up below waits for the stopped run to let the thread go.
                 t.epoch += 1;
                 let reason = format!("interrupted by message {seq} of its thread");
-                // Room is left for the mark, the message, the follow-ups and the thread.
-                let room = MAX_BATCH.saturating_sub(16);
+                // Room is left for the mark, the message, the follow-ups, the thread and the
+                // reopened messages.
+                let room = MAX_BATCH.saturating_sub(16 + reopened.len());
                 writes.extend(superseding(view, thread, t.epoch, &reason, now, room)?.writes);
                 let at = view.latest(thread) + 1;
                 let turn = EntryNote::Turn {
@@ -341,20 +388,31 @@ impl Inbox for NatsStore {
                 });
                 interrupted = Some((holder.id.clone(), at));
             }
+            for m in &reopened {
+                writes.push(put_message(Expect::None, m)?);
+            }
             writes.push(put_message(Expect::None, &message)?);
             let mut follow_ups = Vec::new();
             if starts_follow_up {
-                let mut uncovered: Vec<(u64, Option<&str>)> = view
-                    .pending_after(thread, t.inbox_followed)
-                    .into_iter()
-                    .map(|(n, h)| (n, h.agent.as_deref()))
+                let mut uncovered: Vec<(u64, Option<&str>)> = reopened
+                    .iter()
+                    .map(|m| (m.seq, m.agent.as_deref()))
                     .collect();
+                uncovered.extend(
+                    view.pending_after(thread, t.inbox_followed)
+                        .into_iter()
+                        .map(|(n, h)| (n, h.agent.as_deref())),
+                );
                 uncovered.push((seq, new.agent.as_deref()));
                 let default = new.agent.as_deref().or(last_agent.as_deref());
                 let mut records = Vec::new();
                 for (agent, first, last) in follow_up_targets(uncovered, default) {
                     let id = uuid::Uuid::now_v7().to_string();
-                    let new = follow_up_dispatch(&agent, thread, first, last, interrupting);
+                    let stopped = stop.map(|(event, dispatch)| Stopped {
+                        dispatch,
+                        merge: event == TurnEvent::Merged,
+                    });
+                    let new = follow_up_dispatch(&agent, thread, first, last, stopped);
                     follow_ups.push(id.clone());
                     records.push(queued_record(&id, &new, t.epoch, now));
                 }
@@ -367,17 +425,53 @@ impl Inbox for NatsStore {
             let wake = !follow_ups.is_empty() || interrupting.is_some();
             Ok(Plan::Write {
                 writes,
-                answer: Ok(Sent {
+                answer: Ok(Some(Sent {
                     message,
                     follow_ups,
                     applied: verdict.applied(busy.is_some()),
                     busy,
                     interrupted,
-                }),
+                    reopened: reopened.iter().map(|m| m.seq).collect(),
+                })),
                 wake,
             })
         })
         .await
+    }
+}
+
+#[async_trait]
+impl Inbox for NatsStore {
+    async fn send(&self, thread: &str, new: NewMessage, max_pending: u64) -> StoreResult<Sent> {
+        new.validate(thread, self.max_message())
+            .map_err(StoreError::Invalid)?;
+        // An interrupt may append the turn's mark: then the decision reads the log's end too.
+        let interrupts = new.on_busy.is_some_and(OnBusy::stops);
+        let reads = [Read::Thread(thread), Read::Inbox(thread), Read::Log(thread)];
+        let reads = if interrupts { &reads[..] } else { &reads[..2] };
+        let merges = new.on_busy == Some(OnBusy::Merge);
+        for _ in 0..8 {
+            // A merge reopens the messages the stopped run acknowledged, which have left a
+            // host's view (it keeps pending ones): they are read from the server first, with the
+            // tree's sequence they are current at, and the decision goes ahead only on a view at
+            // that sequence (the batch is fenced by it).
+            let acked = if merges {
+                let at = self.tree_seq(thread).await?;
+                Some((at, self.fetch_messages(thread).await?))
+            } else {
+                None
+            };
+            if let Some(sent) = self
+                .send_once(thread, &new, max_pending, reads, acked.as_ref())
+                .await?
+            {
+                return Ok(sent);
+            }
+        }
+        Err(StoreError::Contention(format!(
+            "thread `{}` kept changing while a merge read its messages; retry later",
+            thread.escape_debug()
+        )))
     }
 
     async fn ack_message(&self, thread: &str, seq: u64, fence: &Fence) -> StoreResult<u64> {
@@ -391,7 +485,11 @@ impl Inbox for NatsStore {
             // here is the one the decision below writes, whatever the view's age. Its state is
             // decided on the view (fenced by the thread's tree), or, when it is settled here
             // already, answered from this record: a settled message never changes again.
-            let fetched = self.fetch_message(thread, seq).await?;
+            let fetched = self.fetch_message_at(thread, seq).await?;
+            // A merge can return a settled message to pending (M5): a settled record read
+            // before the view's newer record of it is no answer; read it again.
+            let fetched_at = fetched.as_ref().map(|(at, _)| *at);
+            let fetched = fetched.map(|(_, m)| m);
             let out = self
                 .run(&reads, |view, now, _| {
                     if let Some(plan) = Self::fenced(view, thread, fence, now)? {
@@ -424,6 +522,13 @@ impl Inbox for NatsStore {
                         .as_ref()
                         .filter(|m| m.state != MessageState::Pending)
                     {
+                        if view
+                            .message_at(thread, seq)
+                            .zip(fetched_at)
+                            .is_some_and(|(held, read)| held > read)
+                        {
+                            return Ok(Plan::Done(Ok(Acked::Again)));
+                        }
                         return Ok(Plan::Done(settled_answer(
                             thread,
                             seq,

@@ -990,6 +990,15 @@ impl View {
         self.threads.get(thread)?.messages.get(&n).map(|(_, h)| h)
     }
 
+    /// The stream sequence of the record of message `n` the view holds.
+    pub fn message_at(&self, thread: &str, n: u64) -> Option<u64> {
+        self.threads
+            .get(thread)?
+            .messages
+            .get(&n)
+            .map(|(at, _)| *at)
+    }
+
     /// Pending messages across every thread.
     pub fn pending_total(&self) -> u64 {
         self.threads

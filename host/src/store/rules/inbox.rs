@@ -4,6 +4,7 @@
 
 use crate::store::StoreError;
 use crate::store::model::inbox::OnBusy;
+use crate::store::model::inbox::{Message, MessageState};
 use crate::store::model::{Dispatch, LogRange, MessageKind, NewDispatch, TurnEvent, TurnMark};
 
 /// Metadata keys of a follow-up dispatch (M4): who enqueued it and which messages it answers.
@@ -39,22 +40,66 @@ pub fn follow_up_targets<'a>(
     out
 }
 
+/// The run a stopping send stopped, as the follow-ups it enqueues carry it.
+#[derive(Debug, Clone, Copy)]
+pub struct Stopped<'a> {
+    /// The stopped dispatch.
+    pub dispatch: &'a Dispatch,
+    /// Whether the send merges: the follow-up for the stopped dispatch's agent carries its
+    /// payload.
+    pub merge: bool,
+}
+
 /// The dispatch that answers messages `first..=last` of `thread` for `agent` (M4), after the
-/// run of dispatch `interrupted` when an interrupting send enqueues it (case c).
+/// run `stopped` when a stopping send enqueues it (case c): its metadata names the stopped
+/// dispatch, and under `merge` the follow-up of that dispatch's agent carries its payload.
 pub fn follow_up_dispatch(
     agent: &str,
     thread: &str,
     first: u64,
     last: u64,
-    interrupted: Option<&str>,
+    stopped: Option<Stopped<'_>>,
 ) -> NewDispatch {
-    let new = NewDispatch::new(agent, thread, Vec::new())
+    let payload = match stopped {
+        Some(s) if s.merge && s.dispatch.agent == agent => s.dispatch.payload.clone(),
+        _ => Vec::new(),
+    };
+    let new = NewDispatch::new(agent, thread, payload)
         .with_metadata(FOLLOW_UP_BY.0, FOLLOW_UP_BY.1)
         .with_metadata(FOLLOW_UP_MESSAGES, format!("{first}-{last}"));
-    match interrupted {
-        Some(id) => new.with_metadata(FOLLOW_UP_INTERRUPTED, id),
+    match stopped {
+        Some(s) => new.with_metadata(FOLLOW_UP_INTERRUPTED, s.dispatch.id.as_str()),
         None => new,
     }
+}
+
+/// Checks that a `merge` sent to `agent` (none: the thread's own) can continue the turn of the
+/// stopped `holder`: the stopped run's payload goes to the follow-up for its own agent, so a
+/// message naming another agent cannot merge into it.
+///
+/// # Errors
+///
+/// `Invalid`, naming the field.
+pub fn merge_agent(agent: Option<&str>, holder: &Dispatch) -> Result<(), StoreError> {
+    match agent {
+        Some(agent) if agent != holder.agent => Err(StoreError::Invalid(format!(
+            "agent: a merge continues the stopped run of agent `{}`; a message for `{}` cannot \
+             merge into it (send it with another policy)",
+            holder.agent.escape_debug(),
+            agent.escape_debug()
+        ))),
+        _ => Ok(()),
+    }
+}
+
+/// A message a `merge` returns to pending: acknowledged by the stopped dispatch, pending again,
+/// its acknowledgement's log entry masked by the merge's mark (M5).
+pub fn reopened(mut message: Message) -> Message {
+    message.state = MessageState::Pending;
+    message.settled_at = None;
+    message.acked_by = None;
+    message.log_seq = None;
+    message
 }
 
 /// The mark a send that stopped `holder` appends at log sequence `at` (message `message` of
@@ -67,7 +112,7 @@ pub fn turn_mark(event: TurnEvent, holder: &Dispatch, message: u64, at: u64) -> 
         event,
         dispatch: holder.id.clone(),
         message,
-        masked: (event == TurnEvent::RolledBack && first <= last)
+        masked: (event != TurnEvent::Interrupted && first <= last)
             .then_some(LogRange { first, last }),
     }
 }
@@ -90,6 +135,7 @@ impl SendVerdict {
     pub fn applied(&self, busy: bool) -> Option<OnBusy> {
         busy.then_some(match (self.stop, self.kind) {
             (Some(TurnEvent::RolledBack), _) => OnBusy::Rollback,
+            (Some(TurnEvent::Merged), _) => OnBusy::Merge,
             (Some(TurnEvent::Interrupted), _) => OnBusy::Interrupt,
             (None, MessageKind::Steer) => OnBusy::Steer,
             (None, MessageKind::FollowUp) => OnBusy::Enqueue,
@@ -129,12 +175,12 @@ pub fn send_verdict(
             thread: thread.to_owned(),
             holder: holder.to_owned(),
         }),
-        OnBusy::Interrupt | OnBusy::Rollback => Ok(SendVerdict {
+        OnBusy::Interrupt | OnBusy::Rollback | OnBusy::Merge => Ok(SendVerdict {
             kind: MessageKind::FollowUp,
-            stop: current.then_some(if policy == OnBusy::Rollback {
-                TurnEvent::RolledBack
-            } else {
-                TurnEvent::Interrupted
+            stop: current.then_some(match policy {
+                OnBusy::Rollback => TurnEvent::RolledBack,
+                OnBusy::Merge => TurnEvent::Merged,
+                _ => TurnEvent::Interrupted,
             }),
         }),
     }

@@ -1823,6 +1823,142 @@ pub async fn a_rollback_masks_what_the_stopped_dispatch_wrote_across_its_attempt
     assert_eq!((mark.event, mark.masked), (TurnEvent::RolledBack, None));
 }
 
+/// `merge` (section 9.6, M5): as `rollback`, and the messages the stopped dispatch
+/// acknowledged return to pending in the same step, so the follow-up is handed them first,
+/// then the new one; their acknowledgements' entries are masked with the rest of the run; the
+/// stopped dispatch's payload goes to the follow-up of its agent. A message for another agent
+/// cannot merge into the run, and nothing is stored then.
+pub async fn a_merge_hands_the_next_turn_what_the_stopped_run_had_taken<F: Factory>(factory: &F) {
+    use homing::store::{OnBusy, TurnEvent, unmasked};
+    let env = Env::new(factory).await;
+    let s = env.open().await;
+    let other = env.open().await;
+
+    // The run takes message 1 (its ack appends it to the log) and writes on.
+    let run = hold(&other, "t", "d1", 30_000).await;
+    send(&s, "t", follow_up("what is 2+2?")).await;
+    other
+        .inbox
+        .ack_message("t", 1, &fence(&run))
+        .await
+        .expect("ack");
+    other
+        .log
+        .append("t", b"thinking", Some(&fence(&run)))
+        .await
+        .expect("append");
+
+    // A message for another agent cannot merge into it.
+    let refused = s
+        .inbox
+        .send(
+            "t",
+            follow_up("x").to_agent(OTHER).on_busy(OnBusy::Merge),
+            DEFAULT_MAX_INBOX,
+        )
+        .await;
+    expect_invalid_naming(refused, "agent", "a message for another agent");
+    assert_eq!(pending(&s, "t").await, Vec::<u64>::new(), "nothing stored");
+
+    let sent = send(&s, "t", follow_up("and 3+3?").on_busy(OnBusy::Merge)).await;
+    assert_eq!(sent.message.seq, 2, "{sent:?}");
+    assert_eq!(sent.applied, Some(OnBusy::Merge));
+    assert_eq!(sent.reopened, vec![1]);
+    let (stopped, at) = sent.interrupted.clone().expect("the run was stopped");
+    assert_eq!((stopped.as_str(), at), ("d1", 3));
+    let log = s.log.read("t", 0, 10).await.expect("read");
+    let mark = log[2].turn.clone().expect("a turn mark");
+    assert_eq!(mark.event, TurnEvent::Merged);
+    let masked = mark.masked.expect("masked");
+    assert_eq!((masked.first, masked.last), (1, 2), "the ack's entry too");
+    let first = message(&s, "t", 1).await;
+    assert_eq!(first.state, MessageState::Pending, "{first:?}");
+    assert_eq!((first.acked_by, first.log_seq), (None, None));
+    assert_eq!(pending(&s, "t").await, vec![1, 2]);
+    assert_eq!(marks(&s, "t").await.pending, 2);
+
+    // One follow-up answers both, in order, and carries the stopped run's payload.
+    assert_eq!(sent.follow_ups.len(), 1, "{sent:?}");
+    let next = load(&s, &sent.follow_ups[0]).await;
+    assert_eq!(next.payload, run.payload, "the stopped run's input goes on");
+    assert_eq!(
+        next.metadata.get(FOLLOW_UP_MESSAGES).map(String::as_str),
+        Some("1-2")
+    );
+    assert_eq!(
+        next.metadata.get(FOLLOW_UP_INTERRUPTED).map(String::as_str),
+        Some("d1")
+    );
+    match other.inbox.ack_message("t", 2, &fence(&run)).await {
+        Err(StoreError::StaleEpoch { .. }) => {}
+        other => panic!("the stopped run's ack: {other:?}"),
+    }
+    let turn = retry(|| s.mailbox.claim_dispatch(&next.id, WORKER, 30_000))
+        .await
+        .expect("claim")
+        .expect("the follow-up runs once the thread is free");
+    for seq in [1, 2] {
+        s.inbox
+            .ack_message("t", seq, &fence(&turn))
+            .await
+            .unwrap_or_else(|e| panic!("the next turn acks message {seq}: {e}"));
+    }
+    let first = message(&s, "t", 1).await;
+    assert_eq!(first.acked_by.as_deref(), Some(next.id.as_str()));
+    let log = s.log.read("t", 0, 10).await.expect("read");
+    let shown: Vec<(u64, Option<u64>)> = unmasked(log)
+        .iter()
+        .map(|e| (e.seq, e.note.as_ref().map(|n| n.seq)))
+        .collect();
+    assert_eq!(shown, vec![(3, None), (4, Some(1)), (5, Some(2))]);
+    assert!(pending(&s, "t").await.is_empty());
+}
+
+/// A merge racing the stopped run's own acknowledgement, from two instances: either the ack
+/// lands first and the merge reopens the message, or the merge does and the ack is
+/// `StaleEpoch`. Either way the message is pending for the next turn, never acknowledged by a
+/// run that was stopped.
+pub async fn a_merge_racing_the_runs_ack_leaves_the_message_to_the_next_turn<F: Factory>(
+    factory: &F,
+) {
+    use homing::store::OnBusy;
+    let env = Env::new(factory).await;
+    let hosts = env.open_many(2).await;
+    let (mut acked_first, mut merged_first) = (0, 0);
+    for round in 0..10 {
+        let thread = format!("t{round}");
+        let run = hold(&hosts[1], &thread, &format!("d{round}"), 60_000).await;
+        send(&hosts[0], &thread, follow_up("question")).await;
+        let acker = hosts[1].clone();
+        let (t, f) = (thread.clone(), fence(&run));
+        let ack = tokio::spawn(async move { acker.inbox.ack_message(&t, 1, &f).await });
+        let sent = send(&hosts[0], &thread, follow_up("more").on_busy(OnBusy::Merge)).await;
+        match ack.await.expect("the ack task") {
+            Ok(_) => {
+                acked_first += 1;
+                assert_eq!(sent.reopened, vec![1], "{sent:?}");
+            }
+            Err(StoreError::StaleEpoch { .. }) => {
+                merged_first += 1;
+                assert!(sent.reopened.is_empty(), "{sent:?}");
+            }
+            Err(e) => panic!("the run's ack: {e}"),
+        }
+        assert_eq!(
+            pending(&hosts[0], &thread).await,
+            vec![1, 2],
+            "round {round}"
+        );
+        let next = load(&hosts[0], &sent.follow_ups[0]).await;
+        assert_eq!(
+            next.metadata.get(FOLLOW_UP_MESSAGES).map(String::as_str),
+            Some("1-2"),
+            "round {round}"
+        );
+    }
+    println!("the ack landed first {acked_first} times, the merge {merged_first} times");
+}
+
 /// Interrupting sends racing each other from two instances stop the run once: one epoch bump,
 /// one turn mark, one follow-up, every message pending for it in order. An interrupting send
 /// racing the run's own ack: either the ack lands (the send then meets an idle thread and

@@ -598,6 +598,8 @@ macro_rules! suite {
                     an_interrupting_send_stops_the_run_marks_its_turn_and_queues_the_next,
                     racing_interrupts_stop_a_run_once_and_race_its_ack_cleanly,
                     a_rollback_masks_what_the_stopped_dispatch_wrote_across_its_attempts,
+                    a_merge_hands_the_next_turn_what_the_stopped_run_had_taken,
+                    a_merge_racing_the_runs_ack_leaves_the_message_to_the_next_turn,
                 },
                 waitpoints::{
                     creating_a_waitpoint_twice_by_name_returns_the_first,

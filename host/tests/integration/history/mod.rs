@@ -2461,6 +2461,7 @@ mod checker_tests {
                 busy: None,
                 interrupted: None,
                 applied: None,
+                reopened: Vec::new(),
             };
             self.at(
                 at,

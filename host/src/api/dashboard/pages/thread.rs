@@ -281,6 +281,7 @@ fn send_box(href: &str, agents: &[String], session: &Session) -> Markup {
                         option value="reject" { "reject (refuse)" }
                         option value="interrupt" { "interrupt (stop the run)" }
                         option value="rollback" { "rollback (stop it, mask its entries)" }
+                        option value="merge" { "merge (roll it back, hand its messages on)" }
                     }
                 }
                 label { "Agent "
