@@ -283,6 +283,23 @@ function request(agent, payload, options = {}) {
     maxAttempts: options.maxAttempts,
     // Concurrency keys are refused by hosts that do not limit runs by them yet.
     concurrencyKey: undefined,
+    debounce: debounce(options.debounce),
+  };
+}
+
+/** `options.debounce`: `{key, quietMs, maxWaitMs, payload, maxItems}` as WIT's `debounce`. */
+function debounce(d) {
+  if (d === undefined || d === null) return undefined;
+  const payload = d.payload ?? 'last';
+  if (!['last', 'first', 'collect'].includes(payload)) {
+    throw new HomingError('invalid', `debounce payload ${JSON.stringify(payload)}: expected last, first or collect`);
+  }
+  return {
+    key: d.key,
+    quietMs: BigInt(d.quietMs),
+    maxWaitMs: BigInt(d.maxWaitMs),
+    payload,
+    maxItems: d.maxItems ?? 100,
   };
 }
 
@@ -301,6 +318,10 @@ export class Claim {
   get thread() { return this.info.thread; }
   get runId() { return this.info.runId; }
   get payload() { return this.info.payload; }
+  /** Every enqueue the dispatch's `collect` debounce window gathered, oldest first
+   * (`{payload, metadata, enqueuedAt}`); empty without one. The payload is the latest item's;
+   * a retry gets the same items. */
+  items() { return this.raw.items(); }
   /** Failed attempts before this one (0 on the first run). */
   get attempt() { return this.info.attempt; }
   get maxAttempts() { return this.info.maxAttempts; }
@@ -547,7 +568,8 @@ export class Claim {
 
   /** Enqueues a follow-up to `agent` (on this thread unless `options.thread` says otherwise);
    * returns its id. Options: `thread`, `metadata` (object or pairs), `priority`, `delayMs`,
-   * `dedupeKey`, `maxAttempts`. */
+   * `dedupeKey`, `maxAttempts`, `debounce` (`{key, quietMs, maxWaitMs, payload, maxItems}`,
+   * `payload` 'last', 'first' or 'collect'; the id returned is then the window's). */
   enqueue(agent, payload, options = {}) {
     return host(() => this.raw.enqueue(request(agent, payload, options)));
   }

@@ -25,8 +25,8 @@ use crate::error::Error;
 use crate::step::StepKeys;
 
 pub use crate::__bindings::types::{
-    DispatchInfo, LogEntry, LogRange, Message, MessageKind, MessageNote, StopReason, TurnEvent,
-    TurnMark,
+    DispatchInfo, Item, LogEntry, LogRange, Message, MessageKind, MessageNote, StopReason,
+    TurnEvent, TurnMark,
 };
 
 /// The entries of `entries` a reader of the conversation keeps: all but those a `rollback`
@@ -122,6 +122,13 @@ impl<'a> Claim<'a> {
     /// The dispatch's input bytes.
     pub fn payload(&self) -> &[u8] {
         &self.info.payload
+    }
+
+    /// Every enqueue the dispatch's `collect` debounce window gathered, oldest first (each
+    /// with its payload, metadata and arrival time); empty for a dispatch without one. The
+    /// [payload](Claim::payload) is the latest item's. A retry gets the same items.
+    pub fn items(&self) -> Vec<Item> {
+        self.raw().items()
     }
 
     /// The payload as UTF-8 text.

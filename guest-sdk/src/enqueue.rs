@@ -20,7 +20,11 @@
 
 use std::time::Duration;
 
-use crate::__bindings::{mailbox, types::EnqueueRequest};
+pub use crate::__bindings::types::Gather;
+use crate::__bindings::{
+    mailbox,
+    types::{Debounce, EnqueueRequest},
+};
 use crate::claim::duration_to_ms;
 use crate::error::Error;
 
@@ -36,6 +40,8 @@ pub struct Enqueue {
     delay: Option<Duration>,
     dedupe_key: Option<String>,
     max_attempts: Option<u32>,
+    /// (key, quiet ms, max wait ms, gather, max items): the WIT record derives no equality.
+    debounce: Option<(String, u64, u64, Gather, u32)>,
     /// A problem found while building (a JSON payload that failed to serialize), reported by
     /// the call that sends the request so the builder chain stays unbroken.
     deferred_error: Option<Error>,
@@ -53,6 +59,7 @@ impl Enqueue {
             delay: None,
             dedupe_key: None,
             max_attempts: None,
+            debounce: None,
             deferred_error: None,
         }
     }
@@ -101,6 +108,40 @@ impl Enqueue {
         self
     }
 
+    /// Debounces it: it joins the open window of (thread, `key`) instead of adding work, or
+    /// opens one, due `quiet` after the window's latest enqueue and no later than `max_wait`
+    /// after its first (at most 7 days); the id the host answers is the window's. The run gets
+    /// the latest payload (see [`Enqueue::gather`]); a window seals at 100 items (see
+    /// [`Enqueue::max_items`]). Not with a delay or a dedupe key.
+    pub fn debounce(mut self, key: impl Into<String>, quiet: Duration, max_wait: Duration) -> Self {
+        self.debounce = Some((
+            key.into(),
+            duration_to_ms(quiet),
+            duration_to_ms(max_wait),
+            Gather::Last,
+            100,
+        ));
+        self
+    }
+
+    /// With [`Enqueue::debounce`]: what the run gets, the latest enqueue's payload
+    /// ([`Gather::Last`]), the first's, or every one's ([`Gather::Collect`], read with
+    /// [`Claim::items`](crate::Claim::items)).
+    pub fn gather(mut self, gather: Gather) -> Self {
+        if let Some(d) = self.debounce.as_mut() {
+            d.3 = gather;
+        }
+        self
+    }
+
+    /// With [`Enqueue::debounce`]: the window is sealed and due at once at this many enqueues.
+    pub fn max_items(mut self, max_items: u32) -> Self {
+        if let Some(d) = self.debounce.as_mut() {
+            d.4 = max_items;
+        }
+        self
+    }
+
     /// Sets the attempt limit (the host sets the default and a cap).
     pub fn max_attempts(mut self, max_attempts: u32) -> Self {
         self.max_attempts = Some(max_attempts);
@@ -134,6 +175,17 @@ impl Enqueue {
             dedupe_key: self.dedupe_key,
             max_attempts: self.max_attempts,
             concurrency_key: None,
+            debounce: self
+                .debounce
+                .map(
+                    |(key, quiet_ms, max_wait_ms, payload, max_items)| Debounce {
+                        key,
+                        quiet_ms,
+                        max_wait_ms,
+                        payload,
+                        max_items,
+                    },
+                ),
         })
     }
 }

@@ -100,10 +100,10 @@ pub mod waitpoint;
 #[cfg(feature = "agent")]
 pub use agent::{Agent, claim_next};
 pub use claim::{
-    Claim, DispatchInfo, LogEntry, LogRange, Message, MessageKind, MessageNote, StopReason,
+    Claim, DispatchInfo, Item, LogEntry, LogRange, Message, MessageKind, MessageNote, StopReason,
     TurnEvent, TurnMark, unmasked,
 };
-pub use enqueue::{Enqueue, enqueue};
+pub use enqueue::{Enqueue, Gather, enqueue};
 pub use error::Error;
 #[cfg(feature = "handler")]
 pub use handler::Handler;

@@ -411,6 +411,12 @@ class Claim:
     def payload(self) -> bytes:
         return self.info.payload
 
+    def items(self) -> list:
+        """Every enqueue the dispatch's `collect` debounce window gathered, oldest first:
+        records with `payload` (bytes), `metadata` (pairs) and `enqueued_at` (Unix ms). Empty
+        for a dispatch without one; the payload is the latest item's; a retry gets the same."""
+        return list(self._raw.items())
+
     @property
     def text(self) -> str:
         """The payload as UTF-8 text; raises `HomingError("invalid", ...)` when it is not."""
@@ -676,7 +682,9 @@ class Claim:
     def enqueue(self, agent: str, payload: Bytes, **options) -> str:
         """Enqueues a follow-up to `agent` (on this thread unless `thread=` says otherwise);
         returns its id. Options: `thread`, `metadata` (dict or pairs), `priority`,
-        `delay_ms`, `dedupe_key`, `max_attempts`."""
+        `delay_ms`, `dedupe_key`, `max_attempts`, `debounce` (a dict: `key`, `quiet_ms`,
+        `max_wait_ms`, optional `payload` "last", "first" or "collect" and `max_items`; the
+        id returned is then the window's)."""
         return _host(self._raw.enqueue, _request(agent, payload, **options))
 
     def __repr__(self) -> str:
@@ -692,6 +700,7 @@ def _request(
     delay_ms: Optional[int] = None,
     dedupe_key: Optional[str] = None,
     max_attempts: Optional[int] = None,
+    debounce: Optional[dict] = None,
 ):
     pairs = _pairs(metadata)
     return _types.EnqueueRequest(
@@ -705,6 +714,27 @@ def _request(
         max_attempts=max_attempts,
         # Concurrency keys are refused by hosts that do not limit runs by them yet.
         concurrency_key=None,
+        debounce=_debounce(debounce),
+    )
+
+
+_GATHER = {"last": "LAST", "first": "FIRST", "collect": "COLLECT"}
+
+
+def _debounce(d: Optional[dict]):
+    if d is None:
+        return None
+    payload = d.get("payload", "last")
+    if payload not in _GATHER:
+        raise HomingError(
+            "invalid", f"debounce payload {payload!r}: expected last, first or collect"
+        )
+    return _types.Debounce(
+        key=d["key"],
+        quiet_ms=int(d["quiet_ms"]),
+        max_wait_ms=int(d["max_wait_ms"]),
+        payload=getattr(_types.Gather, _GATHER[payload]),
+        max_items=int(d.get("max_items", 100)),
     )
 
 

@@ -17,6 +17,7 @@ use tracing::info;
 use super::auth::Caller;
 use super::{ApiError, ApiState, view};
 use crate::config::parse_duration;
+use crate::store::model::{Debounce, Gather};
 use crate::store::{ListCursor, ListFilter, Status};
 use crate::work::{self, Attempts, OpError, Request};
 
@@ -214,6 +215,59 @@ impl Fields {
         }
     }
 
+    /// A duration: text (`"30s"`) or whole milliseconds. `field` names it in errors.
+    fn duration(&mut self, key: &str) -> Result<Option<Duration>, ApiError> {
+        duration_of(key, self.take(key))
+    }
+
+    /// `debounce`: `{key, quiet, max_wait, payload, max_items}` (`payload` `last`, `first`
+    /// or `collect`, default `last`; `max_items` default 100), each checked by the store's
+    /// rules and named `debounce.<field>` when wrong.
+    fn debounce(&mut self) -> Result<Option<Debounce>, ApiError> {
+        let Some(value) = self.take("debounce") else {
+            return Ok(None);
+        };
+        let Value::Object(map) = value else {
+            return Err(ApiError::invalid(
+                "debounce",
+                "debounce: must be an object {key, quiet, max_wait, payload, max_items}",
+            ));
+        };
+        let mut f = Fields::new(map);
+        let named = |e: ApiError| e.prefixed("debounce.");
+        let key = f.required("key").map_err(named)?;
+        let quiet = f.duration("quiet").map_err(named)?;
+        let max_wait = f.duration("max_wait").map_err(named)?;
+        let payload = match f.string("payload").map_err(named)? {
+            None => Gather::Last,
+            Some(text) => text.parse().map_err(|e: String| {
+                ApiError::invalid("debounce.payload", format!("debounce.payload: {e}"))
+            })?,
+        };
+        let max_items = f
+            .integer(
+                "max_items",
+                1,
+                u64::from(crate::store::model::window::MAX_WINDOW_ITEMS),
+            )
+            .map_err(named)?;
+        f.finish().map_err(named)?;
+        let (Some(quiet), Some(max_wait)) = (quiet, max_wait) else {
+            let field = if quiet.is_none() { "quiet" } else { "max_wait" };
+            return Err(ApiError::invalid(
+                &format!("debounce.{field}"),
+                format!("debounce.{field}: is required"),
+            ));
+        };
+        Ok(Some(Debounce {
+            key,
+            quiet_ms: crate::store::millis(quiet),
+            max_wait_ms: crate::store::millis(max_wait),
+            payload,
+            max_items: max_items.map_or(100, |n| u32::try_from(n).unwrap_or(u32::MAX)),
+        }))
+    }
+
     fn take(&mut self, key: &str) -> Option<Value> {
         self.0.remove(key).filter(|v| !v.is_null())
     }
@@ -224,6 +278,24 @@ impl Fields {
             Some(key) => Err(ApiError::invalid(key, format!("{key}: unknown field"))),
             None => Ok(()),
         }
+    }
+}
+
+/// A duration field's value: text (`"30s"`) or whole milliseconds.
+fn duration_of(key: &str, value: Option<Value>) -> Result<Option<Duration>, ApiError> {
+    match value {
+        None => Ok(None),
+        Some(Value::String(text)) => parse_duration(&text)
+            .map(Some)
+            .map_err(|e| ApiError::invalid(key, format!("{key}: {e}"))),
+        Some(Value::Number(n)) => match n.as_u64() {
+            Some(ms) => Ok(Some(Duration::from_millis(ms))),
+            None => Err(ApiError::invalid(key, format!("{key}: must be a duration"))),
+        },
+        Some(_) => Err(ApiError::invalid(
+            key,
+            format!("{key}: a duration (\"30s\") or milliseconds"),
+        )),
     }
 }
 
@@ -274,22 +346,8 @@ pub(super) async fn enqueue(
     let dedupe_key = fields.string("dedupe_key")?;
     let concurrency_key = fields.string("concurrency_key")?;
     let id = fields.string("id")?;
-    let delay = match fields.take("delay") {
-        None => None,
-        Some(Value::String(text)) => Some(
-            parse_duration(&text).map_err(|e| ApiError::invalid("delay", format!("delay: {e}")))?,
-        ),
-        Some(Value::Number(n)) => match n.as_u64() {
-            Some(ms) => Some(Duration::from_millis(ms)),
-            None => return Err(ApiError::invalid("delay", "delay: must be a duration")),
-        },
-        Some(_) => {
-            return Err(ApiError::invalid(
-                "delay",
-                "delay: a duration (\"30s\") or milliseconds",
-            ));
-        }
-    };
+    let delay = fields.duration("delay")?;
+    let debounce = fields.debounce()?;
     let mut metadata = fields.metadata()?;
     fields.finish()?;
     name("agent", &agent)?;
@@ -319,6 +377,7 @@ pub(super) async fn enqueue(
         dedupe_key,
         max_attempts: max_attempts.map(|n| u32::try_from(n).unwrap_or(u32::MAX)),
         concurrency_key,
+        debounce: debounce.or_else(|| work::configured_debounce(&state.config(), &agent)),
         ..Request::new(agent, thread, payload)
     };
     let config = state.config();
@@ -352,7 +411,22 @@ pub(super) async fn enqueue(
     Ok((
         StatusCode::CREATED,
         [(header::LOCATION, view::dispatch_path(&d.id))],
-        Json(json!({ "id": d.id, "status": d.status.as_str() })),
+        Json(match &d.window {
+            // A debounced enqueue: the window that holds it, without its items (a GET of the
+            // dispatch shows them).
+            Some(w) => json!({
+                "id": d.id,
+                "status": d.status.as_str(),
+                "window": {
+                    "key": w.key,
+                    "count": w.count,
+                    "open": crate::store::rules::window::open_key(&d).is_some(),
+                    "sealed": w.sealed,
+                    "due_at": d.available_at,
+                },
+            }),
+            None => json!({ "id": d.id, "status": d.status.as_str() }),
+        }),
     )
         .into_response())
 }

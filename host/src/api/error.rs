@@ -40,6 +40,17 @@ impl ApiError {
         self
     }
 
+    /// The error with its field and message put under `prefix` (a nested object's field,
+    /// `debounce.` + `quiet`).
+    pub fn prefixed(mut self, prefix: &str) -> ApiError {
+        for key in ["field", "error"] {
+            if let Some(Value::String(text)) = self.body.get_mut(key) {
+                *text = format!("{prefix}{text}");
+            }
+        }
+        self
+    }
+
     /// The status.
     pub fn status(&self) -> StatusCode {
         self.status

@@ -420,6 +420,7 @@ pub(super) async fn send(
         agent,
         sent_by: format!("api:{token}"),
         on_busy,
+        follow_up_window: None,
     };
     let sent = messages::send(&state.store, &state.config(), &thread, new).await?;
     info!(

@@ -64,6 +64,8 @@ pub(crate) fn dispatch(d: &Dispatch) -> Value {
             "version": v.version,
             "label": v.label,
         })).collect::<Vec<_>>(),
+        // Its debounce window: what joined it and when it is due (null when it has none).
+        "window": d.window.as_ref().map(|w| window(d, w)),
         "claimed_by": d.claim.as_ref().map(|c| c.claimed_by.clone()),
         "lease_until": d.claim.as_ref().map(|c| c.lease_until),
         "result": d.result.as_ref().map(|r| json!({
@@ -77,6 +79,27 @@ pub(crate) fn dispatch(d: &Dispatch) -> Value {
         "updated_at": d.updated_at,
         "started_at": d.started_at,
         "completed_at": d.completed_at,
+    })
+}
+
+/// A dispatch's debounce window as the API shows it.
+fn window(d: &Dispatch, w: &crate::store::model::Window) -> Value {
+    json!({
+        "key": w.key,
+        "payload": w.payload.as_str(),
+        "quiet_ms": w.quiet_ms,
+        "max_wait_ms": w.max_wait_ms,
+        "max_items": w.max_items,
+        "count": w.count,
+        "first_at": w.first_at,
+        "last_at": w.last_at,
+        "sealed": w.sealed,
+        "open": crate::store::rules::window::open_key(d).is_some(),
+        "items": w.items.iter().map(|i| json!({
+            "payload": bytes(&i.payload),
+            "metadata": i.metadata,
+            "enqueued_at": i.enqueued_at,
+        })).collect::<Vec<_>>(),
     })
 }
 

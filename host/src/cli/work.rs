@@ -14,7 +14,7 @@ use crate::input::read_capped;
 use crate::live::follow::{Event as LiveEvent, Follower};
 use crate::live::{Hub, LiveSettings};
 use crate::store::deltas::Cursor;
-use crate::store::model::check_name;
+use crate::store::model::{Debounce, Gather, check_name};
 use crate::store::{
     Dispatch, JournalData, ListCursor, ListFilter, LogEntry, LogRange, MessageFilter, MessageKind,
     MessageState, NewDispatch, NewMessage, OnBusy, Status, Store, StoreError, Waitpoint,
@@ -59,6 +59,25 @@ pub struct EnqueueArgs {
     /// The dispatch id (default: a new UUID v7).
     #[arg(long)]
     pub id: Option<String>,
+    /// Debounce: join the open window of (thread, KEY) instead of adding work, or open one
+    /// (needs `--quiet` and `--max-wait`; default: the agent's `[plugins.x.debounce]`). The
+    /// window's id is printed; `--json` shows how many it holds (`window.count`).
+    #[arg(long, value_name = "KEY", requires_all = ["quiet", "max_wait"])]
+    pub debounce: Option<String>,
+    /// With `--debounce`: the window is due this long after its latest enqueue ("2s").
+    #[arg(long, requires = "debounce")]
+    pub quiet: Option<String>,
+    /// With `--debounce`: ... and no later than this after its first (at most 7 days).
+    #[arg(long, requires = "debounce")]
+    pub max_wait: Option<String>,
+    /// With `--debounce`: what the run gets, `last` (default), `first` or `collect` (every
+    /// enqueue, as the claim's items).
+    #[arg(long = "debounce-payload", value_name = "MODE", requires = "debounce")]
+    pub debounce_payload: Option<String>,
+    /// With `--debounce`: the window is sealed and due at once at this many enqueues
+    /// (default 100).
+    #[arg(long, requires = "debounce")]
+    pub max_items: Option<u32>,
     /// Metadata entries as key=value.
     #[arg(long = "meta", value_name = "KEY=VALUE")]
     pub metadata: Vec<String>,
@@ -355,6 +374,10 @@ pub(super) fn prepare(config: &Config, args: &EnqueueArgs) -> anyhow::Result<New
         request.delay =
             parse_duration(delay).map_err(|e| coded(Exit::Invalid, format!("--delay: {e}")))?;
     }
+    request.debounce = match &args.debounce {
+        Some(key) => Some(debounce_of(key, args)?),
+        None => work::configured_debounce(config, &args.agent),
+    };
     for entry in &args.metadata {
         let Some((key, value)) = entry.split_once('=') else {
             return Err(coded(
@@ -375,9 +398,45 @@ pub(super) fn prepare(config: &Config, args: &EnqueueArgs) -> anyhow::Result<New
             let e = e
                 .replace("dedupe_key", "--dedupe-key")
                 .replace("concurrency_key", "--concurrency-key")
-                .replace("metadata", "--meta");
+                .replace("metadata", "--meta")
+                .replace("debounce:", "--debounce:");
             coded(Exit::Invalid, e)
         })
+}
+
+/// The debounce `--debounce KEY` and its flags ask for.
+fn debounce_of(key: &str, args: &EnqueueArgs) -> anyhow::Result<Debounce> {
+    let duration = |flag: &str, value: &Option<String>| -> anyhow::Result<u64> {
+        let text = value
+            .as_deref()
+            .ok_or_else(|| coded(Exit::Invalid, format!("{flag}: needed with --debounce")))?;
+        parse_duration(text)
+            .map(crate::store::millis)
+            .map_err(|e| coded(Exit::Invalid, format!("{flag}: {e}")))
+    };
+    let payload = match args.debounce_payload.as_deref() {
+        None => Gather::Last,
+        Some(text) => text
+            .parse()
+            .map_err(|e: String| coded(Exit::Invalid, format!("--debounce-payload: {e}")))?,
+    };
+    let d = Debounce {
+        key: key.to_owned(),
+        quiet_ms: duration("--quiet", &args.quiet)?,
+        max_wait_ms: duration("--max-wait", &args.max_wait)?,
+        payload,
+        max_items: args.max_items.unwrap_or(100),
+    };
+    // The store's rules, named by flag.
+    d.validate().map_err(|e| {
+        let e = e
+            .replace("debounce.key", "--debounce")
+            .replace("debounce.max_wait", "--max-wait")
+            .replace("debounce.max_items", "--max-items")
+            .replace("debounce.quiet", "--quiet");
+        coded(Exit::Invalid, e)
+    })?;
+    Ok(d)
 }
 
 /// Checks an id or a thread name given as `flag`, as the store and the API check it: exit 2
@@ -1257,6 +1316,29 @@ fn print_dispatch(d: &Dispatch) {
     }
     if let Some(key) = &d.concurrency_key {
         println!("concurrency key: {}", text(key));
+    }
+    if let Some(w) = &d.window {
+        let state = if crate::store::rules::window::open_key(d).is_some() {
+            "open"
+        } else if w.sealed {
+            "sealed"
+        } else {
+            "closed"
+        };
+        println!(
+            "window:       {} ({state}, {}): {} of at most {}, quiet {} ms, max wait {} ms, first at {}, last at {}",
+            text(&w.key),
+            w.payload.as_str(),
+            w.count,
+            w.max_items,
+            w.quiet_ms,
+            w.max_wait_ms,
+            w.first_at,
+            w.last_at
+        );
+        for (n, item) in w.items.iter().enumerate() {
+            println!("item {:<8} {}", n + 1, printable(&item.payload));
+        }
     }
     for v in &d.versions {
         match &v.label {

@@ -324,9 +324,13 @@ pub struct PluginConfig {
     /// How messages addressed to this agent meet a busy thread (`[plugins.x.inbox]`).
     #[serde(default)]
     pub inbox: PluginInbox,
+    /// The debounce of an enqueue to this agent that asks for none (`[plugins.x.debounce]`).
+    #[serde(default)]
+    pub debounce: Option<PluginDebounce>,
 }
 
-/// `[plugins.x.inbox]`: what a message addressed to the agent does when its thread is busy.
+/// `[plugins.x.inbox]`: what a message addressed to the agent does when its thread is busy,
+/// and how long a turn it starts waits for more.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, Default)]
 #[serde(deny_unknown_fields)]
 pub struct PluginInbox {
@@ -336,6 +340,120 @@ pub struct PluginInbox {
     /// message sent as a steer.
     #[serde(default)]
     pub on_busy: Option<BusyPolicy>,
+    /// A message that starts a turn on an idle thread waits this long for more messages, each
+    /// of which joins the turn and waits this long again (a chat user's quick second and
+    /// third messages make one turn). Default: the turn starts at once.
+    #[serde(default, deserialize_with = "optional_duration")]
+    pub follow_up_quiet: Option<Duration>,
+    /// ... but no longer than this after the first (default: ten times `follow_up_quiet`, at
+    /// most seven days).
+    #[serde(default, deserialize_with = "optional_duration")]
+    pub follow_up_max_wait: Option<Duration>,
+}
+
+impl PluginInbox {
+    /// The follow-up window, in milliseconds (quiet, max wait), when `follow_up_quiet` is set.
+    pub fn follow_up_window(&self) -> Option<(u64, u64)> {
+        let ms = |d: Duration| u64::try_from(d.as_millis()).unwrap_or(u64::MAX);
+        let quiet = ms(self.follow_up_quiet?);
+        let max_wait = self
+            .follow_up_max_wait
+            .map_or_else(|| quiet.saturating_mul(10).min(MAX_WINDOW_WAIT_MS), ms);
+        Some((quiet, max_wait))
+    }
+}
+
+/// The longest a debounce window may stay open (`max_wait`): seven days.
+pub const MAX_WINDOW_WAIT_MS: u64 = 7 * 24 * 3_600_000;
+/// The most items a debounce window may gather (`max_items`).
+pub const MAX_WINDOW_ITEMS: u32 = 10_000;
+/// The longest debounce key, in bytes.
+pub const MAX_WINDOW_KEY: usize = 256;
+
+/// Checks a debounce window's settings (the config's and the store's, which names its fields
+/// `debounce.<field>`): a key of 1 to [`MAX_WINDOW_KEY`] bytes, `max_wait` of 1 ms to seven
+/// days, `quiet` no longer than it, 1 to [`MAX_WINDOW_ITEMS`] items.
+///
+/// # Errors
+///
+/// A sentence starting with `prefix` and the field's name.
+pub fn check_window(
+    prefix: &str,
+    key: &str,
+    quiet_ms: u64,
+    max_wait_ms: u64,
+    max_items: u32,
+) -> Result<(), String> {
+    if key.is_empty() {
+        return Err(format!("{prefix}key is empty"));
+    }
+    if key.len() > MAX_WINDOW_KEY {
+        return Err(format!(
+            "{prefix}key: {} bytes; at most {MAX_WINDOW_KEY}",
+            key.len()
+        ));
+    }
+    if max_wait_ms == 0 || max_wait_ms > MAX_WINDOW_WAIT_MS {
+        return Err(format!(
+            "{prefix}max_wait: {max_wait_ms} ms is outside 1 ms to 7 days"
+        ));
+    }
+    if quiet_ms > max_wait_ms {
+        return Err(format!(
+            "{prefix}quiet: {quiet_ms} ms is longer than max_wait ({max_wait_ms} ms), so the \
+             window would never wait for quiet"
+        ));
+    }
+    if max_items == 0 || max_items > MAX_WINDOW_ITEMS {
+        return Err(format!(
+            "{prefix}max_items: {max_items} is outside 1 to {MAX_WINDOW_ITEMS}"
+        ));
+    }
+    Ok(())
+}
+
+/// `[plugins.x.debounce]`: the debounce an enqueue to the agent gets when it asks for none
+/// (the API's, the CLI's and a guest's; a schedule's and the inbox's follow-ups are not
+/// debounced by it).
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct PluginDebounce {
+    /// The window's key on its thread (default `"default"`).
+    #[serde(default = "default_debounce_key")]
+    pub key: String,
+    /// Due this long after the latest enqueue ...
+    #[serde(deserialize_with = "duration")]
+    pub quiet: Duration,
+    /// ... and no later than this after the first (at most seven days).
+    #[serde(deserialize_with = "duration")]
+    pub max_wait: Duration,
+    /// `"last"` (default), `"first"` or `"collect"`.
+    #[serde(default)]
+    pub payload: DebouncePayload,
+    /// Sealed and due at once at this many enqueues (default 100).
+    #[serde(default = "default_max_items")]
+    pub max_items: u32,
+}
+
+fn default_debounce_key() -> String {
+    "default".to_owned()
+}
+
+fn default_max_items() -> u32 {
+    100
+}
+
+/// `[plugins.x.debounce] payload`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, Default)]
+#[serde(rename_all = "lowercase")]
+pub enum DebouncePayload {
+    /// The latest enqueue's payload.
+    #[default]
+    Last,
+    /// The first's.
+    First,
+    /// Every enqueue's, as the claim's items.
+    Collect,
 }
 
 /// `[plugins.x.inbox] on_busy`: the config's names of the store's policies (the config sits
@@ -637,6 +755,21 @@ impl Config {
             if plugin.concurrency == 0 {
                 return Err(format!("{}: must be at least 1", key("concurrency")));
             }
+            if let Some(d) = &plugin.debounce {
+                let ms = |d: Duration| u64::try_from(d.as_millis()).unwrap_or(u64::MAX);
+                check_window("", &d.key, ms(d.quiet), ms(d.max_wait), d.max_items)
+                    .map_err(|e| format!("[plugins.{name}.debounce] {e}"))?;
+            }
+            if plugin.inbox.follow_up_max_wait.is_some() && plugin.inbox.follow_up_quiet.is_none() {
+                return Err(format!(
+                    "[plugins.{name}.inbox] follow_up_max_wait: set follow_up_quiet too (without it a \
+                     turn starts at once and nothing waits)"
+                ));
+            }
+            if let Some((quiet, max_wait)) = plugin.inbox.follow_up_window() {
+                check_window("follow_up_", "follow-up", quiet, max_wait, 1)
+                    .map_err(|e| format!("[plugins.{name}.inbox] {e}"))?;
+            }
             if let Some(label) = &plugin.version
                 && (label.trim().is_empty()
                     || label.len() > MAX_VERSION_LABEL
@@ -855,6 +988,49 @@ mod tests {
 
     fn parse(text: &str) -> Result<Config, ConfigError> {
         Config::parse(text, "homing.toml", Path::new("/etc/homing"))
+    }
+
+    #[test]
+    fn debounce_settings_are_checked_at_load_naming_the_field() {
+        let with = |extra: &str| parse(&format!("[plugins.a]\npath = \"a.wasm\"\n{extra}"));
+        let ok = with(
+            "[plugins.a.debounce]\nquiet = \"2s\"\nmax_wait = \"10s\"\npayload = \"collect\"\n\
+             [plugins.a.inbox]\nfollow_up_quiet = \"1s\"\n",
+        )
+        .unwrap();
+        let a = &ok.plugins["a"];
+        assert_eq!(a.debounce.as_ref().map(|d| d.key.as_str()), Some("default"));
+        assert_eq!(a.inbox.follow_up_window(), Some((1_000, 10_000)));
+        for (extra, named) in [
+            (
+                "[plugins.a.debounce]\nquiet = \"20s\"\nmax_wait = \"10s\"\n",
+                "[plugins.a.debounce] quiet",
+            ),
+            (
+                "[plugins.a.debounce]\nquiet = \"1s\"\nmax_wait = \"8d\"\n",
+                "[plugins.a.debounce] max_wait",
+            ),
+            (
+                "[plugins.a.debounce]\nquiet = \"1s\"\nmax_wait = \"2s\"\nmax_items = 0\n",
+                "[plugins.a.debounce] max_items",
+            ),
+            (
+                "[plugins.a.inbox]\nfollow_up_quiet = \"5s\"\nfollow_up_max_wait = \"1s\"\n",
+                "[plugins.a.inbox] follow_up_quiet",
+            ),
+            (
+                "[plugins.a.inbox]\nfollow_up_max_wait = \"1s\"\n",
+                "[plugins.a.inbox] follow_up_max_wait",
+            ),
+        ] {
+            let e = with(extra).unwrap_err().to_string();
+            assert!(e.contains(named), "{e}");
+        }
+        let e =
+            with("[plugins.a.debounce]\nquiet = \"1s\"\nmax_wait = \"2s\"\npayload = \"all\"\n")
+                .unwrap_err()
+                .to_string();
+        assert!(e.contains("payload"), "{e}");
     }
 
     #[test]

@@ -250,6 +250,11 @@ pub fn context(config: &Config, name: &str, shared: &Shared) -> anyhow::Result<P
         .iter()
         .filter_map(|t| Some((t.clone(), config.key_source(t)?.clone())))
         .collect();
+    let target_debounce = plugin_config
+        .enqueue_to
+        .iter()
+        .filter_map(|t| Some((t.clone(), crate::work::configured_debounce(config, t)?)))
+        .collect();
     Ok(PluginContext {
         name: name.to_owned(),
         config: plugin_config.clone(),
@@ -258,6 +263,7 @@ pub fn context(config: &Config, name: &str, shared: &Shared) -> anyhow::Result<P
         lease: config.host.lease,
         targets,
         target_keys,
+        target_debounce,
         config_dir: config.base_dir.clone(),
         values: config.resolve_values(name)?,
         tls_ca: config.tls_ca_files(name),

@@ -76,6 +76,11 @@ pub async fn send(
             BusyPolicy::Merge => OnBusy::Merge,
         });
     }
+    if new.follow_up_window.is_none()
+        && let Some(plugin) = new.agent.as_ref().and_then(|a| config.plugins.get(a))
+    {
+        new.follow_up_window = plugin.inbox.follow_up_window();
+    }
     let agent = new.agent.clone().unwrap_or_else(|| "none".to_owned());
     let sent = store.inbox.send(thread, new, config.host.max_inbox).await?;
     counter!(MESSAGES_SENT, "agent" => agent).increment(1);

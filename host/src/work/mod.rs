@@ -29,5 +29,5 @@ mod wait;
 pub mod waitpoints;
 
 pub use ops::{OpError, cancel, retry};
-pub use request::{Attempts, Request};
+pub use request::{Attempts, Request, configured_debounce};
 pub use wait::until_terminal;

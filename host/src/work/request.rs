@@ -5,8 +5,9 @@
 use std::collections::BTreeMap;
 use std::time::Duration;
 
-use crate::config::Config;
 use crate::config::limits::KeySource;
+use crate::config::{Config, DebouncePayload};
+use crate::store::model::{Debounce, Gather};
 use crate::store::{DEFAULT_MAX_ATTEMPTS, DEFAULT_PRIORITY, NewDispatch, millis};
 
 /// What a caller asks of a new dispatch. What a field leaves out gets the default: the
@@ -33,6 +34,25 @@ pub struct Request {
     pub max_attempts: Option<u32>,
     /// The key its runs are limited by (flow control), when the caller named one.
     pub concurrency_key: Option<String>,
+    /// The window it joins or opens, when the caller asked for one (else see
+    /// [`configured_debounce`]).
+    pub debounce: Option<Debounce>,
+}
+
+/// The debounce `[plugins.x.debounce]` gives an enqueue to `agent` that asks for none.
+pub fn configured_debounce(config: &Config, agent: &str) -> Option<Debounce> {
+    let d = config.plugins.get(agent)?.debounce.as_ref()?;
+    Some(Debounce {
+        key: d.key.clone(),
+        quiet_ms: millis(d.quiet),
+        max_wait_ms: millis(d.max_wait),
+        payload: match d.payload {
+            DebouncePayload::Last => Gather::Last,
+            DebouncePayload::First => Gather::First,
+            DebouncePayload::Collect => Gather::Collect,
+        },
+        max_items: d.max_items,
+    })
 }
 
 /// The attempts a new dispatch gets, from what its [`Request`] asked and its agent's own
@@ -106,6 +126,7 @@ impl Request {
         new.metadata = self.metadata;
         new.dedupe_key = self.dedupe_key;
         new.concurrency_key = key;
+        new.debounce = self.debounce;
         new.validate()?;
         Ok(new)
     }

@@ -362,6 +362,72 @@ async fn every_route_and_status(backend: Backend) {
         "{body}"
     );
 
+    // A debounced enqueue joins its window: the same id, and the window says how many.
+    let window = json!({ "key": "burst", "quiet": "1h", "max_wait": "2h", "payload": "collect" });
+    let opened = api
+        .enqueue(json!({ "agent": "echo", "thread": "t3", "payload": "a", "debounce": window }))
+        .await;
+    let (status, body) = api
+        .post(
+            "/v1/dispatches",
+            PRODUCER,
+            json!({ "agent": "echo", "thread": "t3", "payload": "b", "debounce": window }),
+        )
+        .await;
+    assert_eq!(
+        (
+            status,
+            body["id"].as_str(),
+            body["window"]["count"].as_u64()
+        ),
+        (201, Some(opened.as_str()), Some(2)),
+        "{body}"
+    );
+    let (_, shown) = api.get(&format!("/v1/dispatches/{opened}")).await;
+    assert_eq!(shown["window"]["items"][1]["payload"], "b", "{shown}");
+    // Cancelled, so the lists below see it as settled.
+    let (status, _) = api
+        .post(
+            &format!("/v1/dispatches/{opened}/cancel"),
+            OPERATOR,
+            json!({}),
+        )
+        .await;
+    assert_eq!(status, 200);
+    for (debounce, field) in [
+        (
+            json!({ "key": "k", "quiet": "3s", "max_wait": "1s" }),
+            "debounce.quiet",
+        ),
+        (json!({ "key": "k", "quiet": "1s" }), "debounce.max_wait"),
+        (
+            json!({ "key": "k", "quiet": "1s", "max_wait": "2s", "payload": "all" }),
+            "debounce.payload",
+        ),
+        (
+            json!({ "key": "k", "quiet": "1s", "max_wait": "2s", "max_items": 0 }),
+            "debounce.max_items",
+        ),
+        (
+            json!({ "key": "k", "quiet": "1s", "max_wait": "2s", "extra": 1 }),
+            "debounce.extra",
+        ),
+        (json!("soon"), "debounce"),
+    ] {
+        let (status, body) = api
+            .post(
+                "/v1/dispatches",
+                PRODUCER,
+                json!({ "agent": "echo", "thread": "t4", "debounce": debounce }),
+            )
+            .await;
+        assert_eq!(
+            (status, body["field"].as_str()),
+            (400, Some(field)),
+            "{body}"
+        );
+    }
+
     // 404 for an unknown agent; 413 over max_payload and over the body cap; 400 naming the field.
     let (status, body) = api
         .post(
@@ -491,7 +557,7 @@ async fn every_route_and_status(backend: Backend) {
             None => break,
         }
     }
-    let mut expected = vec![id.clone(), bin.clone(), held.clone()];
+    let mut expected = vec![id.clone(), bin.clone(), held.clone(), opened.clone()];
     expected.extend(traced);
     expected.sort();
     seen.sort();

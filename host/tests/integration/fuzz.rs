@@ -850,6 +850,7 @@ mod found {
             name: "agent".into(),
             targets: vec![("helper".into(), 3)],
             target_keys: Default::default(),
+            target_debounce: Default::default(),
             config,
             store: store.clone(),
             consumer: "test-host/agent".into(),
@@ -901,6 +902,7 @@ mod found {
             dedupe_key: None,
             max_attempts: None,
             concurrency_key: None,
+            debounce: None,
         }
     }
 

@@ -42,6 +42,7 @@ fn fixture(plugin_toml: &str) -> Fixture {
             homing::config::limits::KeySource::Metadata("customer".into()),
         )]
         .into(),
+        target_debounce: Default::default(),
         config,
         store: store.clone(),
         consumer: "test-host/agent".into(),
@@ -282,6 +283,7 @@ async fn enqueue_is_limited_to_allowed_agents_and_capped_in_size() {
         dedupe_key: None,
         max_attempts: Some(99),
         concurrency_key: None,
+        debounce: None,
     };
     let denied = HostClaim::enqueue(&mut guest, borrow(rep), request("stranger", b"x".to_vec()))
         .await
@@ -309,6 +311,93 @@ async fn enqueue_is_limited_to_allowed_agents_and_capped_in_size() {
     assert!(
         matches!(no_thread, Err(GuestError::Invalid(_))),
         "{no_thread:?}"
+    );
+}
+
+#[tokio::test]
+async fn a_debounced_enqueue_joins_its_window_and_the_claim_hands_every_item() {
+    use homing::runtime::bindings::types::{Debounce, Gather};
+    let f = fixture("enqueue_to = [\"agent\"]\n");
+    let mut guest = f.guest();
+    let (rep, _) = f.claim(&mut guest, "t").await;
+    let request = |payload: &[u8], debounce: Option<Debounce>| EnqueueRequest {
+        agent: "agent".into(),
+        thread: Some("w".into()),
+        payload: payload.to_vec(),
+        metadata: vec![],
+        priority: None,
+        delay_ms: None,
+        dedupe_key: None,
+        max_attempts: None,
+        concurrency_key: None,
+        debounce,
+    };
+    let window = |payload| Debounce {
+        key: "burst".into(),
+        quiet_ms: 1_000,
+        max_wait_ms: 10_000,
+        payload,
+        max_items: 10,
+    };
+    let first = HostClaim::enqueue(
+        &mut guest,
+        borrow(rep),
+        request(b"one", Some(window(Gather::Collect))),
+    )
+    .await
+    .unwrap()
+    .unwrap();
+    f.clock.advance(500);
+    let second = HostClaim::enqueue(
+        &mut guest,
+        borrow(rep),
+        request(b"two", Some(window(Gather::Collect))),
+    )
+    .await
+    .unwrap()
+    .unwrap();
+    assert_eq!(first, second, "the second enqueue joined the window");
+    // A bad window is refused before the store, naming the field.
+    let bad = HostClaim::enqueue(
+        &mut guest,
+        borrow(rep),
+        request(
+            b"x",
+            Some(Debounce {
+                quiet_ms: 20_000,
+                ..window(Gather::Last)
+            }),
+        ),
+    )
+    .await
+    .unwrap();
+    assert!(
+        matches!(&bad, Err(GuestError::Invalid(m)) if m.starts_with("debounce.quiet")),
+        "{bad:?}"
+    );
+    guest.ack(borrow(rep)).await.unwrap().unwrap();
+    // Not due before a quiet second after the last item.
+    f.clock.advance(999);
+    assert!(
+        homing::claim::claim_for(&f.ctx.claimer())
+            .await
+            .unwrap()
+            .is_none()
+    );
+    f.clock.advance(1);
+    let claim: ClaimHandle = homing::claim::claim_for(&f.ctx.claimer())
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(claim.dispatch().id, first);
+    let rep = guest.table().push(claim).unwrap().rep();
+    let items = HostClaim::items(&mut guest, borrow(rep)).await.unwrap();
+    let payloads: Vec<&[u8]> = items.iter().map(|i| i.payload.as_slice()).collect();
+    assert_eq!(payloads, vec![&b"one"[..], &b"two"[..]]);
+    let info = HostClaim::info(&mut guest, borrow(rep)).await.unwrap();
+    assert_eq!(
+        info.payload, b"two",
+        "the handler's payload is the latest item"
     );
 }
 
@@ -362,6 +451,7 @@ async fn every_guest_value_over_max_payload_is_invalid_naming_field_and_cap() {
         dedupe_key: None,
         max_attempts: None,
         concurrency_key: None,
+        debounce: None,
     };
     expect_over_cap(
         HostClaim::enqueue(&mut guest, borrow(rep), request(over.clone()))
@@ -512,6 +602,7 @@ async fn enqueue_refuses_names_that_are_not_printable() {
         dedupe_key: None,
         max_attempts: None,
         concurrency_key: None,
+        debounce: None,
     };
     let bad = [
         (
@@ -942,6 +1033,7 @@ async fn emit_steps_off_and_info_answer_as_the_contract_says() {
         dedupe_key: None,
         max_attempts: None,
         concurrency_key: key,
+        debounce: None,
     };
     let keyed = HostClaim::enqueue(
         &mut guest,

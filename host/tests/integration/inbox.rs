@@ -640,3 +640,104 @@ async fn a_message_sent_through_one_nats_hosts_api_reaches_the_run_on_another() 
     let _ = host_a.kill();
     let _ = host_a.wait();
 }
+
+/// Debounce end to end: three `homing enqueue --debounce` calls join one window (each prints
+/// its id), which runs once, after its quiet time, and the guest reads every item through
+/// `claim.items()`; three quick `thread send`s to an idle thread under the agent's
+/// `follow_up_quiet` make one turn that drains all three.
+fn a_burst_makes_one_run(store: &str) {
+    let cfg = config("10s")
+        .replace(
+            "[store]\nbackend = \"embedded\"\npath = \"homing.db\"\n",
+            store,
+        )
+        .replace(
+            "max_attempts = 3\n",
+            "max_attempts = 3\n\n[plugins.probe.inbox]\nfollow_up_quiet = \"1s\"\nfollow_up_max_wait = \"30s\"\n",
+        );
+    let env = Env::new(&cfg);
+    let window = [
+        "--debounce",
+        "burst",
+        "--quiet",
+        "1s",
+        "--max-wait",
+        "30s",
+        "--debounce-payload",
+        "collect",
+    ];
+    let ids: Vec<String> = ["items a", "items b", "items c"]
+        .iter()
+        .map(|p| env.enqueue("probe", "w", p, &window))
+        .collect();
+    assert!(ids.iter().all(|id| *id == ids[0]), "one window: {ids:?}");
+    let shown = env.ok(&["dispatch", "show", &ids[0]]);
+    assert!(
+        shown.contains("window:       burst (open, collect): 3 of at most 100"),
+        "{shown}"
+    );
+    // A bad window is refused naming the flag, storing nothing.
+    let bad = env.homing(&[
+        "enqueue",
+        "--agent",
+        "probe",
+        "--thread",
+        "w",
+        "--payload",
+        "x",
+        "--debounce",
+        "burst",
+        "--quiet",
+        "5s",
+        "--max-wait",
+        "1s",
+    ]);
+    assert_eq!(bad.status.code(), Some(2));
+    assert!(
+        String::from_utf8_lossy(&bad.stderr).contains("--quiet"),
+        "{}",
+        String::from_utf8_lossy(&bad.stderr)
+    );
+    for text in ["hi", "are you there?", "hello?"] {
+        env.ok(&[
+            "thread",
+            "send",
+            "chat",
+            "--agent",
+            "probe",
+            "--payload",
+            text,
+        ]);
+    }
+    let mut host = env.spawn_run();
+    let d = env.wait_status(&ids[0], "acked", Duration::from_secs(30));
+    assert_eq!(d["result"]["output"], "items a|items b|items c", "{d}");
+    let list: Vec<Value> =
+        serde_json::from_str(&env.ok(&["dispatch", "list", "--thread", "chat", "--json"])).unwrap();
+    assert_eq!(list.len(), 1, "one turn for three quick messages: {list:?}");
+    let turn = env.wait_status(
+        list[0]["id"].as_str().unwrap(),
+        "acked",
+        Duration::from_secs(30),
+    );
+    assert_eq!(
+        turn["result"]["output"], "hi|are you there?|hello?",
+        "{turn}"
+    );
+    signal(&host, "TERM");
+    wait_exit(&mut host, Duration::from_secs(20));
+}
+
+#[test]
+fn a_burst_makes_one_run_embedded() {
+    a_burst_makes_one_run("[store]\nbackend = \"embedded\"\npath = \"homing.db\"\n");
+}
+
+#[test]
+fn a_burst_makes_one_run_on_nats() {
+    let server = crate::natsd::NatsServer::start();
+    a_burst_makes_one_run(&format!(
+        "[store]\nbackend = \"nats\"\nurl = \"{}\"\nprefix = \"burst\"\nconnect_timeout = \"20s\"\n",
+        server.url()
+    ));
+}

@@ -442,6 +442,22 @@ impl mailbox::HostClaim for GuestState {
         Ok(out.map_err(guest_error))
     }
 
+    async fn items(
+        &mut self,
+        handle: Resource<ClaimHandle>,
+    ) -> wasmtime::Result<Vec<crate::runtime::bindings::types::Item>> {
+        let d = self.claim(&handle)?.dispatch();
+        Ok(d.window
+            .iter()
+            .flat_map(|w| &w.items)
+            .map(|i| crate::runtime::bindings::types::Item {
+                payload: i.payload.clone(),
+                metadata: i.metadata.clone().into_iter().collect(),
+                enqueued_at: i.enqueued_at,
+            })
+            .collect())
+    }
+
     async fn next_message(
         &mut self,
         handle: Resource<ClaimHandle>,

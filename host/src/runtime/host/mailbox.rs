@@ -12,7 +12,9 @@ use std::time::Duration;
 use super::GuestState;
 use super::policy::{MAX_ENQUEUE_DELAY, guest_error};
 use crate::runtime::bindings::mailbox;
+use crate::runtime::bindings::types::Gather;
 use crate::runtime::bindings::{EnqueueRequest, GuestError};
+use crate::store::model::{self, Debounce};
 use crate::store::{Dispatch, NewDispatch};
 use crate::work::{Attempts, Request};
 
@@ -78,6 +80,20 @@ impl GuestState {
             dedupe_key: request.dedupe_key,
             max_attempts: request.max_attempts,
             concurrency_key: request.concurrency_key,
+            debounce: match request.debounce {
+                Some(d) => Some(Debounce {
+                    key: d.key,
+                    quiet_ms: d.quiet_ms,
+                    max_wait_ms: d.max_wait_ms,
+                    payload: match d.payload {
+                        Gather::Last => model::Gather::Last,
+                        Gather::First => model::Gather::First,
+                        Gather::Collect => model::Gather::Collect,
+                    },
+                    max_items: d.max_items,
+                }),
+                None => plugin.target_debounce.get(&request.agent).cloned(),
+            },
             ..Request::new(request.agent, thread, request.payload)
         };
         // The target's `concurrency_key` takes the key from the metadata when none is named.

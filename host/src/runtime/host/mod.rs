@@ -72,6 +72,8 @@ pub struct PluginContext {
     /// Where each target the guest may enqueue to takes a dispatch's concurrency key from when
     /// the request names none (its `concurrency_key`).
     pub target_keys: std::collections::BTreeMap<String, crate::config::limits::KeySource>,
+    /// The debounce of each target's enqueues that ask for none (its `[plugins.x.debounce]`).
+    pub target_debounce: std::collections::BTreeMap<String, crate::store::model::Debounce>,
     /// The largest payload a follow-up may carry.
     pub max_payload: u64,
     /// The directory relative grant paths resolve against (the config file's).
@@ -114,6 +116,7 @@ impl PluginContext {
             lease: Duration::from_secs(30),
             targets: Vec::new(),
             target_keys: Default::default(),
+            target_debounce: Default::default(),
             max_payload: 1 << 20,
             config_dir,
             values: Resolved::default(),

@@ -87,6 +87,7 @@ impl From<types01::EnqueueRequest> for types02::EnqueueRequest {
             dedupe_key: r.dedupe_key,
             max_attempts: r.max_attempts,
             concurrency_key: None,
+            debounce: None,
         }
     }
 }

@@ -16,7 +16,9 @@ use super::rows::{self, db};
 use crate::store::StoreResult;
 use crate::store::model::inbox::InboxMarks;
 use crate::store::model::{Dispatch, Status};
-use crate::store::rules::inbox::{Stopped, follow_up_dispatch, follow_up_targets};
+use crate::store::rules::inbox::{
+    Stopped, follow_up_dispatch, follow_up_targets, follow_up_window,
+};
 use crate::store::rules::{self, Effects, Reclaim, Settle, clamp};
 
 /// What the transition already read in its transaction, so that an effect with nothing to do
@@ -225,7 +227,7 @@ pub(super) fn answer_inbox(
     if has_live_work(tx, thread)? {
         return Ok(Vec::new());
     }
-    follow_up(tx, thread, default_agent, None, &[], now)
+    follow_up(tx, thread, default_agent, None, &[], None, now)
 }
 
 /// M4's follow-ups for the pending messages of `thread` no follow-up covers yet, whatever live
@@ -239,6 +241,7 @@ pub(super) fn follow_up(
     default_agent: Option<&str>,
     stopped: Option<Stopped<'_>>,
     reopened: &[(u64, Option<String>)],
+    window: Option<(u64, u64)>,
     now: u64,
 ) -> StoreResult<Vec<String>> {
     let t = thread_row(tx, thread)?;
@@ -269,9 +272,12 @@ pub(super) fn follow_up(
         default,
     );
     let mut ids = Vec::with_capacity(targets.len());
+    // One window per (thread, key): only a lone follow-up waits in the inbox's.
+    let window = window.filter(|_| targets.len() == 1);
     for (agent, first, last) in targets {
         let id = uuid::Uuid::now_v7().to_string();
-        let new = follow_up_dispatch(&agent, thread, first, last, stopped);
+        let mut new = follow_up_dispatch(&agent, thread, first, last, stopped);
+        new.debounce = window.map(follow_up_window);
         insert_queued(tx, &id, &new, now)?;
         ids.push(id);
     }

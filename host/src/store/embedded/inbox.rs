@@ -19,7 +19,7 @@ use std::time::Duration;
 use async_trait::async_trait;
 use rusqlite::{Connection, OptionalExtension, Row, params};
 
-use super::effects::{answer_inbox, follow_up, has_live_work, save_inbox};
+use super::effects::{follow_up, has_live_work, save_inbox};
 use super::lanes::thread_row;
 use super::log::{check_fence, marks, marks as log_marks, push_entry};
 use super::mailbox::interrupt_in;
@@ -226,11 +226,25 @@ impl Inbox for EmbeddedStore {
                         new.agent.as_deref(),
                         Some(stopped),
                         &reopened,
+                        None,
                         now,
                     )?
                 } else if starts_follow_up {
-                    answer_inbox(tx, &thread, new.agent.as_deref(), now)?
+                    follow_up(
+                        tx,
+                        &thread,
+                        new.agent.as_deref(),
+                        None,
+                        &[],
+                        new.follow_up_window,
+                        now,
+                    )?
                 } else {
+                    // A follow-up still waiting in its inbox window takes this message too,
+                    // and waits a quiet time more.
+                    if kind == MessageKind::FollowUp {
+                        super::window::join_message(tx, &thread, marks.latest, now)?;
+                    }
                     Vec::new()
                 };
                 let message = Message {

@@ -149,6 +149,11 @@ impl Mailbox for EmbeddedStore {
                         Err(StoreError::Duplicate { id, holder: None }.into())
                     };
                 }
+                if let Some(spec) = &new.debounce
+                    && let Some(open) = super::window::open_window(tx, &new.thread, &spec.key)?
+                {
+                    return Ok((super::window::join(tx, open, &id, &new, now)?, true));
+                }
                 if let Some(key) = &new.dedupe_key {
                     let holder: Option<String> = tx
                         .prepare_cached(
@@ -580,7 +585,7 @@ pub(super) fn interrupt_in(
     let mut superseded: Vec<String> = {
         let mut stmt = tx
             .prepare_cached(
-                "UPDATE dispatches SET status = 'superseded', ready = 0, last_error = ?2, \
+                "UPDATE dispatches SET status = 'superseded', ready = 0, window_key = NULL, last_error = ?2, \
                  completed_at = ?3, updated_at = ?3 WHERE thread = ?1 \
                  AND status IN ('queued', 'waiting') RETURNING id",
             )

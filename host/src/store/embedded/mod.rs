@@ -62,6 +62,7 @@ mod rows;
 mod schedules;
 mod turns;
 mod waitpoints;
+mod window;
 mod writer;
 
 pub use turns::MIRRORED_KEYS;
@@ -90,7 +91,7 @@ pub(crate) const MAX_VALUE_WHY: &str =
     "the embedded store's cap, well below SQLite's limit of 1,000,000,000 bytes per row";
 
 /// The schema version this build writes.
-pub const SCHEMA_VERSION: i64 = 9;
+pub const SCHEMA_VERSION: i64 = 10;
 
 /// Migrations, index `i` moves the schema from version `i` to `i + 1`. Public so a test can
 /// write a file as an earlier release did (the first `n` of them) and open it with this one.
@@ -366,6 +367,14 @@ CREATE TABLE schedules (
     // section 9.6: what a `rollback` message masks); NULL until its first claim.
     r#"
 ALTER TABLE dispatches ADD COLUMN log_from INTEGER;
+"#,
+    // Version 10: debounce windows (docs/contract.md section 2.2): the window as JSON, and its
+    // key while it is open, which this index finds and keeps to one per (thread, key).
+    r#"
+ALTER TABLE dispatches ADD COLUMN window TEXT;
+ALTER TABLE dispatches ADD COLUMN window_key TEXT;
+CREATE UNIQUE INDEX dispatches_open_window ON dispatches (thread, window_key)
+    WHERE window_key IS NOT NULL;
 "#,
 ];
 

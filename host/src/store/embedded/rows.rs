@@ -7,13 +7,14 @@ use rusqlite::{Connection, OptionalExtension, Row, params};
 
 use crate::store::model::{Claim, Dispatch, DispatchRow, RowResult, RunResult, RunStatus, Status};
 use crate::store::rules::Found;
+use crate::store::rules::window::open_key;
 use crate::store::{StoreError, StoreResult};
 
 /// The columns every dispatch query selects, in the order [`decode`] reads them.
 pub(super) const COLUMNS: &str = "id, agent, thread, run_id, payload, metadata, priority, available_at, \
     dedupe_key, max_attempts, attempt, epoch, status, claim_token, claimed_by, lease_until, started_at, \
     result_status, result_output, result_error, last_error, created_at, updated_at, completed_at, \
-    settled_token, settled_op, claims, resumes, waitpoints, concurrency_key, versions, log_from";
+    settled_token, settled_op, claims, resumes, waitpoints, concurrency_key, versions, log_from, window";
 
 /// The columns a list row selects, in the order [`decode_row`] reads them: no payload and no
 /// output, only their sizes (`octet_length` reads a value's size from the record's header, not
@@ -112,6 +113,12 @@ pub(super) fn decode(row: &Row<'_>) -> StoreResult<StoredRow> {
             Some(text) => {
                 serde_json::from_str(&text).map_err(|e| corrupt(&id, format!("versions: {e}")))?
             }
+        },
+        window: match row.get::<_, Option<String>>(32).map_err(field)? {
+            None => None,
+            Some(text) => Some(
+                serde_json::from_str(&text).map_err(|e| corrupt(&id, format!("window: {e}")))?,
+            ),
         },
         epoch: row.get(11).map_err(field)?,
         status,
@@ -233,7 +240,7 @@ pub(super) fn store(
              claim_token = ?7, claimed_by = ?8, lease_until = ?9, started_at = ?10, result_status = ?11, \
              result_output = ?12, result_error = ?13, last_error = ?14, updated_at = ?15, completed_at = ?16, \
              settled_token = coalesce(?17, settled_token), settled_op = coalesce(?18, settled_op), \
-             claims = ?19, resumes = ?20, versions = ?21, log_from = ?22 WHERE id = ?1",
+             claims = ?19, resumes = ?20, versions = ?21, log_from = ?22, window_key = ?23 WHERE id = ?1",
         )
         .map_err(db)?;
     let versions = if d.versions.is_empty() {
@@ -267,6 +274,41 @@ pub(super) fn store(
         d.resumes,
         versions,
         d.log_from,
+        open_key(d),
+    ])
+    .map_err(db)?;
+    Ok(())
+}
+
+/// The window JSON of `d`, when it has one.
+fn window_text(d: &Dispatch) -> StoreResult<Option<String>> {
+    d.window
+        .as_ref()
+        .map(|w| serde_json::to_string(w).map_err(|e| StoreError::Invalid(format!("window: {e}"))))
+        .transpose()
+}
+
+/// Writes a queued window `d` after an enqueue joined or sealed it: its content (a `last` or
+/// `collect` window takes the latest payload and metadata), its window and its due time.
+/// `ready` is the scheduler flag.
+pub(super) fn store_window(tx: &Connection, d: &Dispatch, ready: bool) -> StoreResult<()> {
+    d.check_shape().map_err(StoreError::Invalid)?;
+    let metadata = serde_json::to_string(&d.metadata)
+        .map_err(|e| StoreError::Invalid(format!("metadata: {e}")))?;
+    tx.prepare_cached(
+        "UPDATE dispatches SET payload = ?2, metadata = ?3, available_at = ?4, ready = ?5, \
+         window = ?6, window_key = ?7, updated_at = ?8 WHERE id = ?1",
+    )
+    .map_err(db)?
+    .execute(params![
+        d.id,
+        d.payload,
+        metadata,
+        d.available_at,
+        ready,
+        window_text(d)?,
+        open_key(d),
+        d.updated_at,
     ])
     .map_err(db)?;
     Ok(())
@@ -281,8 +323,8 @@ pub(super) fn insert(tx: &Connection, d: &Dispatch, ready: bool) -> StoreResult<
         .prepare_cached(
             "INSERT INTO dispatches (id, agent, thread, run_id, payload, metadata, priority, available_at, \
              dedupe_key, max_attempts, attempt, epoch, status, ready, created_at, updated_at, \
-             concurrency_key) \
-             VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14, ?15, ?16, ?17)",
+             concurrency_key, window, window_key) \
+             VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14, ?15, ?16, ?17, ?18, ?19)",
         )
         .map_err(db)?;
     stmt.execute(params![
@@ -303,6 +345,8 @@ pub(super) fn insert(tx: &Connection, d: &Dispatch, ready: bool) -> StoreResult<
         d.created_at,
         d.updated_at,
         d.concurrency_key,
+        window_text(d)?,
+        open_key(d),
     ])
     .map_err(db)?;
     Ok(())

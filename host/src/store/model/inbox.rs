@@ -151,6 +151,11 @@ pub struct NewMessage {
     /// What to do when the thread is busy; with a policy, the store decides the kind (`kind`
     /// is then ignored). `None`: the kind as given.
     pub on_busy: Option<OnBusy>,
+    /// When the message starts a turn on an idle thread, the follow-up waits this quiet time
+    /// (`.0`, in milliseconds) for more messages to join it, at most `.1` from the first
+    /// (`[plugins.x.inbox] follow_up_quiet` and `follow_up_max_wait`). `None`: it is due at
+    /// once.
+    pub follow_up_window: Option<(u64, u64)>,
 }
 
 impl NewMessage {
@@ -163,7 +168,14 @@ impl NewMessage {
             agent: None,
             sent_by: sent_by.into(),
             on_busy: None,
+            follow_up_window: None,
         }
+    }
+
+    /// A turn this message starts waits `quiet_ms` for more messages, at most `max_wait_ms`.
+    pub fn follow_up_window(mut self, quiet_ms: u64, max_wait_ms: u64) -> Self {
+        self.follow_up_window = Some((quiet_ms, max_wait_ms));
+        self
     }
 
     /// Sends under `policy` when the thread is busy.

@@ -8,6 +8,9 @@
 pub mod inbox;
 pub mod limits;
 pub mod schedules;
+pub mod window;
+
+pub use window::{Debounce, Gather, Item, Window};
 
 use std::collections::BTreeMap;
 use std::fmt;
@@ -222,6 +225,11 @@ pub struct Dispatch {
     /// is pinned to. Serialized only when set.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub versions: Vec<VersionRun>,
+    /// Its debounce window, when it was enqueued with one: what joined it and when it is
+    /// due. Open (others may join) while queued, never claimed and not sealed. Serialized
+    /// only when set.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub window: Option<Window>,
     /// The thread's epoch when this dispatch was enqueued (stamped by the store).
     pub epoch: u64,
     /// Lifecycle state.
@@ -458,6 +466,8 @@ pub struct NewDispatch {
     pub attempt: u32,
     /// The key its runs are limited by (flow control), at most [`MAX_CONCURRENCY_KEY`] bytes.
     pub concurrency_key: Option<String>,
+    /// Join the open window of (thread, key) instead of adding work, or open one.
+    pub debounce: Option<Debounce>,
 }
 
 impl NewDispatch {
@@ -480,7 +490,14 @@ impl NewDispatch {
             concurrency_key: None,
             max_attempts: DEFAULT_MAX_ATTEMPTS,
             attempt: 0,
+            debounce: None,
         }
+    }
+
+    /// Debounces it: it joins the open window of (thread, `debounce.key`), or opens one.
+    pub fn with_debounce(mut self, debounce: Debounce) -> Self {
+        self.debounce = Some(debounce);
+        self
     }
 
     /// Sets the id.
@@ -555,6 +572,23 @@ impl NewDispatch {
             check_concurrency_key(key)?;
         }
         check_metadata(&self.metadata, MAX_METADATA)?;
+        if let Some(debounce) = &self.debounce {
+            debounce.validate()?;
+            if self.dedupe_key.is_some() {
+                return Err(
+                    "debounce: a debounced enqueue takes no dedupe_key (its window \
+                     already admits one open dispatch per key)"
+                        .into(),
+                );
+            }
+            if self.delay_ms > 0 {
+                return Err(
+                    "debounce: a debounced enqueue takes no delay (its window's quiet \
+                     and max_wait say when it is due)"
+                        .into(),
+                );
+            }
+        }
         if self.max_attempts == 0 {
             return Err("max_attempts must be at least 1".into());
         }

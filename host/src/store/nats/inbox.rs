@@ -38,8 +38,8 @@ use async_trait::async_trait;
 use futures_util::StreamExt;
 use serde_json::json;
 
-use super::commit::{Expect, MAX_BATCH, Plan, Write, fence_first, put_thread};
-use super::effects::{follow_up_writes, superseding};
+use super::commit::{Expect, MAX_BATCH, Plan, Write, fence_first, plain, put_thread};
+use super::effects::{follow_up_writes, in_batch, superseding};
 use super::fetch::{PAGE, Read};
 use super::keys::{Key, decode_message, encode_entry, encode_message};
 use super::view::{MessageHead, Record};
@@ -48,12 +48,13 @@ use crate::store::inbox::{
     Inbox, InboxMarks, Message, MessageFilter, MessageKind, MessageState, NOTE_ROOM, NewMessage,
     OnBusy, Sent, ThreadWatch,
 };
-use crate::store::model::{EntryNote, TurnEvent};
+use crate::store::model::window::FOLLOW_UP_WINDOW;
+use crate::store::model::{EntryNote, Status, TurnEvent};
 use crate::store::rules::inbox::{
-    Stopped, follow_up_dispatch, follow_up_targets, merge_agent, reopened as reopened_message,
-    send_verdict, turn_mark,
+    Stopped, follow_up_dispatch, follow_up_targets, follow_up_window, merge_agent,
+    reopened as reopened_message, send_verdict, turn_mark,
 };
-use crate::store::rules::{self, ByteBudget, queued_record};
+use crate::store::rules::{self, ByteBudget, queued_record, window};
 use crate::store::{Fence, StoreError, StoreResult};
 
 /// Settled messages purged per call at most; the rest go at the next.
@@ -406,13 +407,21 @@ impl NatsStore {
                 uncovered.push((seq, new.agent.as_deref()));
                 let default = new.agent.as_deref().or(last_agent.as_deref());
                 let mut records = Vec::new();
-                for (agent, first, last) in follow_up_targets(uncovered, default) {
+                let targets = follow_up_targets(uncovered, default);
+                // One window per (thread, key): only a lone follow-up of an idle thread waits
+                // in the inbox's.
+                let window = new
+                    .follow_up_window
+                    .filter(|_| targets.len() == 1 && interrupting.is_none())
+                    .map(follow_up_window);
+                for (agent, first, last) in targets {
                     let id = uuid::Uuid::now_v7().to_string();
                     let stopped = stop.map(|(event, dispatch)| Stopped {
                         dispatch,
                         merge: event == TurnEvent::Merged,
                     });
-                    let new = follow_up_dispatch(&agent, thread, first, last, stopped);
+                    let mut new = follow_up_dispatch(&agent, thread, first, last, stopped);
+                    new.debounce = window.clone();
                     follow_ups.push(id.clone());
                     records.push(queued_record(&id, &new, t.epoch, now));
                 }
@@ -420,6 +429,16 @@ impl NatsStore {
                 writes.extend(follow_up_writes(thread, records, t)?);
             } else if interrupting.is_some() {
                 writes.push(put_thread(view, thread, t)?);
+            } else if kind == MessageKind::FollowUp
+                && let Some(open) = view
+                    .live_of(thread)
+                    .into_iter()
+                    .find(|s| window::is_open(&s.dispatch, FOLLOW_UP_WINDOW))
+            {
+                // A follow-up still waiting in its inbox window takes this message too, and
+                // waits a quiet time more.
+                let d = window::joined_by_message(open.dispatch.clone(), seq, now);
+                writes.extend(in_batch(view, Status::Queued, plain(d))?);
             }
             fence_first(view, thread, &mut writes);
             let wake = !follow_ups.is_empty() || interrupting.is_some();

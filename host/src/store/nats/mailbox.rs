@@ -24,7 +24,7 @@ use crate::store::model::{
 };
 use crate::store::rules::{
     self, Found, Holder, HolderOp, Reclaim, Settle, SupersedeClaimed, Take, WaitpointsSeen,
-    lease_live, queued_record, same_content,
+    lease_live, queued_record, same_content, window,
 };
 use crate::store::waitpoints;
 use crate::store::{Mailbox, REASON_STALE_EPOCH, StoreError, StoreResult};
@@ -306,6 +306,47 @@ impl Mailbox for NatsStore {
                         holder: None,
                     })
                 }));
+            }
+            // T25: a debounced enqueue joins its key's open window, found among the thread's
+            // live records; the thread's tree fences the join as it fences an enqueue, so a
+            // claim that closed the window first makes this decide again.
+            if let Some(spec) = &new.debounce
+                && let Some(open) = view
+                    .live_of(&new.thread)
+                    .into_iter()
+                    .find(|s| window::is_open(&s.dispatch, &spec.key))
+            {
+                if let Err(e) = window::check_join(&open.dispatch, &new) {
+                    return Ok(Plan::Refuse(Err(e)));
+                }
+                let d = window::joined(open.dispatch.clone(), &new, now);
+                let Applied { writes, wake } = changed(view, Status::Queued, plain(d.clone()))?;
+                if writes
+                    .first()
+                    .is_some_and(|w| fits_with_output(w, &d, &room).is_ok())
+                {
+                    let due = d.available_at <= now;
+                    return Ok(Plan::Write {
+                        writes,
+                        answer: Ok(d),
+                        wake: wake || due,
+                    });
+                }
+                // Full: sealed and due now, and this enqueue opens the next window.
+                let full = window::sealed(open.dispatch.clone(), now);
+                let Applied { mut writes, .. } = changed(view, Status::Queued, plain(full))?;
+                let t = view.thread(&new.thread)?;
+                let d = queued_record(&id, &new, t.epoch, now);
+                let write = put_dispatch_expecting(Expect::None, plain(d.clone()))?;
+                if let Err(e) = fits_with_output(&write, &d, &room) {
+                    return Ok(Plan::Done(Err(e)));
+                }
+                writes.push(write);
+                return Ok(Plan::Write {
+                    writes,
+                    answer: Ok(d),
+                    wake: true,
+                });
             }
             // The thread's tree fences the write, so the dedupe check and the epoch stamped
             // here are current at commit: no concurrent enqueue or interrupt slips between

@@ -5,7 +5,10 @@
 use crate::store::StoreError;
 use crate::store::model::inbox::OnBusy;
 use crate::store::model::inbox::{Message, MessageState};
-use crate::store::model::{Dispatch, LogRange, MessageKind, NewDispatch, TurnEvent, TurnMark};
+use crate::store::model::window::{FOLLOW_UP_WINDOW, MAX_WINDOW_ITEMS};
+use crate::store::model::{
+    Debounce, Dispatch, Gather, LogRange, MessageKind, NewDispatch, TurnEvent, TurnMark,
+};
 
 /// Metadata keys of a follow-up dispatch (M4): who enqueued it and which messages it answers.
 pub const FOLLOW_UP_BY: (&str, &str) = ("enqueued-by", "inbox");
@@ -70,6 +73,16 @@ pub fn follow_up_dispatch(
     match stopped {
         Some(s) => new.with_metadata(FOLLOW_UP_INTERRUPTED, s.dispatch.id.as_str()),
         None => new,
+    }
+}
+
+/// The inbox window a follow-up waits in when the message that starts it asked for one
+/// (`quiet_ms`, `max_wait_ms`): later messages join it until it is due or claimed.
+pub fn follow_up_window((quiet_ms, max_wait_ms): (u64, u64)) -> Debounce {
+    Debounce {
+        payload: Gather::Inbox,
+        max_items: MAX_WINDOW_ITEMS,
+        ..Debounce::new(FOLLOW_UP_WINDOW, quiet_ms, max_wait_ms)
     }
 }
 

@@ -19,6 +19,7 @@ mod reads;
 pub mod schedules;
 pub(crate) mod turns;
 pub mod waitpoints;
+pub mod window;
 
 pub(crate) use claim::{
     Reclaim, Take, due, lease_expired, lease_live, reclaim, stale, superseded, take,
@@ -122,7 +123,7 @@ pub(crate) fn same_content(stored: &Dispatch, new: &NewDispatch) -> bool {
 
 /// The queued record an enqueue stores: `new` under `id`, stamped with the thread's `epoch`.
 pub(crate) fn queued_record(id: &str, new: &NewDispatch, epoch: u64, now: u64) -> Dispatch {
-    Dispatch {
+    let d = Dispatch {
         run_id: new.run_id.clone().unwrap_or_else(|| id.to_owned()),
         id: id.to_owned(),
         agent: new.agent.clone(),
@@ -139,6 +140,7 @@ pub(crate) fn queued_record(id: &str, new: &NewDispatch, epoch: u64, now: u64) -
         resumes: 0,
         concurrency_key: new.concurrency_key.clone(),
         versions: Vec::new(),
+        window: None,
         epoch,
         status: Status::Queued,
         claim: None,
@@ -148,6 +150,10 @@ pub(crate) fn queued_record(id: &str, new: &NewDispatch, epoch: u64, now: u64) -
         created_at: now,
         updated_at: now,
         completed_at: None,
+    };
+    match &new.debounce {
+        Some(spec) => window::opened(d, spec, now),
+        None => d,
     }
 }
 

@@ -2068,3 +2068,59 @@ pub async fn racing_interrupts_stop_a_run_once_and_race_its_ack_cleanly<F: Facto
         );
     }
 }
+
+/// A message that starts a turn on an idle thread under a follow-up window waits a quiet time
+/// for more: the quick second and third messages join its follow-up (one dispatch, its range
+/// widened, due a quiet time after the last, never past the longest wait), and its one claim
+/// is handed all three. A message after the claim waits for the next turn.
+pub async fn quick_messages_under_a_follow_up_window_make_one_turn<F: Factory>(factory: &F) {
+    let env = Env::new(factory).await;
+    let s = env.open().await;
+    run_once(&s, "t", "d0").await;
+    let quick = |text: &str| {
+        follow_up(text)
+            .to_agent(AGENT)
+            .follow_up_window(1_000, 2_500)
+    };
+    let sent = send(&s, "t", quick("hi")).await;
+    assert_eq!(sent.follow_ups.len(), 1);
+    let id = sent.follow_ups[0].clone();
+    let w = load(&s, &id).await;
+    assert_eq!(
+        w.available_at,
+        T0 + 1_000,
+        "due a quiet second after the message"
+    );
+    env.advance(600);
+    let second = send(&s, "t", quick("one more thing")).await;
+    assert!(second.follow_ups.is_empty(), "it joined the open window");
+    env.advance(600);
+    send(&s, "t", quick("and another")).await;
+    let w = load(&s, &id).await;
+    assert_follow_up(&w, AGENT, "t", 1, 3);
+    assert_eq!(w.available_at, T0 + 2_200);
+    assert_eq!(w.window.as_ref().map(|w| w.count), Some(3));
+    assert_eq!(follow_ups_on(&s, "t").await.len(), 1);
+    env.advance(999);
+    assert!(claim(&s).await.is_none(), "not due before the quiet time");
+    // The longest wait caps it: a message now would push it past T0 + 2,500.
+    send(&s, "t", quick("last")).await;
+    assert_eq!(load(&s, &id).await.available_at, T0 + 2_500);
+    env.set(T0 + 2_500);
+    let c = claim_some(&s).await;
+    assert_eq!(c.id, id);
+    assert_eq!(pending(&s, "t").await, vec![1, 2, 3, 4]);
+    // A message after the claim starts nothing now and waits for the next turn.
+    let late = send(&s, "t", quick("too late")).await;
+    assert!(late.follow_ups.is_empty());
+    for seq in 1..=4 {
+        s.inbox.ack_message("t", seq, &fence(&c)).await.unwrap();
+    }
+    s.mailbox.ack(&c.id, &tok(&c)).await.unwrap();
+    let next = follow_ups_on(&s, "t").await;
+    assert_eq!(
+        next.len(),
+        2,
+        "the settlement started the next turn for the late message"
+    );
+}

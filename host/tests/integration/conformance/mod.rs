@@ -42,6 +42,7 @@ pub mod ordering;
 pub mod records;
 pub mod schedules;
 pub mod waitpoints;
+pub mod window;
 
 /// Makes fresh, empty backends and opens instances on them.
 ///
@@ -600,6 +601,14 @@ macro_rules! suite {
                     a_rollback_masks_what_the_stopped_dispatch_wrote_across_its_attempts,
                     a_merge_hands_the_next_turn_what_the_stopped_run_had_taken,
                     a_merge_racing_the_runs_ack_leaves_the_message_to_the_next_turn,
+                    quick_messages_under_a_follow_up_window_make_one_turn,
+                },
+                window::{
+                    a_debounced_enqueue_joins_the_open_window_due_after_quiet_and_by_max_wait,
+                    a_collect_window_keeps_every_item_across_a_retry,
+                    a_full_window_is_sealed_and_bad_windows_are_refused,
+                    steady_enqueues_from_two_hosts_make_a_run_every_max_wait,
+                    an_enqueue_racing_its_windows_claim_lands_in_exactly_one_run,
                 },
                 waitpoints::{
                     creating_a_waitpoint_twice_by_name_returns_the_first,

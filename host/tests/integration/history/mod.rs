@@ -2287,6 +2287,7 @@ mod checker_tests {
             resumes: 0,
             concurrency_key: None,
             versions: Vec::new(),
+            window: None,
             epoch: 0,
             status,
             claim: token.map(|t| Claim {

@@ -938,6 +938,7 @@ impl Run {
             dedupe_key,
             max_attempts,
             concurrency_key: None,
+            debounce: None,
         };
         (request, allowed)
     }

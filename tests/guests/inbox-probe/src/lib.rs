@@ -8,6 +8,7 @@
 //!   `ms` more (the host is killed meanwhile) and fails; a retry (attempt 1 on) drains instead;
 //! - `drain`: acks every pending message, completes with their texts joined by `|`;
 //! - `ignore`: completes with `ignored` without reading the inbox;
+//! - `items ...`: completes with the payloads of its debounce window's items joined by `|`;
 //! - empty (a dispatch the inbox started): as `drain`.
 
 use std::time::Duration;
@@ -67,6 +68,14 @@ impl Handler for Probe {
                 Err("held the message without acknowledging it".into())
             }
             Some("ignore") => Ok(b"ignored".to_vec()),
+            Some("items") => {
+                let items: Vec<String> = claim
+                    .items()
+                    .iter()
+                    .map(|i| String::from_utf8_lossy(&i.payload).into_owned())
+                    .collect();
+                Ok(items.join("|").into_bytes())
+            }
             Some("drain") | None => drain(claim),
             Some(other) => Err(format!("unknown command {other}")),
         }

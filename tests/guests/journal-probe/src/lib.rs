@@ -89,7 +89,9 @@ impl Handler for JournalProbe {
                 .map(|e| String::from_utf8_lossy(&e.data).into_owned())
                 .collect();
             let prompt = match probe.vary_from {
-                Some(from) if turn >= from => format!("{} (attempt {})", probe.prompt, claim.attempt()),
+                Some(from) if turn >= from => {
+                    format!("{} (attempt {})", probe.prompt, claim.attempt())
+                }
                 _ => probe.prompt.clone(),
             };
             let mut body = json!({"prompt": prompt, "turn": turn, "history": history});
@@ -115,10 +117,15 @@ impl Handler for JournalProbe {
                 .map_err(|e| e.to_string())?;
         }
         if failing {
-            panic!("journal-probe: failing attempt {} on purpose", claim.attempt());
+            panic!(
+                "journal-probe: failing attempt {} on purpose",
+                claim.attempt()
+            );
         }
         let log = claim.log_latest().map_err(|e| e.to_string())?;
-        Ok(json!({"answers": answers, "log": log}).to_string().into_bytes())
+        Ok(json!({"answers": answers, "log": log})
+            .to_string()
+            .into_bytes())
     }
 }
 

@@ -49,10 +49,14 @@ fn wait(claim: &Claim, timeout_ms: u64, hang: bool) -> Result<Vec<u8>, String> {
     }
     let created = w.token.is_some() && claim.info().claims == 1;
     if created {
-        claim.append(format!("waiting {}", w.id).as_bytes()).map_err(err)?;
+        claim
+            .append(format!("waiting {}", w.id).as_bytes())
+            .map_err(err)?;
     }
     if hang && claim.info().claims == 1 {
-        claim.append(format!("created {}", w.id).as_bytes()).map_err(err)?;
+        claim
+            .append(format!("created {}", w.id).as_bytes())
+            .map_err(err)?;
         // Hold the claim without suspending: the test kills the host meanwhile.
         for _ in 0..600 {
             if claim.stop_requested().is_some() {

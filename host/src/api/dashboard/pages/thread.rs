@@ -459,6 +459,7 @@ pub(super) async fn send(
         agent,
         sent_by: format!("dashboard:{}", session.name),
         on_busy,
+        follow_up_window: None,
     };
     match messages::send(&d.api.store, &d.api.config(), &thread, new).await {
         Ok(sent) => {
