@@ -513,6 +513,18 @@ fn demo() -> Result<()> {
         "remember to cite sources",
     ])?;
     println!("sent message {seq} to the idle thread notes-1 (a follow-up dispatch answers it)");
+    let seq = cli(&[
+        "thread",
+        "send",
+        "notes-1",
+        "--agent",
+        "steerable",
+        "--payload",
+        "and keep it short",
+    ])?;
+    println!(
+        "sent message {seq} to notes-1 within its follow_up_quiet: it joins the same turn, no second dispatch"
+    );
     println!("== running the host until idle (waiting dispatches keep it running)");
     // The host logs the address its API listens on (`[api] listen` asks for any free port);
     // its log is read here and passed on.

@@ -186,5 +186,7 @@ pub(crate) fn message(m: &Message) -> Value {
         "settled_at": m.settled_at,
         "acked_by": m.acked_by,
         "log_seq": m.log_seq,
+        // The turn policy that took effect when it met a busy thread (null on an idle one).
+        "applied": m.applied.map(|p| p.as_str()),
     })
 }

@@ -14,6 +14,7 @@ use crate::runtime::Runtime;
 use crate::runtime::host::PluginContext;
 use crate::scratch::ScratchDir;
 use crate::store::embedded::EmbeddedStore;
+use crate::store::model::{Debounce, Gather};
 use crate::store::{NewDispatch, RunResult, SystemClock};
 
 /// Store only: claim and complete every dispatch of a backlog, one caller.
@@ -382,7 +383,42 @@ pub(super) async fn requests_per_dispatch(
     target.run_host(&scratch, echo, 8).await?;
     let host = scratch.requests_sent().unwrap_or(0).saturating_sub(before) as f64 / n as f64;
     target.drop_scratch(scratch).await;
+
+    // Debounced: the same number of enqueues, ten per thread into `collect` windows sealed at
+    // ten items, then every window claimed, started and completed: the requests per item.
+    let scratch = target.scratch().await?;
+    let store = scratch.store.clone();
+    let before = scratch.requests_sent().unwrap_or(0);
+    let window = Debounce {
+        payload: Gather::Collect,
+        max_items: 10,
+        ..Debounce::new("bench", 60_000, 600_000)
+    };
+    for i in 0..n {
+        let new = NewDispatch::new("echo", format!("w{}", i / 10), b"item".to_vec())
+            .with_debounce(window.clone());
+        store.mailbox.enqueue(new).await?;
+    }
+    let mut windows = 0;
+    while let Some(d) = store.mailbox.claim_started("echo", "bench", 30_000).await? {
+        let token = d.token().unwrap_or_default().to_owned();
+        store
+            .mailbox
+            .complete(&d.id, &token, RunResult::success("ok"))
+            .await?;
+        windows += 1;
+    }
+    let debounced =
+        scratch.requests_sent().unwrap_or(0).saturating_sub(before) as f64 / n.max(1) as f64;
+    target.drop_scratch(scratch).await;
     Ok(Some(vec![
+        figure(
+            format!(
+                "nats requests per debounced item, store ops ({n} items, {windows} windows of 10)"
+            ),
+            "requests",
+            vec![debounced],
+        ),
         figure(
             format!("nats requests per dispatch, store ops ({done})"),
             "requests",

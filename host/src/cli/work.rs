@@ -742,10 +742,13 @@ pub(super) async fn thread(
                 println!("{}", serde_json::to_string_pretty(&found)?);
             } else {
                 for m in found {
-                    let by = match (&m.acked_by, m.log_seq) {
+                    let mut by = match (&m.acked_by, m.log_seq) {
                         (Some(by), Some(log)) => format!(" by {} as entry {log}", text(by)),
                         _ => String::new(),
                     };
+                    if let Some(policy) = m.applied {
+                        by.push_str(&format!(" ({} applied)", policy.as_str()));
+                    }
                     println!(
                         "{:>6}  {:<9} {:<9}{by}  {}",
                         m.seq,

@@ -291,6 +291,36 @@ async fn pages_show_what_the_store_holds_and_escape_it() {
     );
     browser.screenshot("agents").await;
 
+    // A debounce window's page: its state, how many it holds, each item escaped.
+    let window = json!({ "key": "burst", "quiet": "1h", "max_wait": "2h", "payload": "collect" });
+    let mut joined = Vec::new();
+    for item in ["first", "<b>second</b>"] {
+        joined.push(
+            api.enqueue(
+                json!({ "agent": "echo", "thread": "win", "payload": item, "debounce": window }),
+            )
+            .await,
+        );
+    }
+    assert_eq!(joined[0], joined[1], "one window");
+    browser
+        .goto(&api.url(&format!("/dispatches/{}", joined[0])))
+        .await;
+    let count = browser.text("#window-count").await.unwrap();
+    assert_eq!(count, "2 of at most 100 (collect)");
+    let state = browser.text("#window-state").await.unwrap();
+    assert!(state.starts_with("open"), "{state}");
+    assert_eq!(
+        browser.text("#item-2").await.as_deref(),
+        Some("<b>second</b>")
+    );
+    assert_eq!(
+        browser.count("#window-items b").await,
+        0,
+        "an item is text, never markup"
+    );
+    browser.screenshot("dispatch-window").await;
+
     // A narrow screen: nothing wider than the window but the tables' own scrollers.
     browser.client.set_window_size(390, 844).await.unwrap();
     browser.goto(&api.url("/")).await;

@@ -41,7 +41,7 @@ pub const CHANGE_POLL: Duration = Duration::from_millis(5);
 const IDLE_POLL: Duration = Duration::from_millis(50);
 
 const MESSAGE_COLUMNS: &str = "thread, seq, kind, agent, payload, metadata, sent_by, sent_at, \
-    state, settled_at, acked_by, log_seq";
+    state, settled_at, acked_by, log_seq, applied";
 
 fn corrupt(thread: &str, seq: u64, reason: impl Into<String>) -> StoreError {
     StoreError::Corrupt {
@@ -72,6 +72,10 @@ fn decode(row: &Row<'_>) -> StoreResult<Message> {
         settled_at: row.get(9).map_err(field)?,
         acked_by: row.get(10).map_err(field)?,
         log_seq: row.get(11).map_err(field)?,
+        applied: match row.get::<_, Option<String>>(12).map_err(field)? {
+            None => None,
+            Some(text) => Some(text.parse().map_err(|e: String| corrupt(&thread, seq, e))?),
+        },
         thread,
         seq,
     })
@@ -200,7 +204,7 @@ impl Inbox for EmbeddedStore {
                     .map_err(|e| StoreError::Invalid(format!("metadata: {e}")))?;
                 tx.prepare_cached(
                     "INSERT INTO messages (thread, seq, kind, agent, payload, metadata, sent_by, \
-                     sent_at, state) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, 'pending')",
+                     sent_at, state, applied) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, 'pending', ?9)",
                 )
                 .map_err(db)?
                 .execute(params![
@@ -212,6 +216,7 @@ impl Inbox for EmbeddedStore {
                     metadata,
                     new.sent_by,
                     clamp(now),
+                    verdict.applied(busy.is_some()).map(OnBusy::as_str),
                 ])
                 .map_err(db)?;
                 save_inbox(tx, &thread, marks)?;
@@ -242,8 +247,13 @@ impl Inbox for EmbeddedStore {
                 } else {
                     // A follow-up still waiting in its inbox window takes this message too,
                     // and waits a quiet time more.
-                    if kind == MessageKind::FollowUp {
-                        super::window::join_message(tx, &thread, marks.latest, now)?;
+                    // It is covered by that follow-up now (`followed`), so a run that leaves it
+                    // pending does not start a second one for it.
+                    if kind == MessageKind::FollowUp
+                        && super::window::join_message(tx, &thread, marks.latest, now)?
+                    {
+                        marks.followed = marks.latest;
+                        save_inbox(tx, &thread, marks)?;
                     }
                     Vec::new()
                 };
@@ -260,6 +270,7 @@ impl Inbox for EmbeddedStore {
                     settled_at: None,
                     acked_by: None,
                     log_seq: None,
+                    applied: verdict.applied(busy.is_some()),
                 };
                 Ok((
                     Sent {

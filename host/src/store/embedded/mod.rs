@@ -375,6 +375,8 @@ ALTER TABLE dispatches ADD COLUMN window TEXT;
 ALTER TABLE dispatches ADD COLUMN window_key TEXT;
 CREATE UNIQUE INDEX dispatches_open_window ON dispatches (thread, window_key)
     WHERE window_key IS NOT NULL;
+-- The turn policy that took effect when a message met a busy thread (docs/contract.md 9.6).
+ALTER TABLE messages ADD COLUMN applied TEXT;
 "#,
 ];
 

@@ -1,4 +1,4 @@
-//! Debounce windows on the embedded backend (docs/contract.md section 2.2): the open window of
+//! Debounce windows on the embedded backend (docs/contract.md section 17): the open window of
 //! a (thread, key) is the one row whose `window_key` is set (a unique partial index keeps it to
 //! one), and a join rewrites that row in the enqueue's transaction.
 

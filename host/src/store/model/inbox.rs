@@ -249,6 +249,10 @@ pub struct Message {
     pub acked_by: Option<String>,
     /// The log entry its acknowledgement appended.
     pub log_seq: Option<u64>,
+    /// The policy that took effect when it was sent to a busy thread (none on an idle one),
+    /// as the send's answer said. Serialized only when set.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub applied: Option<OnBusy>,
 }
 
 impl Message {

@@ -1,4 +1,4 @@
-//! Debounce windows (the contract, docs/contract.md, section 2.2): a queued dispatch that later
+//! Debounce windows (the contract, docs/contract.md, section 17): a queued dispatch that later
 //! enqueues with its key join instead of adding work, due a quiet time after the last of them
 //! and no later than a longest wait after the first.
 

@@ -365,6 +365,7 @@ impl NatsStore {
                 settled_at: None,
                 acked_by: None,
                 log_seq: None,
+                applied: verdict.applied(busy.is_some()),
             };
             let mut writes = Vec::new();
             let mut interrupted = None;
@@ -439,6 +440,10 @@ impl NatsStore {
                 // waits a quiet time more.
                 let d = window::joined_by_message(open.dispatch.clone(), seq, now);
                 writes.extend(in_batch(view, Status::Queued, plain(d))?);
+                // It is covered by that follow-up now, so a run that leaves it pending does
+                // not start a second one for it.
+                t.inbox_followed = seq;
+                writes.extend(follow_up_writes(thread, Vec::new(), t)?);
             }
             fence_first(view, thread, &mut writes);
             let wake = !follow_ups.is_empty() || interrupting.is_some();

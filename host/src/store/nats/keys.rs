@@ -832,6 +832,7 @@ mod tests {
             settled_at: Some(6),
             acked_by: Some("d".into()),
             log_seq: Some(9),
+            applied: Some(crate::store::inbox::OnBusy::Interrupt),
         };
         let bytes = encode_message(&message).unwrap_or_default();
         let key = Key::Message("t".into(), 3);

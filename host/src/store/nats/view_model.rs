@@ -852,6 +852,7 @@ impl Model {
                     settled_at: None,
                     acked_by: None,
                     log_seq: None,
+                    applied: None,
                 };
                 let head = MessageHead::of(&message, 64);
                 Some(vec![Record::Message(thread.to_owned(), n, Box::new(head))])

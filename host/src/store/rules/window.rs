@@ -1,4 +1,4 @@
-//! Debounce windows (the contract, section 2.2): which queued dispatch an enqueue joins, and
+//! Debounce windows (the contract, section 17): which queued dispatch an enqueue joins, and
 //! what joining does to it. Both backends call these; they only find the open window and
 //! check that the result fits their records.
 

@@ -1582,6 +1582,23 @@ pub async fn a_send_under_a_policy_is_decided_by_what_holds_the_thread<F: Factor
         MessageKind::Steer,
         "the decided kind is stored"
     );
+    // ... and the policy that took effect, on every instance; none on an idle thread.
+    for store in [&s, &other] {
+        let read = |seq| async move {
+            store
+                .inbox
+                .message("t", seq)
+                .await
+                .expect("read")
+                .expect("the message")
+        };
+        assert_eq!(read(steered.message.seq).await.applied, Some(OnBusy::Steer));
+        assert_eq!(
+            read(queued.message.seq).await.applied,
+            Some(OnBusy::Enqueue)
+        );
+        assert_eq!(read(sent.message.seq).await.applied, None);
+    }
 
     // The run ends: the thread is idle again, and `reject` starts a turn.
     other
@@ -2106,6 +2123,9 @@ pub async fn quick_messages_under_a_follow_up_window_make_one_turn<F: Factory>(f
     // The longest wait caps it: a message now would push it past T0 + 2,500.
     send(&s, "t", quick("last")).await;
     assert_eq!(load(&s, &id).await.available_at, T0 + 2_500);
+    // Each message that joined is covered by the window's follow-up: a run that left one
+    // pending would not start a second follow-up for it.
+    assert_eq!(marks(&s, "t").await, inbox_marks(4, 4, 4));
     env.set(T0 + 2_500);
     let c = claim_some(&s).await;
     assert_eq!(c.id, id);

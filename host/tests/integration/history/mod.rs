@@ -2875,6 +2875,7 @@ mod checker_tests {
             settled_at: acked.map(|_| T),
             acked_by: acked.map(|(by, _)| by.to_owned()),
             log_seq: acked.map(|(_, seq)| seq),
+            applied: None,
         }
     }
 

@@ -320,6 +320,9 @@ fn render(page: &DispatchPage, p: &Params, session: &Session) -> Markup {
             pre #output-text {}
         }
         (journal_section(journal, pretty, now))
+        @if let Some(w) = &r.window {
+            (window_section(r, w, now))
+        }
         h2 { "Payload" }
         (bytes(&r.payload, "payload"))
         h2 { "Metadata" }
@@ -465,4 +468,40 @@ pub(super) async fn retry(
         "{}?notice=retried",
         dispatch_href(&r.id)
     )))
+}
+
+/// The items a window's section shows at most (the rest are counted).
+const WINDOW_ITEMS_SHOWN: usize = 50;
+
+/// A dispatch's debounce window: its key, whether others may still join, when it is due, and
+/// the first items of a `collect` window (each cut as a payload is).
+fn window_section(r: &Dispatch, w: &crate::store::model::Window, now: u64) -> Markup {
+    let state = if crate::store::rules::window::open_key(r).is_some() {
+        "open: enqueues with its key join it"
+    } else if w.sealed {
+        "sealed: full"
+    } else {
+        "closed: it was claimed"
+    };
+    html! {
+        h2 { "Debounce window" }
+        dl.meta #window {
+            dt { "Key" } dd.mono { (w.key) }
+            dt { "State" } dd #window-state { (state) }
+            dt { "Holds" } dd #window-count { (w.count) " of at most " (w.max_items) " (" (w.payload.as_str()) ")" }
+            dt { "Quiet / longest wait" } dd { (w.quiet_ms) " ms / " (w.max_wait_ms) " ms" }
+            dt { "First / latest" } dd { (when(w.first_at, now)) " / " (when(w.last_at, now)) }
+            dt { "Due" } dd { (when(r.available_at, now)) }
+        }
+        @if !w.items.is_empty() {
+            ol #window-items {
+                @for (n, item) in w.items.iter().take(WINDOW_ITEMS_SHOWN).enumerate() {
+                    li { (bytes(&item.payload, &format!("item-{}", n + 1))) }
+                }
+            }
+            @if w.items.len() > WINDOW_ITEMS_SHOWN {
+                p.muted { "The first " (WINDOW_ITEMS_SHOWN) " of " (w.items.len()) " items are shown." }
+            }
+        }
+    }
 }

@@ -320,6 +320,9 @@ fn pending_table(
                                 @if m.kind == MessageKind::Steer && !running {
                                     br; span.muted.hint { "waiting for the next run" }
                                 }
+                                @if let Some(policy) = m.applied {
+                                    br; span.muted.applied { "busy thread: " (policy.as_str()) }
+                                }
                             }
                             td { span.mono { (m.sent_by) }
                                 @if let Some(agent) = &m.agent { br; span.muted { "to " (agent) } } }
