@@ -700,11 +700,11 @@ fn bench_quick_on_nats_starts_its_own_server_and_counts_requests() {
     let env = Env::new("");
     let figures = quick_bench(&env, &["--backend", "nats"]);
     let names = scenario_names(&figures);
-    // Store ops, requests per dispatch twice, four end-to-end runs each with its host
+    // Store ops, requests per dispatch twice and per debounced item, four end-to-end runs each with its host
     // overhead, p50 and p99 at two backlogs, API enqueue throughput and enqueue-to-result p50
     // and p99, a message's send to delivery (across two store instances) p50 and p99, the
     // end-to-end run in pairs, plain and with flow control set but not binding, and their gap.
-    assert_eq!(figures.len(), 23, "{names:?}");
+    assert_eq!(figures.len(), 24, "{names:?}");
     for f in &figures {
         // The gap is a signed percentage; everything else is a positive measure.
         let floor = if f["unit"] == "%" { -100.0 } else { 0.0 };
@@ -723,6 +723,21 @@ fn bench_quick_on_nats_starts_its_own_server_and_counts_requests() {
     // Counted by the server itself: every lifecycle costs at least its enqueue, claim and
     // completion, each one request.
     assert!(requests["median"].as_f64().unwrap() >= 3.0, "{requests}");
+    // A debounced item costs its enqueue, and a tenth of its window's claim and completion.
+    let debounced = figures
+        .iter()
+        .find(|f| {
+            f["scenario"]
+                .as_str()
+                .unwrap()
+                .contains("requests per debounced item")
+        })
+        .unwrap();
+    let per_item = debounced["median"].as_f64().unwrap();
+    assert!(
+        (1.0..requests["median"].as_f64().unwrap()).contains(&per_item),
+        "{debounced}"
+    );
 }
 
 #[test]

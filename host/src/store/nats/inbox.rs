@@ -367,6 +367,23 @@ impl NatsStore {
                 log_seq: None,
                 applied: verdict.applied(busy.is_some()),
             };
+            // The follow-ups' targets, decided before the batch is filled: one write each.
+            let default = new.agent.as_deref().or(last_agent.as_deref());
+            let targets = if starts_follow_up {
+                let mut uncovered: Vec<(u64, Option<&str>)> = reopened
+                    .iter()
+                    .map(|m| (m.seq, m.agent.as_deref()))
+                    .collect();
+                uncovered.extend(
+                    view.pending_after(thread, t.inbox_followed)
+                        .into_iter()
+                        .map(|(n, h)| (n, h.agent.as_deref())),
+                );
+                uncovered.push((seq, new.agent.as_deref()));
+                follow_up_targets(uncovered, default)
+            } else {
+                Vec::new()
+            };
             let mut writes = Vec::new();
             let mut interrupted = None;
             if let Some((event, holder)) = stop {
@@ -374,9 +391,10 @@ impl NatsStore {
                 // follow-up below waits for the stopped run to let the thread go.
                 t.epoch += 1;
                 let reason = format!("interrupted by message {seq} of its thread");
-                // Room is left for the mark, the message, the follow-ups, the thread and the
-                // reopened messages.
-                let room = MAX_BATCH.saturating_sub(16 + reopened.len());
+                // Room is left for the mark, the message, the thread, the reopened messages and
+                // one follow-up per target; what does not fit is superseded later (its epoch
+                // is stale from this batch on, so no claim runs it).
+                let room = MAX_BATCH.saturating_sub(3 + reopened.len() + targets.len());
                 writes.extend(superseding(view, thread, t.epoch, &reason, now, room)?.writes);
                 let at = view.latest(thread) + 1;
                 let turn = EntryNote::Turn {
@@ -396,19 +414,7 @@ impl NatsStore {
             writes.push(put_message(Expect::None, &message)?);
             let mut follow_ups = Vec::new();
             if starts_follow_up {
-                let mut uncovered: Vec<(u64, Option<&str>)> = reopened
-                    .iter()
-                    .map(|m| (m.seq, m.agent.as_deref()))
-                    .collect();
-                uncovered.extend(
-                    view.pending_after(thread, t.inbox_followed)
-                        .into_iter()
-                        .map(|(n, h)| (n, h.agent.as_deref())),
-                );
-                uncovered.push((seq, new.agent.as_deref()));
-                let default = new.agent.as_deref().or(last_agent.as_deref());
                 let mut records = Vec::new();
-                let targets = follow_up_targets(uncovered, default);
                 // One window per (thread, key): only a lone follow-up of an idle thread waits
                 // in the inbox's.
                 let window = new

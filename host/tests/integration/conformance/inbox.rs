@@ -2144,3 +2144,50 @@ pub async fn quick_messages_under_a_follow_up_window_make_one_turn<F: Factory>(f
         "the settlement started the next turn for the late message"
     );
 }
+
+/// An interrupt of a thread with more queued work than one atomic step may hold, and pending
+/// messages for twenty agents, is still one step: it stops the run, queues one follow-up per
+/// agent, and leaves none of the old work runnable (what the step had no room to supersede is
+/// of the old epoch, superseded when a claim meets it).
+pub async fn an_interrupt_behind_a_full_batch_of_work_and_many_agents_is_one_step<F: Factory>(
+    factory: &F,
+) {
+    use homing::store::OnBusy;
+    let env = Env::new(factory).await;
+    let s = env.open().await;
+    let running = hold(&s, "t", "d1", 30_000).await;
+    for n in 0..995 {
+        put_on(&s, "t", &format!("q{n:04}")).await;
+    }
+    for n in 0..20 {
+        send(
+            &s,
+            "t",
+            follow_up("later").to_agent(format!("agent-{n:02}")),
+        )
+        .await;
+    }
+    let sent = send(&s, "t", follow_up("stop").on_busy(OnBusy::Interrupt)).await;
+    assert!(sent.interrupted.is_some(), "{sent:?}");
+    assert_eq!(
+        sent.follow_ups.len(),
+        21,
+        "one follow-up per agent, and the run's own"
+    );
+    // The stopped run's ack is refused; nothing of the old work runs, only the turn's
+    // follow-up for this agent.
+    assert!(s.mailbox.ack(&running.id, &tok(&running)).await.is_err());
+    let mut ran = Vec::new();
+    while let Some(d) = claim(&s).await {
+        s.mailbox.ack(&d.id, &tok(&d)).await.expect("ack");
+        ran.push(d.id);
+    }
+    assert_eq!(ran.len(), 1, "only the follow-up ran: {ran:?}");
+    assert!(sent.follow_ups.contains(&ran[0]));
+    assert!(
+        all_in(&s, Status::Queued)
+            .await
+            .iter()
+            .all(|d| d.agent != AGENT)
+    );
+}

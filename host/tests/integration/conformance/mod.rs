@@ -602,6 +602,7 @@ macro_rules! suite {
                     a_merge_hands_the_next_turn_what_the_stopped_run_had_taken,
                     a_merge_racing_the_runs_ack_leaves_the_message_to_the_next_turn,
                     quick_messages_under_a_follow_up_window_make_one_turn,
+                    an_interrupt_behind_a_full_batch_of_work_and_many_agents_is_one_step,
                 },
                 window::{
                     a_debounced_enqueue_joins_the_open_window_due_after_quiet_and_by_max_wait,
