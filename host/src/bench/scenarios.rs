@@ -364,15 +364,7 @@ pub(super) async fn requests_per_dispatch(
     let store = scratch.store.clone();
     let before = scratch.requests_sent().unwrap_or(0);
     fill(&store, n).await?;
-    let mut done = 0;
-    while let Some(d) = store.mailbox.claim_started("echo", "bench", 30_000).await? {
-        let token = d.token().unwrap_or_default().to_owned();
-        store
-            .mailbox
-            .complete(&d.id, &token, RunResult::success("ok"))
-            .await?;
-        done += 1;
-    }
+    let done = run_all(&store).await?;
     let store_ops =
         scratch.requests_sent().unwrap_or(0).saturating_sub(before) as f64 / done.max(1) as f64;
     target.drop_scratch(scratch).await;
@@ -399,15 +391,7 @@ pub(super) async fn requests_per_dispatch(
             .with_debounce(window.clone());
         store.mailbox.enqueue(new).await?;
     }
-    let mut windows = 0;
-    while let Some(d) = store.mailbox.claim_started("echo", "bench", 30_000).await? {
-        let token = d.token().unwrap_or_default().to_owned();
-        store
-            .mailbox
-            .complete(&d.id, &token, RunResult::success("ok"))
-            .await?;
-        windows += 1;
-    }
+    let windows = run_all(&store).await?;
     let debounced =
         scratch.requests_sent().unwrap_or(0).saturating_sub(before) as f64 / n.max(1) as f64;
     target.drop_scratch(scratch).await;
@@ -430,6 +414,20 @@ pub(super) async fn requests_per_dispatch(
             vec![host],
         ),
     ]))
+}
+
+/// Claims, starts and completes every `echo` dispatch of `store`, one caller; how many ran.
+async fn run_all(store: &crate::store::Store) -> anyhow::Result<u64> {
+    let mut done = 0;
+    while let Some(d) = store.mailbox.claim_started("echo", "bench", 30_000).await? {
+        let token = d.token().unwrap_or_default().to_owned();
+        store
+            .mailbox
+            .complete(&d.id, &token, RunResult::success("ok"))
+            .await?;
+        done += 1;
+    }
+    Ok(done)
 }
 
 /// Claim latency with `backlog` dispatches queued over 1,000 threads: `claims` claims, each

@@ -1321,13 +1321,7 @@ fn print_dispatch(d: &Dispatch) {
         println!("concurrency key: {}", text(key));
     }
     if let Some(w) = &d.window {
-        let state = if crate::store::rules::window::open_key(d).is_some() {
-            "open"
-        } else if w.sealed {
-            "sealed"
-        } else {
-            "closed"
-        };
+        let state = crate::store::rules::window::state(d);
         println!(
             "window:       {} ({state}, {}): {} of at most {}, quiet {} ms, max wait {} ms, first at {}, last at {}",
             text(&w.key),

@@ -24,6 +24,16 @@ pub fn open_key(d: &Dispatch) -> Option<&str> {
         .map(|w| w.key.as_str())
 }
 
+/// How `d`'s window stands, as the CLI and the dashboard name it: `open` (others may join),
+/// `sealed` (full) or `closed` (claimed).
+pub fn state(d: &Dispatch) -> &'static str {
+    match &d.window {
+        _ if open_key(d).is_some() => "open",
+        Some(w) if w.sealed => "sealed",
+        _ => "closed",
+    }
+}
+
 fn item(new: &NewDispatch, now: u64) -> Item {
     Item {
         payload: new.payload.clone(),

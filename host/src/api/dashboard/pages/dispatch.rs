@@ -476,12 +476,10 @@ const WINDOW_ITEMS_SHOWN: usize = 50;
 /// A dispatch's debounce window: its key, whether others may still join, when it is due, and
 /// the first items of a `collect` window (each cut as a payload is).
 fn window_section(r: &Dispatch, w: &crate::store::model::Window, now: u64) -> Markup {
-    let state = if crate::store::rules::window::open_key(r).is_some() {
-        "open: enqueues with its key join it"
-    } else if w.sealed {
-        "sealed: full"
-    } else {
-        "closed: it was claimed"
+    let state = match crate::store::rules::window::state(r) {
+        "open" => "open: enqueues with its key join it",
+        "sealed" => "sealed: full",
+        _ => "closed: it was claimed",
     };
     html! {
         h2 { "Debounce window" }
