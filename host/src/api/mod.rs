@@ -25,6 +25,7 @@
 //! | `POST /v1/agents/{agent}/resume` | operator | lift a pause |
 //! | `POST /v1/agents/{agent}/reload` | operator | reload the config and the agent's component |
 //! | `GET /v1/openapi.json` | reader | the description of all of the above |
+//! | `GET /openai/v1/models`, `POST /openai/v1/chat/completions` | reader, producer | agents as models, for OpenAI clients (see `openai`) |
 //! | `GET /metrics` | reader | Prometheus metrics (no token with `[api] public_metrics`) |
 //! | `GET /livez`, `/readyz` | none | health, for probes |
 //!
@@ -45,6 +46,8 @@
 //! - `dispatches`, `journal`, `threads`, `waitpoints`, `agents`, `health`: the handlers (what they do with work, the
 //!   CLI and guests do too, through [`crate::work`]);
 //! - `view`: the JSON shape of a dispatch (no claim token);
+//! - `openai`: the OpenAI-compatible endpoint, outside `/v1` and the OpenAPI description (its
+//!   shape is OpenAI's), behind the same tokens and layers;
 //! - `dashboard`: the operators' web pages at `/` (unless `[api] dashboard = false`), behind
 //!   the same layers, with sessions opened by a token of the same list.
 
@@ -56,6 +59,7 @@ mod error;
 mod health;
 mod journal;
 mod limits;
+mod openai;
 mod schedules;
 pub(crate) mod stream;
 mod threads;
@@ -352,7 +356,7 @@ fn router(state: Arc<ApiState>) -> Router {
         role,
         own_auth,
         handler,
-    } in routes()
+    } in routes().into_iter().chain(openai::routes())
     {
         tracing::debug!(%method, path, %role, own_auth, "API route");
         let handler = if own_auth {
@@ -416,7 +420,9 @@ async fn guard(State(state): State<Arc<ApiState>>, request: Request, next: Next)
         .map_or_else(|| "unmatched".to_owned(), |p| p.as_str().to_owned());
     let method = method_label(request.method());
     let api = &state.config().api;
-    let limit = if route.ends_with("/stream") {
+    let limit = if route.ends_with("/stream") || route == openai::CHAT {
+        // Streams end themselves; a chat turn bounds itself by `request_timeout + max_wait`
+        // until its answer (or its stream) starts.
         None
     } else if route == "/v1/dispatches/{id}" {
         Some(api.request_timeout + api.max_wait)
@@ -789,7 +795,7 @@ mod tests {
             .unwrap();
         let base = format!("http://{}", server.addr());
         let client = reqwest::Client::new();
-        for route in routes() {
+        for route in routes().into_iter().chain(openai::routes()) {
             let path = route
                 .path
                 .replace("{id}", "x")

@@ -1,6 +1,8 @@
 //! The HTTP API under load: enqueue throughput through `POST /v1/dispatches` from concurrent
-//! keep-alive connections, and enqueue-to-result latency (`POST`, then `GET ?wait=` until the
-//! echo guest's output is there) with a host running. The API server, the host and the clients
+//! keep-alive connections, enqueue-to-result latency (`POST`, then `GET ?wait=` until the
+//! echo guest's output is there) with a host running, and beside it the latency of one turn
+//! through the OpenAI-compatible endpoint (`POST /openai/v1/chat/completions` on a new thread:
+//! a message, the turn it starts, its output as the answer). The API server, the host and the clients
 //! run in this process over loopback, like a web application beside its host; the client is a
 //! minimal HTTP/1.1 one (keep-alive, `Content-Length` bodies), so what is measured is the
 //! server.
@@ -28,7 +30,7 @@ const CONNECTIONS: usize = 16;
 fn api_config(dir: &Path, echo: &Path, workers: u32) -> anyhow::Result<Config> {
     std::fs::write(dir.join("api.token"), TOKEN)?;
     let text = format!(
-        "[host]\nsweep_interval = \"1s\"\n[api]\nlisten = \"127.0.0.1:0\"\ntokens = [{{ name = \"bench\", role = \"operator\", secret = {{ file = \"api.token\" }} }}]\n[plugins.echo]\npath = {:?}\nconcurrency = {workers}\n",
+        "[host]\nsweep_interval = \"1s\"\n[api]\nlisten = \"127.0.0.1:0\"\ntokens = [{{ name = \"bench\", role = \"operator\", secret = {{ file = \"api.token\" }} }}]\n[plugins.echo]\npath = {:?}\nconcurrency = {workers}\n[plugins.echo.openai]\nexpose = true\n",
         echo.display().to_string()
     );
     Ok(Config::parse(&text, "homing bench", dir)?)
@@ -103,6 +105,8 @@ pub(super) async fn api(target: &Target, echo: &Path, size: Size) -> anyhow::Res
     let mut rates = Vec::new();
     let mut p50s = Vec::new();
     let mut p99s = Vec::new();
+    let mut chat_p50s = Vec::new();
+    let mut chat_p99s = Vec::new();
     for _ in 0..size.repeats {
         // Throughput: the API and the store alone.
         let scratch = target.scratch().await?;
@@ -158,6 +162,7 @@ pub(super) async fn api(target: &Target, echo: &Path, size: Size) -> anyhow::Res
         let host = tokio::spawn(supervisor.run(true));
         let mut conn = Conn::open(server.addr()).await?;
         let mut samples = Vec::new();
+        let mut chats = Vec::new();
         let rounds = (size.claims).max(50);
         for i in 0..rounds + 10 {
             let body = format!("{{\"agent\":\"echo\",\"thread\":\"l{i}\",\"payload\":\"ping\"}}");
@@ -178,22 +183,35 @@ pub(super) async fn api(target: &Target, echo: &Path, size: Size) -> anyhow::Res
                     break;
                 }
             }
+            let waited = started.elapsed();
+            // The same work as a chat turn, on a thread of its own.
+            let started = Instant::now();
+            let body = r#"{"model":"echo","messages":[{"role":"user","content":"ping"}]}"#;
+            let (status, reply) = conn
+                .call("POST", "/openai/v1/chat/completions", Some(body))
+                .await?;
+            if status != 200 {
+                bail!("chat completion answered {status}: {reply}");
+            }
             // The first rounds warm the instance pool and the connection.
             if i >= 10 {
-                samples.push(started.elapsed().as_secs_f64() * 1e6);
+                samples.push(waited.as_secs_f64() * 1e6);
+                chats.push(started.elapsed().as_secs_f64() * 1e6);
             }
         }
         scratch.store.mailbox.cancel(&keep.id).await?;
         host.await??;
         server.stop(Duration::from_secs(5)).await;
         target.drop_scratch(scratch).await;
-        samples.sort_by(f64::total_cmp);
-        let at = |q: f64| {
+        let at = |samples: &mut Vec<f64>, q: f64| {
+            samples.sort_by(f64::total_cmp);
             let index = (samples.len().saturating_sub(1) as f64 * q).round() as usize;
             samples.get(index).copied().unwrap_or(0.0)
         };
-        p50s.push(at(0.5));
-        p99s.push(at(0.99));
+        p50s.push(at(&mut samples, 0.5));
+        p99s.push(at(&mut samples, 0.99));
+        chat_p50s.push(at(&mut chats, 0.5));
+        chat_p99s.push(at(&mut chats, 0.99));
     }
     Ok(vec![
         figure(
@@ -210,6 +228,16 @@ pub(super) async fn api(target: &Target, echo: &Path, size: Size) -> anyhow::Res
             format!("api enqueue-to-result p99, echo ({name})"),
             "µs",
             p99s,
+        ),
+        figure(
+            format!("api chat completion p50, echo, a new thread each ({name})"),
+            "µs",
+            chat_p50s,
+        ),
+        figure(
+            format!("api chat completion p99, echo, a new thread each ({name})"),
+            "µs",
+            chat_p99s,
         ),
     ])
 }

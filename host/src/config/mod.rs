@@ -327,6 +327,20 @@ pub struct PluginConfig {
     /// The debounce of an enqueue to this agent that asks for none (`[plugins.x.debounce]`).
     #[serde(default)]
     pub debounce: Option<PluginDebounce>,
+    /// Whether the agent is served as a model on the OpenAI-compatible endpoint
+    /// (`[plugins.x.openai]`).
+    #[serde(default)]
+    pub openai: PluginOpenAi,
+}
+
+/// `[plugins.x.openai]`: the agent as a model of the OpenAI-compatible endpoint
+/// (`/openai/v1/chat/completions`, under `[api]`'s tokens). Not served unless `expose` is set.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, Default)]
+#[serde(deny_unknown_fields)]
+pub struct PluginOpenAi {
+    /// Listed at `/openai/v1/models` and answering as the model named as the agent.
+    #[serde(default)]
+    pub expose: bool,
 }
 
 /// `[plugins.x.inbox]`: what a message addressed to the agent does when its thread is busy,

@@ -106,11 +106,27 @@ impl Api {
         config: impl FnOnce(u16) -> String,
         prepare: impl FnOnce(&std::path::Path),
     ) -> Api {
+        Api::start_full(config, prepare, &[]).await
+    }
+
+    /// [`Api::start_with`] with these variables in the host's environment.
+    pub(crate) async fn start_with_env(
+        config: impl FnOnce(u16) -> String,
+        vars: &[(&str, &str)],
+    ) -> Api {
+        Api::start_full(config, |_| {}, vars).await
+    }
+
+    async fn start_full(
+        config: impl FnOnce(u16) -> String,
+        prepare: impl FnOnce(&std::path::Path),
+        vars: &[(&str, &str)],
+    ) -> Api {
         let port = free_port();
         let env = Env::new(&config(port));
         prepare(env.path());
         std::fs::write(env.path().join("operator.token"), format!("{OPERATOR}\n")).unwrap();
-        let host = spawn(&env);
+        let host = spawn(&env, vars);
         let api = Api {
             env,
             _host: host,
@@ -242,9 +258,10 @@ impl Api {
     }
 }
 
-fn spawn(env: &Env) -> Host {
+fn spawn(env: &Env, vars: &[(&str, &str)]) -> Host {
     let log = std::fs::File::create(env.path().join("host.log")).unwrap();
     env.command(&["run"])
+        .envs(vars.iter().copied())
         .env("HOMING_TEST_READER", READER)
         .env("HOMING_TEST_PRODUCER", PRODUCER)
         .stdin(Stdio::null())

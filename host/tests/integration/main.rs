@@ -20,6 +20,8 @@
 //!   streams, token guessing);
 //! - `openapi_client`: a Python client generated from the served OpenAPI description
 //!   (`openapi-python-client`) enqueuing, waiting and completing waitpoints through the API;
+//! - `openai_endpoint`: the OpenAI-compatible endpoint as the official `openai` Python SDK uses
+//!   it, plain and streamed, two turns of one conversation on one thread, on both backends;
 //! - `dashboard`: the web dashboard of a real `homing run`, in a headless Chromium ([`browser`]);
 //! - `e2e`, `polyglot`: the `homing` binary with real components;
 //! - `inbox`: a thread's inbox end to end: messages that wake, steer and outlive a run;
@@ -98,6 +100,7 @@ mod nats_conformance;
 mod nats_hosts;
 mod nats_view;
 mod new_and_build;
+mod openai_endpoint;
 mod openapi_client;
 mod outbound_guests;
 mod outbound_http;
