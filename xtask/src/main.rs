@@ -20,7 +20,7 @@
 //! - `cargo xtask openapi-generator`: installs the pinned `openapi-python-client` into
 //!   `.tools/python` when missing and prints its path (the OpenAPI client test calls it).
 //! - `cargo xtask python-clients`: installs the pinned official clients the protocol tests drive
-//!   Homing with (the `openai` Python SDK) into `.tools/python` when missing and prints the
+//!   Homing with (the `openai` and `mcp` Python SDKs) into `.tools/python` when missing and prints the
 //!   venv's `python`.
 //! - `cargo xtask house`: checks that the host's layers use only the layers below them.
 //! - `cargo xtask features`: checks that the host's normal build and its test build resolve
@@ -193,8 +193,8 @@ fn ensure_openapi_python_client() -> Result<PathBuf> {
 }
 
 /// The official clients the protocol tests drive the host with, pinned: the `openai` Python SDK
-/// (against the OpenAI-compatible endpoint).
-const PYTHON_CLIENTS: [(&str, &str); 1] = [("openai", "3.63.0")];
+/// (against the OpenAI-compatible endpoint) and the MCP Python SDK (against `/mcp`).
+const PYTHON_CLIENTS: [(&str, &str); 2] = [("openai", "3.63.0"), ("mcp", "2.3.0")];
 
 /// The venv's `python` (`.tools/python`) with [`PYTHON_CLIENTS`] installed, installing the
 /// pinned releases from PyPI when one is missing or another version.

@@ -131,6 +131,9 @@ impl ToolCall {
     }
 }
 
+/// The answer the waitpoint takes, as a JSON Schema: `approved`, and a `reason` for a refusal.
+const APPROVAL_SCHEMA: &str = r#"{"type":"object","properties":{"approved":{"type":"boolean","description":"run the tool"},"reason":{"type":"string","description":"why not, when refused"}},"required":["approved"]}"#;
+
 /// The model endpoint and credentials, from the plugin's variables.
 struct Model {
     url: String,
@@ -361,8 +364,13 @@ impl Handler for Approval {
 
         let timeout = timeout(claim)?;
         // What the person sees: the call, and the request (its first KiB: a waitpoint's
-        // metadata is capped at 16 KiB).
+        // metadata is capped at 16 KiB). `message` and `schema` are what an MCP client is asked
+        // when it called this agent as a tool (the host's `/mcp` turns a pending waitpoint into
+        // a form with this message and schema).
+        let message = format!("Approve running {}?", call.shown());
         let metadata = [
+            ("message", prefix(&message, 1024)),
+            ("schema", APPROVAL_SCHEMA),
             ("tool", call.tool.as_str()),
             ("arguments", call.arguments.as_str()),
             ("call_id", call.id.as_str()),

@@ -40,6 +40,8 @@ pub(super) struct Tokens(Vec<Token>);
 pub(crate) struct Caller {
     /// The token's name.
     pub name: String,
+    /// The token's role.
+    pub role: Role,
 }
 
 fn digest(bytes: &[u8]) -> [u8; 32] {
@@ -209,6 +211,7 @@ pub(super) async fn require(
     };
     request.extensions_mut().insert(Caller {
         name: token.name.clone(),
+        role: token.role,
     });
     next.run(request).await
 }

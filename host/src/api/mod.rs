@@ -26,6 +26,7 @@
 //! | `POST /v1/agents/{agent}/reload` | operator | reload the config and the agent's component |
 //! | `GET /v1/openapi.json` | reader | the description of all of the above |
 //! | `GET /openai/v1/models`, `POST /openai/v1/chat/completions` | reader, producer | agents as models, for OpenAI clients (see `openai`) |
+//! | `POST /mcp` | producer | agents as MCP tools (see `mcp`) |
 //! | `GET /metrics` | reader | Prometheus metrics (no token with `[api] public_metrics`) |
 //! | `GET /livez`, `/readyz` | none | health, for probes |
 //!
@@ -59,6 +60,7 @@ mod error;
 mod health;
 mod journal;
 mod limits;
+mod mcp;
 mod openai;
 mod schedules;
 pub(crate) mod stream;
@@ -356,7 +358,10 @@ fn router(state: Arc<ApiState>) -> Router {
         role,
         own_auth,
         handler,
-    } in routes().into_iter().chain(openai::routes())
+    } in routes()
+        .into_iter()
+        .chain(openai::routes())
+        .chain(mcp::routes())
     {
         tracing::debug!(%method, path, %role, own_auth, "API route");
         let handler = if own_auth {
@@ -424,7 +429,7 @@ async fn guard(State(state): State<Arc<ApiState>>, request: Request, next: Next)
         // Streams end themselves; a chat turn bounds itself by `request_timeout + max_wait`
         // until its answer (or its stream) starts.
         None
-    } else if route == "/v1/dispatches/{id}" {
+    } else if route == "/v1/dispatches/{id}" || route == "/mcp" {
         Some(api.request_timeout + api.max_wait)
     } else {
         Some(api.request_timeout)
@@ -795,7 +800,11 @@ mod tests {
             .unwrap();
         let base = format!("http://{}", server.addr());
         let client = reqwest::Client::new();
-        for route in routes().into_iter().chain(openai::routes()) {
+        for route in routes()
+            .into_iter()
+            .chain(openai::routes())
+            .chain(mcp::routes())
+        {
             let path = route
                 .path
                 .replace("{id}", "x")

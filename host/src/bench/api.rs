@@ -2,7 +2,8 @@
 //! keep-alive connections, enqueue-to-result latency (`POST`, then `GET ?wait=` until the
 //! echo guest's output is there) with a host running, and beside it the latency of one turn
 //! through the OpenAI-compatible endpoint (`POST /openai/v1/chat/completions` on a new thread:
-//! a message, the turn it starts, its output as the answer). The API server, the host and the clients
+//! a message, the turn it starts, its output as the answer) and of one MCP `tools/call`
+//! (`POST /mcp`: a dispatch enqueued and waited for in the one request). The API server, the host and the clients
 //! run in this process over loopback, like a web application beside its host; the client is a
 //! minimal HTTP/1.1 one (keep-alive, `Content-Length` bodies), so what is measured is the
 //! server.
@@ -30,7 +31,7 @@ const CONNECTIONS: usize = 16;
 fn api_config(dir: &Path, echo: &Path, workers: u32) -> anyhow::Result<Config> {
     std::fs::write(dir.join("api.token"), TOKEN)?;
     let text = format!(
-        "[host]\nsweep_interval = \"1s\"\n[api]\nlisten = \"127.0.0.1:0\"\ntokens = [{{ name = \"bench\", role = \"operator\", secret = {{ file = \"api.token\" }} }}]\n[plugins.echo]\npath = {:?}\nconcurrency = {workers}\n[plugins.echo.openai]\nexpose = true\n",
+        "[host]\nsweep_interval = \"1s\"\n[api]\nlisten = \"127.0.0.1:0\"\ntokens = [{{ name = \"bench\", role = \"operator\", secret = {{ file = \"api.token\" }} }}]\n[plugins.echo]\npath = {:?}\nconcurrency = {workers}\n[plugins.echo.openai]\nexpose = true\n[plugins.echo.mcp_server]\nexpose = true\n",
         echo.display().to_string()
     );
     Ok(Config::parse(&text, "homing bench", dir)?)
@@ -107,6 +108,8 @@ pub(super) async fn api(target: &Target, echo: &Path, size: Size) -> anyhow::Res
     let mut p99s = Vec::new();
     let mut chat_p50s = Vec::new();
     let mut chat_p99s = Vec::new();
+    let mut mcp_p50s = Vec::new();
+    let mut mcp_p99s = Vec::new();
     for _ in 0..size.repeats {
         // Throughput: the API and the store alone.
         let scratch = target.scratch().await?;
@@ -163,6 +166,7 @@ pub(super) async fn api(target: &Target, echo: &Path, size: Size) -> anyhow::Res
         let mut conn = Conn::open(server.addr()).await?;
         let mut samples = Vec::new();
         let mut chats = Vec::new();
+        let mut tool_calls = Vec::new();
         let rounds = (size.claims).max(50);
         for i in 0..rounds + 10 {
             let body = format!("{{\"agent\":\"echo\",\"thread\":\"l{i}\",\"payload\":\"ping\"}}");
@@ -193,10 +197,21 @@ pub(super) async fn api(target: &Target, echo: &Path, size: Size) -> anyhow::Res
             if status != 200 {
                 bail!("chat completion answered {status}: {reply}");
             }
+            let chatted = started.elapsed();
+            // And as an MCP tool call.
+            let started = Instant::now();
+            let body = format!(
+                r#"{{"jsonrpc":"2.0","id":{i},"method":"tools/call","params":{{"name":"echo","arguments":{{"text":"ping"}}}}}}"#
+            );
+            let (status, reply) = conn.call("POST", "/mcp", Some(&body)).await?;
+            if status != 200 || !reply.contains("\"isError\":false") {
+                bail!("tools/call answered {status}: {reply}");
+            }
             // The first rounds warm the instance pool and the connection.
             if i >= 10 {
                 samples.push(waited.as_secs_f64() * 1e6);
-                chats.push(started.elapsed().as_secs_f64() * 1e6);
+                chats.push(chatted.as_secs_f64() * 1e6);
+                tool_calls.push(started.elapsed().as_secs_f64() * 1e6);
             }
         }
         scratch.store.mailbox.cancel(&keep.id).await?;
@@ -212,6 +227,8 @@ pub(super) async fn api(target: &Target, echo: &Path, size: Size) -> anyhow::Res
         p99s.push(at(&mut samples, 0.99));
         chat_p50s.push(at(&mut chats, 0.5));
         chat_p99s.push(at(&mut chats, 0.99));
+        mcp_p50s.push(at(&mut tool_calls, 0.5));
+        mcp_p99s.push(at(&mut tool_calls, 0.99));
     }
     Ok(vec![
         figure(
@@ -238,6 +255,16 @@ pub(super) async fn api(target: &Target, echo: &Path, size: Size) -> anyhow::Res
             format!("api chat completion p99, echo, a new thread each ({name})"),
             "µs",
             chat_p99s,
+        ),
+        figure(
+            format!("api MCP tools/call p50, echo, a new thread each ({name})"),
+            "µs",
+            mcp_p50s,
+        ),
+        figure(
+            format!("api MCP tools/call p99, echo, a new thread each ({name})"),
+            "µs",
+            mcp_p99s,
         ),
     ])
 }

@@ -62,6 +62,45 @@ pub struct ApiConfig {
     /// The base URL people and webhooks reach this API at (`https://homing.example.com`):
     /// waitpoint callback URLs start with it. No callback URLs when absent.
     pub public_url: Option<String>,
+    /// The MCP endpoint, `POST /mcp` (`[api.mcp]`).
+    pub mcp: McpServerConfig,
+}
+
+/// `[api.mcp]`: how `POST /mcp` serves the agents marked `[plugins.x.mcp_server] expose`.
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct McpServerConfig {
+    /// `"per-agent"` (a tool per exposed agent) or `"dispatcher"` (`list_agents` and
+    /// `invoke_agent` for all of them).
+    pub tools: McpTools,
+    /// How long a `tools/call` waits for its run before it answers with the dispatch to ask
+    /// about later (`homing_result`); at most `[api] max_wait`.
+    #[serde(deserialize_with = "duration")]
+    pub call_wait: Duration,
+    /// Browser origins allowed to call `/mcp` (`https://app.example.com`); a request carrying
+    /// any other `Origin` is refused (403), so a web page cannot drive a local host (DNS
+    /// rebinding). Requests without an `Origin` (non-browser clients) are not affected.
+    pub allowed_origins: Vec<String>,
+}
+
+impl Default for McpServerConfig {
+    fn default() -> Self {
+        McpServerConfig {
+            tools: McpTools::PerAgent,
+            call_wait: Duration::from_secs(20),
+            allowed_origins: Vec::new(),
+        }
+    }
+}
+
+/// `[api.mcp] tools`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum McpTools {
+    /// One tool per exposed agent, named as the agent.
+    PerAgent,
+    /// Two tools for all of them: `list_agents` and `invoke_agent`.
+    Dispatcher,
 }
 
 impl Default for ApiConfig {
@@ -81,6 +120,7 @@ impl Default for ApiConfig {
             dashboard: true,
             public_metrics: false,
             public_url: None,
+            mcp: McpServerConfig::default(),
         }
     }
 }

@@ -331,6 +331,27 @@ pub struct PluginConfig {
     /// (`[plugins.x.openai]`).
     #[serde(default)]
     pub openai: PluginOpenAi,
+    /// Whether the agent is served as a tool at `POST /mcp` (`[plugins.x.mcp_server]`).
+    #[serde(default)]
+    pub mcp_server: PluginMcpServer,
+}
+
+/// `[plugins.x.mcp_server]`: the agent as a tool of the MCP endpoint (`POST /mcp`, under
+/// `[api]`'s tokens). Not served unless `expose` is set. A call's arguments, as JSON, are the
+/// dispatch's payload.
+#[derive(Debug, Clone, PartialEq, Deserialize, Default)]
+#[serde(deny_unknown_fields)]
+pub struct PluginMcpServer {
+    /// Listed by `tools/list` and callable.
+    #[serde(default)]
+    pub expose: bool,
+    /// What the tool does, for the model that picks tools (default: a line naming the agent).
+    #[serde(default)]
+    pub description: Option<String>,
+    /// The JSON Schema of the tool's arguments (an object schema, as a TOML table; default:
+    /// any object).
+    #[serde(default)]
+    pub input_schema: Option<toml::Value>,
 }
 
 /// `[plugins.x.openai]`: the agent as a model of the OpenAI-compatible endpoint
@@ -747,6 +768,21 @@ impl Config {
         if self.host.max_message == Some(0) {
             return Err("[host] max_message: must be at least 1 byte".into());
         }
+        if self.api.mcp.call_wait.is_zero() {
+            return Err("[api.mcp] call_wait: must be more than 0".into());
+        }
+        for origin in &self.api.mcp.allowed_origins {
+            let shaped = origin
+                .strip_prefix("https://")
+                .or_else(|| origin.strip_prefix("http://"))
+                .is_some_and(|rest| !rest.is_empty() && !rest.contains(['/', '?', '#', ' ']));
+            if !shaped {
+                return Err(format!(
+                    "[api.mcp] allowed_origins: `{}` is not an origin (scheme://host[:port], no path)",
+                    origin.escape_debug()
+                ));
+            }
+        }
         if self.host.keep_versions == 0 {
             return Err(
                 "[host] keep_versions: must be at least 1 (the version being served)".into(),
@@ -768,6 +804,24 @@ impl Config {
             }
             if plugin.concurrency == 0 {
                 return Err(format!("{}: must be at least 1", key("concurrency")));
+            }
+            if let Some(schema) = &plugin.mcp_server.input_schema {
+                let object = schema
+                    .as_table()
+                    .and_then(|t| t.get("type"))
+                    .and_then(toml::Value::as_str)
+                    == Some("object");
+                if !object {
+                    return Err(format!(
+                        "[plugins.{name}.mcp_server] input_schema: must be a JSON Schema of an \
+                         object (a table with type = \"object\"): a tool's arguments are an object"
+                    ));
+                }
+            }
+            if plugin.mcp_server.expose && name.len() > 128 {
+                return Err(format!(
+                    "[plugins.{name}.mcp_server] expose: an MCP tool name is at most 128 characters"
+                ));
             }
             if let Some(d) = &plugin.debounce {
                 let ms = |d: Duration| u64::try_from(d.as_millis()).unwrap_or(u64::MAX);

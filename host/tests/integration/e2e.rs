@@ -607,10 +607,10 @@ fn bench_quick_reports_every_scenario_as_json() {
     let names = scenario_names(&figures);
     // Instance start and start + call, pooling on and off; store ops; four end-to-end runs,
     // each with its host overhead; p50 and p99 at two backlogs; API enqueue throughput and
-    // enqueue-to-result p50 and p99, a chat completion's p50 and p99; a message's send to
+    // enqueue-to-result p50 and p99, a chat completion's and an MCP tool call's p50 and p99; a message's send to
     // delivery p50 and p99; the end-to-end run in pairs, plain and with flow control set but
     // not binding, and the pairs' gap.
-    assert_eq!(figures.len(), 27, "{names:?}");
+    assert_eq!(figures.len(), 29, "{names:?}");
     for f in &figures {
         let (median, min, max) = (
             f["median"].as_f64().unwrap(),
@@ -703,10 +703,10 @@ fn bench_quick_on_nats_starts_its_own_server_and_counts_requests() {
     let names = scenario_names(&figures);
     // Store ops, requests per dispatch twice and per debounced item, four end-to-end runs each with its host
     // overhead, p50 and p99 at two backlogs, API enqueue throughput and enqueue-to-result p50
-    // and p99, a chat completion's p50 and p99, a message's send to delivery (across two store
+    // and p99, a chat completion's and an MCP tool call's p50 and p99, a message's send to delivery (across two store
     // instances) p50 and p99, the end-to-end run in pairs, plain and with flow control set but
     // not binding, and their gap.
-    assert_eq!(figures.len(), 26, "{names:?}");
+    assert_eq!(figures.len(), 28, "{names:?}");
     for f in &figures {
         // The gap is a signed percentage; everything else is a positive measure.
         let floor = if f["unit"] == "%" { -100.0 } else { 0.0 };

@@ -20,6 +20,9 @@
 //!   streams, token guessing);
 //! - `openapi_client`: a Python client generated from the served OpenAPI description
 //!   (`openapi-python-client`) enqueuing, waiting and completing waitpoints through the API;
+//! - `mcp_endpoint`: agents as MCP tools, driven by the official MCP Python SDK in both protocol
+//!   eras (2025-11-25 and 2026-07-28), a waitpoint answered through `homing_respond` and through
+//!   `input_required`, and each refusal over raw HTTP, on both backends;
 //! - `openai_endpoint`: the OpenAI-compatible endpoint as the official `openai` Python SDK uses
 //!   it, plain and streamed, two turns of one conversation on one thread, on both backends;
 //! - `dashboard`: the web dashboard of a real `homing run`, in a headless Chromium ([`browser`]);
@@ -95,6 +98,7 @@ mod journal_guests;
 mod journal_runs;
 mod journal_view;
 mod live_reload;
+mod mcp_endpoint;
 mod nats_clocks;
 mod nats_conformance;
 mod nats_hosts;

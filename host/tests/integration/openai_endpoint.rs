@@ -44,6 +44,30 @@ pub(crate) fn python() -> &'static PathBuf {
     })
 }
 
+/// Runs `script` with the venv's `python` and `vars` in its environment; returns what it
+/// printed, parsed as JSON, failing with its output and the host's log when it fails.
+pub(crate) async fn run_python(api: &Api, script: &str, vars: &[(&str, &str)]) -> Value {
+    let mut command = Command::new(tokio::task::spawn_blocking(python).await.unwrap());
+    command
+        .arg("-c")
+        .arg(script)
+        .env("BASE", &api.base)
+        .envs(vars.iter().copied());
+    let ran = tokio::task::spawn_blocking(move || command.output())
+        .await
+        .unwrap()
+        .unwrap();
+    let printed = String::from_utf8_lossy(&ran.stdout).into_owned();
+    assert!(
+        ran.status.success(),
+        "the SDK script failed:\n{printed}\n{}\nhost log:\n{}",
+        String::from_utf8_lossy(&ran.stderr),
+        api.log()
+    );
+    serde_json::from_str(printed.trim())
+        .unwrap_or_else(|e| panic!("the script printed no JSON ({e}): {printed}"))
+}
+
 const KEY: &str = "stand-in-key-for-the-openai-test-5e21";
 
 fn config(store: &str, port: u16) -> String {
@@ -164,7 +188,6 @@ print(json.dumps(out))
 
 async fn conversation(store: &str) {
     let model = StandIn::start(KEY);
-    let python = tokio::task::spawn_blocking(python).await.unwrap();
     let store = store.to_owned();
     let url = model.url.clone();
     let api = Api::start_with_env(
@@ -175,25 +198,7 @@ async fn conversation(store: &str) {
         ],
     )
     .await;
-    let mut script = Command::new(python);
-    script
-        .arg("-c")
-        .arg(SCRIPT)
-        .env("BASE", &api.base)
-        .env("PRODUCER", PRODUCER)
-        .env("READER", READER);
-    let ran = tokio::task::spawn_blocking(move || script.output())
-        .await
-        .unwrap()
-        .unwrap();
-    let printed = String::from_utf8_lossy(&ran.stdout).into_owned();
-    assert!(
-        ran.status.success(),
-        "the SDK script failed:\n{printed}\n{}\nhost log:\n{}",
-        String::from_utf8_lossy(&ran.stderr),
-        api.log()
-    );
-    let seen: Value = serde_json::from_str(printed.trim()).unwrap();
+    let seen = run_python(&api, SCRIPT, &[("PRODUCER", PRODUCER), ("READER", READER)]).await;
 
     assert_eq!(seen["models"], serde_json::json!(["assistant", "broken"]));
     let first = &seen["first"];
@@ -287,7 +292,7 @@ async fn conversation(store: &str) {
         .collect();
     assert_eq!(sent_by, ["openai:producer", "openai:producer"], "{sent}");
 
-    let everything = format!("{printed}\n{log}\n{shown}\n{}", api.log());
+    let everything = format!("{seen}\n{log}\n{shown}\n{}", api.log());
     assert!(!everything.contains(KEY), "the stand-in's key leaked");
     let _ = OPERATOR;
 }
@@ -300,9 +305,6 @@ async fn the_openai_sdk_talks_to_an_agent_on_the_embedded_store() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_openai_sdk_talks_to_an_agent_on_nats() {
     let server = NatsServer::start();
-    let store = format!(
-        "[store]\nbackend = \"nats\"\nurl = \"{}\"\nprefix = \"oai\"\nrequest_timeout = \"1s\"\nconnect_timeout = \"10s\"\n",
-        server.url()
-    );
+    let store = server.store_section("oai");
     conversation(&store).await;
 }

@@ -393,10 +393,7 @@ async fn schedules_through_the_toml_the_api_and_the_cli_on_the_embedded_store() 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn schedules_through_the_toml_the_api_and_the_cli_on_nats() {
     let server = NatsServer::start();
-    let store = format!(
-        "[store]\nbackend = \"nats\"\nurl = \"{}\"\nprefix = \"sched\"\nrequest_timeout = \"2s\"\nconnect_timeout = \"10s\"\n",
-        server.url()
-    );
+    let store = server.store_section("sched");
     surface(&store).await;
 }
 

@@ -89,6 +89,14 @@ impl NatsServer {
         self.0.url()
     }
 
+    /// A host's `[store]` section on this server, under `prefix`.
+    pub fn store_section(&self, prefix: &str) -> String {
+        format!(
+            "[store]\nbackend = \"nats\"\nurl = \"{}\"\nprefix = \"{prefix}\"\nrequest_timeout = \"2s\"\nconnect_timeout = \"10s\"\n",
+            self.url()
+        )
+    }
+
     /// The client port.
     pub fn port(&self) -> u16 {
         self.0.port()
