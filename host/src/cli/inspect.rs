@@ -84,7 +84,24 @@ pub(super) async fn check(file: &Path, json: bool) -> anyhow::Result<()> {
         .telemetry
         .traces_url()
         .map_err(anyhow::Error::msg)?
-        .map(|(url, origin)| format!("{url} (from {origin})"));
+        .map(|(url, origin)| {
+            // The headers by name and source only; reading them checks they are there.
+            let names: Vec<String> = config
+                .telemetry
+                .headers
+                .iter()
+                .map(|(name, spec)| format!("{name} from {}", spec.origin()))
+                .collect();
+            if names.is_empty() {
+                format!("{url} (from {origin})")
+            } else {
+                format!("{url} (from {origin}; headers: {})", names.join(", "))
+            }
+        });
+    config
+        .telemetry
+        .read_headers(&config.base_dir)
+        .map_err(anyhow::Error::msg)?;
     let store = match &config.store {
         StoreConfig::Embedded(settings) => {
             format!("embedded ({})", config.embedded_path(settings).display())

@@ -3,9 +3,16 @@
 //! Traces go out over OTLP/HTTP with protobuf bodies (the collector's port 4318). The endpoint
 //! comes from `otlp_endpoint`, else from the standard `OTEL_EXPORTER_OTLP_TRACES_ENDPOINT`
 //! (used as is) or `OTEL_EXPORTER_OTLP_ENDPOINT` (with `/v1/traces` appended); with none of
-//! them set, no span is exported and none costs anything.
+//! them set, no span is exported and none costs anything. A hosted back end's key goes in
+//! `headers` (a value from the environment or a file, secret), or in the standard
+//! `OTEL_EXPORTER_OTLP_HEADERS` / `OTEL_EXPORTER_OTLP_TRACES_HEADERS` (`k=v,k2=v2`), which the
+//! exporter reads itself; `headers` wins for a name both set.
+
+use std::collections::BTreeMap;
 
 use serde::Deserialize;
+
+use super::vars::ValueSpec;
 
 /// `[telemetry]`.
 #[derive(Debug, Clone, Deserialize)]
@@ -18,6 +25,9 @@ pub struct TelemetryConfig {
     /// The share of traces started here that are sampled, 0 to 1. A dispatch enqueued with a
     /// `traceparent` follows its parent's decision instead.
     pub sample_ratio: f64,
+    /// Headers sent with every export (`{ "x-api-key" = { env = "OTLP_KEY", secret = true } }`):
+    /// a hosted back end's credentials. Never logged or shown, but by name.
+    pub headers: BTreeMap<String, ValueSpec>,
 }
 
 impl Default for TelemetryConfig {
@@ -26,6 +36,7 @@ impl Default for TelemetryConfig {
             otlp_endpoint: None,
             service_name: None,
             sample_ratio: 1.0,
+            headers: BTreeMap::new(),
         }
     }
 }
@@ -84,7 +95,47 @@ impl TelemetryConfig {
         if self.otlp_endpoint.is_some() {
             self.traces_url()?;
         }
+        for (name, spec) in &self.headers {
+            if http::HeaderName::from_bytes(name.as_bytes()).is_err() {
+                return Err(format!(
+                    "[telemetry] headers: `{}` is not a header name",
+                    name.escape_debug()
+                ));
+            }
+            spec.check()
+                .map_err(|e| format!("[telemetry] headers.{name}: {e}"))?;
+        }
         Ok(())
+    }
+
+    /// The export headers, read from where each comes from.
+    ///
+    /// # Errors
+    ///
+    /// A required value that is unset or a file that cannot be read, naming the header and
+    /// where it was looked for; a value that is no valid header value. Never the value.
+    pub fn read_headers(
+        &self,
+        base_dir: &std::path::Path,
+    ) -> Result<std::collections::HashMap<String, String>, String> {
+        let mut out = std::collections::HashMap::new();
+        for (name, spec) in &self.headers {
+            let Some(value) = spec
+                .resolve(base_dir)
+                .map_err(|e| format!("[telemetry] headers.{name}: {e}"))?
+            else {
+                continue;
+            };
+            let text = value.expose();
+            if http::HeaderValue::from_str(text).is_err() {
+                return Err(format!(
+                    "[telemetry] headers.{name}: the value (from {}) is not a valid header value",
+                    spec.origin()
+                ));
+            }
+            out.insert(name.clone(), text.to_owned());
+        }
+        Ok(out)
     }
 }
 
@@ -114,5 +165,36 @@ mod tests {
         config.otlp_endpoint = None;
         config.sample_ratio = 1.5;
         assert!(config.check().unwrap_err().contains("sample_ratio"));
+    }
+
+    #[test]
+    fn export_headers_are_read_from_their_sources_and_bad_ones_named_without_values() {
+        let dir = tempfile::tempdir().unwrap();
+        std::fs::write(dir.path().join("key.txt"), "s3cret-value\n").unwrap();
+        let parse = |text: &str| -> TelemetryConfig { toml::from_str(text).unwrap() };
+        let config = parse(
+            "[headers]\n\"x-team\" = \"homing\"\n\"x-api-key\" = { file = \"key.txt\", secret = true }\n",
+        );
+        config.check().unwrap();
+        let headers = config.read_headers(dir.path()).unwrap();
+        assert_eq!(headers["x-team"], "homing");
+        assert_eq!(headers["x-api-key"], "s3cret-value");
+        let bad = parse("[headers]\n\"bad header\" = \"x\"\n");
+        assert!(bad.check().unwrap_err().contains("`bad header`"));
+        let missing = parse(
+            "[headers]\n\"x-api-key\" = { env = \"HOMING_TEST_UNSET_OTLP_KEY\", required = true, secret = true }\n",
+        );
+        let e = missing.read_headers(dir.path()).unwrap_err();
+        assert!(
+            e.contains("headers.x-api-key") && e.contains("HOMING_TEST_UNSET_OTLP_KEY"),
+            "{e}"
+        );
+        std::fs::write(dir.path().join("bad.txt"), "line\nbreak-inside").unwrap();
+        let broken = parse("[headers]\nk = { file = \"bad.txt\", secret = true }\n");
+        let e = broken.read_headers(dir.path()).unwrap_err();
+        assert!(
+            e.contains("headers.k") && !e.contains("break-inside"),
+            "{e}"
+        );
     }
 }

@@ -74,9 +74,13 @@ where
         .collect();
     let tls = crate::tls::client_config(&ca).context("[host] tls_ca")?;
     let client = super::otlp::Client::new(tls, runtime, EXPORT_TIMEOUT);
+    let headers = settings
+        .read_headers(&config.base_dir)
+        .map_err(anyhow::Error::msg)?;
     let exporter = opentelemetry_otlp::SpanExporter::builder()
         .with_http()
         .with_http_client(client)
+        .with_headers(headers)
         .with_protocol(Protocol::HttpBinary)
         .with_endpoint(url)
         .with_timeout(EXPORT_TIMEOUT)

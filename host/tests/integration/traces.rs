@@ -52,16 +52,25 @@ fn hex(bytes: &[u8]) -> String {
 struct Received {
     spans: Vec<Got>,
     targets: Vec<String>,
+    /// Each export's `x-api-key` header, if it had one.
+    keys: Vec<Option<String>>,
 }
 
 async fn receive(
     State(received): State<Arc<Mutex<Received>>>,
     uri: axum::http::Uri,
+    headers: axum::http::HeaderMap,
     body: Bytes,
 ) -> &'static str {
     let request = ExportTraceServiceRequest::decode(body).expect("an OTLP protobuf batch");
     let mut received = received.lock().unwrap();
     received.targets.push(uri.to_string());
+    received.keys.push(
+        headers
+            .get("x-api-key")
+            .and_then(|v| v.to_str().ok())
+            .map(str::to_owned),
+    );
     let spans = &mut received.spans;
     for resource in request.resource_spans {
         for scope in resource.scope_spans {
@@ -114,6 +123,11 @@ impl Collector {
     fn targets(&self) -> Vec<String> {
         self.received.lock().unwrap().targets.clone()
     }
+
+    /// The `x-api-key` of every export.
+    fn keys(&self) -> Vec<Option<String>> {
+        self.received.lock().unwrap().keys.clone()
+    }
 }
 
 /// The `homing.dispatch` span of dispatch `id`.
@@ -147,15 +161,39 @@ fn spans_reach_the_collector_under_the_enqueued_traceparent() {
     let collector = Collector::start();
     let server = EchoServer::start();
     let config = format!(
-        "{}\n[telemetry]\notlp_endpoint = \"http://{}\"\nservice_name = \"homing-test\"\n",
+        "{}\n[telemetry]\notlp_endpoint = \"http://{}\"\nservice_name = \"homing-test\"\n\
+         [telemetry.headers]\n\"x-api-key\" = {{ env = \"HOMING_TEST_OTLP_KEY\", secret = true }}\n",
         probe_config(r#"allowed_outbound_hosts = ["http://127.0.0.1:*"]"#, ""),
         collector.served.addr
     );
     let env = Env::new(&config);
-    let checked = env.ok(&["config", "check"]);
+    // The key is required: without it the check (and a start) stops, naming the header.
+    let refused = env.fails(&["config", "check"]);
+    assert!(
+        refused.contains("[telemetry] headers.x-api-key")
+            && refused.contains("HOMING_TEST_OTLP_KEY"),
+        "{refused}"
+    );
+    const OTLP_KEY: &str = "otlp-key-for-the-trace-test-90d1";
+    let out = env
+        .command(&["config", "check"])
+        .env("HOMING_TEST_OTLP_KEY", OTLP_KEY)
+        .output()
+        .unwrap();
+    let checked = format!(
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(out.status.success(), "{checked}");
+    assert!(
+        !checked.contains(OTLP_KEY),
+        "config check showed the key: {checked}"
+    );
     assert!(
         checked.contains(&format!(
-            "traces: exported to http://{}/v1/traces (from [telemetry] otlp_endpoint)",
+            "traces: exported to http://{}/v1/traces (from [telemetry] otlp_endpoint; headers: \
+             x-api-key from environment variable HOMING_TEST_OTLP_KEY)",
             collector.served.addr
         )),
         "{checked}"
@@ -164,8 +202,18 @@ fn spans_reach_the_collector_under_the_enqueued_traceparent() {
     let meta = format!("traceparent={}", traceparent());
     let traced = env.enqueue("probe", "t1", &request, &["--meta", &meta]);
     let untraced = env.enqueue("probe", "t2", &request, &[]);
-    // The host exports what it holds before it exits.
-    run_until_idle_with(&env, &[]);
+    // The host exports what it holds before it exits, each batch with the back end's key.
+    let log = run_until_idle_with(&env, &[("HOMING_TEST_OTLP_KEY", OTLP_KEY)]);
+    let keys = collector.keys();
+    assert!(!keys.is_empty());
+    assert!(
+        keys.iter().all(|k| k.as_deref() == Some(OTLP_KEY)),
+        "{keys:?}"
+    );
+    assert!(
+        !log.contains(OTLP_KEY),
+        "the exporter's key leaked into the log"
+    );
     let spans = collector.spans();
     let dispatch = |id: &str| dispatch_span(&spans, id);
     let children = |parent: &Got, name: &str| -> Vec<Got> {
