@@ -47,6 +47,7 @@ use super::dispatches::read_body;
 use super::{ApiError, ApiState, Route};
 use crate::config::Config;
 use crate::config::api::{McpTools, Role};
+use crate::store::waitpoints::{MAX_WAITPOINTS, WaitpointFilter};
 use crate::store::{Dispatch, NewDispatch, Status, WaitpointState};
 use crate::work::{Attempts, Request};
 
@@ -58,6 +59,10 @@ const MODERN: &str = "2026-07-28";
 const META_VERSION: &str = "io.modelcontextprotocol/protocolVersion";
 const META_THREAD: &str = "io.homing/thread";
 const META_IDEMPOTENCY: &str = "io.homing/idempotency-key";
+
+/// The most of a dispatch's pending waitpoints (metadata and names) one request reads: a run's
+/// forms are small, and a reader's memory must not follow what a run stored.
+const MAX_PENDING_BYTES: usize = 256 << 10;
 
 /// The dispatch metadata naming the token that made a call.
 const CALLER_KEY: &str = "mcp.caller";
@@ -695,17 +700,22 @@ impl Call<'_> {
         self.outcome(d, self.wait()).await
     }
 
-    /// The pending waitpoints of dispatch `id`.
+    /// The pending waitpoints of dispatch `id`, without results, read within
+    /// [`MAX_PENDING_BYTES`] (the first whatever its size).
     async fn pending(&self, id: &str) -> Result<Vec<crate::store::Waitpoint>, RpcError> {
+        let filter = WaitpointFilter {
+            dispatch: Some(id.to_owned()),
+            state: Some(WaitpointState::Pending),
+            limit: MAX_WAITPOINTS as usize,
+            ..WaitpointFilter::default()
+        };
         Ok(self
             .state
             .store
             .waitpoints
-            .waitpoints_of(id)
+            .read_waitpoints(&filter, MAX_PENDING_BYTES, false)
             .await?
-            .into_iter()
-            .filter(|w| w.state == WaitpointState::Pending)
-            .collect())
+            .waitpoints)
     }
 
     /// Completes waitpoint `id` with `answer`, or cancels it without one.
