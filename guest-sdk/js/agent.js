@@ -9,7 +9,7 @@
 //       for (let claim; (claim = claimNext(1000)); ) claim.complete(`got ${claim.text}`);
 //     });
 
-import { claimNext as rawClaimNext } from 'homing:agent/queue@0.2.0';
+import { claimNext as rawClaimNext } from 'homing:agent/queue@0.2.1';
 
 import { Claim, host } from './homing-guest.js';
 

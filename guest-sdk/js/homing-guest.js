@@ -6,8 +6,9 @@
 // thread log (`append`, `appendExpected`, `readLog`, `readLogAll`, `logLatest`), reads and
 // acknowledges the thread's inbox (`nextMessage`, `messages`, `ackMessage`), waits for people
 // and webhooks (`waitFor`; under it `waitpoint`, `waitpoints`, `awaitWaitpoint`, `suspend`),
-// memoizes work across retries and resumes (`step`), streams output to watchers (`emit`) and
-// enqueues follow-ups (`enqueue`). Host
+// memoizes work across retries and resumes (`step`), streams output to watchers (`emit`), calls
+// the tools of the plugin's MCP servers through the host (`mcpTools`, `mcpCall`,
+// `mcpCallOrSuspend`) and enqueues follow-ups (`enqueue`). Host
 // refusals throw `HomingError`, whose `kind` is the WIT `error` case (`'lost-claim'`,
 // `'conflict'`, ...); stop on `error.claimIsGone()`.
 //
@@ -30,8 +31,8 @@
 // `handler`. For the `agent` world, `claimNext` is in `homing-guest/agent` (`agent.js`), apart
 // because only that world imports `homing:agent/queue`.
 
-import { enqueue as rawEnqueue } from 'homing:agent/mailbox@0.2.0';
-import { write } from 'homing:agent/log@0.2.0';
+import { enqueue as rawEnqueue } from 'homing:agent/mailbox@0.2.1';
+import { write } from 'homing:agent/log@0.2.1';
 
 /** Entries asked for per `readLog` call by `readLogAll`; the host may cap a page. */
 export const LOG_PAGE = 256;
@@ -262,6 +263,117 @@ export class Wait {
   get completion() { return this.waitpoint.completion; }
   get text() { return this.waitpoint.text; }
   json() { return this.waitpoint.json(); }
+}
+
+/** `text` parsed as JSON; throws `HomingError('invalid')` naming `what` when it is not. */
+function parseJson(text, what) {
+  try {
+    return JSON.parse(text);
+  } catch (e) {
+    throw new HomingError('invalid', `${what} is not JSON: ${e}`);
+  }
+}
+
+/** The arguments of an MCP call as JSON text: a string as is, `undefined` or `null` as `{}`,
+ * anything else serialized. */
+function argumentsJson(tool, args) {
+  if (typeof args === 'string') return args;
+  let json;
+  try {
+    json = JSON.stringify(args ?? {});
+  } catch (e) {
+    throw new HomingError('invalid', `the arguments of ${tool} are not JSON: ${e}`);
+  }
+  if (json === undefined) throw new HomingError('invalid', `the arguments of ${tool} are not JSON`);
+  return json;
+}
+
+/** A tool of an MCP server, as the plugin's `[plugins.x.mcp.NAME]` lets it see it (only the
+ * tools its `tools` allow-list names): `name`, `description` (what the server says the tool
+ * does, or `undefined`), `inputSchema` (the JSON Schema of its arguments, parsed; `schemaText`
+ * is the text as the host gave it), `needsApproval` (whether a call waits for a person first,
+ * by the plugin's rules) and the server's hints (MCP tool annotations, with MCP's defaults when
+ * absent): `readOnly` (it changes nothing), `destructive` (it may destroy data), `idempotent`
+ * (calling it twice is harmless) and `openWorld` (it reaches beyond the server). */
+export class McpTool {
+  constructor(raw) {
+    this.name = raw.name;
+    this.description = raw.description ?? undefined;
+    this.schemaText = raw.inputSchema;
+    this.inputSchema = parseJson(raw.inputSchema, `the input schema of ${raw.name}`);
+    this.needsApproval = raw.needsApproval;
+    this.readOnly = raw.readOnly;
+    this.destructive = raw.destructive;
+    this.idempotent = raw.idempotent;
+    this.openWorld = raw.openWorld;
+  }
+}
+
+/** What an MCP tool answered: `content` (its content blocks, the MCP content objects as the
+ * server sent them, parsed: an array), `structured` (its structured output, parsed, or
+ * `undefined` when it gave none) and `isError` (the tool reported an error: a result the model
+ * can read, not a failed call). `text` joins its text blocks. */
+export class McpResult {
+  constructor(raw) {
+    this.content = parseJson(raw.content, 'the content of an MCP result');
+    this.structured = raw.structured === undefined || raw.structured === null
+      ? undefined
+      : parseJson(raw.structured, 'the structured output of an MCP result');
+    this.isError = raw.isError;
+  }
+
+  /** The text of its `text` content blocks, joined with newlines. */
+  get text() {
+    return (Array.isArray(this.content) ? this.content : [])
+      .filter((b) => b && b.type === 'text' && typeof b.text === 'string')
+      .map((b) => b.text)
+      .join('\n');
+  }
+}
+
+/** How an `mcpCall` ended. `kind` is the WIT `mcp-outcome` case:
+ *
+ * - `'done'`: the tool ran (or an earlier run of this dispatch ran it, answered from the
+ *   journal); `result` is its `McpResult`, and `text` the text of its text blocks.
+ * - `'needs-approval'`: the plugin's rules ask a person first; `waitpoint` is the `Waitpoint`
+ *   the host made (without a token: an operator completes it with `{"approved": true}` or
+ *   `{"approved": false, "reason": ".."}`, as the dashboard's Approve and Reject buttons do).
+ *   Suspend, and make the same call again when the run resumes (`Claim.mcpCallOrSuspend` does
+ *   both).
+ * - `'rejected'`: not run: the approval was refused, timed out or was cancelled; `reason` says
+ *   which, with the person's reason, to tell the model.
+ * - `'unknown'`: an earlier run of this dispatch sent the call and ended before its answer was
+ *   journaled, and the tool is not idempotent, so it was not sent again: whether it ran is
+ *   unknown; `reason` says so, for the model or a person.
+ *
+ * The fields a case does not carry are `undefined`. */
+export class McpOutcome {
+  constructor(raw) {
+    this.kind = raw.tag;
+    this.result = undefined;
+    this.waitpoint = undefined;
+    this.reason = undefined;
+    switch (raw.tag) {
+      case 'done':
+        this.result = new McpResult(raw.val);
+        break;
+      case 'needs-approval':
+        this.waitpoint = new Waitpoint(raw.val);
+        break;
+      case 'rejected':
+      case 'unknown':
+        this.reason = raw.val;
+        break;
+      default:
+        throw new HomingError('internal', `an MCP outcome this SDK does not know: ${raw.tag}`);
+    }
+  }
+
+  /** Whether the tool ran (`result` holds its answer). */
+  get done() { return this.kind === 'done'; }
+
+  /** The text of the result's text blocks when the tool ran, else `undefined`. */
+  get text() { return this.result === undefined ? undefined : this.result.text; }
 }
 
 /** Whole milliseconds of a waitpoint timeout, as the WIT's `u64`. */
@@ -564,6 +676,48 @@ export class Claim {
    * `'interrupted'`. */
   emit(chunk) {
     return host(() => this.raw.emit(bytes(chunk)));
+  }
+
+  /** The tools of MCP server `server` (a `[plugins.x.mcp.NAME]` of this plugin) that its
+   * allow-list lets the plugin call, sorted by name, as `McpTool`s. The host lists them with the
+   * server's credentials, which the guest never sees. Throws `HomingError`: `'invalid'` for a
+   * server the plugin does not configure, `'denied'` when the tool list no longer matches its
+   * `pin` (the text names the digest found) or the server's URL is refused, `'unavailable'`
+   * when the server cannot be listed, `'lost-claim'`, `'interrupted'`. */
+  mcpTools(server) {
+    return host(() => this.raw.mcpTools(server)).map((t) => new McpTool(t));
+  }
+
+  /** Calls tool `tool` of MCP server `server` with `args` (an object, serialized as JSON, or a
+   * JSON object as a string; `undefined` sends `{}`) and returns how it ended, an
+   * `McpOutcome`:
+   *
+   *     const outcome = claim.mcpCall('records', 'lookup', { id: '42' });
+   *     if (outcome.done) return outcome.text;
+   *
+   * Nothing is sent unless the tool is allowed and listed, the list matches the `pin` and the
+   * arguments satisfy the tool's input schema. Under `journal = "run"` a retried or resumed
+   * run making the same calls in the same order is answered from the journal: no tool runs
+   * twice. Throws `HomingError`: `'invalid'` for an unknown server or tool, or arguments that
+   * are not a JSON object or fail the schema; `'denied'` for a tool outside the allow-list, a
+   * changed tool list under a pin, or an answer over `max_result`; `'unavailable'` when the
+   * server did not answer; `'lost-claim'`, `'interrupted'`. */
+  mcpCall(server, tool, args) {
+    const json = argumentsJson(tool, args);
+    return new McpOutcome(host(() => this.raw.mcpCall(server, tool, json)));
+  }
+
+  /** `mcpCall`, suspending the run while the call waits for a person's approval: `undefined`
+   * then (return from the handler at once; it runs again from its start once the approval
+   * settles, and the same call then returns `'done'`, or `'rejected'` when it was refused,
+   * timed out or was cancelled). Throws as `mcpCall` and `suspend`. */
+  mcpCallOrSuspend(server, tool, args) {
+    const outcome = this.mcpCall(server, tool, args);
+    if (outcome.kind === 'needs-approval') {
+      this.suspend();
+      return undefined;
+    }
+    return outcome;
   }
 
   /** Enqueues a follow-up to `agent` (on this thread unless `options.thread` says otherwise);

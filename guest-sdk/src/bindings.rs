@@ -36,9 +36,9 @@ pub mod handler_world {
         export_macro_name: "__export_handler_world",
         default_bindings_module: "homing_guest::__bindings::handler_world",
         with: {
-            "homing:agent/types@0.2.0": crate::__bindings::agent_world::homing::agent::types,
-            "homing:agent/mailbox@0.2.0": crate::__bindings::agent_world::homing::agent::mailbox,
-            "homing:agent/log@0.2.0": crate::__bindings::agent_world::homing::agent::log,
+            "homing:agent/types@0.2.1": crate::__bindings::agent_world::homing::agent::types,
+            "homing:agent/mailbox@0.2.1": crate::__bindings::agent_world::homing::agent::mailbox,
+            "homing:agent/log@0.2.1": crate::__bindings::agent_world::homing::agent::log,
         },
     });
 }

@@ -2,7 +2,7 @@
 //!
 //! A Homing agent is a WebAssembly component that the Homing host runs against its durable
 //! mailbox. This crate wraps the bindings that `wit-bindgen` generates from the contract
-//! (`wit/homing.wit`, package `homing:agent@0.2.0`, a copy the crate carries) in plain Rust:
+//! (`wit/homing.wit`, package `homing:agent@0.2.1`, a copy the crate carries) in plain Rust:
 //! a handler is a trait impl and one macro call.
 //!
 //! ```no_run
@@ -42,6 +42,9 @@
 //!   `waitpoints`, `await_waitpoint`, `suspend`).
 //! - [`step`](mod@step): memoized steps ([`Claim::step`], [`Claim::step_bytes`]): work run
 //!   once per dispatch and answered from the host on its retries and resumes.
+//! - [`mcp`]: tools of the plugin's MCP servers, called through the host, which holds their
+//!   credentials and asks a person first where the plugin says so ([`Claim::mcp_call`],
+//!   [`Claim::mcp_call_or_suspend`], [`Claim::mcp_tools`]).
 //! - [`Enqueue`] ([`enqueue`](mod@enqueue)): a builder for follow-up dispatches, sent with
 //!   [`Claim::enqueue`] or the free function [`enqueue()`].
 //! - [`Error`] ([`error`](mod@error)): why the host refused a call, mirroring the WIT `error` variant.
@@ -94,6 +97,7 @@ pub mod http;
 #[cfg(feature = "json")]
 pub mod json;
 pub mod logging;
+pub mod mcp;
 pub mod step;
 pub mod waitpoint;
 
@@ -108,6 +112,7 @@ pub use error::Error;
 #[cfg(feature = "handler")]
 pub use handler::Handler;
 pub use logging::Level;
+pub use mcp::{McpOutcome, McpResult, McpTool};
 pub use waitpoint::{Wait, Waitpoint, WaitpointState, WaitpointToken};
 
 /// Compiles the README's examples as doctests, so the documented handler keeps building.

@@ -6,9 +6,10 @@ call exports it. A `Claim` reads the dispatch (`id`, `thread`, `payload`, `text`
 log (`append`, `append_expected`, `read_log`, `read_log_all`, `log_latest`), reads and
 acknowledges the thread's inbox (`next_message`, `messages`, `ack_message`), waits for people
 and webhooks (`wait_for`; under it `waitpoint`, `waitpoints`, `await_waitpoint`, `suspend`),
-memoizes work across retries and resumes (`step`), streams output to watchers (`emit`) and
-enqueues follow-ups (`enqueue`). `homing_guest.history` closes the tool calls a stopped run
-left in a chat history. Host
+memoizes work across retries and resumes (`step`), streams output to watchers (`emit`), calls
+the tools of the plugin's MCP servers through the host (`mcp_tools`, `mcp_call`,
+`mcp_call_or_suspend`) and enqueues follow-ups (`enqueue`). `homing_guest.history` closes the
+tool calls a stopped run left in a chat history. Host
 refusals raise `HomingError`, whose `kind` is the WIT `error` case (`"lost-claim"`,
 `"conflict"`, ...); stop on `error.claim_is_gone()`.
 
@@ -59,6 +60,9 @@ __all__ = [
     "Claim",
     "HomingError",
     "LogEntry",
+    "McpOutcome",
+    "McpResult",
+    "McpTool",
     "Message",
     "MessageNote",
     "Wait",
@@ -380,6 +384,152 @@ class Wait:
         return f"Wait(suspended={self.suspended}, waitpoint={self.waitpoint!r})"
 
 
+def _parse_json(text: str, what: str):
+    """`text` parsed as JSON; raises `HomingError("invalid", ...)` naming `what` when it is not."""
+    try:
+        return json.loads(text)
+    except ValueError as e:
+        raise HomingError("invalid", f"{what} is not JSON: {e}") from None
+
+
+def _arguments_json(tool: str, arguments: Union[dict, str, None]) -> str:
+    """The arguments of an MCP call as JSON text: a `str` as is, `None` as `{}`, anything else
+    serialized."""
+    if isinstance(arguments, str):
+        return arguments
+    try:
+        return json.dumps({} if arguments is None else arguments, allow_nan=False)
+    except (TypeError, ValueError) as e:
+        raise HomingError("invalid", f"the arguments of {tool} are not JSON: {e}") from None
+
+
+class McpTool:
+    """A tool of an MCP server, as the plugin's `[plugins.x.mcp.NAME]` lets it see it (only the
+    tools its `tools` allow-list names): `name`, `description` (what the server says the tool
+    does, or `None`), `input_schema` (the JSON Schema of its arguments, parsed; `schema_text` is
+    the text as the host gave it), `needs_approval` (whether a call waits for a person first,
+    by the plugin's rules) and the server's hints (MCP tool annotations, with MCP's defaults
+    when absent): `read_only` (it changes nothing), `destructive` (it may destroy data),
+    `idempotent` (calling it twice is harmless) and `open_world` (it reaches beyond the
+    server)."""
+
+    __slots__ = (
+        "name",
+        "description",
+        "input_schema",
+        "schema_text",
+        "needs_approval",
+        "read_only",
+        "destructive",
+        "idempotent",
+        "open_world",
+    )
+
+    def __init__(self, raw):
+        self.name: str = raw.name
+        self.description: Optional[str] = raw.description
+        self.schema_text: str = raw.input_schema
+        self.input_schema = _parse_json(raw.input_schema, f"the input schema of {raw.name}")
+        self.needs_approval: bool = raw.needs_approval
+        self.read_only: bool = raw.read_only
+        self.destructive: bool = raw.destructive
+        self.idempotent: bool = raw.idempotent
+        self.open_world: bool = raw.open_world
+
+    def __repr__(self) -> str:
+        return f"McpTool(name={self.name!r}, needs_approval={self.needs_approval})"
+
+
+class McpResult:
+    """What an MCP tool answered: `content` (its content blocks, the MCP content objects as the
+    server sent them, parsed: a list of dicts), `structured` (its structured output, parsed, or
+    `None` when it gave none) and `is_error` (the tool reported an error: a result the model
+    can read, not a failed call). `text` joins its text blocks."""
+
+    __slots__ = ("content", "structured", "is_error")
+
+    def __init__(self, raw):
+        self.content: list = _parse_json(raw.content, "the content of an MCP result")
+        structured = raw.structured
+        self.structured = (
+            None
+            if structured is None
+            else _parse_json(structured, "the structured output of an MCP result")
+        )
+        self.is_error: bool = raw.is_error
+
+    @property
+    def text(self) -> str:
+        """The text of its `text` content blocks, joined with newlines."""
+        return "\n".join(
+            block["text"]
+            for block in self.content
+            if isinstance(block, dict)
+            and block.get("type") == "text"
+            and isinstance(block.get("text"), str)
+        )
+
+    def __repr__(self) -> str:
+        return f"McpResult(is_error={self.is_error}, content={self.content!r})"
+
+
+class McpOutcome:
+    """How an `mcp_call` ended. `kind` is the WIT `mcp-outcome` case:
+
+    - `"done"`: the tool ran (or an earlier run of this dispatch ran it, answered from the
+      journal); `result` is its `McpResult`, and `text` the text of its text blocks.
+    - `"needs-approval"`: the plugin's rules ask a person first; `waitpoint` is the `Waitpoint`
+      the host made (without a token: an operator completes it with `{"approved": true}` or
+      `{"approved": false, "reason": ".."}`, as the dashboard's Approve and Reject buttons
+      do). Suspend, and make the same call again when the run resumes
+      (`Claim.mcp_call_or_suspend` does both).
+    - `"rejected"`: not run: the approval was refused, timed out or was cancelled; `reason`
+      says which, with the person's reason, to tell the model.
+    - `"unknown"`: an earlier run of this dispatch sent the call and ended before its answer
+      was journaled, and the tool is not idempotent, so it was not sent again: whether it ran
+      is unknown; `reason` says so, for the model or a person.
+
+    The fields a case does not carry are `None`."""
+
+    __slots__ = ("kind", "result", "waitpoint", "reason")
+
+    def __init__(self, raw):
+        self.result: Optional[McpResult] = None
+        self.waitpoint: Optional[Waitpoint] = None
+        self.reason: Optional[str] = None
+        if isinstance(raw, _types.McpOutcome_Done):
+            self.kind = "done"
+            self.result = McpResult(raw.value)
+        elif isinstance(raw, _types.McpOutcome_NeedsApproval):
+            self.kind = "needs-approval"
+            self.waitpoint = Waitpoint(raw.value)
+        elif isinstance(raw, _types.McpOutcome_Rejected):
+            self.kind = "rejected"
+            self.reason = raw.value
+        elif isinstance(raw, _types.McpOutcome_Unknown):
+            self.kind = "unknown"
+            self.reason = raw.value
+        else:
+            raise HomingError("internal", f"an MCP outcome this SDK does not know: {raw!r}")
+
+    @property
+    def done(self) -> bool:
+        """Whether the tool ran (`result` holds its answer)."""
+        return self.kind == "done"
+
+    @property
+    def text(self) -> Optional[str]:
+        """The text of the result's text blocks when the tool ran, else `None`."""
+        return None if self.result is None else self.result.text
+
+    def __repr__(self) -> str:
+        detail = {
+            "done": self.result,
+            "needs-approval": self.waitpoint,
+        }.get(self.kind, self.reason)
+        return f"McpOutcome(kind={self.kind!r}, {detail!r})"
+
+
 class Claim:
     """A dispatch this guest holds: what it is, and the calls that act on it. The dispatch info
     is read once, when the claim is wrapped."""
@@ -677,6 +827,50 @@ class Claim:
         `max_stream_bytes` for this claim or its emit rate (a guest may stop streaming and
         carry on), `"lost-claim"`, `"interrupted"`."""
         return _host(self._raw.emit, _bytes(chunk))
+
+    # Tools of MCP servers.
+    def mcp_tools(self, server: str) -> List[McpTool]:
+        """The tools of MCP server `server` (a `[plugins.x.mcp.NAME]` of this plugin) that its
+        allow-list lets the plugin call, sorted by name. The host lists them with the
+        server's credentials, which the guest never sees. Raises `HomingError`: `"invalid"`
+        for a server the plugin does not configure, `"denied"` when the tool list no longer
+        matches its `pin` (the text names the digest found) or the server's URL is refused,
+        `"unavailable"` when the server cannot be listed, `"lost-claim"`, `"interrupted"`."""
+        return [McpTool(t) for t in _host(self._raw.mcp_tools, server)]
+
+    def mcp_call(
+        self, server: str, tool: str, arguments: Union[dict, str, None] = None
+    ) -> McpOutcome:
+        """Calls tool `tool` of MCP server `server` with `arguments` (a dict, serialized as
+        JSON, or a JSON object as a `str`; `None` sends `{}`) and returns how it ended, an
+        `McpOutcome`:
+
+            outcome = claim.mcp_call("records", "lookup", {"id": "42"})
+            if outcome.done:
+                return outcome.text
+
+        Nothing is sent unless the tool is allowed and listed, the list matches the `pin` and
+        the arguments satisfy the tool's input schema. Under `journal = "run"` a retried or
+        resumed run making the same calls in the same order is answered from the journal: no
+        tool runs twice. Raises `HomingError`: `"invalid"` for an unknown server or tool, or
+        arguments that are not a JSON object or fail the schema; `"denied"` for a tool outside
+        the allow-list, a changed tool list under a pin, or an answer over `max_result`;
+        `"unavailable"` when the server did not answer; `"lost-claim"`, `"interrupted"`."""
+        raw = _host(self._raw.mcp_call, server, tool, _arguments_json(tool, arguments))
+        return McpOutcome(raw)
+
+    def mcp_call_or_suspend(
+        self, server: str, tool: str, arguments: Union[dict, str, None] = None
+    ) -> Optional[McpOutcome]:
+        """`mcp_call`, suspending the run while the call waits for a person's approval: `None`
+        then (return from the handler at once; it runs again from its start once the
+        approval settles, and the same call then returns `"done"`, or `"rejected"` when it was
+        refused, timed out or was cancelled). Raises as `mcp_call` and `suspend`."""
+        outcome = self.mcp_call(server, tool, arguments)
+        if outcome.kind == "needs-approval":
+            self.suspend()
+            return None
+        return outcome
 
     # Follow-up work.
     def enqueue(self, agent: str, payload: Bytes, **options) -> str:

@@ -25,7 +25,7 @@ pub struct AgentInfo {
     pub name: String,
     /// Its world (`handler`, `agent`).
     pub world: &'static str,
-    /// The contract version it was built against (`homing:agent@0.2.0`).
+    /// The contract version it was built against (`homing:agent@0.2.1`).
     pub contract: &'static str,
     /// The SHA-256 (hex) of the component bytes it runs: read and hashed once, when it was
     /// loaded (the file may have changed since).

@@ -906,55 +906,21 @@ fn finished(d: &Dispatch) -> Value {
     )
 }
 
-/// Checks `arguments` against the agent's `input_schema`, as far as a tool's arguments are
-/// usually described: the `required` properties present, and each property given of the
-/// `type` its schema names. Names the first property that is wrong.
+/// Checks `arguments` against the agent's `input_schema` ([`crate::work::arguments::check`]).
 fn check_arguments(
     config: &Config,
     agent: &str,
     arguments: &Map<String, Value>,
 ) -> Result<(), String> {
-    let Some(schema) = config
+    match config
         .plugins
         .get(agent)
         .and_then(|p| p.mcp_server.input_schema.as_ref())
         .and_then(|s| serde_json::to_value(s).ok())
-    else {
-        return Ok(());
-    };
-    if let Some(Value::Array(required)) = schema.get("required") {
-        for name in required.iter().filter_map(Value::as_str) {
-            if !arguments.contains_key(name) {
-                return Err(format!("arguments: `{name}` is required"));
-            }
-        }
+    {
+        Some(schema) => crate::work::arguments::check(&schema, arguments),
+        None => Ok(()),
     }
-    let Some(Value::Object(properties)) = schema.get("properties") else {
-        return Ok(());
-    };
-    for (name, value) in arguments {
-        let Some(kind) = properties
-            .get(name)
-            .and_then(|p| p.get("type"))
-            .and_then(Value::as_str)
-        else {
-            continue;
-        };
-        let fits = match kind {
-            "string" => value.is_string(),
-            "number" => value.is_number(),
-            "integer" => value.is_i64() || value.is_u64(),
-            "boolean" => value.is_boolean(),
-            "object" => value.is_object(),
-            "array" => value.is_array(),
-            "null" => value.is_null(),
-            _ => true,
-        };
-        if !fits {
-            return Err(format!("arguments: `{name}` must be of type {kind}"));
-        }
-    }
-    Ok(())
 }
 
 #[cfg(test)]

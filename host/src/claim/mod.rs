@@ -26,7 +26,7 @@ use crate::store::{
     ClaimRequest, Dispatch, Fence, Gated, LimitSet, Offer, Store, StoreError, millis,
 };
 pub use control::{ClaimControl, Park, StopReason};
-pub use journal::{JournalSettings, Recorder};
+pub use journal::{JournalSettings, Recorder, Turn};
 pub use lease::{INTERRUPT_POLL, LeaseGuard};
 pub use settle::{Settlement, retry_at};
 

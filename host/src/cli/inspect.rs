@@ -27,6 +27,81 @@ pub enum ConfigCommand {
     },
 }
 
+/// `homing plugin mcp-tools`.
+pub(super) async fn mcp_tools(
+    file: &Path,
+    plugin: &str,
+    server: &str,
+    json: bool,
+) -> anyhow::Result<()> {
+    use crate::runtime::host::{LogState, Secrets};
+    let config = Config::load(file)?;
+    let Some(plugin_config) = config.plugins.get(plugin) else {
+        anyhow::bail!("[plugins.{plugin}]: no such plugin");
+    };
+    let values = config.resolve_values(plugin)?;
+    let outbound = std::sync::Arc::new(crate::runtime::outbound::Outbound::new(
+        plugin,
+        plugin_config,
+        &config.tls_ca_files(plugin),
+        &config.host.hosts,
+    )?);
+    let broker =
+        crate::runtime::mcp::McpBroker::new(plugin, plugin_config, &values, outbound.policy())
+            .map_err(anyhow::Error::msg)?;
+    let log = std::sync::Arc::new(std::sync::Mutex::new(LogState {
+        secrets: std::sync::Arc::new(Secrets::new(values.secrets())),
+        ..LogState::default()
+    }));
+    let hooks = outbound.hooks(log);
+    let list = broker
+        .list(&hooks, server)
+        .await
+        .map_err(|e| anyhow::anyhow!("{e:?}"))?;
+    let config = broker
+        .config(server)
+        .map_err(|e| anyhow::anyhow!("{e:?}"))?;
+    let pinned = match &config.pin {
+        None => "not pinned",
+        Some(pin) if *pin == list.digest => "matches the pin",
+        Some(_) => "does NOT match the pin: calls are refused",
+    };
+    if json {
+        let tools: Vec<serde_json::Value> = list
+            .tools
+            .iter()
+            .map(|t| {
+                serde_json::json!({
+                    "name": t.name,
+                    "description": t.description,
+                    "needs_approval": t.needs_approval(config.rule_for(&t.name)),
+                    "read_only": t.read_only,
+                    "destructive": t.destructive,
+                    "idempotent": t.idempotent,
+                    "open_world": t.open_world,
+                })
+            })
+            .collect();
+        let out = serde_json::json!({ "digest": list.digest, "pinned": config.pin.as_deref() == Some(list.digest.as_str()), "tools": tools });
+        println!("{}", serde_json::to_string_pretty(&out)?);
+        return Ok(());
+    }
+    for t in &list.tools {
+        let approval = if t.needs_approval(config.rule_for(&t.name)) {
+            "approval"
+        } else {
+            "no approval"
+        };
+        println!(
+            "{}\t{approval}\t{}",
+            t.name,
+            crate::runtime::host::escape_log_text(t.description.as_deref().unwrap_or(""))
+        );
+    }
+    println!("digest {} ({pinned})", list.digest);
+    Ok(())
+}
+
 /// `homing plugin ...`.
 #[derive(Debug, Subcommand)]
 pub enum PluginCommand {
@@ -34,6 +109,18 @@ pub enum PluginCommand {
     Inspect {
         /// The `.wasm` file.
         file: PathBuf,
+        /// JSON output.
+        #[arg(long)]
+        json: bool,
+    },
+    /// Lists the tools of a plugin's MCP server (`[plugins.PLUGIN.mcp.SERVER]`) that its
+    /// `tools` allow, as the host reaches them (its egress policy, its credentials), and the
+    /// digest to `pin`.
+    McpTools {
+        /// The plugin.
+        plugin: String,
+        /// The server's name.
+        server: String,
         /// JSON output.
         #[arg(long)]
         json: bool,

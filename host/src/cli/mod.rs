@@ -299,6 +299,14 @@ async fn execute(cli: Cli) -> anyhow::Result<()> {
     if let Command::Plugin(PluginCommand::Inspect { file, json }) = &cli.command {
         return inspect::inspect(file, *json);
     }
+    if let Command::Plugin(PluginCommand::McpTools {
+        plugin,
+        server,
+        json,
+    }) = &cli.command
+    {
+        return inspect::mcp_tools(&cli.config, plugin, server, *json).await;
+    }
     if let Command::Bench {
         quick,
         echo,

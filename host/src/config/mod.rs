@@ -17,6 +17,7 @@ use serde::Deserialize;
 
 pub mod api;
 pub mod limits;
+pub mod mcp;
 pub mod outbound;
 pub mod schedules;
 mod store;
@@ -334,6 +335,9 @@ pub struct PluginConfig {
     /// Whether the agent is served as a tool at `POST /mcp` (`[plugins.x.mcp_server]`).
     #[serde(default)]
     pub mcp_server: PluginMcpServer,
+    /// MCP servers whose tools its guests call through the host (`[plugins.x.mcp.NAME]`).
+    #[serde(default)]
+    pub mcp: BTreeMap<String, mcp::McpServer>,
 }
 
 /// `[plugins.x.mcp_server]`: the agent as a tool of the MCP endpoint (`POST /mcp`, under
@@ -908,6 +912,10 @@ impl Config {
                     .map_err(|e| format!("{} `{var}` {e}", key("env")))?;
             }
             plugin.http.check().map_err(|e| key(&e))?;
+            for (server, config) in &plugin.mcp {
+                mcp::check_name(server).map_err(|e| format!("{}: {e}", key("mcp")))?;
+                config.check(&format!("[plugins.{name}.mcp.{server}]"))?;
+            }
             for dir in &plugin.dirs {
                 if !dir.guest.starts_with('/') {
                     return Err(format!(
@@ -949,6 +957,21 @@ impl Config {
                 &self.base_dir,
             )
             .map_err(err)?,
+            mcp: vars::resolve_all(
+                &plugin
+                    .mcp
+                    .iter()
+                    .filter_map(|(server, c)| {
+                        Some((server.clone(), c.auth.as_ref()?.bearer.clone()))
+                    })
+                    .collect(),
+                &format!("[plugins.{name}.mcp] auth.bearer of"),
+                &self.base_dir,
+            )
+            .map_err(err)?
+            .into_iter()
+            .map(|(server, value)| (server, value.into_secret()))
+            .collect(),
         })
     }
 

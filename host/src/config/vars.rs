@@ -222,6 +222,14 @@ impl fmt::Debug for Value {
 }
 
 impl Value {
+    /// The value as a secret, however it was written (a credential is never shown).
+    pub fn into_secret(self) -> Value {
+        match self {
+            Value::Plain(text) => Value::Secret(SecretText(Zeroizing::new(text))),
+            secret => secret,
+        }
+    }
+
     /// The text, to hand to the guest; never for printing.
     pub fn expose(&self) -> &str {
         match self {
@@ -255,10 +263,14 @@ pub struct Resolved {
     pub variables: BTreeMap<String, Value>,
     /// `env`, for the guest's environment.
     pub env: BTreeMap<String, Value>,
+    /// The bearer of each `[plugins.x.mcp.NAME]` that has one, by server name: the host sends
+    /// it, the guest never sees it.
+    pub mcp: BTreeMap<String, Value>,
 }
 
 impl Resolved {
-    /// Every secret value, for scrubbing text that might hold one.
+    /// Every secret value, for scrubbing text that might hold one. An MCP bearer is one
+    /// however it was written.
     pub fn secrets(&self) -> impl Iterator<Item = &str> {
         self.variables
             .values()
@@ -267,6 +279,12 @@ impl Resolved {
                 Value::Secret(s) if !s.expose().is_empty() => Some(s.expose()),
                 _ => None,
             })
+            .chain(
+                self.mcp
+                    .values()
+                    .map(Value::expose)
+                    .filter(|v| !v.is_empty()),
+            )
     }
 }
 

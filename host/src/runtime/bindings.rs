@@ -1,7 +1,9 @@
 //! Host bindings of the `homing:agent` WIT package: one module per contract version, one
 //! module per world inside it.
 //!
-//! - [`v0_2`]: `homing:agent@0.2.0` (`wit/homing.wit`), the contract the host implements.
+//! - [`v0_2`]: `homing:agent@0.2.1` (`wit/homing.wit`), the contract the host implements.
+//!   Components built against 0.2.0 (`wit/0.2.0/`, frozen) link to it unchanged: 0.2.1 only
+//!   added (the MCP broker's methods and types), and wasmtime matches 0.2.x imports to 0.2.1.
 //! - [`v0_1`]: `homing:agent@0.1.0` (`wit/0.1.0/homing.wit`, frozen), served to components
 //!   built before 0.2.0. wasmtime's linker matches an import only to a definition of the same
 //!   `0.x` track, so the host defines both versions' interfaces under their own names; the
@@ -14,7 +16,7 @@
 //! store) and trappable (a host failure that is not the guest's business, such as a missing
 //! resource, traps the guest rather than lying to it).
 
-/// `homing:agent@0.2.0`.
+/// `homing:agent@0.2.1` (serving 0.2.0 too).
 pub mod v0_2 {
     /// The `handler` world: the host claims and calls `handle`.
     pub mod handler {

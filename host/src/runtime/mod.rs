@@ -5,6 +5,7 @@
 //!   and the fresh store of each instance, with its WASI grants, limits and epoch callback;
 //! - `call` — the call paths: `handle`, `run`, and a bare instance start;
 //! - [`host`] — the host side of the WIT imports, one file per interface;
+//! - [`mcp`] — the MCP broker of a plugin: its servers, their sessions and tool lists;
 //! - [`bindings`], [`cache`], [`limits`] — the generated bindings, the compiled-artifact cache,
 //!   the memory limiter.
 //!
@@ -22,6 +23,7 @@ mod call;
 mod engine;
 pub mod host;
 pub mod limits;
+pub mod mcp;
 pub mod outbound;
 mod output;
 mod plugin;

@@ -52,8 +52,12 @@ impl World {
 pub enum Contract {
     /// `homing:agent@0.1.x`: served unchanged through the 0.2.0 implementation.
     V0_1,
-    /// `homing:agent@0.2.x`: the current contract.
-    V0_2,
+    /// `homing:agent@0.2.x`: the current contract; `patch` is the highest 0.2 release the
+    /// component names (0.2.1 added the MCP broker; 0.2.0 components link to it unchanged).
+    V0_2 {
+        /// 0 or 1.
+        patch: u8,
+    },
 }
 
 impl Contract {
@@ -61,7 +65,8 @@ impl Contract {
     pub fn name(self) -> &'static str {
         match self {
             Contract::V0_1 => "homing:agent@0.1.0",
-            Contract::V0_2 => "homing:agent@0.2.0",
+            Contract::V0_2 { patch: 0 } => "homing:agent@0.2.0",
+            Contract::V0_2 { .. } => "homing:agent@0.2.1",
         }
     }
 }
@@ -76,6 +81,8 @@ pub struct Plugin {
     pub contract: Contract,
     pub(super) pre: PluginPre,
     outbound: Arc<Outbound>,
+    /// Its MCP servers, reached for its guests.
+    mcp: Arc<super::mcp::McpBroker>,
     config_vars: Arc<wasmtime_wasi_config::WasiConfigVariables>,
     /// Its secret values, scrubbed from every line its instances log.
     secrets: Arc<Secrets>,
@@ -128,6 +135,10 @@ impl Runtime {
                     max_park: ctx.config.max_park,
                 }),
         );
+        let mcp = Arc::new(
+            super::mcp::McpBroker::new(&ctx.name, &ctx.config, &ctx.values, outbound.policy())
+                .map_err(anyhow::Error::msg)?,
+        );
         let config_vars = Arc::new(
             ctx.values
                 .variables
@@ -152,6 +163,7 @@ impl Runtime {
             contract,
             pre,
             outbound,
+            mcp,
             config_vars,
             secrets,
             sha256,
@@ -184,11 +196,13 @@ impl Runtime {
             wasmtime_wasi_config::WasiConfig::from(&*s.config_vars)
         })?;
         match (contract, world) {
-            (Contract::V0_2, World::Handler) => bindings::v0_2::handler::Handler::add_to_linker::<
-                _,
-                HasSelf<GuestState>,
-            >(&mut linker, |s| s)?,
-            (Contract::V0_2, World::Agent) => bindings::v0_2::agent::Agent::add_to_linker::<
+            (Contract::V0_2 { .. }, World::Handler) => {
+                bindings::v0_2::handler::Handler::add_to_linker::<_, HasSelf<GuestState>>(
+                    &mut linker,
+                    |s| s,
+                )?
+            }
+            (Contract::V0_2 { .. }, World::Agent) => bindings::v0_2::agent::Agent::add_to_linker::<
                 _,
                 HasSelf<GuestState>,
             >(&mut linker, |s| s)?,
@@ -221,10 +235,10 @@ impl Runtime {
             }
         };
         let pre = match (contract, world) {
-            (Contract::V0_2, World::Handler) => {
+            (Contract::V0_2 { .. }, World::Handler) => {
                 PluginPre::Handler(bindings::v0_2::handler::HandlerPre::new(linked)?)
             }
-            (Contract::V0_2, World::Agent) => {
+            (Contract::V0_2 { .. }, World::Agent) => {
                 PluginPre::Agent(bindings::v0_2::agent::AgentPre::new(linked)?)
             }
             (Contract::V0_1, World::Handler) => {
@@ -260,7 +274,11 @@ impl Runtime {
         )?;
         let (world, contract, _) = self.link(name, path, &component)?;
         check_journal(name, config, world)?;
-        Outbound::new(name, config, tls_ca, hosts).with_context(|| format!("plugin `{name}`"))?;
+        let outbound = Outbound::new(name, config, tls_ca, hosts)
+            .with_context(|| format!("plugin `{name}`"))?;
+        // The servers' URLs against the egress policy (their bearers are read by the caller).
+        super::mcp::McpBroker::new(name, config, &Default::default(), outbound.policy())
+            .map_err(anyhow::Error::msg)?;
         Ok((world, contract))
     }
 
@@ -362,7 +380,8 @@ impl Runtime {
             slot
         });
         let mut state = GuestState::new(wasi.build(), plugin.ctx.clone(), log)
-            .with_grants(http, plugin.config_vars.clone());
+            .with_grants(http, plugin.config_vars.clone())
+            .with_mcp(plugin.mcp.clone());
         state.journal_slot = journal_slot;
         let mut store = WasmStore::new(&self.engine, state);
         store.limiter(|s| &mut s.limits);
@@ -448,7 +467,7 @@ pub fn detect_world(engine: &Engine, component: &Component) -> anyhow::Result<Wo
 }
 
 /// The contract versions this host serves, for error messages.
-const SERVED_CONTRACTS: &str = "homing:agent 0.1.x and 0.2.x";
+const SERVED_CONTRACTS: &str = "homing:agent 0.1.x and 0.2.0 to 0.2.1";
 
 /// The `homing:agent` contract version `component` was built against, from the versions its
 /// `homing:agent/...@x.y.z` imports and exports name.
@@ -485,7 +504,11 @@ fn contract_of(versions: &[String]) -> anyhow::Result<Contract> {
         }
         match (major, minor) {
             ("0", "1") => Some(Contract::V0_1),
-            ("0", "2") => Some(Contract::V0_2),
+            ("0", "2") => match patch {
+                "0" => Some(Contract::V0_2 { patch: 0 }),
+                "1" => Some(Contract::V0_2 { patch: 1 }),
+                _ => None,
+            },
             _ => None,
         }
     };
@@ -502,6 +525,11 @@ fn contract_of(versions: &[String]) -> anyhow::Result<Contract> {
             );
         };
         match contract {
+            // Patches of one track mix (the latest names the contract).
+            Some(Contract::V0_2 { patch: seen }) if matches!(this, Contract::V0_2 { patch } if patch >= seen) => {
+                contract = Some(this)
+            }
+            Some(Contract::V0_2 { .. }) if matches!(this, Contract::V0_2 { .. }) => {}
             Some(seen) if seen != this => bail!(
                 "component imports homing:agent at {first} and {version}; build it against one"
             ),
@@ -552,13 +580,14 @@ mod tests {
     #[test]
     fn a_component_names_one_served_contract() {
         assert_eq!(of(&["0.1.0"]), Ok(Contract::V0_1));
-        assert_eq!(of(&["0.2.0"]), Ok(Contract::V0_2));
-        assert_eq!(of(&["0.2.0", "0.2.3"]), Ok(Contract::V0_2));
+        assert_eq!(of(&["0.2.0"]), Ok(Contract::V0_2 { patch: 0 }));
+        assert_eq!(of(&["0.2.0", "0.2.1"]), Ok(Contract::V0_2 { patch: 1 }));
+        assert!(of(&["0.2.9"]).unwrap_err().contains("0.2.0 to 0.2.1"));
         let both = of(&["0.1.0", "0.2.0"]).unwrap_err();
         assert!(both.contains("0.1.0 and 0.2.0"), "{both}");
         let later = of(&["0.3.0"]).unwrap_err();
         assert!(
-            later.contains("0.3.0") && later.contains("0.1.x and 0.2.x"),
+            later.contains("0.3.0") && later.contains("0.1.x and 0.2.0 to 0.2.1"),
             "{later}"
         );
         let major = of(&["1.0.0"]).unwrap_err();

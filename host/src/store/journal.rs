@@ -44,17 +44,21 @@ pub enum CallKind {
     LogAppendExpected,
     /// A follow-up enqueued through the claim.
     Enqueue,
+    /// A tool call the host brokered to an MCP server (`mcp-call`): first an intent (sent, no
+    /// answer yet), then what it answered, at the same position.
+    Mcp,
 }
 
 impl CallKind {
     /// Every kind, in a fixed order.
-    pub const ALL: [CallKind; 6] = [
+    pub const ALL: [CallKind; 7] = [
         CallKind::Http,
         CallKind::LogRead,
         CallKind::LogLatest,
         CallKind::LogAppend,
         CallKind::LogAppendExpected,
         CallKind::Enqueue,
+        CallKind::Mcp,
     ];
 
     /// The kind's name, as stored and shown.
@@ -66,6 +70,7 @@ impl CallKind {
             CallKind::LogAppend => "log-append",
             CallKind::LogAppendExpected => "log-append-expected",
             CallKind::Enqueue => "enqueue",
+            CallKind::Mcp => "mcp",
         }
     }
 

@@ -91,6 +91,10 @@ pub const AGENT_PAUSED: &str = "homing_agent_paused";
 pub const MESSAGES_PENDING: &str = "homing_messages_pending";
 /// Follow-up dispatches the inbox started, counted when a host first claims one: `agent`.
 pub const FOLLOW_UPS: &str = "homing_follow_ups_total";
+/// Tool calls the host brokered to MCP servers: `agent`, `server` (configured names),
+/// `outcome` (`done`, `tool_error`, `replayed`, `needs_approval`, `rejected`, `unknown`,
+/// `refused`, `failed`).
+pub const MCP_CALLS: &str = "homing_mcp_calls_total";
 /// Waitpoints guests created: `agent`.
 pub const WAITPOINTS_CREATED: &str = "homing_waitpoints_created_total";
 /// Waitpoints that left `pending` through this host (a completion, a cancel, a timeout its
@@ -226,6 +230,10 @@ fn describe() {
     describe_counter!(
         FOLLOW_UPS,
         "Follow-up dispatches the inbox started, counted at their first claim, by agent."
+    );
+    describe_counter!(
+        MCP_CALLS,
+        "Tool calls brokered to MCP servers, by agent, server and outcome."
     );
     describe_counter!(
         WAITPOINTS_CREATED,

@@ -208,6 +208,10 @@ fn describe_answer(answer: &Value) -> String {
     if let Some(id) = answer.get("id").and_then(Value::as_str) {
         return format!("id {id}");
     }
+    let text = |key: &str| answer.get(key).and_then(Value::as_str);
+    if let (Some(server), Some(tool), Some(state)) = (text("server"), text("tool"), text("state")) {
+        return format!("{server}/{tool}: {state}");
+    }
     if let (Some(count), Some(after)) = (num("count"), num("after")) {
         let last = num("last").map_or_else(String::new, |l| format!(" (last {l})"));
         return format!("after {after}: {count} entries{last}");

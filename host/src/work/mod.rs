@@ -17,8 +17,10 @@
 //!   metric), how a reader sees one, and a guest waiting in place for one to settle;
 //! - `journal`: how a reader sees a dispatch's journal (its call entries and steps);
 //! - `flow`: pausing and resuming an agent's claims, and how its flow control stands;
-//! - `schedules`: schedules and their ticks (docs/contract.md section 16).
+//! - `schedules`: schedules and their ticks (docs/contract.md section 16);
+//! - `arguments`: a tool's arguments checked against its input schema (MCP, both ways).
 
+pub mod arguments;
 pub mod flow;
 pub mod journal;
 pub mod messages;

@@ -1,3 +1,6 @@
+//! Components built against earlier contracts run unchanged. A 0.2.0 handler built straight
+//! from the frozen `wit/0.2.0/` runs beside the current ones (0.2.1 only added to 0.2.0).
+//!
 //! Components built against `homing:agent@0.1.0` run unchanged on a host that speaks 0.2.0:
 //! two guests made with wit-bindgen straight from the frozen `wit/0.1.0/` (not through the SDK,
 //! which follows the current contract), beside a 0.2.0 agent on the same thread, on both
@@ -13,6 +16,9 @@ use sha2::Digest;
 /// The SHA-256 of `wit/0.1.0/homing.wit` as 0.1.0 was released: the frozen copy is never
 /// edited, or components built against it could stop linking.
 const V0_1_WIT_SHA256: &str = "33f1111d71032a9978bce9d5266c64e4b67ac862831375b1906817c57786f26c";
+
+/// The SHA-256 of `wit/0.2.0/homing.wit` as 0.2.0 was released, frozen likewise.
+const V0_2_WIT_SHA256: &str = "4d15421706c69a4d6de532dfd20e881839ed388eda193dd2cfb3e433438b9d24";
 
 fn config(store: &str) -> String {
     format!(
@@ -35,8 +41,13 @@ reuse_instance = 10
 
 [plugins.echo]
 path = {echo}
+
+[plugins.compat-v02]
+path = {v02}
+journal = "steps"
 {store}
 "#,
+        v02 = toml_path(&guest("compat_v0_2_handler")),
         handler = toml_path(&guest("compat_v0_1_handler")),
         agent = toml_path(&guest("compat_v0_1_agent")),
         echo = toml_path(&guest("echo")),
@@ -66,7 +77,13 @@ fn v0_1_components_run_unchanged(store: &str) {
     let complete = env.enqueue("compat-handler", "t2", "complete", &[]);
     let nack = env.enqueue("compat-handler", "t3", "nack", &[]);
     let dead = env.enqueue("compat-handler", "t4", "dead", &[]);
+    let v02 = env.enqueue("compat-v02", "t5", "from 0.2.0", &[]);
     let log = env.run_until_idle();
+    assert_eq!(
+        env.show(&v02)["result"]["output"],
+        "append true; step-put Ok(()); step-get Ok(Some(\"v\")); emit Ok(1)",
+        "a 0.2.0 component runs unchanged on 0.2.1"
+    );
     assert!(log.contains("compat handler ran every call"), "{log}");
 
     let d = env.show(&all);
@@ -165,13 +182,18 @@ fn the_tools_report_each_components_contract() {
         "{check}"
     );
     assert!(
-        check.contains("plugin echo: handler world, homing:agent@0.2.0"),
+        check.contains("plugin echo: handler world, homing:agent@0.2.1"),
+        "{check}"
+    );
+    assert!(
+        check.contains("plugin compat-v02: handler world, homing:agent@0.2.0"),
         "{check}"
     );
     for (name, world, contract) in [
         ("compat_v0_1_handler", "handler", "homing:agent@0.1.0"),
         ("compat_v0_1_agent", "agent", "homing:agent@0.1.0"),
-        ("echo", "handler", "homing:agent@0.2.0"),
+        ("echo", "handler", "homing:agent@0.2.1"),
+        ("compat_v0_2_handler", "handler", "homing:agent@0.2.0"),
     ] {
         let out = env.ok(&["plugin", "inspect", guest(name).to_str().unwrap(), "--json"]);
         let v: serde_json::Value = serde_json::from_str(&out).unwrap();
@@ -184,12 +206,15 @@ fn the_tools_report_each_components_contract() {
 }
 
 #[test]
-fn the_frozen_0_1_0_contract_is_unchanged() {
-    let text = std::fs::read(crate::common::root().join("wit/0.1.0/homing.wit")).unwrap();
-    let digest = sha2::Sha256::digest(&text);
-    let hex: String = digest.iter().map(|b| format!("{b:02x}")).collect();
-    assert_eq!(
-        hex, V0_1_WIT_SHA256,
-        "wit/0.1.0/homing.wit changed: it is frozen; put changes in wit/homing.wit"
-    );
+fn the_frozen_contracts_are_unchanged() {
+    for (version, sha) in [("0.1.0", V0_1_WIT_SHA256), ("0.2.0", V0_2_WIT_SHA256)] {
+        let text =
+            std::fs::read(crate::common::root().join(format!("wit/{version}/homing.wit"))).unwrap();
+        let digest = sha2::Sha256::digest(&text);
+        let hex: String = digest.iter().map(|b| format!("{b:02x}")).collect();
+        assert_eq!(
+            hex, sha,
+            "wit/{version}/homing.wit changed: it is frozen; put changes in wit/homing.wit"
+        );
+    }
 }

@@ -20,6 +20,9 @@
 //!   streams, token guessing);
 //! - `openapi_client`: a Python client generated from the served OpenAPI description
 //!   (`openapi-python-client`) enqueuing, waiting and completing waitpoints through the API;
+//! - `mcp_broker`: MCP tools brokered by the host for guests, against an MCP server built with
+//!   the official MCP Python SDK: refusals, approvals, a journaled retry, SIGKILLs, the bearer
+//!   kept out of sight, on both stores;
 //! - `mcp_endpoint`: agents as MCP tools, driven by the official MCP Python SDK in both protocol
 //!   eras (2025-11-25 and 2026-07-28), a waitpoint answered through `homing_respond` and through
 //!   `input_required`, and each refusal over raw HTTP, on both backends;
@@ -98,6 +101,7 @@ mod journal_guests;
 mod journal_runs;
 mod journal_view;
 mod live_reload;
+mod mcp_broker;
 mod mcp_endpoint;
 mod nats_clocks;
 mod nats_conformance;

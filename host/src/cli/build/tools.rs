@@ -141,6 +141,10 @@ const SDK: &[(&str, &str)] = &[
         include_str!("../../../../guest-sdk/src/logging.rs"),
     ),
     (
+        "rust/homing-guest/src/mcp.rs",
+        include_str!("../../../../guest-sdk/src/mcp.rs"),
+    ),
+    (
         "rust/homing-guest/src/step.rs",
         include_str!("../../../../guest-sdk/src/step.rs"),
     ),

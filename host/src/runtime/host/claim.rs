@@ -48,7 +48,7 @@ impl From<claim::StopReason> for StopReason {
 
 /// A stored waitpoint as a claim sees it: never its digests; its token and callback URL only
 /// when this call handed one out.
-fn wit_waitpoint(
+pub(super) fn wit_waitpoint(
     w: Waitpoint,
     token: Option<String>,
     callback_url: Option<String>,
@@ -112,7 +112,7 @@ impl GuestState {
     }
 
     /// The claim behind `handle`; a handle not in the table traps the guest.
-    fn claim(&self, handle: &Resource<ClaimHandle>) -> wasmtime::Result<&ClaimHandle> {
+    pub(super) fn claim(&self, handle: &Resource<ClaimHandle>) -> wasmtime::Result<&ClaimHandle> {
         Ok(self.table.get(handle)?)
     }
 
@@ -123,7 +123,7 @@ impl GuestState {
 }
 
 /// The claim's journal when it journals the run's calls (`journal = "run"`).
-fn journaling(claim: &ClaimHandle) -> Option<std::sync::Arc<claim::Recorder>> {
+pub(super) fn journaling(claim: &ClaimHandle) -> Option<std::sync::Arc<claim::Recorder>> {
     claim
         .journal()
         .cloned()
@@ -170,7 +170,7 @@ fn wit_message(m: Message) -> types::Message {
 
 /// Why a write through `claim` is refused before it reaches the store, if it is: the claim
 /// is settled, or told to stop for good.
-fn refuse_write(claim: &ClaimHandle) -> Option<GuestError> {
+pub(super) fn refuse_write(claim: &ClaimHandle) -> Option<GuestError> {
     let id = &claim.dispatch().id;
     if claim.settled().is_some() {
         return Some(GuestError::LostClaim(format!(
@@ -695,6 +695,24 @@ impl mailbox::HostClaim for GuestState {
             EmitError::Bytes { .. } | EmitError::Rate { .. } => GuestError::Denied(e.to_string()),
             EmitError::Closed => GuestError::LostClaim(e.to_string()),
         }))
+    }
+
+    async fn mcp_tools(
+        &mut self,
+        handle: Resource<ClaimHandle>,
+        server: String,
+    ) -> wasmtime::Result<Result<Vec<types::McpTool>, GuestError>> {
+        GuestState::mcp_tools(self, handle, server).await
+    }
+
+    async fn mcp_call(
+        &mut self,
+        handle: Resource<ClaimHandle>,
+        server: String,
+        tool: String,
+        arguments: String,
+    ) -> wasmtime::Result<Result<types::McpOutcome, GuestError>> {
+        GuestState::mcp_call(self, handle, server, tool, arguments).await
     }
 
     async fn drop(&mut self, handle: Resource<ClaimHandle>) -> wasmtime::Result<()> {

@@ -8,6 +8,7 @@
 //! - `claim`: the `claim` resource of `mailbox` (reads, fenced writes, settlement);
 //! - `mailbox`: `mailbox.enqueue` and the checks every follow-up request passes;
 //! - `queue`: the `agent` world's `claim-next`;
+//! - `mcp`: `mcp-tools` and `mcp-call` on the claim, through the plugin's MCP broker;
 //! - `v0_1`: `homing:agent@0.1.0`, converted to and from the 0.2.0 implementation above;
 //! - `log`: the `log` interface and every guest log line, scrubbed of secrets, escaped and
 //!   budgeted;
@@ -23,6 +24,7 @@ mod claim;
 mod journaled;
 mod log;
 mod mailbox;
+mod mcp;
 mod policy;
 mod queue;
 mod v0_1;
@@ -210,6 +212,11 @@ pub struct GuestState {
     pub config_vars: Arc<WasiConfigVariables>,
     /// Under `journal = "run"`: the journal its wall clock and random sources read through.
     pub journal_slot: Option<JournalSlot>,
+    /// The plugin's MCP broker (`mcp-tools`, `mcp-call`).
+    pub mcp: Arc<crate::runtime::mcp::McpBroker>,
+    /// How many calls with each identity each dispatch's run made here (names their approval
+    /// waitpoints: the same call twice in a run is approved twice).
+    mcp_seen: std::collections::HashMap<String, u32>,
 }
 
 impl std::fmt::Debug for GuestState {
@@ -259,6 +266,8 @@ impl GuestState {
             claims_left: 0,
             first_claim: None,
             journal_slot: None,
+            mcp: Arc::default(),
+            mcp_seen: Default::default(),
         }
     }
 
@@ -266,6 +275,12 @@ impl GuestState {
     pub fn with_grants(mut self, http: HttpHooks, config_vars: Arc<WasiConfigVariables>) -> Self {
         self.http = http;
         self.config_vars = config_vars;
+        self
+    }
+
+    /// Gives the instance its plugin's MCP broker.
+    pub fn with_mcp(mut self, mcp: Arc<crate::runtime::mcp::McpBroker>) -> Self {
+        self.mcp = mcp;
         self
     }
 

@@ -160,15 +160,10 @@ impl std::fmt::Debug for HttpHooks {
 type SendResult = Result<(http::Response<WasiBody>, IoFuture), HttpError>;
 type IoFuture = Box<dyn Future<Output = Result<(), HttpError>> + Send>;
 
-impl WasiHttpHooks for HttpHooks {
-    fn send_request(
-        &mut self,
-        mut request: http::Request<WasiBody>,
-        options: Option<RequestOptions>,
-        _fut: Box<dyn Future<Output = Result<(), HttpError>> + Send>,
-    ) -> Box<dyn Future<Output = SendResult> + Send> {
-        let (dispatch, attempt, secrets) = self
-            .log
+impl HttpHooks {
+    /// The current dispatch, attempt and the plugin's secrets, for a request's log line.
+    fn tag(&self) -> (String, u32, Arc<Secrets>) {
+        self.log
             .lock()
             .map(|log| {
                 (
@@ -177,7 +172,18 @@ impl WasiHttpHooks for HttpHooks {
                     log.secrets.clone(),
                 )
             })
-            .unwrap_or_default();
+            .unwrap_or_default()
+    }
+}
+
+impl WasiHttpHooks for HttpHooks {
+    fn send_request(
+        &mut self,
+        mut request: http::Request<WasiBody>,
+        options: Option<RequestOptions>,
+        _fut: Box<dyn Future<Output = Result<(), HttpError>> + Send>,
+    ) -> Box<dyn Future<Output = SendResult> + Send> {
+        let (dispatch, attempt, secrets) = self.tag();
         // A path may carry a secret (a bot token, or the URL of a webhook): the log line and
         // the span show it scrubbed, as every guest line is, and so every part of the URL.
         let path = secrets.scrub(request.uri().path()).into_owned();
@@ -381,5 +387,163 @@ impl Job {
                 "outbound request ended: {why}"
             ),
         }
+    }
+}
+
+/// What an exchange the host makes for a guest answered ([`HttpHooks::host_exchange`]).
+#[derive(Debug)]
+pub struct HostAnswer {
+    /// The status.
+    pub status: u16,
+    /// The response headers.
+    pub headers: http::HeaderMap,
+    /// The body, as far as it was read.
+    pub body: bytes::Bytes,
+}
+
+/// Why an exchange the host makes for a guest failed.
+#[derive(Debug)]
+pub enum HostExchangeError {
+    /// The plugin's policy refused it (the origin, the address, a cap); nothing was sent.
+    Refused(String),
+    /// It never reached the server (no connection): nothing was sent.
+    NotSent(String),
+    /// It may have reached the server, and no full answer came back (a timeout, a broken
+    /// connection).
+    Unknown(String),
+    /// The answer passed the cap (bytes): it was not read further.
+    TooLarge(u64),
+}
+
+impl HttpHooks {
+    /// Sends `request` for the guest, as the host's own (the MCP broker's requests): through
+    /// every step a guest's request takes (the allow-list, the address rule, TLS, the
+    /// origin limits, the plugin's timeouts and the dispatch's deadline, an interrupt), within
+    /// `timeout` in all, logged with the plugin and dispatch. The body is read until `done`
+    /// says the bytes so far hold the answer (an event stream may stay open), its end, or `cap`
+    /// bytes (then `TooLarge`).
+    pub async fn host_exchange(
+        &self,
+        request: http::Request<bytes::Bytes>,
+        timeout: Duration,
+        cap: u64,
+        done: impl Fn(&[u8]) -> bool,
+    ) -> Result<HostAnswer, HostExchangeError> {
+        use http_body_util::BodyExt;
+        let (dispatch, attempt, secrets) = self.tag();
+        let path = secrets.scrub(request.uri().path()).into_owned();
+        let job = Job {
+            outbound: self.outbound.clone(),
+            dispatch,
+            attempt,
+            control: self.control.clone(),
+            deadline: Some(self.deadline.map_or(Instant::now() + timeout, |d| {
+                d.min(Instant::now() + timeout)
+            })),
+            permit: self.permits.clone().try_acquire_owned().ok(),
+            method: request.method().to_string(),
+            origin: String::new(),
+            granted: NO_GRANT.to_owned(),
+            path,
+            secrets,
+            started: Instant::now(),
+            span: tracing::Span::current(),
+            slots: Vec::new(),
+        };
+        let mut request = request;
+        // The head goes out in origin form: the authority travels as `Host` (as `wasi:http`
+        // sets it for a guest's own requests).
+        if !request.headers().contains_key(http::header::HOST)
+            && let Some(host) = request.uri().host().and_then(|host| {
+                let port = request
+                    .uri()
+                    .port()
+                    .map(|p| format!(":{p}"))
+                    .unwrap_or_default();
+                // Never a URL's user info: only the host and port.
+                http::HeaderValue::from_str(&format!("{host}{port}")).ok()
+            })
+        {
+            request.headers_mut().insert(http::header::HOST, host);
+        }
+        let request = request.map(|body| {
+            http_body_util::Full::new(body)
+                .map_err(|never| match never {})
+                .boxed_unsync()
+        });
+        let exchange = async move {
+            let (response, io) = job.send(request, None).await.map_err(|e| match e {
+                HttpError::HttpRequestDenied
+                | HttpError::DestinationIpProhibited
+                | HttpError::ConnectionLimitReached
+                | HttpError::HttpRequestBodySize(_)
+                | HttpError::HttpProtocolError
+                | HttpError::HttpRequestUriInvalid => {
+                    HostExchangeError::Refused(host_error_text(&e))
+                }
+                HttpError::ConnectionRefused
+                | HttpError::Connect(_)
+                | HttpError::Tls(_)
+                | HttpError::DestinationNotFound
+                | HttpError::DestinationUnavailable
+                | HttpError::DestinationIpUnroutable
+                | HttpError::DnsTimeout
+                | HttpError::DnsError { .. }
+                | HttpError::ConnectionTimeout
+                | HttpError::TlsCertificateError
+                | HttpError::TlsAlertReceived { .. }
+                | HttpError::TlsProtocolError => HostExchangeError::NotSent(host_error_text(&e)),
+                other => HostExchangeError::Unknown(host_error_text(&other)),
+            })?;
+            // The connection is driven beside the body, as `wasi:http` drives it.
+            let driver = tokio::spawn(Box::into_pin(io));
+            let status = response.status().as_u16();
+            let (parts, mut body) = response.into_parts();
+            let mut out = bytes::BytesMut::new();
+            let read = loop {
+                match body.frame().await {
+                    None => break Ok(()),
+                    Some(Err(e)) => break Err(HostExchangeError::Unknown(host_error_text(&e))),
+                    Some(Ok(frame)) => {
+                        if let Some(data) = frame.data_ref() {
+                            if out.len() as u64 + data.len() as u64 > cap {
+                                break Err(HostExchangeError::TooLarge(cap));
+                            }
+                            out.extend_from_slice(data);
+                            if done(&out) {
+                                break Ok(());
+                            }
+                        }
+                    }
+                }
+            };
+            drop(body);
+            driver.abort();
+            read.map(|()| HostAnswer {
+                status,
+                headers: parts.headers,
+                body: out.freeze(),
+            })
+        };
+        match tokio::time::timeout(timeout, exchange).await {
+            Ok(out) => out,
+            Err(_) => Err(HostExchangeError::Unknown(format!(
+                "no answer within {} ms",
+                timeout.as_millis()
+            ))),
+        }
+    }
+}
+
+/// A `wasi:http` error as the broker's errors show it.
+fn host_error_text(e: &HttpError) -> String {
+    match e {
+        HttpError::HttpRequestDenied => {
+            "the origin is not in the plugin's allowed_outbound_hosts".into()
+        }
+        HttpError::DestinationIpProhibited => {
+            "the address is not public and no allowed_outbound_hosts entry names it".into()
+        }
+        other => format!("{other}"),
     }
 }

@@ -1,0 +1,475 @@
+//! `mcp-tools` and `mcp-call` on the claim (`homing:agent@0.2.1`): tool calls the host brokers
+//! to the plugin's MCP servers ([`crate::runtime::mcp`]).
+//!
+//! A call passes, in order, and nothing is sent until every step agrees:
+//! 1. the claim is live (as for any write through it);
+//! 2. the server is one of the plugin's, the tool is in its `tools` allow-list;
+//! 3. the arguments are a JSON object;
+//! 4. the server's allowed tools are listed (or were, within `TOOLS_FRESH`), their digest
+//!    matches the `pin`, the tool is among them, the arguments satisfy its input schema;
+//! 5. approval, when the plugin's rules ask for it: a waitpoint of the dispatch, named after the
+//!    call (server, tool, the digest of its arguments, and which such call of the run it is),
+//!    made by the host with a token no one is given, so only an operator (API, CLI, dashboard)
+//!    settles it. Pending: the guest gets `needs-approval`; completed with
+//!    `{"approved": true}`: the call goes on; anything else, a timeout or a cancel: `rejected`;
+//! 6. under `journal = "run"`, the journal (docs/contract.md, section 11): the call takes the
+//!    run's next position. An earlier run's answer there is replayed. An earlier run's intent
+//!    (sent, never answered) is sent again only for an idempotent tool; for any other the
+//!    guest gets `unknown`. A tool that is not idempotent gets its intent recorded, fenced,
+//!    before the request leaves: a lost claim sends nothing;
+//! 7. the request, through the plugin's outbound path, within the server's `timeout` and
+//!    `max_result`; its answer recorded at the call's position.
+
+use std::collections::BTreeMap;
+
+use metrics::counter;
+use serde_json::{Map, Value, json};
+use wasmtime::component::Resource;
+
+use super::claim::{journaling, refuse_write, wit_waitpoint};
+use super::{GuestState, guest_error};
+use crate::claim::{ClaimHandle, Turn};
+use crate::config::mcp::McpServer;
+use crate::runtime::bindings::{GuestError, types};
+use crate::runtime::mcp::client::ClientError;
+use crate::runtime::mcp::{self as broker, Tool, canonical};
+use crate::store::journal::{CallKind, identity};
+use crate::store::waitpoints::{mint_token, token_digest};
+use crate::store::{NewWaitpoint, Waitpoint, WaitpointState};
+use crate::telemetry::MCP_CALLS;
+
+/// The approval answer's schema, shown to whoever completes the waitpoint (the MCP endpoint
+/// turns it into a form).
+const APPROVAL_SCHEMA: &str = r#"{"type":"object","properties":{"approved":{"type":"boolean","description":"Run the tool call"},"reason":{"type":"string","description":"Why not (told to the agent)"}},"required":["approved"]}"#;
+
+/// The most of the arguments an approval waitpoint shows.
+const SHOWN_ARGUMENTS: usize = 8 * 1024;
+
+impl GuestState {
+    /// `mcp-tools`.
+    pub(super) async fn mcp_tools(
+        &mut self,
+        handle: Resource<ClaimHandle>,
+        server: String,
+    ) -> wasmtime::Result<Result<Vec<types::McpTool>, GuestError>> {
+        let claim = self.claim(&handle)?;
+        if let Some(refusal) = refuse_write(claim) {
+            return Ok(Err(refusal));
+        }
+        let broker = self.mcp.clone();
+        let config = match broker.config(&server) {
+            Ok(config) => config.clone(),
+            Err(e) => return Ok(Err(e)),
+        };
+        let list = match broker.tools(&self.http, &server).await {
+            Ok(list) => list,
+            Err(e) => return Ok(Err(e)),
+        };
+        Ok(Ok(list
+            .tools
+            .iter()
+            .map(|t| wit_tool(t, &config))
+            .collect()))
+    }
+
+    /// `mcp-call`.
+    pub(super) async fn mcp_call(
+        &mut self,
+        handle: Resource<ClaimHandle>,
+        server: String,
+        tool: String,
+        arguments: String,
+    ) -> wasmtime::Result<Result<types::McpOutcome, GuestError>> {
+        let agent = self.plugin.name.clone();
+        let count = |outcome: &'static str| {
+            counter!(MCP_CALLS, "agent" => agent.clone(), "server" => server.clone(), "outcome" => outcome)
+                .increment(1);
+        };
+        let out = self
+            .mcp_call_inner(&handle, &server, &tool, &arguments)
+            .await?;
+        count(match &out {
+            Ok(Outcome::Done { replayed: true, .. }) => "replayed",
+            Ok(Outcome::Done { is_error: true, .. }) => "tool_error",
+            Ok(Outcome::Done { .. }) => "done",
+            Ok(Outcome::Wit(types::McpOutcome::NeedsApproval(_))) => "needs_approval",
+            Ok(Outcome::Wit(types::McpOutcome::Rejected(_))) => "rejected",
+            Ok(Outcome::Wit(_)) => "unknown",
+            Err(GuestError::Denied(_) | GuestError::Invalid(_)) => "refused",
+            Err(_) => "failed",
+        });
+        Ok(out.map(Outcome::into_wit))
+    }
+
+    async fn mcp_call_inner(
+        &mut self,
+        handle: &Resource<ClaimHandle>,
+        server: &str,
+        tool: &str,
+        arguments: &str,
+    ) -> wasmtime::Result<Result<Outcome, GuestError>> {
+        let claim = self.claim(handle)?;
+        if let Some(refusal) = refuse_write(claim) {
+            return Ok(Err(refusal));
+        }
+        let dispatch = claim.dispatch().id.clone();
+        let broker = self.mcp.clone();
+        let config = match broker.config(server) {
+            Ok(config) => config.clone(),
+            Err(e) => return Ok(Err(e)),
+        };
+        if !config.allows(tool) {
+            return Ok(Err(GuestError::Denied(format!(
+                "tool `{tool}` of server `{server}` is not in [plugins.{}.mcp.{server}] tools",
+                self.plugin.name
+            ))));
+        }
+        let args = match serde_json::from_str::<Value>(arguments) {
+            Ok(Value::Object(args)) => args,
+            Ok(_) => {
+                return Ok(Err(GuestError::Invalid(
+                    "arguments: must be a JSON object".into(),
+                )));
+            }
+            Err(e) => {
+                return Ok(Err(GuestError::Invalid(format!(
+                    "arguments: not JSON: {e}"
+                ))));
+            }
+        };
+        let list = match broker.tools(&self.http, server).await {
+            Ok(list) => list,
+            Err(e) => return Ok(Err(e)),
+        };
+        let Some(spec) = list.get(tool).cloned() else {
+            return Ok(Err(GuestError::Invalid(format!(
+                "tool: server `{server}` lists no tool `{tool}`"
+            ))));
+        };
+        if let Err(e) = crate::work::arguments::check(&spec.input_schema, &args) {
+            return Ok(Err(GuestError::Invalid(format!("tool `{tool}`: {e}"))));
+        }
+        let canonical_args =
+            serde_json::to_vec(&canonical(&Value::Object(args.clone()))).unwrap_or_default();
+        let id = identity([server.as_bytes(), tool.as_bytes(), &canonical_args]);
+        let nth = {
+            let seen = self.mcp_seen.entry(format!("{dispatch}/{id}")).or_insert(0);
+            *seen += 1;
+            *seen
+        };
+        if spec.needs_approval(config.rule_for(tool)) {
+            match self
+                .approval(handle, server, tool, &id, nth, arguments, &config)
+                .await?
+            {
+                Ok(None) => {}
+                Ok(Some(outcome)) => return Ok(Ok(Outcome::Wit(outcome))),
+                Err(e) => return Ok(Err(e)),
+            }
+        }
+        self.send_journaled(handle, server, tool, &spec, &args, id)
+            .await
+    }
+
+    /// The approval of the `nth` call of this run with identity `id`: `None` when it was
+    /// approved, else what the guest gets.
+    #[allow(clippy::too_many_arguments)]
+    async fn approval(
+        &mut self,
+        handle: &Resource<ClaimHandle>,
+        server: &str,
+        tool: &str,
+        id: &str,
+        nth: u32,
+        arguments: &str,
+        config: &McpServer,
+    ) -> wasmtime::Result<Result<Option<types::McpOutcome>, GuestError>> {
+        let claim = self.claim(handle)?;
+        let fence = claim.fence();
+        let agent = claim.dispatch().agent.clone();
+        let shown_tool: String = tool.chars().take(100).collect();
+        let name = format!(
+            "mcp/{server}/{shown_tool}/{}#{nth}",
+            &id[..12.min(id.len())]
+        );
+        let secrets = self
+            .log
+            .lock()
+            .map(|log| log.secrets.clone())
+            .unwrap_or_default();
+        let mut shown_args = secrets.scrub(arguments).into_owned();
+        if shown_args.len() > SHOWN_ARGUMENTS {
+            let mut cut = SHOWN_ARGUMENTS;
+            while !shown_args.is_char_boundary(cut) {
+                cut -= 1;
+            }
+            shown_args.truncate(cut);
+            shown_args.push_str("...");
+        }
+        let metadata: BTreeMap<String, String> = [
+            ("kind", "mcp-approval".to_owned()),
+            (
+                "message",
+                format!("Approve the call of tool `{tool}` on MCP server `{server}`?"),
+            ),
+            ("schema", APPROVAL_SCHEMA.to_owned()),
+            ("server", server.to_owned()),
+            ("tool", tool.to_owned()),
+            ("arguments", shown_args),
+        ]
+        .into_iter()
+        .map(|(k, v)| (k.to_owned(), v))
+        .collect();
+        // A token no one is given: only an operator's route settles an approval, never the
+        // guest or whoever it would hand a token to.
+        let token = match mint_token() {
+            Ok(token) => token,
+            Err(e) => return Ok(Err(guest_error(e))),
+        };
+        let new = NewWaitpoint {
+            name,
+            timeout_ms: crate::store::millis(config.approval_timeout),
+            metadata,
+            token_digest: token_digest(&token),
+        };
+        let created = match self
+            .plugin
+            .store
+            .waitpoints
+            .create_waitpoint(&fence, new)
+            .await
+        {
+            Ok(created) => created,
+            Err(e) => return Ok(Err(guest_error(e))),
+        };
+        if created.created {
+            crate::telemetry::waitpoint_created(&agent);
+        }
+        let mut w = created.waitpoint;
+        w.token_digests.clear();
+        Ok(Ok(decide(w, config)))
+    }
+
+    /// Step 6 and 7: the journal, then the request.
+    async fn send_journaled(
+        &mut self,
+        handle: &Resource<ClaimHandle>,
+        server: &str,
+        tool: &str,
+        spec: &Tool,
+        args: &Map<String, Value>,
+        id: String,
+    ) -> wasmtime::Result<Result<Outcome, GuestError>> {
+        let claim = self.claim(handle)?;
+        let recorder = journaling(claim);
+        let store = self.plugin.store.clone();
+        let mut call = None;
+        if let Some(recorder) = &recorder {
+            let this = recorder.start(CallKind::Mcp, id);
+            match recorder.decide(&this).await {
+                Turn::Replay(entry) => {
+                    let state = entry.answer.get("state").and_then(Value::as_str);
+                    let kept = entry
+                        .body
+                        .as_deref()
+                        .and_then(|b| serde_json::from_slice::<Value>(b).ok());
+                    match (state, kept) {
+                        (Some("done"), Some(result)) => {
+                            recorder.replayed(&entry);
+                            return Ok(Ok(Outcome::done(&result, true)));
+                        }
+                        (Some("failed"), _) => {}
+                        _ if spec.idempotent => {}
+                        _ => {
+                            return Ok(Ok(Outcome::Wit(types::McpOutcome::Unknown(format!(
+                                "an earlier run of this dispatch (claim {}) sent this call of \
+                                 `{tool}` and ended before its answer was recorded; the tool is \
+                                 not idempotent, so it is not sent again: whether it ran is \
+                                 unknown",
+                                entry.claim
+                            )))));
+                        }
+                    }
+                }
+                Turn::Live => {}
+            }
+            if !spec.idempotent {
+                let answer = json!({ "state": "intent", "server": server, "tool": tool });
+                if let Some(entry) = recorder.entry(&this, answer, None).await
+                    && let Err(e) = store.journal.record(recorder.fence(), entry).await
+                {
+                    recorder.release(&this);
+                    return Ok(Err(guest_error(e)));
+                }
+            }
+            call = Some((recorder.clone(), this));
+        }
+        let span = tracing::info_span!(
+            target: crate::telemetry::trace::TARGET,
+            "execute_tool",
+            otel.name = %format!("execute_tool {tool}"),
+            otel.kind = "client",
+            gen_ai.operation.name = "execute_tool",
+            gen_ai.tool.name = %tool,
+            mcp.server = %server,
+            error.type = tracing::field::Empty,
+            otel.status_code = tracing::field::Empty,
+        );
+        let sent = tracing::Instrument::instrument(
+            self.mcp.call(&self.http, server, tool, args),
+            span.clone(),
+        )
+        .await;
+        let secrets = self
+            .log
+            .lock()
+            .map(|log| log.secrets.clone())
+            .unwrap_or_default();
+        let record = |state: &'static str, body: Option<Vec<u8>>| {
+            let call = call.clone();
+            let store = store.clone();
+            async move {
+                if let Some((recorder, this)) = call {
+                    let answer = json!({ "state": state, "server": server, "tool": tool });
+                    if let Some(entry) = recorder.entry(&this, answer, body).await {
+                        let kind = entry.kind;
+                        if store.journal.record(recorder.fence(), entry).await.is_ok() {
+                            recorder.recorded(kind);
+                        }
+                    }
+                }
+            }
+        };
+        match sent {
+            Ok(result) => {
+                let text = result.to_string();
+                // An answer that holds a secret is not kept: a replay then goes live (or is
+                // reported unknown), and the journal never holds the secret.
+                let body = matches!(secrets.scrub(&text), std::borrow::Cow::Borrowed(_))
+                    .then(|| text.into_bytes());
+                record("done", body).await;
+                let outcome = Outcome::done(&result, false);
+                if matches!(outcome, Outcome::Done { is_error: true, .. }) {
+                    span.record("error.type", "tool_error");
+                    span.record("otel.status_code", "ERROR");
+                }
+                Ok(Ok(outcome))
+            }
+            Err(e) => {
+                span.record("error.type", "mcp_error");
+                span.record("otel.status_code", "ERROR");
+                match &e {
+                    // Never sent, or answered with an error: not run, sent again next time.
+                    ClientError::Refused(_)
+                    | ClientError::NotSent(_)
+                    | ClientError::Answered { .. } => record("failed", None).await,
+                    // May have run: the intent stays (a later run reports it unknown).
+                    ClientError::Unknown(_) | ClientError::TooLarge(_) => {
+                        if let Some((recorder, this)) = &call
+                            && spec.idempotent
+                        {
+                            recorder.release(this);
+                        }
+                    }
+                }
+                Ok(Err(broker::guest_error(server, "tools/call", e)))
+            }
+        }
+    }
+}
+
+/// What an approval waitpoint in its current state means for the call.
+fn decide(w: Waitpoint, config: &McpServer) -> Option<types::McpOutcome> {
+    match w.state {
+        WaitpointState::Pending => Some(types::McpOutcome::NeedsApproval(wit_waitpoint(
+            w, None, None,
+        ))),
+        WaitpointState::Completed => {
+            let answer = w
+                .result
+                .as_deref()
+                .and_then(|r| serde_json::from_slice::<Value>(r).ok());
+            let approve = answer
+                .as_ref()
+                .and_then(|a| a.get("approved"))
+                .and_then(Value::as_bool);
+            let by = w.settled_by.as_deref().unwrap_or("someone");
+            match approve {
+                Some(true) => None,
+                Some(false) => {
+                    let reason = answer
+                        .as_ref()
+                        .and_then(|a| a.get("reason"))
+                        .and_then(Value::as_str)
+                        .map_or_else(String::new, |r| format!(": {r}"));
+                    Some(types::McpOutcome::Rejected(format!(
+                        "the call was rejected by {by}{reason}"
+                    )))
+                }
+                None => Some(types::McpOutcome::Rejected(format!(
+                    "the approval was completed by {by} without {{\"approved\": true}}"
+                ))),
+            }
+        }
+        WaitpointState::TimedOut => Some(types::McpOutcome::Rejected(format!(
+            "no one approved the call within {} s",
+            config.approval_timeout.as_secs()
+        ))),
+        WaitpointState::Cancelled => Some(types::McpOutcome::Rejected(format!(
+            "the approval was cancelled ({})",
+            w.settled_by.as_deref().unwrap_or("cancelled")
+        ))),
+    }
+}
+
+/// A call's outcome before it becomes the WIT's.
+enum Outcome {
+    Done {
+        result: types::McpResult,
+        is_error: bool,
+        replayed: bool,
+    },
+    Wit(types::McpOutcome),
+}
+
+impl Outcome {
+    /// A `tools/call` result.
+    fn done(result: &Value, replayed: bool) -> Outcome {
+        let is_error = result
+            .get("isError")
+            .and_then(Value::as_bool)
+            .unwrap_or(false);
+        Outcome::Done {
+            result: types::McpResult {
+                content: result
+                    .get("content")
+                    .map_or_else(|| "[]".to_owned(), Value::to_string),
+                structured: result.get("structuredContent").map(Value::to_string),
+                is_error,
+            },
+            is_error,
+            replayed,
+        }
+    }
+
+    fn into_wit(self) -> types::McpOutcome {
+        match self {
+            Outcome::Done { result, .. } => types::McpOutcome::Done(result),
+            Outcome::Wit(outcome) => outcome,
+        }
+    }
+}
+
+/// A tool as `mcp-tools` lists it.
+fn wit_tool(t: &Tool, config: &McpServer) -> types::McpTool {
+    types::McpTool {
+        name: t.name.clone(),
+        description: t.description.clone(),
+        input_schema: t.input_schema.to_string(),
+        needs_approval: t.needs_approval(config.rule_for(&t.name)),
+        read_only: t.read_only,
+        destructive: t.destructive,
+        idempotent: t.idempotent,
+        open_world: t.open_world,
+    }
+}
