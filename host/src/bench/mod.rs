@@ -17,11 +17,14 @@
 //! - `target`: fresh stores per sample and host runs on them;
 //! - `outbound` and `journal`: one outbound request through the http-probe guest, live, and
 //!   journaled (recorded, then replayed) (only with `--only outbound`, `--only journal`);
+//! - `mcp`: one MCP tool call brokered through the mcp-probe guest against the host making it
+//!   directly (only with `--only mcp`);
 //! - `stream`: what a claim streams, to a client of the API: latency and deltas per second
 //!   (only with `--only stream`).
 
 mod api;
 mod journal;
+mod mcp;
 mod messages;
 mod outbound;
 mod scale;
@@ -137,6 +140,9 @@ pub enum Scenario {
     /// Streaming: emit-to-client latency p50/p99 and deltas per second to one client (run
     /// only when named).
     Stream,
+    /// One MCP tool call brokered through a guest against the host making it directly (run
+    /// only when named: it needs the mcp-probe test guest, found beside the http-probe one).
+    Mcp,
 }
 
 /// What `homing bench` was asked.
@@ -172,6 +178,7 @@ impl BenchArgs {
                 | Scenario::Waitpoints
                 | Scenario::Journal
                 | Scenario::Stream
+                | Scenario::Mcp
         ) {
             return self.only.contains(&scenario);
         }
@@ -222,6 +229,13 @@ pub async fn run(args: &BenchArgs) -> anyhow::Result<()> {
     }
     if args.wants(Scenario::Journal) {
         figures.extend(journal::journal(&probe, samples).await?);
+    }
+    if args.wants(Scenario::Mcp) {
+        let mcp_probe = probe
+            .parent()
+            .unwrap_or(std::path::Path::new("."))
+            .join("mcp_probe.wasm");
+        figures.extend(mcp::mcp(&mcp_probe, samples).await?);
     }
     let mut targets = Vec::new();
     let mut _local = None;

@@ -14,7 +14,7 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use anyhow::{Context, bail};
-use http_body_util::{BodyExt, Empty};
+use http_body_util::{BodyExt, Full};
 
 use super::{Figure, figure};
 use crate::config::Config;
@@ -40,23 +40,34 @@ pub(super) struct Probe {
 impl Probe {
     /// Starts the server and loads the guest at `probe`.
     pub(super) async fn start(probe: &Path) -> anyhow::Result<Probe> {
+        let app = axum::Router::new().fallback(|| async { "ok" });
+        Probe::serve(probe, app, |_| String::new()).await
+    }
+
+    /// Starts `app` on a loopback port and loads the test guest at `probe` as plugin `probe`,
+    /// allowed to reach it, its config's tail written by `more` from the port.
+    pub(super) async fn serve(
+        probe: &Path,
+        app: axum::Router,
+        more: impl Fn(u16) -> String,
+    ) -> anyhow::Result<Probe> {
         if !probe.exists() {
             bail!(
-                "the http-probe guest {} is missing; build it with `cargo build --release --target \
-             wasm32-wasip2` in tests/guests (or pass --http-probe)",
+                "the test guest {} is missing; build it with `cargo build --release --target \
+             wasm32-wasip2` in tests/guests (or pass --http-probe, whose folder it is looked for in)",
                 probe.display()
             );
         }
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
         let addr = listener.local_addr()?;
-        let app = axum::Router::new().fallback(|| async { "ok" });
         let server = tokio::spawn(async move { axum::serve(listener, app).await });
 
         let dir = ScratchDir::new("bench-outbound").context("a directory for the bench")?;
         let text = format!(
-            "[plugins.probe]\npath = {:?}\nallowed_outbound_hosts = [\"http://127.0.0.1:{}\"]\n",
+            "[plugins.probe]\npath = {:?}\nallowed_outbound_hosts = [\"http://127.0.0.1:{}\"]\n{}",
             probe.display().to_string(),
-            addr.port()
+            addr.port(),
+            more(addr.port())
         );
         let config = Config::parse(&text, "homing bench", dir.path())?;
         let runtime = Runtime::new(&config)?;
@@ -82,6 +93,11 @@ impl Probe {
             claimed: Default::default(),
             _dir: dir,
         })
+    }
+
+    /// The server's address.
+    pub(super) fn addr(&self) -> std::net::SocketAddr {
+        self.addr
     }
 
     /// The server's URL.
@@ -148,37 +164,42 @@ pub(super) async fn outbound(probe: &Path, samples: usize) -> anyhow::Result<Vec
 
     let mut direct = Vec::with_capacity(samples);
     for _ in 0..samples {
-        let start = Instant::now();
-        let stream = tokio::net::TcpStream::connect(addr).await?;
-        stream.set_nodelay(true)?;
-        let (mut sender, conn) =
-            hyper::client::conn::http1::handshake(wasmtime_wasi_http::io::TokioIo::new(stream))
-                .await?;
-        let conn = tokio::spawn(conn);
         let request = http::Request::get("/")
             .header(http::header::HOST, addr.to_string())
-            .body(Empty::<bytes::Bytes>::new())?;
-        let response = sender.send_request(request).await?;
-        let body = response.into_body().collect().await?.to_bytes();
-        direct.push(start.elapsed().as_secs_f64() * 1e6);
+            .body(Full::new(bytes::Bytes::new()))?;
+        let (took, body) = fresh_exchange(addr, request).await?;
+        direct.push(took);
         if body.as_ref() != b"ok" {
             bail!("the bench server answered {body:?}");
         }
-        drop(sender);
-        let _ = conn.await;
     }
     probe.stop();
 
-    let none = through_guest[0].median;
-    let one = through_guest[1].median;
-    let direct = figure("outbound GET, host directly (hyper)".into(), "µs", direct);
-    let extra = figure(
-        "outbound GET via guest (1-request - 0-request call)".into(),
-        "µs",
-        vec![one - none],
-    );
+    Ok(compared(
+        through_guest,
+        direct,
+        [
+            "outbound GET, host directly (hyper)",
+            "outbound GET via guest (1-request - 0-request call)",
+            "outbound GET, via guest / host directly",
+        ],
+    ))
+}
+
+/// The figures of a comparison: `through_guest` (a call doing nothing, then one doing it once),
+/// the `direct` samples, what one through the guest adds, and the ratio, named by `names`
+/// (direct, added, ratio).
+pub(super) fn compared(
+    through_guest: Vec<Figure>,
+    direct: Vec<f64>,
+    names: [&str; 3],
+) -> Vec<Figure> {
+    let none = through_guest.first().map_or(0.0, |f| f.median);
+    let one = through_guest.get(1).map_or(0.0, |f| f.median);
+    let direct = figure(names[0].into(), "µs", direct);
+    let extra = figure(names[1].into(), "µs", vec![one - none]);
     let ratio = figure(
-        "outbound GET, via guest / host directly".into(),
+        names[2].into(),
         "x",
         vec![if direct.median > 0.0 {
             (one - none) / direct.median
@@ -188,5 +209,25 @@ pub(super) async fn outbound(probe: &Path, samples: usize) -> anyhow::Result<Vec
     );
     let mut figures = through_guest;
     figures.extend([direct, extra, ratio]);
-    Ok(figures)
+    figures
+}
+
+/// Sends `request` to `addr` on a fresh connection with hyper, as the host's sender does for a
+/// guest: the µs it took, from connecting to the whole body, and the body.
+pub(super) async fn fresh_exchange(
+    addr: std::net::SocketAddr,
+    request: http::Request<Full<bytes::Bytes>>,
+) -> anyhow::Result<(f64, bytes::Bytes)> {
+    let start = Instant::now();
+    let stream = tokio::net::TcpStream::connect(addr).await?;
+    stream.set_nodelay(true)?;
+    let (mut sender, conn) =
+        hyper::client::conn::http1::handshake(wasmtime_wasi_http::io::TokioIo::new(stream)).await?;
+    let conn = tokio::spawn(conn);
+    let response = sender.send_request(request).await?;
+    let body = response.into_body().collect().await?.to_bytes();
+    let took = start.elapsed().as_secs_f64() * 1e6;
+    drop(sender);
+    let _ = conn.await;
+    Ok((took, body))
 }

@@ -11,7 +11,8 @@
 //!   `{"outcome": "rejected" | "unknown", "why"}`, `{"error": ...}`); with `fail_first`, the
 //!   first attempt fails after the call (a retry must be answered from the journal);
 //! - `{"op": "raw", "server": S, "tool": T, "arguments": "<text>"}`: calls with the arguments
-//!   text as given (for the refusals).
+//!   text as given (for the refusals);
+//! - `{"op": "none"}`: calls nothing (the bench's baseline).
 
 use homing_guest::{Claim, Handler, McpOutcome};
 use serde_json::{Value, json};
@@ -76,6 +77,7 @@ impl Handler for Probe {
                 Ok(done) => outcome(Some(done)),
                 Err(e) => json!({ "error": format!("{e:?}") }),
             },
+            "none" => json!({}),
             other => return Err(format!("unknown op `{other}`")),
         };
         Ok(answer.to_string().into_bytes())
