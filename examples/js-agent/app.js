@@ -13,6 +13,9 @@
 // suspends the run; the resumed run (after `homing waitpoint complete`, the API or the
 // dashboard) replies with what became of it. With a `notify-url`, the waitpoint's token and
 // callback URL are POSTed there when the host hands them out (never logged).
+// `mcp <server> <tool> [json-arguments]` calls a tool of an MCP server through the host
+// (`[plugins.NAME.mcp.<server>]`), suspending while the call waits for approval, and replies
+// `mcp done: <text>`, `mcp tool error: ...`, `mcp rejected: <reason>` or `mcp unknown: ...`.
 // `research <n> <url> [fail-first]` makes `n` model calls with `fetch()`: each POSTs
 // `{"turn":i,"history":<entries in the thread log, read just before>}` to `url`, and each answer
 // is appended to the log as `{"role":"tool",...}`; the reply is the answers joined by ` | `.
@@ -69,6 +72,7 @@ function respond(claim) {
   if (tool === 'wait-for') return waitTurn(claim, arg, message);
   if (tool === 'research') return researchTurn(claim, arg, message);
   if (tool === 'memo') return memoTurn(claim, arg, message);
+  if (tool === 'mcp') return mcpTurn(claim, arg, message);
 
   let reply;
   if (tool === 'flaky') {
@@ -196,6 +200,35 @@ async function memoTurn(claim, arg, message) {
     throw new Error(`memo failed on attempt 0 after ${n} steps (fail-first)`);
   }
   return record(claim, 'memo', message, answers.join(' | '));
+}
+
+/** The `mcp <server> <tool> [json-arguments]` turn: a tool of an MCP server, called through
+ * the host; `undefined` once the run is suspended waiting for approval (the resumed run makes
+ * the same call). */
+function mcpTurn(claim, arg, message) {
+  const [server = '', rest = ''] = splitOnce(arg);
+  const [tool = '', args = ''] = splitOnce(rest);
+  let outcome;
+  try {
+    outcome = claim.mcpCallOrSuspend(server, tool, args || undefined);
+  } catch (e) {
+    if (!(e instanceof HomingError)) throw e;
+    return record(claim, 'mcp', message, `mcp refused: ${e.message}`);
+  }
+  if (outcome === undefined) return undefined;
+  let reply;
+  if (outcome.kind === 'done') {
+    reply = `${outcome.result.isError ? 'mcp tool error' : 'mcp done'}: ${outcome.text}`;
+  } else {
+    reply = `mcp ${outcome.kind}: ${outcome.reason}`;
+  }
+  return record(claim, 'mcp', message, reply);
+}
+
+/** `text` split at its first space, both parts trimmed. */
+function splitOnce(text) {
+  const at = text.indexOf(' ');
+  return at < 0 ? [text.trim(), ''] : [text.slice(0, at).trim(), text.slice(at + 1).trim()];
 }
 
 /** The `wait-for <name> [ms] [notify-url]` turn: `undefined` once the run is suspended (the

@@ -22,6 +22,7 @@ can pick the conversation up: the log is its only memory. The reply is the dispa
 | `research <n> <url> [fail-first]` | `n` model calls in sequence: POSTs `{"turn": i, "history": <log entries>}` to `url` (needs `allowed_outbound_hosts`), appends each answer to the log as `{"role": "tool", "content": ...}`, replies with the answers separated by a vertical bar (space, bar, space); with `fail-first`, attempt 0 fails after the calls |
 | `memo <n> <url> [fail-first]` | `n` model calls, each a memoized step (`claim.step("ask", ...)`, keyed `ask`, `ask#2`, ...): POSTs `{"turn": i, "history": 0}` to `url` (needs `allowed_outbound_hosts`), replies with the answers separated by a vertical bar (space, bar, space); with `fail-first`, attempt 0 fails after the calls |
 | `stream <text>` | streams the text to the dispatch's watchers a word at a time (`claim.emit`, each word with the whitespace before it) and replies `streamed <n> chunks (last #<seq>): <text>`, `<seq>` being the last sequence `emit` returned |
+| `mcp <server> <tool> [json-arguments]` | calls a tool of an MCP server through the host (`[plugins.NAME.mcp.<server>]`); replies `mcp done: <text>`, `mcp tool error: <text>`, `mcp rejected: <reason>` or `mcp unknown: <reason>`, and suspends while the call waits for approval |
 | anything else | a reply that counts the turns |
 
 Messages sent to the thread (`homing thread send`) reach the agent through its inbox: `inbox`
@@ -96,6 +97,11 @@ def handle(claim: Claim):
         if reply is None:
             # Suspended: the claim is over; the resumed run replies.
             return None
+    elif tool == "mcp":
+        reply = call_mcp_tool(claim, arg)
+        if reply is None:
+            # Waiting for an operator's approval: the resumed run makes the same call.
+            return None
     elif tool == "flaky":
         needed = int(arg or "1")
         if claim.attempt < needed:
@@ -113,6 +119,23 @@ def handle(claim: Claim):
     claim.append(json.dumps({"role": "agent", "content": reply}))
     homing_guest.info(f"turn on {claim.thread}: {tool} -> {reply[:60]}")
     return reply
+
+
+def call_mcp_tool(claim: Claim, arg: str) -> Optional[str]:
+    """`mcp <server> <tool> [json-arguments]`: the tool's answer, or None once the run is
+    suspended waiting for approval."""
+    server, _, rest = arg.partition(" ")
+    tool, _, arguments = rest.strip().partition(" ")
+    try:
+        outcome = claim.mcp_call_or_suspend(server, tool, arguments.strip() or None)
+    except homing_guest.HomingError as e:
+        return f"mcp refused: {e}"
+    if outcome is None:
+        return None
+    if outcome.kind == "done":
+        prefix = "mcp tool error" if outcome.result.is_error else "mcp done"
+        return f"{prefix}: {outcome.text}"
+    return f"mcp {outcome.kind}: {outcome.reason}"
 
 
 def turn(entry: homing_guest.LogEntry) -> dict:

@@ -460,6 +460,70 @@ async fn brokered_mcp_calls_on_nats() {
     scenario(&nats.store_section("mcpb")).await;
 }
 
+/// The Python and JavaScript SDKs' helpers, through the example agents' `mcp` tool: a call
+/// answered, and one that waits for approval, suspends and runs once approved.
+#[tokio::test(flavor = "multi_thread")]
+async fn python_and_js_agents_call_mcp_tools_through_the_host() {
+    let server = Server::start();
+    let port = server.port;
+    let mut text = format!(
+        "[host]\nlease = \"10s\"\nsweep_interval = \"200ms\"\nshutdown_grace = \"5s\"\ncache_dir = {}\n",
+        toml_path(&crate::common::shared_cache_dir())
+    );
+    for agent in ["python-agent", "js-agent"] {
+        text.push_str(&format!(
+            r#"
+[plugins.{agent}]
+path = {path}
+memory = "128MiB"
+timeout = "60s"
+allowed_outbound_hosts = ["http://127.0.0.1:{port}"]
+[plugins.{agent}.mcp.records]
+url = "http://127.0.0.1:{port}/mcp"
+auth = {{ bearer = {{ env = "MCP_TOKEN", secret = true }} }}
+tools = ["add", "delete_record"]
+"#,
+            path = toml_path(&crate::common::polyglot_guest(agent)),
+        ));
+    }
+    let env = Env::new(&text);
+    let mut host = spawn_host(&env, "host.log");
+    for (n, agent) in ["python-agent", "js-agent"].into_iter().enumerate() {
+        let reply = |id: &str| {
+            let d = env.wait_status(id, "acked", Duration::from_secs(60));
+            d["result"]["output"]
+                .as_str()
+                .unwrap_or_default()
+                .to_owned()
+        };
+        let add = env.enqueue(agent, agent, r#"mcp records add {"a": 40, "b": 2}"#, &[]);
+        assert_eq!(reply(&add), "mcp done: 42", "{agent}");
+        let refused = env.enqueue(agent, agent, "mcp records send_email {}", &[]);
+        assert!(reply(&refused).starts_with("mcp refused:"), "{agent}");
+        let delete = env.enqueue(
+            agent,
+            agent,
+            r#"mcp records delete_record {"id": "9"}"#,
+            &[],
+        );
+        let w = approval(&env, &delete);
+        env.ok(&[
+            "waitpoint",
+            "complete",
+            w["id"].as_str().unwrap(),
+            "--payload",
+            r#"{"approved": true}"#,
+        ]);
+        assert_eq!(reply(&delete), "mcp done: deleted 9", "{agent}");
+        assert_eq!(
+            server.calls().await["delete_record"],
+            n as u64 + 1,
+            "{agent}"
+        );
+    }
+    kill(&mut host);
+}
+
 #[test]
 fn a_server_the_egress_policy_refuses_stops_the_config_check() {
     let text = config(1, "").replace(
