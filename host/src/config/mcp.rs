@@ -53,13 +53,44 @@ pub struct McpServer {
     pub max_result: u64,
 }
 
-/// How the host authenticates to an MCP server.
+/// How the host authenticates to an MCP server: one of `bearer` and `oauth`.
 #[derive(Debug, Clone, PartialEq, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct McpAuth {
     /// Sent as `Authorization: Bearer <value>`. A value from the environment or a file (as
     /// `variables` are), kept out of every log line, error and stored record.
-    pub bearer: ValueSpec,
+    #[serde(default)]
+    pub bearer: Option<ValueSpec>,
+    /// OAuth 2.0 client credentials: the host asks `token_url` for an access token and sends
+    /// it as the bearer, asking again before it expires or when the server refuses it.
+    #[serde(default)]
+    pub oauth: Option<McpOAuth>,
+}
+
+impl McpAuth {
+    /// The secret the host holds for the server: the bearer, or the OAuth client's secret.
+    pub fn credential(&self) -> Option<&ValueSpec> {
+        self.bearer
+            .as_ref()
+            .or_else(|| self.oauth.as_ref().map(|o| &o.client_secret))
+    }
+}
+
+/// OAuth 2.0 client credentials (RFC 6749, section 4.4), the client authenticated with HTTP
+/// Basic.
+#[derive(Debug, Clone, PartialEq, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct McpOAuth {
+    /// The authorization server's token endpoint (`http` or `https`; its origin must be in the
+    /// plugin's `allowed_outbound_hosts` too).
+    pub token_url: String,
+    /// The client's id.
+    pub client_id: String,
+    /// The client's secret (a value from the environment or a file, never shown).
+    pub client_secret: ValueSpec,
+    /// The scope asked for, if any.
+    #[serde(default)]
+    pub scope: Option<String>,
 }
 
 /// When a call waits for a person.
@@ -149,16 +180,7 @@ impl McpServer {
 
     /// What can be checked without the network; `key` names the table in errors.
     pub(super) fn check(&self, key: &str) -> Result<(), String> {
-        let uri: http::Uri = self
-            .url
-            .parse()
-            .map_err(|e| format!("{key} url: `{}` is not a URL: {e}", shown_url(&self.url)))?;
-        if !matches!(uri.scheme_str(), Some("http" | "https")) || uri.host().is_none() {
-            return Err(format!(
-                "{key} url: `{}` must be an http or https URL with a host",
-                shown_url(&self.url)
-            ));
-        }
+        check_url(&self.url).map_err(|e| format!("{key} url: {e}"))?;
         if self.tools.iter().any(|t| t.trim().is_empty()) {
             return Err(format!("{key} tools: an entry is blank"));
         }
@@ -183,12 +205,42 @@ impl McpServer {
             return Err(format!("{key} max_result: must be more than 0"));
         }
         if let Some(auth) = &self.auth {
-            auth.bearer
-                .check()
-                .map_err(|e| format!("{key} auth.bearer {e}"))?;
+            match (&auth.bearer, &auth.oauth) {
+                (Some(bearer), None) => bearer
+                    .check()
+                    .map_err(|e| format!("{key} auth.bearer {e}"))?,
+                (None, Some(oauth)) => {
+                    check_url(&oauth.token_url)
+                        .map_err(|e| format!("{key} auth.oauth.token_url: {e}"))?;
+                    if oauth.client_id.is_empty() {
+                        return Err(format!("{key} auth.oauth.client_id: must not be empty"));
+                    }
+                    oauth
+                        .client_secret
+                        .check()
+                        .map_err(|e| format!("{key} auth.oauth.client_secret {e}"))?;
+                }
+                _ => {
+                    return Err(format!("{key} auth: set one of `bearer` and `oauth`"));
+                }
+            }
         }
         Ok(())
     }
+}
+
+/// Checks an http or https URL with a host.
+fn check_url(url: &str) -> Result<(), String> {
+    let uri: http::Uri = url
+        .parse()
+        .map_err(|e| format!("`{}` is not a URL: {e}", shown_url(url)))?;
+    if !matches!(uri.scheme_str(), Some("http" | "https")) || uri.host().is_none() {
+        return Err(format!(
+            "`{}` must be an http or https URL with a host",
+            shown_url(url)
+        ));
+    }
+    Ok(())
 }
 
 /// A server's URL as errors and logs show it: scheme, host, port and path, never a query or
@@ -279,6 +331,18 @@ approval_for = { "delete_*" = "always", "delete_draft*" = "never", "send" = "ope
             .unwrap_err();
         assert!(bad.contains("pin"), "{bad}");
         assert!(shown_url("https://u:p@h:8443/mcp?key=secret") == "https://h:8443/mcp");
+        let both = server(
+            "url = \"http://x/mcp\"\n[auth]\nbearer = \"b\"\noauth = { token_url = \"http://x/t\", client_id = \"c\", client_secret = \"s\" }",
+        )
+        .check("[plugins.a.mcp.s]")
+        .unwrap_err();
+        assert!(both.contains("one of `bearer` and `oauth`"), "{both}");
+        let bad = server(
+            "url = \"http://x/mcp\"\n[auth]\noauth = { token_url = \"x\", client_id = \"c\", client_secret = \"s\" }",
+        )
+        .check("[plugins.a.mcp.s]")
+        .unwrap_err();
+        assert!(bad.contains("auth.oauth.token_url"), "{bad}");
         assert!(check_name("github").is_ok() && check_name("Git Hub").is_err());
     }
 }

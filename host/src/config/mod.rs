@@ -962,10 +962,10 @@ impl Config {
                     .mcp
                     .iter()
                     .filter_map(|(server, c)| {
-                        Some((server.clone(), c.auth.as_ref()?.bearer.clone()))
+                        Some((server.clone(), c.auth.as_ref()?.credential()?.clone()))
                     })
                     .collect(),
-                &format!("[plugins.{name}.mcp] auth.bearer of"),
+                &format!("[plugins.{name}.mcp] auth of"),
                 &self.base_dir,
             )
             .map_err(err)?

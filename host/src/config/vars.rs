@@ -263,8 +263,8 @@ pub struct Resolved {
     pub variables: BTreeMap<String, Value>,
     /// `env`, for the guest's environment.
     pub env: BTreeMap<String, Value>,
-    /// The bearer of each `[plugins.x.mcp.NAME]` that has one, by server name: the host sends
-    /// it, the guest never sees it.
+    /// The credential of each `[plugins.x.mcp.NAME]` that has one (its bearer, or its OAuth
+    /// client's secret), by server name: the host uses it, the guest never sees it.
     pub mcp: BTreeMap<String, Value>,
 }
 

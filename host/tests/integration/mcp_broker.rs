@@ -14,7 +14,9 @@
 //!   (the next host runs the call once);
 //! - a host SIGKILLed while a non-idempotent call is in flight: the retry is told `unknown`
 //!   and the tool does not run again;
-//! - the server's bearer is in no log line, result, journal or waitpoint.
+//! - OAuth client credentials: a token asked for once and reused;
+//! - the server's bearer and the OAuth client's secret are in no log line, result, journal or
+//!   waitpoint.
 
 use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
@@ -132,16 +134,32 @@ url = "{url}"
 auth = {{ bearer = {{ env = "MCP_TOKEN", secret = true }} }}
 tools = ["add"]
 pin = "sha256:{zeros}"
+
+[plugins.ops.mcp.oauthed]
+url = "{url}"
+tools = ["add"]
+[plugins.ops.mcp.oauthed.auth.oauth]
+token_url = "http://127.0.0.1:{port}/token"
+client_id = "homing"
+client_secret = {{ env = "MCP_CLIENT_SECRET", secret = true }}
+scope = "tools"
 {store}"#,
         probe = toml_path(&guest("mcp_probe")),
         zeros = "0".repeat(64),
     )
 }
 
+/// `homing args` with the server's credentials in the environment.
+fn homing(env: &Env, args: &[&str]) -> Command {
+    let mut cmd = env.command(args);
+    cmd.env("MCP_TOKEN", TOKEN)
+        .env("MCP_CLIENT_SECRET", format!("{TOKEN}-client"));
+    cmd
+}
+
 fn spawn_host(env: &Env, log: &str) -> Child {
     let log = std::fs::File::create(env.path().join(log)).unwrap();
-    env.command(&["run"])
-        .env("MCP_TOKEN", TOKEN)
+    homing(env, &["run"])
         .stdin(Stdio::null())
         .stdout(Stdio::null())
         .stderr(log)
@@ -296,6 +314,15 @@ async fn scenario(store: &str) {
         "{calls}"
     );
 
+    // OAuth client credentials: the host asks the token endpoint once and reuses the token.
+    let oauthed =
+        json!({"op": "call", "server": "oauthed", "tool": "add", "args": {"a": 1, "b": 1}});
+    for _ in 0..2 {
+        let out = output(&env, &enqueue(&env, "t", oauthed.clone()));
+        assert_eq!(out["text"], "2", "{out}");
+    }
+    assert_eq!(server.calls().await["tokens"], 1);
+
     // A journaled retry calls no tool twice.
     let mut retried = call(
         "send_email",
@@ -402,9 +429,7 @@ async fn scenario(store: &str) {
 
     // The digest to pin, as the CLI prints it; a changed definition changes it.
     let listed = |server_name: &str| -> Value {
-        let out = env
-            .command(&["plugin", "mcp-tools", "ops", server_name, "--json"])
-            .env("MCP_TOKEN", TOKEN)
+        let out = homing(&env, &["plugin", "mcp-tools", "ops", server_name, "--json"])
             .output()
             .unwrap();
         assert!(
@@ -417,9 +442,7 @@ async fn scenario(store: &str) {
     let before = listed("pinned");
     assert_eq!(before["pinned"], false, "{before}");
     assert_eq!(before["tools"][0]["name"], "add", "{before}");
-    let table = env
-        .command(&["plugin", "mcp-tools", "ops", "records"])
-        .env("MCP_TOKEN", TOKEN)
+    let table = homing(&env, &["plugin", "mcp-tools", "ops", "records"])
         .output()
         .unwrap();
     let table = String::from_utf8_lossy(&table.stdout).into_owned();
@@ -531,11 +554,7 @@ fn a_server_the_egress_policy_refuses_stops_the_config_check() {
         "allowed_outbound_hosts = []",
     );
     let env = Env::new(&text);
-    let out = env
-        .command(&["config", "check"])
-        .env("MCP_TOKEN", TOKEN)
-        .output()
-        .unwrap();
+    let out = homing(&env, &["config", "check"]).output().unwrap();
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(!out.status.success());
     assert!(

@@ -5,14 +5,19 @@ Usage: python mcp_test_server.py PORT_FILE TOKEN
 Serves Streamable HTTP at /mcp on 127.0.0.1 (OS-chosen port, written to PORT_FILE
 once listening). Every /mcp request needs `Authorization: Bearer TOKEN`, else 401.
 Set MCP_JSON_RESPONSE=1 for JSON responses instead of the default SSE ones.
-Test controls (no auth): GET /calls -> per-tool call counts plus "refused";
+Test controls (no auth): GET /calls -> per-tool call counts plus "refused" and "tokens";
 POST /mutate -> changes the `add` tool's description (a "rug pull").
+OAuth client credentials: POST /token with HTTP Basic `homing:<TOKEN>-client` and
+`grant_type=client_credentials` issues an access token that /mcp accepts too.
 """
 
 import asyncio
+import base64
 import os
+import secrets
 import socket
 import sys
+from urllib.parse import parse_qs, unquote_plus
 
 import uvicorn
 from mcp.server.mcpserver import MCPServer
@@ -25,7 +30,10 @@ PORT_FILE, TOKEN = sys.argv[1], sys.argv[2]
 JSON_RESPONSE = os.environ.get("MCP_JSON_RESPONSE") == "1"
 
 server = MCPServer("homing-mcp-test", version="1.0.0", log_level="WARNING")
-counts = {name: 0 for name in ("add", "send_email", "delete_record", "big", "fail", "slow", "refused")}
+counts = {
+    name: 0 for name in ("add", "send_email", "delete_record", "big", "fail", "slow", "refused", "tokens")
+}
+issued = set()
 
 
 def count(name: str) -> None:
@@ -109,6 +117,27 @@ async def mutate(_: Request) -> Response:
     return JSONResponse({"ok": True})
 
 
+@server.custom_route("/token", methods=["POST"])
+async def token(request: Request) -> Response:
+    # OAuth 2.0 client credentials (RFC 6749 4.4), the client authenticated with HTTP Basic
+    # (its id and secret form-encoded first, 2.3.1).
+    basic = request.headers.get("authorization", "").removeprefix("Basic ")
+    try:
+        pair = base64.b64decode(basic).decode()
+    except ValueError:
+        pair = ""
+    client_id, _, secret = pair.partition(":")
+    form = parse_qs((await request.body()).decode())
+    if (unquote_plus(client_id), unquote_plus(secret)) != ("homing", f"{TOKEN}-client") or form.get(
+        "grant_type"
+    ) != ["client_credentials"]:
+        return JSONResponse({"error": "invalid_client"}, status_code=401)
+    count("tokens")
+    access = "issued-" + secrets.token_hex(16)
+    issued.add(access)
+    return JSONResponse({"access_token": access, "token_type": "Bearer", "expires_in": 3600})
+
+
 # --- bearer-token gate (pure ASGI, so SSE streaming is untouched) ---
 
 
@@ -117,7 +146,8 @@ def require_token(app):
 
     async def gate(scope, receive, send):
         if scope["type"] == "http" and scope["path"].startswith("/mcp"):
-            if dict(scope["headers"]).get(b"authorization") != expected:
+            got = dict(scope["headers"]).get(b"authorization", b"")
+            if got != expected and got.removeprefix(b"Bearer ").decode() not in issued:
                 count("refused")
                 await JSONResponse({"error": "unauthorized"}, status_code=401)(scope, receive, send)
                 return

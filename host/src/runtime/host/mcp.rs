@@ -187,7 +187,14 @@ impl GuestState {
         let claim = self.claim(handle)?;
         let fence = claim.fence();
         let agent = claim.dispatch().agent.clone();
-        let shown_tool: String = tool.chars().take(100).collect();
+        // A waitpoint's name is at most 256 bytes: the tool's name is cut to 100.
+        let mut shown_tool = String::new();
+        for c in tool.chars() {
+            if shown_tool.len() + c.len_utf8() > 100 {
+                break;
+            }
+            shown_tool.push(c);
+        }
         let name = format!(
             "mcp/{server}/{shown_tool}/{}#{nth}",
             &id[..12.min(id.len())]
@@ -362,6 +369,7 @@ impl GuestState {
                     // Never sent, or answered with an error: not run, sent again next time.
                     ClientError::Refused(_)
                     | ClientError::NotSent(_)
+                    | ClientError::Unauthorized(_)
                     | ClientError::Answered { .. } => record("failed", None).await,
                     // May have run: the intent stays (a later run reports it unknown).
                     ClientError::Unknown(_) | ClientError::TooLarge(_) => {

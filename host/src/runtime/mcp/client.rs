@@ -40,6 +40,8 @@ pub enum ClientError {
     Unknown(String),
     /// The answer passed `max_result` bytes (the call may have run).
     TooLarge(u64),
+    /// The server (or the token endpoint) refused the host's credentials: nothing ran.
+    Unauthorized(String),
     /// The server answered with a JSON-RPC error or a failing status; `expired` when it no
     /// longer knows the session (a new one may be opened).
     Answered { text: String, expired: bool },
@@ -63,7 +65,7 @@ pub struct Endpoint<'a> {
     /// The server's URL.
     pub url: &'a str,
     /// The bearer the host sends, if any.
-    pub bearer: Option<&'a str>,
+    pub bearer: Option<zeroize::Zeroizing<String>>,
     /// The longest one request may take.
     pub timeout: Duration,
     /// The most bytes of one answer read.
@@ -245,8 +247,11 @@ impl Endpoint<'_> {
                 request = request.header("mcp-session-id", id.as_str());
             }
         }
-        if let Some(bearer) = self.bearer {
-            request = request.header(http::header::AUTHORIZATION, format!("Bearer {bearer}"));
+        if let Some(bearer) = &self.bearer {
+            request = request.header(
+                http::header::AUTHORIZATION,
+                format!("Bearer {}", bearer.as_str()),
+            );
         }
         let bytes = serde_json::to_vec(body).map_err(|e| ClientError::Refused(e.to_string()))?;
         // Never the request's own text in an error: its headers carry the credentials.
@@ -259,7 +264,11 @@ impl Endpoint<'_> {
 /// The error of a failing status. A 404 on a session the server no longer knows expires it.
 fn status_error(status: u16, in_session: bool) -> ClientError {
     let text = match status {
-        401 | 403 => format!("the server refused the host's credentials ({status}); check auth"),
+        401 | 403 => {
+            return ClientError::Unauthorized(format!(
+                "the server refused the host's credentials ({status}); check auth"
+            ));
+        }
         404 if in_session => "the server no longer knows the session (404)".into(),
         _ => format!("the server answered status {status}"),
     };
@@ -299,6 +308,84 @@ fn response_in(bytes: &[u8]) -> Option<Value> {
     None
 }
 
+/// Asks `oauth`'s token endpoint for an access token with the client's `secret` (OAuth 2.0
+/// client credentials, the client authenticated with HTTP Basic): the token and when to stop
+/// using it (30 s, or half its life, before it expires; an hour when the answer says nothing).
+///
+/// # Errors
+///
+/// `Unauthorized` when the endpoint refuses the client; as any exchange otherwise. Never the
+/// secret or the token in the text.
+pub async fn fetch_token(
+    hooks: &HttpHooks,
+    oauth: &crate::config::mcp::McpOAuth,
+    secret: &str,
+    timeout: Duration,
+) -> Result<(zeroize::Zeroizing<String>, std::time::Instant), ClientError> {
+    use base64::Engine;
+    use percent_encoding::{AsciiSet, NON_ALPHANUMERIC, utf8_percent_encode};
+    // RFC 6749, 2.3.1: the id and the secret form-encoded before Basic; unreserved characters
+    // stay as they are (many servers compare without decoding).
+    const FORM: &AsciiSet = &NON_ALPHANUMERIC
+        .remove(b'-')
+        .remove(b'.')
+        .remove(b'_')
+        .remove(b'~');
+    let encode = |text: &str| utf8_percent_encode(text, FORM).to_string();
+    let basic = zeroize::Zeroizing::new(base64::engine::general_purpose::STANDARD.encode(format!(
+        "{}:{}",
+        encode(&oauth.client_id),
+        encode(secret)
+    )));
+    let mut form = "grant_type=client_credentials".to_owned();
+    if let Some(scope) = &oauth.scope {
+        form.push_str(&format!("&scope={}", encode(scope)));
+    }
+    let request = http::Request::post(oauth.token_url.as_str())
+        .header(
+            http::header::CONTENT_TYPE,
+            "application/x-www-form-urlencoded",
+        )
+        .header(http::header::ACCEPT, "application/json")
+        .header(
+            http::header::AUTHORIZATION,
+            format!("Basic {}", basic.as_str()),
+        )
+        .body(bytes::Bytes::from(form))
+        .map_err(|_| ClientError::Refused("the token request could not be built".into()))?;
+    let answer = hooks
+        .host_exchange(request, timeout, 64 * 1024, |_| false)
+        .await?;
+    if !(200..=299).contains(&answer.status) {
+        return Err(ClientError::Unauthorized(format!(
+            "the token endpoint refused the client `{}` ({})",
+            oauth.client_id, answer.status
+        )));
+    }
+    let body: Value = serde_json::from_slice(&answer.body)
+        .map_err(|_| ClientError::Unauthorized("the token endpoint's answer is not JSON".into()))?;
+    let Some(token) = body
+        .get("access_token")
+        .and_then(Value::as_str)
+        .filter(|t| !t.is_empty() && t.len() <= 8192 && !t.contains(['\r', '\n']))
+    else {
+        return Err(ClientError::Unauthorized(
+            "the token endpoint's answer has no usable access_token".into(),
+        ));
+    };
+    let life = Duration::from_secs(
+        body.get("expires_in")
+            .and_then(Value::as_u64)
+            .unwrap_or(3600)
+            .min(365 * 24 * 3600),
+    );
+    let margin = Duration::from_secs(30).min(life / 2);
+    Ok((
+        zeroize::Zeroizing::new(token.to_owned()),
+        std::time::Instant::now() + (life - margin),
+    ))
+}
+
 #[cfg(test)]
 mod tests {
     #![allow(clippy::unwrap_used)]
@@ -325,7 +412,7 @@ mod tests {
             status_error(404, false),
             ClientError::Answered { expired: false, .. }
         ));
-        let ClientError::Answered { text, .. } = status_error(401, true) else {
+        let ClientError::Unauthorized(text) = status_error(401, true) else {
             unreachable!()
         };
         assert!(text.contains("credentials"));

@@ -150,9 +150,60 @@ pub fn canonical(value: &Value) -> Value {
 /// One configured server.
 struct Server {
     config: McpServer,
-    bearer: Option<Zeroizing<String>>,
+    /// Its bearer, or its OAuth client's secret.
+    credential: Option<Zeroizing<String>>,
     session: tokio::sync::Mutex<Option<Session>>,
     tools: Mutex<Option<(Instant, Arc<ToolList>)>>,
+    /// Under OAuth: the access token and when to ask for a new one.
+    token: tokio::sync::Mutex<Option<(Zeroizing<String>, Instant)>>,
+}
+
+impl Server {
+    /// What the host sends as the bearer: the configured one, or an OAuth access token (asked
+    /// for when there is none or it is about to expire).
+    async fn bearer(
+        &self,
+        hooks: &HttpHooks,
+        fresh: bool,
+    ) -> Result<Option<Zeroizing<String>>, ClientError> {
+        let Some(credential) = &self.credential else {
+            return Ok(None);
+        };
+        let Some(oauth) = self.config.auth.as_ref().and_then(|a| a.oauth.as_ref()) else {
+            return Ok(Some(credential.clone()));
+        };
+        let mut slot = self.token.lock().await;
+        if !fresh
+            && let Some((token, until)) = slot.as_ref()
+            && Instant::now() < *until
+        {
+            return Ok(Some(token.clone()));
+        }
+        let (token, until) =
+            client::fetch_token(hooks, oauth, credential, self.config.timeout).await?;
+        *slot = Some((token.clone(), until));
+        Ok(Some(token))
+    }
+}
+
+/// Whether `policy` lets the plugin reach `url`'s origin.
+fn admitted(policy: &Policy, url: &str) -> bool {
+    let Ok(uri) = url.parse::<http::Uri>() else {
+        return false;
+    };
+    let scheme = if uri.scheme_str() == Some("https") {
+        Scheme::Https
+    } else {
+        Scheme::Http
+    };
+    let host = uri
+        .host()
+        .unwrap_or_default()
+        .trim_start_matches('[')
+        .trim_end_matches(']')
+        .to_ascii_lowercase();
+    let port = uri.port_u16().unwrap_or(scheme.default_port());
+    policy.admit_http(scheme, &host, port).is_some()
 }
 
 /// The broker of one plugin.
@@ -186,40 +237,33 @@ impl McpBroker {
     ) -> Result<McpBroker, String> {
         let mut servers = BTreeMap::new();
         for (server, c) in &config.mcp {
-            let uri: http::Uri = c
-                .url
-                .parse()
-                .map_err(|_| format!("[plugins.{name}.mcp.{server}] url: not a URL"))?;
-            let scheme = if uri.scheme_str() == Some("https") {
-                Scheme::Https
-            } else {
-                Scheme::Http
-            };
-            let host = uri
-                .host()
-                .unwrap_or_default()
-                .trim_start_matches('[')
-                .trim_end_matches(']')
-                .to_ascii_lowercase();
-            let port = uri.port_u16().unwrap_or(scheme.default_port());
-            if policy.admit_http(scheme, &host, port).is_none() {
-                return Err(format!(
-                    "[plugins.{name}.mcp.{server}] url: the origin of `{}` is not in \
-                     [plugins.{name}] allowed_outbound_hosts; the host reaches MCP servers under \
-                     the plugin's egress policy",
-                    shown_url(&c.url)
-                ));
+            let urls = std::iter::once(("url", c.url.as_str())).chain(
+                c.auth
+                    .as_ref()
+                    .and_then(|a| a.oauth.as_ref())
+                    .map(|o| ("auth.oauth.token_url", o.token_url.as_str())),
+            );
+            for (key, url) in urls {
+                if !admitted(policy, url) {
+                    return Err(format!(
+                        "[plugins.{name}.mcp.{server}] {key}: the origin of `{}` is not in \
+                         [plugins.{name}] allowed_outbound_hosts; the host reaches MCP servers \
+                         under the plugin's egress policy",
+                        shown_url(url)
+                    ));
+                }
             }
             servers.insert(
                 server.clone(),
                 Server {
                     config: c.clone(),
-                    bearer: values
+                    credential: values
                         .mcp
                         .get(server)
                         .map(|v| Zeroizing::new(v.expose().to_owned())),
                     session: tokio::sync::Mutex::new(None),
                     tools: Mutex::new(None),
+                    token: tokio::sync::Mutex::new(None),
                 },
             );
         }
@@ -296,7 +340,7 @@ impl McpBroker {
             return Ok(list);
         }
         let entries = self
-            .with_session(hooks, server, s, |endpoint, session| async move {
+            .with_session(hooks, s, |endpoint, session| async move {
                 endpoint.list_tools(&session).await
             })
             .await
@@ -324,18 +368,18 @@ impl McpBroker {
             .servers
             .get(server)
             .ok_or_else(|| ClientError::Refused(format!("no server `{server}`")))?;
-        self.with_session(hooks, server, s, |endpoint, session| async move {
+        self.with_session(hooks, s, |endpoint, session| async move {
             endpoint.call_tool(&session, tool, arguments).await
         })
         .await
     }
 
     /// Runs `op` in the server's session (opened when there is none), once more in a new
-    /// session when the server forgot the first.
+    /// session when the server forgot the first, or with a new access token when the server
+    /// refused an OAuth one.
     async fn with_session<'a, T, F, Fut>(
         &self,
         hooks: &'a HttpHooks,
-        _name: &str,
         s: &'a Server,
         op: F,
     ) -> Result<T, ClientError>
@@ -343,34 +387,46 @@ impl McpBroker {
         F: Fn(Endpoint<'a>, Session) -> Fut,
         Fut: std::future::Future<Output = Result<T, ClientError>>,
     {
-        let endpoint = || Endpoint {
-            hooks,
-            url: &s.config.url,
-            bearer: s.bearer.as_ref().map(|b| b.as_str()),
-            timeout: s.config.timeout,
-            cap: s.config.max_result,
-        };
-        for _ in 0..2 {
+        let oauth = s.config.auth.as_ref().is_some_and(|a| a.oauth.is_some());
+        let mut fresh_token = false;
+        for _ in 0..3 {
+            let bearer = s.bearer(hooks, fresh_token).await?;
+            let endpoint = || Endpoint {
+                hooks,
+                url: &s.config.url,
+                bearer: bearer.clone(),
+                timeout: s.config.timeout,
+                cap: s.config.max_result,
+            };
             let session = {
                 let mut slot = s.session.lock().await;
                 match slot.as_ref() {
-                    Some(session) => session.clone(),
-                    None => {
-                        let session = endpoint().initialize().await?;
-                        *slot = Some(session.clone());
-                        session
-                    }
+                    Some(session) => Ok(session.clone()),
+                    None => match endpoint().initialize().await {
+                        Ok(session) => {
+                            *slot = Some(session.clone());
+                            Ok(session)
+                        }
+                        Err(e) => Err(e),
+                    },
                 }
             };
-            match op(endpoint(), session).await {
+            let out = match session {
+                Ok(session) => op(endpoint(), session).await,
+                Err(e) => Err(e),
+            };
+            match out {
                 Err(ClientError::Answered { expired: true, .. }) => {
                     *s.session.lock().await = None;
+                }
+                Err(ClientError::Unauthorized(_)) if oauth && !fresh_token => {
+                    fresh_token = true;
                 }
                 out => return out,
             }
         }
         Err(ClientError::Answered {
-            text: "the server forgot two sessions in a row".into(),
+            text: "the server kept refusing the session or the token".into(),
             expired: false,
         })
     }
@@ -386,6 +442,7 @@ pub fn guest_error(server: &str, method: &str, e: ClientError) -> GuestError {
         ClientError::Unknown(why) => GuestError::Unavailable(format!(
             "server `{server}` ({method}): {why}; the request may have reached it"
         )),
+        ClientError::Unauthorized(why) => GuestError::Denied(format!("server `{server}`: {why}")),
         ClientError::TooLarge(cap) => GuestError::Denied(format!(
             "server `{server}` ({method}): the answer passed max_result of {cap} bytes"
         )),

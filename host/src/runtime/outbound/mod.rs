@@ -191,16 +191,7 @@ impl WasiHttpHooks for HttpHooks {
             .scrub(request.uri().host().unwrap_or_default())
             .into_owned();
         // A child of the guest call (the current span while the guest asks for the request).
-        let span = tracing::info_span!(
-            target: crate::telemetry::trace::TARGET,
-            "homing.http",
-            otel.kind = "client",
-            http.request.method = %request.method(),
-            url.path = %path,
-            server.address = %server,
-            http.response.status_code = tracing::field::Empty,
-            otel.status_code = tracing::field::Empty,
-        );
+        let span = request_span(request.method(), &path, &server);
         // The trace goes on to the server, unless the guest set its own.
         if !request.headers().contains_key(TRACEPARENT)
             && let Some(parent) =
@@ -432,6 +423,11 @@ impl HttpHooks {
         use http_body_util::BodyExt;
         let (dispatch, attempt, secrets) = self.tag();
         let path = secrets.scrub(request.uri().path()).into_owned();
+        let server = secrets
+            .scrub(request.uri().host().unwrap_or_default())
+            .into_owned();
+        // A child of the current span (the broker's `execute_tool`, or the guest call).
+        let span = request_span(request.method(), &path, &server);
         let job = Job {
             outbound: self.outbound.clone(),
             dispatch,
@@ -447,7 +443,7 @@ impl HttpHooks {
             path,
             secrets,
             started: Instant::now(),
-            span: tracing::Span::current(),
+            span: span.clone(),
             slots: Vec::new(),
         };
         let mut request = request;
@@ -525,7 +521,7 @@ impl HttpHooks {
                 body: out.freeze(),
             })
         };
-        match tokio::time::timeout(timeout, exchange).await {
+        match tokio::time::timeout(timeout, tracing::Instrument::instrument(exchange, span)).await {
             Ok(out) => out,
             Err(_) => Err(HostExchangeError::Unknown(format!(
                 "no answer within {} ms",
@@ -533,6 +529,20 @@ impl HttpHooks {
             ))),
         }
     }
+}
+
+/// The client span of one request (its path and server already scrubbed of secrets).
+fn request_span(method: &http::Method, path: &str, server: &str) -> tracing::Span {
+    tracing::info_span!(
+        target: crate::telemetry::trace::TARGET,
+        "homing.http",
+        otel.kind = "client",
+        http.request.method = %method,
+        url.path = %path,
+        server.address = %server,
+        http.response.status_code = tracing::field::Empty,
+        otel.status_code = tracing::field::Empty,
+    )
 }
 
 /// A `wasi:http` error as the broker's errors show it.
