@@ -305,6 +305,11 @@ async fn scenario(store: &str) {
         e.starts_with("Denied") && e.contains("digest is sha256:") && e.contains("not the pin"),
         "{e}"
     );
+    let e = refused(json!({"op": "forge", "name": "mcp/records/delete_record/x#1"}));
+    assert!(
+        e.starts_with("Invalid") && e.contains("MCP approvals"),
+        "{e}"
+    );
     let e = refused(call("big", json!({"n": 100_000})));
     assert!(e.starts_with("Denied") && e.contains("max_result"), "{e}");
     let calls = server.calls().await;

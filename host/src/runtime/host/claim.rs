@@ -525,6 +525,13 @@ impl mailbox::HostClaim for GuestState {
         if let Some(refusal) = refuse_write(claim) {
             return Ok(Err(refusal));
         }
+        // The MCP broker's approvals: a guest that could make one could approve its own call.
+        if name.starts_with(super::mcp::APPROVAL_PREFIX) {
+            return Ok(Err(GuestError::Invalid(format!(
+                "name: `{}` names are the host's (MCP approvals)",
+                super::mcp::APPROVAL_PREFIX
+            ))));
+        }
         let fence = claim.fence();
         let claims = claim.dispatch().claims;
         let agent = claim.dispatch().agent.clone();

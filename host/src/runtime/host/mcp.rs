@@ -42,10 +42,22 @@ use crate::telemetry::MCP_CALLS;
 /// turns it into a form).
 const APPROVAL_SCHEMA: &str = r#"{"type":"object","properties":{"approved":{"type":"boolean","description":"Run the tool call"},"reason":{"type":"string","description":"Why not (told to the agent)"}},"required":["approved"]}"#;
 
-/// The most of the arguments an approval waitpoint shows.
+/// The most of the arguments an approval waitpoint shows: a call whose arguments are longer is
+/// refused rather than shown in part (a person approves what is sent, all of it).
 const SHOWN_ARGUMENTS: usize = 8 * 1024;
 
+/// The start of the names of approval waitpoints: the host's own, refused to guests.
+pub(super) const APPROVAL_PREFIX: &str = "mcp/";
+
 impl GuestState {
+    /// The plugin's secrets, scrubbed from what a server's answers bring back.
+    fn secrets(&self) -> std::sync::Arc<super::Secrets> {
+        self.log
+            .lock()
+            .map(|log| log.secrets.clone())
+            .unwrap_or_default()
+    }
+
     /// `mcp-tools`.
     pub(super) async fn mcp_tools(
         &mut self,
@@ -63,7 +75,7 @@ impl GuestState {
         };
         let list = match broker.tools(&self.http, &server).await {
             Ok(list) => list,
-            Err(e) => return Ok(Err(e)),
+            Err(e) => return Ok(Err(scrubbed(e, &self.secrets()))),
         };
         Ok(Ok(list
             .tools
@@ -81,13 +93,21 @@ impl GuestState {
         arguments: String,
     ) -> wasmtime::Result<Result<types::McpOutcome, GuestError>> {
         let agent = self.plugin.name.clone();
+        // Only configured names as labels: a guest's string never makes a series.
+        let label = if self.mcp.config(&server).is_ok() {
+            server.clone()
+        } else {
+            "unknown".to_owned()
+        };
         let count = |outcome: &'static str| {
-            counter!(MCP_CALLS, "agent" => agent.clone(), "server" => server.clone(), "outcome" => outcome)
+            counter!(MCP_CALLS, "agent" => agent.clone(), "server" => label.clone(), "outcome" => outcome)
                 .increment(1);
         };
+        let secrets = self.secrets();
         let out = self
             .mcp_call_inner(&handle, &server, &tool, &arguments)
-            .await?;
+            .await?
+            .map_err(|e| scrubbed(e, &secrets));
         count(match &out {
             Ok(Outcome::Done { replayed: true, .. }) => "replayed",
             Ok(Outcome::Done { is_error: true, .. }) => "tool_error",
@@ -158,8 +178,9 @@ impl GuestState {
             *seen
         };
         if spec.needs_approval(config.rule_for(tool)) {
+            let shown = String::from_utf8_lossy(&canonical_args).into_owned();
             match self
-                .approval(handle, server, tool, &id, nth, arguments, &config)
+                .approval(handle, server, tool, &id, nth, &shown, &config)
                 .await?
             {
                 Ok(None) => {}
@@ -195,23 +216,20 @@ impl GuestState {
             }
             shown_tool.push(c);
         }
-        let name = format!(
-            "mcp/{server}/{shown_tool}/{}#{nth}",
-            &id[..12.min(id.len())]
-        );
+        // The whole identity: a shorter prefix could be matched by other arguments.
+        let name = format!("{APPROVAL_PREFIX}{server}/{shown_tool}/{id}#{nth}");
         let secrets = self
             .log
             .lock()
             .map(|log| log.secrets.clone())
             .unwrap_or_default();
-        let mut shown_args = secrets.scrub(arguments).into_owned();
+        let shown_args = secrets.scrub(arguments).into_owned();
         if shown_args.len() > SHOWN_ARGUMENTS {
-            let mut cut = SHOWN_ARGUMENTS;
-            while !shown_args.is_char_boundary(cut) {
-                cut -= 1;
-            }
-            shown_args.truncate(cut);
-            shown_args.push_str("...");
+            return Ok(Err(GuestError::Denied(format!(
+                "tool `{tool}` needs approval, and its arguments ({} bytes as JSON) are over the \
+                 {SHOWN_ARGUMENTS} bytes an approval shows",
+                shown_args.len()
+            ))));
         }
         let metadata: BTreeMap<String, String> = [
             ("kind", "mcp-approval".to_owned()),
@@ -302,9 +320,15 @@ impl GuestState {
             }
             if !spec.idempotent {
                 let answer = json!({ "state": "intent", "server": server, "tool": tool });
-                if let Some(entry) = recorder.entry(&this, answer, None).await
-                    && let Err(e) = store.journal.record(recorder.fence(), entry).await
-                {
+                let Some(entry) = recorder.entry(&this, answer, None).await else {
+                    // No room for the intent: sending it unrecorded could send it twice.
+                    recorder.release(&this);
+                    return Ok(Err(GuestError::Denied(format!(
+                        "tool `{tool}` is not idempotent and the dispatch's journal is full \
+                         (journal_max_bytes): it is not sent unrecorded"
+                    ))));
+                };
+                if let Err(e) = store.journal.record(recorder.fence(), entry).await {
                     recorder.release(&this);
                     return Ok(Err(guest_error(e)));
                 }
@@ -351,9 +375,17 @@ impl GuestState {
             Ok(result) => {
                 let text = result.to_string();
                 // An answer that holds a secret is not kept: a replay then goes live (or is
-                // reported unknown), and the journal never holds the secret.
-                let body = matches!(secrets.scrub(&text), std::borrow::Cow::Borrowed(_))
-                    .then(|| text.into_bytes());
+                // reported unknown), and the journal never holds the secret; the guest gets it
+                // scrubbed.
+                let (body, result) = match secrets.scrub(&text) {
+                    std::borrow::Cow::Borrowed(_) => (Some(text.into_bytes()), result),
+                    std::borrow::Cow::Owned(scrubbed) => (
+                        None,
+                        serde_json::from_str(&scrubbed).unwrap_or_else(|_| {
+                            json!({ "content": [{ "type": "text", "text": scrubbed }], "isError": true })
+                        }),
+                    ),
+                };
                 record("done", body).await;
                 let outcome = Outcome::done(&result, false);
                 if matches!(outcome, Outcome::Done { is_error: true, .. }) {
@@ -383,6 +415,18 @@ impl GuestState {
                 Ok(Err(broker::guest_error(server, "tools/call", e)))
             }
         }
+    }
+}
+
+/// `e` with the plugin's secrets scrubbed from its text (a server's error may echo them).
+fn scrubbed(e: GuestError, secrets: &super::Secrets) -> GuestError {
+    let clean = |text: String| secrets.scrub(&text).into_owned();
+    match e {
+        GuestError::Denied(t) => GuestError::Denied(clean(t)),
+        GuestError::Invalid(t) => GuestError::Invalid(clean(t)),
+        GuestError::Unavailable(t) => GuestError::Unavailable(clean(t)),
+        GuestError::Internal(t) => GuestError::Internal(clean(t)),
+        other => other,
     }
 }
 

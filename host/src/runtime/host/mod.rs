@@ -292,6 +292,8 @@ impl GuestState {
     /// Starts work on `claim`: sets the deadline, the control the epoch callback reads and the
     /// log tag.
     pub fn begin(&mut self, claim: &ClaimHandle) {
+        // Approvals are numbered per run: a new claim counts its calls from the start.
+        self.mcp_seen.clear();
         self.deadline = Some(Instant::now() + self.plugin.config.timeout);
         self.control = Some(claim.control().clone());
         self.http.deadline = self.deadline;

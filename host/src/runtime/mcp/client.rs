@@ -116,8 +116,13 @@ impl Endpoint<'_> {
         Ok(session)
     }
 
-    /// `tools/list`, every page (at most 20).
-    pub async fn list_tools(&self, session: &Session) -> Result<Vec<Value>, ClientError> {
+    /// `tools/list`, every page (at most 20), keeping the tools whose name `keep` allows (at
+    /// most 1,000).
+    pub async fn list_tools(
+        &self,
+        session: &Session,
+        keep: impl Fn(&str) -> bool,
+    ) -> Result<Vec<Value>, ClientError> {
         let mut tools = Vec::new();
         let mut cursor: Option<String> = None;
         for _ in 0..20 {
@@ -127,7 +132,17 @@ impl Endpoint<'_> {
             };
             let (result, _) = self.request(Some(session), "tools/list", params).await?;
             if let Some(Value::Array(page)) = result.get("tools") {
-                tools.extend(page.iter().cloned());
+                tools.extend(
+                    page.iter()
+                        .filter(|t| t.get("name").and_then(Value::as_str).is_some_and(&keep))
+                        .cloned(),
+                );
+            }
+            if tools.len() > 1_000 {
+                return Err(ClientError::Answered {
+                    text: "the server lists more than 1,000 allowed tools".into(),
+                    expired: false,
+                });
             }
             cursor = result
                 .get("nextCursor")
@@ -191,6 +206,13 @@ impl Endpoint<'_> {
                 |bytes| response_in(bytes).is_some(),
             )
             .await?;
+        let may_have_run = method == "tools/call";
+        if may_have_run && answer.status >= 500 {
+            return Err(ClientError::Unknown(format!(
+                "the server answered status {} to the call",
+                answer.status
+            )));
+        }
         if !(200..=299).contains(&answer.status) {
             return Err(status_error(
                 answer.status,
@@ -225,6 +247,9 @@ impl Endpoint<'_> {
         }
         match message.get("result") {
             Some(result @ Value::Object(_)) => Ok((result.clone(), answer.headers)),
+            _ if may_have_run => Err(ClientError::Unknown(
+                "the server's answer to the call has no result object".into(),
+            )),
             _ => Err(ClientError::Answered {
                 text: format!("the server's answer to `{method}` has no result object"),
                 expired: false,

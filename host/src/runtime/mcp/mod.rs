@@ -103,7 +103,9 @@ impl ToolList {
             .iter()
             .filter_map(|e| {
                 let name = e.get("name")?.as_str()?;
-                config.allows(name).then(|| (name.to_owned(), canonical(e)))
+                config
+                    .allows(name)
+                    .then(|| (name.to_owned(), definition(e)))
             })
             .collect();
         kept.sort_by(|a, b| a.0.cmp(&b.0));
@@ -129,20 +131,35 @@ impl ToolList {
     }
 }
 
-/// `value` with every object's keys sorted, and without `_meta` (which servers may vary per
-/// listing): the form a digest is taken of.
+/// `value` with every object's keys sorted: the form a digest is taken of (arguments keep
+/// everything they send, `_meta` included).
 pub fn canonical(value: &Value) -> Value {
+    sorted(value, false)
+}
+
+/// A tool's definition as its digest covers it: sorted, without `_meta` (which servers may
+/// vary per listing).
+fn definition(value: &Value) -> Value {
+    sorted(value, true)
+}
+
+fn sorted(value: &Value, without_meta: bool) -> Value {
     match value {
         Value::Object(map) => {
-            let mut keys: Vec<&String> = map.keys().filter(|k| *k != "_meta").collect();
+            let mut keys: Vec<&String> = map
+                .keys()
+                .filter(|k| !(without_meta && *k == "_meta"))
+                .collect();
             keys.sort();
             let mut out = Map::new();
             for key in keys {
-                out.insert(key.clone(), canonical(&map[key]));
+                out.insert(key.clone(), sorted(&map[key], without_meta));
             }
             Value::Object(out)
         }
-        Value::Array(items) => Value::Array(items.iter().map(canonical).collect()),
+        Value::Array(items) => {
+            Value::Array(items.iter().map(|v| sorted(v, without_meta)).collect())
+        }
         other => other.clone(),
     }
 }
@@ -341,7 +358,9 @@ impl McpBroker {
         }
         let entries = self
             .with_session(hooks, s, |endpoint, session| async move {
-                endpoint.list_tools(&session).await
+                endpoint
+                    .list_tools(&session, |name| s.config.allows(name))
+                    .await
             })
             .await
             .map_err(|e| guest_error(server, "tools/list", e))?;

@@ -433,9 +433,13 @@ impl HttpHooks {
             dispatch,
             attempt,
             control: self.control.clone(),
-            deadline: Some(self.deadline.map_or(Instant::now() + timeout, |d| {
-                d.min(Instant::now() + timeout)
-            })),
+            deadline: {
+                let own = Instant::now().checked_add(timeout);
+                match (self.deadline, own) {
+                    (Some(d), Some(own)) => Some(d.min(own)),
+                    (d, own) => d.or(own),
+                }
+            },
             permit: self.permits.clone().try_acquire_owned().ok(),
             method: request.method().to_string(),
             origin: String::new(),

@@ -12,7 +12,9 @@
 //!   first attempt fails after the call (a retry must be answered from the journal);
 //! - `{"op": "raw", "server": S, "tool": T, "arguments": "<text>"}`: calls with the arguments
 //!   text as given (for the refusals);
-//! - `{"op": "none"}`: calls nothing (the bench's baseline).
+//! - `{"op": "none"}`: calls nothing (the bench's baseline);
+//! - `{"op": "forge", "name": N}`: tries to make the waitpoint `N` itself (an approval's name
+//!   is the host's: refused).
 
 use homing_guest::{Claim, Handler, McpOutcome};
 use serde_json::{Value, json};
@@ -78,6 +80,10 @@ impl Handler for Probe {
                 Err(e) => json!({ "error": format!("{e:?}") }),
             },
             "none" => json!({}),
+            "forge" => match claim.waitpoint(&text("name"), std::time::Duration::from_secs(60), &[]) {
+                Ok(w) => json!({ "made": w.id }),
+                Err(e) => json!({ "error": format!("{e:?}") }),
+            },
             other => return Err(format!("unknown op `{other}`")),
         };
         Ok(answer.to_string().into_bytes())
