@@ -161,9 +161,12 @@ type SendResult = Result<(http::Response<WasiBody>, IoFuture), HttpError>;
 type IoFuture = Box<dyn Future<Output = Result<(), HttpError>> + Send>;
 
 impl HttpHooks {
-    /// The current dispatch, attempt and the plugin's secrets, for a request's log line.
-    fn tag(&self) -> (String, u32, Arc<Secrets>) {
-        self.log
+    /// A request's job, tagged with the current dispatch and attempt, its path and server
+    /// scrubbed of the plugin's secrets (a path may carry one: a bot token, a webhook's URL),
+    /// its span a child of the current one.
+    fn job(&self, method: &http::Method, uri: &http::Uri, deadline: Option<Instant>) -> Job {
+        let (dispatch, attempt, secrets) = self
+            .log
             .lock()
             .map(|log| {
                 (
@@ -172,7 +175,26 @@ impl HttpHooks {
                     log.secrets.clone(),
                 )
             })
-            .unwrap_or_default()
+            .unwrap_or_default();
+        let path = secrets.scrub(uri.path()).into_owned();
+        let server = secrets.scrub(uri.host().unwrap_or_default()).into_owned();
+        let span = request_span(method, &path, &server);
+        Job {
+            outbound: self.outbound.clone(),
+            dispatch,
+            attempt,
+            control: self.control.clone(),
+            deadline,
+            permit: self.permits.clone().try_acquire_owned().ok(),
+            method: method.to_string(),
+            origin: String::new(),
+            granted: NO_GRANT.to_owned(),
+            path,
+            secrets,
+            started: Instant::now(),
+            span,
+            slots: Vec::new(),
+        }
     }
 }
 
@@ -183,15 +205,9 @@ impl WasiHttpHooks for HttpHooks {
         options: Option<RequestOptions>,
         _fut: Box<dyn Future<Output = Result<(), HttpError>> + Send>,
     ) -> Box<dyn Future<Output = SendResult> + Send> {
-        let (dispatch, attempt, secrets) = self.tag();
-        // A path may carry a secret (a bot token, or the URL of a webhook): the log line and
-        // the span show it scrubbed, as every guest line is, and so every part of the URL.
-        let path = secrets.scrub(request.uri().path()).into_owned();
-        let server = secrets
-            .scrub(request.uri().host().unwrap_or_default())
-            .into_owned();
         // A child of the guest call (the current span while the guest asks for the request).
-        let span = request_span(request.method(), &path, &server);
+        let job = self.job(request.method(), request.uri(), self.deadline);
+        let span = job.span.clone();
         // The trace goes on to the server, unless the guest set its own.
         if !request.headers().contains_key(TRACEPARENT)
             && let Some(parent) =
@@ -203,23 +219,7 @@ impl WasiHttpHooks for HttpHooks {
         let shown = self
             .journal
             .is_some()
-            .then(|| journal::shown_url(request.uri(), &path, &secrets));
-        let job = Job {
-            outbound: self.outbound.clone(),
-            dispatch,
-            attempt,
-            control: self.control.clone(),
-            deadline: self.deadline,
-            permit: self.permits.clone().try_acquire_owned().ok(),
-            method: request.method().to_string(),
-            origin: String::new(),
-            granted: NO_GRANT.to_owned(),
-            path,
-            secrets,
-            started: Instant::now(),
-            span: span.clone(),
-            slots: Vec::new(),
-        };
+            .then(|| journal::shown_url(request.uri(), &job.path, &job.secrets));
         match (self.journal.clone(), shown) {
             (Some(recorder), Some(shown)) => Box::new(tracing::Instrument::instrument(
                 job.send_journaled(recorder, request, options, shown),
@@ -421,35 +421,14 @@ impl HttpHooks {
         done: impl Fn(&[u8]) -> bool,
     ) -> Result<HostAnswer, HostExchangeError> {
         use http_body_util::BodyExt;
-        let (dispatch, attempt, secrets) = self.tag();
-        let path = secrets.scrub(request.uri().path()).into_owned();
-        let server = secrets
-            .scrub(request.uri().host().unwrap_or_default())
-            .into_owned();
         // A child of the current span (the broker's `execute_tool`, or the guest call).
-        let span = request_span(request.method(), &path, &server);
-        let job = Job {
-            outbound: self.outbound.clone(),
-            dispatch,
-            attempt,
-            control: self.control.clone(),
-            deadline: {
-                let own = Instant::now().checked_add(timeout);
-                match (self.deadline, own) {
-                    (Some(d), Some(own)) => Some(d.min(own)),
-                    (d, own) => d.or(own),
-                }
-            },
-            permit: self.permits.clone().try_acquire_owned().ok(),
-            method: request.method().to_string(),
-            origin: String::new(),
-            granted: NO_GRANT.to_owned(),
-            path,
-            secrets,
-            started: Instant::now(),
-            span: span.clone(),
-            slots: Vec::new(),
+        let own = Instant::now().checked_add(timeout);
+        let deadline = match (self.deadline, own) {
+            (Some(d), Some(own)) => Some(d.min(own)),
+            (d, own) => d.or(own),
         };
+        let job = self.job(request.method(), request.uri(), deadline);
+        let span = job.span.clone();
         let mut request = request;
         // The head goes out in origin form: the authority travels as `Host` (as `wasi:http`
         // sets it for a guest's own requests).
