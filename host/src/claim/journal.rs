@@ -28,7 +28,9 @@
 //! values read after a run's last call are never recorded (no entry follows them).
 //!
 //! Steps (`step-get`, `step-put`) are kept by key, beside the calls, under `journal = "steps"`
-//! and `"run"`.
+//! and `"run"`. The host keeps its own records as steps too, under keys starting
+//! [`HOST_STEP_PREFIX`] (a guest's are refused): a brokered MCP call ([`mcp_key`]) is found by
+//! what it asks, so no divergence drops it.
 //!
 //! Past `journal_max_bytes` for the dispatch nothing more is recorded (one warning per claim);
 //! the run goes on. Every write goes through the claim's fence: once the claim is lost the
@@ -88,6 +90,16 @@ struct State {
     /// The wall-clock and random values read since the last call started (they go with the
     /// next call's entry). Replayed from the entry at `next` while the replay lasts.
     pending: Cheap,
+}
+
+pub use crate::store::journal::HOST_STEP_PREFIX;
+
+/// The step key of the `nth` brokered MCP call with identity `identity` (of tool `tool`, cut
+/// to 100 bytes, on server `server`) in a run: MCP calls are kept by what they ask and which
+/// such call of the run they are, not by position, so a run that diverges from its earlier
+/// runs still finds them (docs/contract.md, section 11). At most 252 bytes.
+pub fn mcp_key(server: &str, tool: &str, identity: &str, nth: u32) -> String {
+    format!("{HOST_STEP_PREFIX}mcp/{server}/{tool}/{identity}#{nth}")
 }
 
 /// The most bytes of wall-clock and random values kept for one entry: a guest drawing more
@@ -447,6 +459,16 @@ impl Recorder {
     ///
     /// As the store's `put_step`: a lost claim, a bad key.
     pub async fn step_put(&self, key: String, value: Vec<u8>) -> StoreResult<()> {
+        self.keep(key, value).await.map(drop)
+    }
+
+    /// Stores step `key` as [`Recorder::step_put`] does, and says whether it was stored:
+    /// `false` past `journal_max_bytes`.
+    ///
+    /// # Errors
+    ///
+    /// As the store's `put_step`: a lost claim, a bad key.
+    pub async fn keep(&self, key: String, value: Vec<u8>) -> StoreResult<bool> {
         let size = (key.len() + value.len()) as u64;
         let held = self.earlier().await?.bytes;
         {
@@ -456,7 +478,7 @@ impl Recorder {
                     warn!(agent = %self.agent, dispatch = %self.fence.dispatch, limit = self.settings.max_bytes, "journal: the dispatch's journal reached journal_max_bytes; step `{key}` is not stored");
                 }
                 state.capped = true;
-                return Ok(());
+                return Ok(false);
             }
         }
         let step = NewStep {
@@ -469,7 +491,13 @@ impl Recorder {
         let mut state = self.state();
         state.bytes += size;
         state.steps.insert(key, value);
-        Ok(())
+        Ok(true)
+    }
+
+    /// Counts a call of `kind` answered from a record kept by key (a brokered MCP call).
+    pub fn replayed_kept(&self, kind: CallKind) {
+        counter!(JOURNAL_REPLAYED, "agent" => self.agent.clone(), "kind" => kind.as_str())
+            .increment(1);
     }
 
     /// The largest body an entry keeps (the store's limit).

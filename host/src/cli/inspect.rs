@@ -47,8 +47,7 @@ pub(super) async fn mcp_tools(
         &config.host.hosts,
     )?);
     let broker =
-        crate::runtime::mcp::McpBroker::new(plugin, plugin_config, &values, outbound.policy())
-            .map_err(anyhow::Error::msg)?;
+        crate::runtime::mcp::McpBroker::new(plugin, plugin_config, &values, outbound.policy());
     let log = std::sync::Arc::new(std::sync::Mutex::new(LogState {
         secrets: std::sync::Arc::new(Secrets::new(values.secrets())),
         ..LogState::default()

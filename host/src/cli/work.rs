@@ -1242,8 +1242,11 @@ fn print_journal(data: &JournalData) {
         println!("  {:>5}  {:>7}  {:>8}  KEY", "CLAIM", "ATTEMPT", "SIZE");
     }
     for step in &data.steps {
+        let state = StepView::of(step)
+            .state
+            .map_or_else(String::new, |s| format!(" ({})", text(&s)));
         println!(
-            "  {:>5}  {:>7}  {:>8}  {}",
+            "  {:>5}  {:>7}  {:>8}  {}{state}",
             step.claim,
             step.attempt,
             step.size,

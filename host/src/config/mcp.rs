@@ -18,9 +18,10 @@ use super::vars::ValueSpec;
 #[derive(Debug, Clone, PartialEq, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct McpServer {
-    /// The server's Streamable HTTP endpoint (`http` or `https`). Its origin must be in the
-    /// plugin's `allowed_outbound_hosts`: the host reaches it under the same egress policy and
-    /// address rules as the guest's own requests.
+    /// The server's Streamable HTTP endpoint (`http` or `https`). Its origin is granted to the
+    /// host only (the guest cannot reach it around the broker unless `allowed_outbound_hosts`
+    /// names it too); the host reaches it under the same address rules, origin limits and
+    /// timeouts as the guest's own requests.
     pub url: String,
     /// How the host authenticates to the server (none by default).
     #[serde(default)]
@@ -176,6 +177,27 @@ impl McpServer {
             .filter(|(p, _)| p.contains('*') && matches(p, tool))
             .max_by_key(|(p, _)| p.len())
             .map_or(self.approval, |(_, rule)| *rule)
+    }
+
+    /// The origins the host reaches for this server (its URL's, and the OAuth token URL's),
+    /// each exactly: the grants the plugin's broker has and its guest does not.
+    pub fn grants(&self) -> Vec<crate::config::outbound::OutboundHost> {
+        let urls = std::iter::once(self.url.as_str()).chain(
+            self.auth
+                .as_ref()
+                .and_then(|a| a.oauth.as_ref())
+                .map(|o| o.token_url.as_str()),
+        );
+        urls.filter_map(|url| {
+            let uri = url.parse::<http::Uri>().ok()?;
+            let scheme = uri.scheme_str()?;
+            let host = uri.host()?;
+            let port = uri
+                .port_u16()
+                .unwrap_or(if scheme == "https" { 443 } else { 80 });
+            format!("{scheme}://{host}:{port}").parse().ok()
+        })
+        .collect()
     }
 
     /// What can be checked without the network; `key` names the table in errors.
@@ -344,5 +366,18 @@ approval_for = { "delete_*" = "always", "delete_draft*" = "never", "send" = "ope
         .unwrap_err();
         assert!(bad.contains("auth.oauth.token_url"), "{bad}");
         assert!(check_name("github").is_ok() && check_name("Git Hub").is_err());
+    }
+
+    #[test]
+    fn the_host_is_granted_each_url_origin_exactly() {
+        let s = server(
+            "url = \"https://mcp.example.com/mcp?key=k\"\n[auth]\noauth = { token_url = \"http://[::1]:8080/token\", client_id = \"c\", client_secret = \"s\" }",
+        );
+        let grants: Vec<String> = s.grants().iter().map(ToString::to_string).collect();
+        assert_eq!(
+            grants,
+            ["https://mcp.example.com:443", "http://[::1]:8080"],
+            "the URL's origin with its default port, then the token URL's"
+        );
     }
 }

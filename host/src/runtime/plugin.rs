@@ -135,10 +135,12 @@ impl Runtime {
                     max_park: ctx.config.max_park,
                 }),
         );
-        let mcp = Arc::new(
-            super::mcp::McpBroker::new(&ctx.name, &ctx.config, &ctx.values, outbound.policy())
-                .map_err(anyhow::Error::msg)?,
-        );
+        let mcp = Arc::new(super::mcp::McpBroker::new(
+            &ctx.name,
+            &ctx.config,
+            &ctx.values,
+            outbound.policy(),
+        ));
         let config_vars = Arc::new(
             ctx.values
                 .variables
@@ -276,9 +278,8 @@ impl Runtime {
         check_journal(name, config, world)?;
         let outbound = Outbound::new(name, config, tls_ca, hosts)
             .with_context(|| format!("plugin `{name}`"))?;
-        // The servers' URLs against the egress policy (their bearers are read by the caller).
-        super::mcp::McpBroker::new(name, config, &Default::default(), outbound.policy())
-            .map_err(anyhow::Error::msg)?;
+        // Warns when a guest's grants reach one of its MCP servers around the broker.
+        super::mcp::McpBroker::new(name, config, &Default::default(), outbound.policy());
         Ok((world, contract))
     }
 

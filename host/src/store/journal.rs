@@ -28,6 +28,10 @@ use super::{StoreError, StoreResult};
 /// The longest step key (bytes).
 pub const MAX_STEP_KEY: usize = 256;
 
+/// The start of the step keys the host keeps for itself (a brokered MCP call's record): a
+/// guest's step key starting with it is refused.
+pub const HOST_STEP_PREFIX: &str = "homing/";
+
 /// What a call entry records.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
 #[serde(rename_all = "kebab-case")]

@@ -236,6 +236,10 @@ pub struct StepView {
     pub recorded_at: u64,
     /// Its size: key and value (bytes).
     pub size: u64,
+    /// For a record the host keeps for itself (a key starting `homing/`: a brokered MCP call)
+    /// read with its value, the state it records (`intent`, `done`, `failed`).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub state: Option<String>,
 }
 
 impl StepView {
@@ -247,6 +251,12 @@ impl StepView {
             attempt: step.attempt,
             recorded_at: step.recorded_at,
             size: step.size,
+            state: step
+                .key
+                .starts_with(crate::store::journal::HOST_STEP_PREFIX)
+                .then(|| serde_json::from_slice::<Value>(&step.value).ok())
+                .flatten()
+                .and_then(|v| v.get("state").and_then(Value::as_str).map(str::to_owned)),
         }
     }
 }

@@ -100,6 +100,12 @@ async def slow(ms: int) -> str:
     return "slept"
 
 
+@server.tool(annotations=ToolAnnotations(read_only_hint=True))
+def echo_tokens() -> str:
+    """A careless server: answers with the access tokens it issued."""
+    return "tokens: " + " ".join(sorted(issued))
+
+
 # --- test-control routes (outside /mcp, so no auth) ---
 
 

@@ -130,10 +130,17 @@ pub(super) fn journaling(claim: &ClaimHandle) -> Option<std::sync::Arc<claim::Re
         .filter(|recorder| recorder.journals_calls())
 }
 
-/// Refuses a step key the contract does not allow: blank or over 256 bytes.
+/// Refuses a step key the contract does not allow: blank, over 256 bytes, or one of the
+/// host's own (starting `homing/`).
 fn check_step_key(key: &str) -> Result<(), GuestError> {
     if key.trim().is_empty() {
         return Err(GuestError::Invalid("key: must not be blank".into()));
+    }
+    if key.starts_with(claim::journal::HOST_STEP_PREFIX) {
+        return Err(GuestError::Invalid(format!(
+            "key: keys starting `{}` are the host's",
+            claim::journal::HOST_STEP_PREFIX
+        )));
     }
     if key.len() > MAX_STEP_KEY {
         return Err(GuestError::Invalid(format!(
@@ -733,5 +740,25 @@ impl mailbox::HostClaim for GuestState {
             }
         }
         Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+    use super::*;
+
+    #[test]
+    fn a_guest_step_key_is_refused_blank_too_long_or_the_hosts() {
+        assert!(check_step_key("ask#2").is_ok());
+        assert!(matches!(check_step_key(" "), Err(GuestError::Invalid(_))));
+        assert!(matches!(
+            check_step_key(&"k".repeat(MAX_STEP_KEY + 1)),
+            Err(GuestError::Invalid(_))
+        ));
+        match check_step_key("homing/mcp/records/add/00#1") {
+            Err(GuestError::Invalid(why)) => assert!(why.contains("host's"), "{why}"),
+            other => panic!("{other:?}"),
+        }
     }
 }

@@ -101,6 +101,18 @@ impl Secrets {
         Secrets { values: out }
     }
 
+    /// These secrets and `more`, each with the forms [`Secrets::new`] adds.
+    pub fn and<'a>(&self, more: impl IntoIterator<Item = &'a str>) -> Secrets {
+        let mut values = self.values.clone();
+        for value in Secrets::new(more).values {
+            if !values.iter().any(|v| v.as_str() == value.as_str()) {
+                values.push(value);
+            }
+        }
+        values.sort_by_key(|v| std::cmp::Reverse(v.len()));
+        Secrets { values }
+    }
+
     /// `text` with every secret value replaced by [`REDACTED`].
     pub fn scrub<'t>(&self, text: &'t str) -> Cow<'t, str> {
         let mut out = Cow::Borrowed(text);
@@ -306,6 +318,14 @@ mod tests {
         assert_eq!(secrets.scrub("line-one-0123"), "[redacted]");
         assert_eq!(secrets.scrub("ab"), "ab");
         assert!(!format!("{secrets:?}").contains("sk-"));
+        // More secrets (an access token issued later) join, longest first.
+        let more = secrets.and(["tok-123", "sk-abc"]);
+        assert_eq!(more.scrub("tok-123 sk-abcdef"), "[redacted] [redacted]");
+        assert_eq!(
+            secrets.scrub("tok-123"),
+            "tok-123",
+            "the first set is unchanged"
+        );
     }
 
     #[test]

@@ -12,13 +12,16 @@
 //!    made by the host with a token no one is given, so only an operator (API, CLI, dashboard)
 //!    settles it. Pending: the guest gets `needs-approval`; completed with
 //!    `{"approved": true}`: the call goes on; anything else, a timeout or a cancel: `rejected`;
-//! 6. under `journal = "run"`, the journal (docs/contract.md, section 11): the call takes the
-//!    run's next position. An earlier run's answer there is replayed. An earlier run's intent
-//!    (sent, never answered) is sent again only for an idempotent tool; for any other the
-//!    guest gets `unknown`. A tool that is not idempotent gets its intent recorded, fenced,
-//!    before the request leaves: a lost claim sends nothing;
-//! 7. the request, through the plugin's outbound path, within the server's `timeout` and
-//!    `max_result`; its answer recorded at the call's position.
+//! 6. under `journal = "run"`, the journal (docs/contract.md, section 11): the call's record
+//!    is a step keyed by its identity and which such call of the run it is, so it is found
+//!    whatever the run did before it. An earlier run's answer there is replayed. An earlier
+//!    run's intent (sent, never answered) is sent again only for an idempotent tool; for any
+//!    other the guest gets `unknown`. A tool that is not idempotent gets its intent recorded,
+//!    fenced, before the request leaves: a lost claim sends nothing; a journal that cannot be
+//!    read sends nothing;
+//! 7. the request, through the plugin's outbound path under the host's grant of the server's
+//!    origin, within the server's `timeout` and `max_result`; its answer recorded under the
+//!    call's key.
 
 use std::collections::BTreeMap;
 
@@ -28,7 +31,8 @@ use wasmtime::component::Resource;
 
 use super::claim::{journaling, refuse_write, wit_waitpoint};
 use super::{GuestState, guest_error};
-use crate::claim::{ClaimHandle, Turn};
+use crate::claim::ClaimHandle;
+use crate::claim::journal::mcp_key;
 use crate::config::mcp::McpServer;
 use crate::runtime::bindings::{GuestError, types};
 use crate::runtime::mcp::client::ClientError;
@@ -50,12 +54,19 @@ const SHOWN_ARGUMENTS: usize = 8 * 1024;
 pub(super) const APPROVAL_PREFIX: &str = "mcp/";
 
 impl GuestState {
-    /// The plugin's secrets, scrubbed from what a server's answers bring back.
+    /// The plugin's secrets and the OAuth access tokens its servers issued, scrubbed from
+    /// what a server's answers bring back.
     fn secrets(&self) -> std::sync::Arc<super::Secrets> {
-        self.log
+        let configured = self
+            .log
             .lock()
             .map(|log| log.secrets.clone())
-            .unwrap_or_default()
+            .unwrap_or_default();
+        let tokens = self.mcp.tokens();
+        if tokens.is_empty() {
+            return configured;
+        }
+        std::sync::Arc::new(configured.and(tokens.iter().map(|t| t.as_str())))
     }
 
     /// `mcp-tools`.
@@ -188,7 +199,7 @@ impl GuestState {
                 Err(e) => return Ok(Err(e)),
             }
         }
-        self.send_journaled(handle, server, tool, &spec, &args, id)
+        self.send_journaled(handle, server, tool, &spec, &args, &id, nth)
             .await
     }
 
@@ -208,22 +219,9 @@ impl GuestState {
         let claim = self.claim(handle)?;
         let fence = claim.fence();
         let agent = claim.dispatch().agent.clone();
-        // A waitpoint's name is at most 256 bytes: the tool's name is cut to 100.
-        let mut shown_tool = String::new();
-        for c in tool.chars() {
-            if shown_tool.len() + c.len_utf8() > 100 {
-                break;
-            }
-            shown_tool.push(c);
-        }
         // The whole identity: a shorter prefix could be matched by other arguments.
-        let name = format!("{APPROVAL_PREFIX}{server}/{shown_tool}/{id}#{nth}");
-        let secrets = self
-            .log
-            .lock()
-            .map(|log| log.secrets.clone())
-            .unwrap_or_default();
-        let shown_args = secrets.scrub(arguments).into_owned();
+        let name = format!("{APPROVAL_PREFIX}{server}/{}/{id}#{nth}", short(tool));
+        let shown_args = self.secrets().scrub(arguments).into_owned();
         if shown_args.len() > SHOWN_ARGUMENTS {
             return Ok(Err(GuestError::Denied(format!(
                 "tool `{tool}` needs approval, and its arguments ({} bytes as JSON) are over the \
@@ -275,7 +273,10 @@ impl GuestState {
         Ok(Ok(decide(w, config)))
     }
 
-    /// Step 6 and 7: the journal, then the request.
+    /// Step 6 and 7: the journal, then the request. The call's record is kept by key (its
+    /// identity and `nth`), not by position, so a run that diverged from its earlier runs
+    /// still finds it.
+    #[allow(clippy::too_many_arguments)]
     async fn send_journaled(
         &mut self,
         handle: &Resource<ClaimHandle>,
@@ -283,57 +284,60 @@ impl GuestState {
         tool: &str,
         spec: &Tool,
         args: &Map<String, Value>,
-        id: String,
+        id: &str,
+        nth: u32,
     ) -> wasmtime::Result<Result<Outcome, GuestError>> {
         let claim = self.claim(handle)?;
         let recorder = journaling(claim);
-        let store = self.plugin.store.clone();
-        let mut call = None;
+        let this_claim = claim.dispatch().claims;
+        let key = mcp_key(server, short(tool), id, nth);
         if let Some(recorder) = &recorder {
-            let this = recorder.start(CallKind::Mcp, id);
-            match recorder.decide(&this).await {
-                Turn::Replay(entry) => {
-                    let state = entry.answer.get("state").and_then(Value::as_str);
-                    let kept = entry
-                        .body
-                        .as_deref()
-                        .and_then(|b| serde_json::from_slice::<Value>(b).ok());
-                    match (state, kept) {
-                        (Some("done"), Some(result)) => {
-                            recorder.replayed(&entry);
-                            return Ok(Ok(Outcome::done(&result, true)));
-                        }
-                        (Some("failed"), _) => {}
-                        _ if spec.idempotent => {}
-                        _ => {
-                            return Ok(Ok(Outcome::Wit(types::McpOutcome::Unknown(format!(
-                                "an earlier run of this dispatch (claim {}) sent this call of \
-                                 `{tool}` and ended before its answer was recorded; the tool is \
-                                 not idempotent, so it is not sent again: whether it ran is \
-                                 unknown",
-                                entry.claim
-                            )))));
-                        }
+            let kept = match recorder.step_get(&key).await {
+                Ok(kept) => kept.and_then(|b| serde_json::from_slice::<Value>(&b).ok()),
+                // Whether an earlier run sent it cannot be known: only a call that may run
+                // twice goes on.
+                Err(_) if spec.idempotent => None,
+                Err(e) => {
+                    return Ok(Err(GuestError::Unavailable(format!(
+                        "the dispatch's journal could not be read, so whether an earlier run \
+                         sent this call of `{tool}` is unknown; the tool is not idempotent, so \
+                         it is not sent: {e}"
+                    ))));
+                }
+            };
+            if let Some(kept) = kept {
+                let state = kept.get("state").and_then(Value::as_str);
+                match (state, kept.get("result")) {
+                    (Some("done"), Some(result)) => {
+                        recorder.replayed_kept(CallKind::Mcp);
+                        return Ok(Ok(Outcome::done(result, true)));
+                    }
+                    (Some("failed"), _) => {}
+                    _ if spec.idempotent => {}
+                    _ => {
+                        let by = kept.get("claim").and_then(Value::as_u64).unwrap_or(0);
+                        return Ok(Ok(Outcome::Wit(types::McpOutcome::Unknown(format!(
+                            "an earlier run of this dispatch (claim {by}) sent this call of \
+                             `{tool}` and ended before its answer was recorded; the tool is \
+                             not idempotent, so it is not sent again: whether it ran is unknown"
+                        )))));
                     }
                 }
-                Turn::Live => {}
             }
             if !spec.idempotent {
-                let answer = json!({ "state": "intent", "server": server, "tool": tool });
-                let Some(entry) = recorder.entry(&this, answer, None).await else {
+                let intent = kept_record("intent", server, tool, this_claim, None);
+                match recorder.keep(key.clone(), intent).await {
+                    Ok(true) => {}
                     // No room for the intent: sending it unrecorded could send it twice.
-                    recorder.release(&this);
-                    return Ok(Err(GuestError::Denied(format!(
-                        "tool `{tool}` is not idempotent and the dispatch's journal is full \
-                         (journal_max_bytes): it is not sent unrecorded"
-                    ))));
-                };
-                if let Err(e) = store.journal.record(recorder.fence(), entry).await {
-                    recorder.release(&this);
-                    return Ok(Err(guest_error(e)));
+                    Ok(false) => {
+                        return Ok(Err(GuestError::Denied(format!(
+                            "tool `{tool}` is not idempotent and the dispatch's journal is full \
+                             (journal_max_bytes): it is not sent unrecorded"
+                        ))));
+                    }
+                    Err(e) => return Ok(Err(guest_error(e))),
                 }
             }
-            call = Some((recorder.clone(), this));
         }
         let span = tracing::info_span!(
             target: crate::telemetry::trace::TARGET,
@@ -351,23 +355,25 @@ impl GuestState {
             span.clone(),
         )
         .await;
-        let secrets = self
-            .log
-            .lock()
-            .map(|log| log.secrets.clone())
-            .unwrap_or_default();
-        let record = |state: &'static str, body: Option<Vec<u8>>| {
-            let call = call.clone();
-            let store = store.clone();
+        let secrets = self.secrets();
+        let record = |state: &'static str, result: Option<Value>| {
+            let recorder = recorder.clone();
+            let key = key.clone();
             async move {
-                if let Some((recorder, this)) = call {
-                    let answer = json!({ "state": state, "server": server, "tool": tool });
-                    if let Some(entry) = recorder.entry(&this, answer, body).await {
-                        let kind = entry.kind;
-                        if store.journal.record(recorder.fence(), entry).await.is_ok() {
-                            recorder.recorded(kind);
-                        }
-                    }
+                let Some(recorder) = recorder else { return };
+                let mut bytes = kept_record(state, server, tool, this_claim, result.as_ref());
+                if bytes.len() as u64 > recorder.max_body() {
+                    // Too large to keep: kept without its result (a replay then treats it as
+                    // an intent).
+                    bytes = kept_record(state, server, tool, this_claim, None);
+                }
+                match recorder.keep(key, bytes).await {
+                    Ok(true) => recorder.recorded(CallKind::Mcp),
+                    Ok(false) => {}
+                    Err(e) => tracing::warn!(
+                        dispatch = %recorder.dispatch(),
+                        "journal: an MCP call's answer was not recorded: {e}"
+                    ),
                 }
             }
         };
@@ -377,8 +383,8 @@ impl GuestState {
                 // An answer that holds a secret is not kept: a replay then goes live (or is
                 // reported unknown), and the journal never holds the secret; the guest gets it
                 // scrubbed.
-                let (body, result) = match secrets.scrub(&text) {
-                    std::borrow::Cow::Borrowed(_) => (Some(text.into_bytes()), result),
+                let (kept, result) = match secrets.scrub(&text) {
+                    std::borrow::Cow::Borrowed(_) => (Some(result.clone()), result),
                     std::borrow::Cow::Owned(scrubbed) => (
                         None,
                         serde_json::from_str(&scrubbed).unwrap_or_else(|_| {
@@ -386,7 +392,7 @@ impl GuestState {
                         }),
                     ),
                 };
-                record("done", body).await;
+                record("done", kept).await;
                 let outcome = Outcome::done(&result, false);
                 if matches!(outcome, Outcome::Done { is_error: true, .. }) {
                     span.record("error.type", "tool_error");
@@ -402,20 +408,45 @@ impl GuestState {
                     ClientError::Refused(_)
                     | ClientError::NotSent(_)
                     | ClientError::Unauthorized(_)
-                    | ClientError::Answered { .. } => record("failed", None).await,
-                    // May have run: the intent stays (a later run reports it unknown).
-                    ClientError::Unknown(_) | ClientError::TooLarge(_) => {
-                        if let Some((recorder, this)) = &call
-                            && spec.idempotent
-                        {
-                            recorder.release(this);
+                    | ClientError::Answered { .. } => {
+                        if !spec.idempotent {
+                            record("failed", None).await;
                         }
                     }
+                    // May have run: the intent stays (a later run reports it unknown); an
+                    // idempotent call has none and is sent again.
+                    ClientError::Unknown(_) | ClientError::TooLarge(_) => {}
                 }
                 Ok(Err(broker::guest_error(server, "tools/call", e)))
             }
         }
     }
+}
+
+/// `tool` cut to at most 100 bytes, as names and keys show it (a waitpoint's name and a
+/// step's key are at most 256 bytes; the identity beside it tells calls apart).
+fn short(tool: &str) -> &str {
+    let mut end = tool.len().min(100);
+    while !tool.is_char_boundary(end) {
+        end -= 1;
+    }
+    &tool[..end]
+}
+
+/// A brokered call's record as the journal keeps it (`result`: the `tools/call` result, for
+/// `done`).
+fn kept_record(
+    state: &str,
+    server: &str,
+    tool: &str,
+    claim: u32,
+    result: Option<&Value>,
+) -> Vec<u8> {
+    let mut kept = json!({ "state": state, "server": server, "tool": tool, "claim": claim });
+    if let Some(result) = result {
+        kept["result"] = result.clone();
+    }
+    kept.to_string().into_bytes()
 }
 
 /// `e` with the plugin's secrets scrubbed from its text (a server's error may echo them).

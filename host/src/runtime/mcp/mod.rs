@@ -173,7 +173,13 @@ struct Server {
     tools: Mutex<Option<(Instant, Arc<ToolList>)>>,
     /// Under OAuth: the access token and when to ask for a new one.
     token: tokio::sync::Mutex<Option<(Zeroizing<String>, Instant)>>,
+    /// The last access tokens issued (newest last): scrubbed from what the server answers,
+    /// read without waiting for a token being asked for.
+    issued: Mutex<Vec<Zeroizing<String>>>,
 }
+
+/// How many of a server's latest access tokens are scrubbed.
+const ISSUED_KEPT: usize = 4;
 
 impl Server {
     /// What the host sends as the bearer: the configured one, or an OAuth access token (asked
@@ -199,6 +205,12 @@ impl Server {
         let (token, until) =
             client::fetch_token(hooks, oauth, credential, self.config.timeout).await?;
         *slot = Some((token.clone(), until));
+        if let Ok(mut issued) = self.issued.lock() {
+            if issued.len() >= ISSUED_KEPT {
+                issued.remove(0);
+            }
+            issued.push(token.clone());
+        }
         Ok(Some(token))
     }
 }
@@ -240,18 +252,10 @@ impl std::fmt::Debug for McpBroker {
 }
 
 impl McpBroker {
-    /// The broker of plugin `name`: each server's URL must be one `policy` lets the plugin
-    /// reach (checked again, with its address, on every request).
-    ///
-    /// # Errors
-    ///
-    /// A server whose URL's origin is not in `allowed_outbound_hosts`, named.
-    pub fn new(
-        name: &str,
-        config: &PluginConfig,
-        values: &Resolved,
-        policy: &Policy,
-    ) -> Result<McpBroker, String> {
+    /// The broker of plugin `name`. Each server's origins are the host's grants, not the
+    /// guest's ([`crate::runtime::outbound::Outbound`]); `policy`, the guest's, is read only to
+    /// warn when it reaches a server too (around the broker: no allow-list, no approval).
+    pub fn new(name: &str, config: &PluginConfig, values: &Resolved, policy: &Policy) -> McpBroker {
         let mut servers = BTreeMap::new();
         for (server, c) in &config.mcp {
             let urls = std::iter::once(("url", c.url.as_str())).chain(
@@ -261,13 +265,14 @@ impl McpBroker {
                     .map(|o| ("auth.oauth.token_url", o.token_url.as_str())),
             );
             for (key, url) in urls {
-                if !admitted(policy, url) {
-                    return Err(format!(
-                        "[plugins.{name}.mcp.{server}] {key}: the origin of `{}` is not in \
-                         [plugins.{name}] allowed_outbound_hosts; the host reaches MCP servers \
-                         under the plugin's egress policy",
+                if admitted(policy, url) {
+                    tracing::warn!(
+                        plugin = %name,
+                        "[plugins.{name}.mcp.{server}] {key}: `{}` is in the plugin's \
+                         allowed_outbound_hosts too, so its guest can reach the server around \
+                         the broker (no tool allow-list, no approval); the broker needs no grant",
                         shown_url(url)
-                    ));
+                    );
                 }
             }
             servers.insert(
@@ -281,13 +286,24 @@ impl McpBroker {
                     session: tokio::sync::Mutex::new(None),
                     tools: Mutex::new(None),
                     token: tokio::sync::Mutex::new(None),
+                    issued: Mutex::new(Vec::new()),
                 },
             );
         }
-        Ok(McpBroker {
+        McpBroker {
             plugin: name.to_owned(),
             servers,
-        })
+        }
+    }
+
+    /// The OAuth access tokens the host was issued lately, for every server: the plugin's
+    /// secrets as much as its configured ones (a server may echo one back).
+    pub fn tokens(&self) -> Vec<Zeroizing<String>> {
+        self.servers
+            .values()
+            .filter_map(|s| s.issued.lock().ok().map(|i| i.clone()))
+            .flatten()
+            .collect()
     }
 
     /// The configuration of server `server`.

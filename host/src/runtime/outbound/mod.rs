@@ -49,6 +49,9 @@ pub use policy::Policy;
 pub struct Outbound {
     plugin: String,
     policy: Arc<Policy>,
+    /// The policy of the host's own requests for the plugin ([`HttpHooks::host_exchange`]):
+    /// the guest's grants and the plugin's MCP servers' origins.
+    host_policy: Arc<Policy>,
     limits: HttpLimits,
     tls: Option<Arc<rustls::ClientConfig>>,
     flow: flow::Flow,
@@ -77,7 +80,8 @@ impl Outbound {
         hosts: &std::collections::BTreeMap<String, IpAddr>,
     ) -> anyhow::Result<Self> {
         let policy = Policy::new(config, hosts).map_err(anyhow::Error::msg)?;
-        let needs_tls = policy
+        let host_policy = policy.with_http(config.mcp.values().flat_map(|s| s.grants()));
+        let needs_tls = host_policy
             .http_grants()
             .iter()
             .any(|h| h.scheme == Scheme::Https);
@@ -91,6 +95,7 @@ impl Outbound {
         Ok(Outbound {
             plugin: name.to_owned(),
             policy: Arc::new(policy),
+            host_policy: Arc::new(host_policy),
             limits: config.http.clone(),
             tls,
             flow: flow::Flow::default(),
@@ -108,6 +113,7 @@ impl Outbound {
         Outbound {
             plugin: name.to_owned(),
             policy: Arc::new(Policy::default()),
+            host_policy: Arc::new(Policy::default()),
             limits: HttpLimits::default(),
             tls: None,
             flow: flow::Flow::default(),
@@ -164,7 +170,13 @@ impl HttpHooks {
     /// A request's job, tagged with the current dispatch and attempt, its path and server
     /// scrubbed of the plugin's secrets (a path may carry one: a bot token, a webhook's URL),
     /// its span a child of the current one.
-    fn job(&self, method: &http::Method, uri: &http::Uri, deadline: Option<Instant>) -> Job {
+    fn job(
+        &self,
+        method: &http::Method,
+        uri: &http::Uri,
+        deadline: Option<Instant>,
+        policy: Arc<Policy>,
+    ) -> Job {
         let (dispatch, attempt, secrets) = self
             .log
             .lock()
@@ -181,6 +193,7 @@ impl HttpHooks {
         let span = request_span(method, &path, &server);
         Job {
             outbound: self.outbound.clone(),
+            policy,
             dispatch,
             attempt,
             control: self.control.clone(),
@@ -206,7 +219,12 @@ impl WasiHttpHooks for HttpHooks {
         _fut: Box<dyn Future<Output = Result<(), HttpError>> + Send>,
     ) -> Box<dyn Future<Output = SendResult> + Send> {
         // A child of the guest call (the current span while the guest asks for the request).
-        let job = self.job(request.method(), request.uri(), self.deadline);
+        let job = self.job(
+            request.method(),
+            request.uri(),
+            self.deadline,
+            self.outbound.policy.clone(),
+        );
         let span = job.span.clone();
         // The trace goes on to the server, unless the guest set its own.
         if !request.headers().contains_key(TRACEPARENT)
@@ -236,6 +254,8 @@ impl WasiHttpHooks for HttpHooks {
 /// One request on its way.
 struct Job {
     outbound: Arc<Outbound>,
+    /// What decides where it may go: the guest's policy, or the host's for its own requests.
+    policy: Arc<Policy>,
     dispatch: String,
     attempt: u32,
     control: Option<Arc<ClaimControl>>,
@@ -427,7 +447,12 @@ impl HttpHooks {
             (Some(d), Some(own)) => Some(d.min(own)),
             (d, own) => d.or(own),
         };
-        let job = self.job(request.method(), request.uri(), deadline);
+        let job = self.job(
+            request.method(),
+            request.uri(),
+            deadline,
+            self.outbound.host_policy.clone(),
+        );
         let span = job.span.clone();
         let mut request = request;
         // The head goes out in origin form: the authority travels as `Host` (as `wasi:http`

@@ -33,7 +33,7 @@ pub enum Carrier {
 }
 
 /// One plugin's grants and the decisions on them.
-#[derive(Debug, Default)]
+#[derive(Debug, Clone, Default)]
 pub struct Policy {
     http: Vec<OutboundHost>,
     tcp: Vec<TcpGrant>,
@@ -56,6 +56,14 @@ impl Policy {
                 .map(|(k, v)| (k.trim_end_matches('.').to_ascii_lowercase(), *v))
                 .collect(),
         })
+    }
+
+    /// This policy with `grants` added to its HTTP grants: the policy of the host's own
+    /// requests for the plugin (its MCP servers), which its guest does not have.
+    pub fn with_http(&self, grants: impl IntoIterator<Item = OutboundHost>) -> Policy {
+        let mut out = self.clone();
+        out.http.extend(grants);
+        out
     }
 
     /// The `allowed_outbound_hosts` entries.

@@ -106,7 +106,7 @@ impl Job {
                 HttpError::ConnectionLimitReached,
             ));
         }
-        let Some(entry) = self.outbound.policy.admit_http(scheme, &host, port) else {
+        let Some(entry) = self.policy.admit_http(scheme, &host, port) else {
             return Err(self.refuse(
                 "the origin is not in allowed_outbound_hosts",
                 HttpError::HttpRequestDenied,
@@ -140,7 +140,7 @@ impl Job {
     /// [`Job::connect`] without its budget: the refusal's text and error.
     async fn dial(&self, target: &Target) -> Result<TcpStream, (String, HttpError)> {
         let Target { scheme, host, port } = target;
-        let policy = &self.outbound.policy;
+        let policy = &self.policy;
         let addrs = policy.resolve(host, *port).await.map_err(|e| {
             (
                 format!("cannot resolve `{host}`: {e}"),

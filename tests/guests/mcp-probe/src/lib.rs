@@ -9,10 +9,13 @@
 //!   with `Claim::mcp_call_or_suspend` (suspending while it waits for approval) and completes
 //!   with the outcome as JSON (`{"outcome": "done", "text", "structured", "is_error"}`,
 //!   `{"outcome": "rejected" | "unknown", "why"}`, `{"error": ...}`); with `fail_first`, the
-//!   first attempt fails after the call (a retry must be answered from the journal);
+//!   first attempt fails after the call (a retry must be answered from the journal); with
+//!   `diverge`, a log read that differs on every run comes first (the run diverges from its
+//!   journal before the call);
 //! - `{"op": "raw", "server": S, "tool": T, "arguments": "<text>"}`: calls with the arguments
 //!   text as given (for the refusals);
 //! - `{"op": "none"}`: calls nothing (the bench's baseline);
+//! - `{"op": "get", "url": U}`: the guest's own GET of `U` (`{"status"}` or `{"error"}`);
 //! - `{"op": "forge", "name": N}`: tries to make the waitpoint `N` itself (an approval's name
 //!   is the host's: refused).
 
@@ -62,6 +65,11 @@ impl Handler for Probe {
             },
             "call" => {
                 let args = cmd.get("args").cloned().unwrap_or_else(|| json!({}));
+                if cmd.get("diverge").and_then(Value::as_bool) == Some(true) {
+                    claim
+                        .read_log(u64::from(claim.claims()), 1)
+                        .map_err(|e| e.to_string())?;
+                }
                 match claim.mcp_call_or_suspend(&server, &text("tool"), &args.to_string()) {
                     Ok(None) => return Ok(Vec::new()),
                     Ok(done) => {
@@ -80,6 +88,10 @@ impl Handler for Probe {
                 Err(e) => json!({ "error": format!("{e:?}") }),
             },
             "none" => json!({}),
+            "get" => match homing_guest::http::Request::get(text("url")).send() {
+                Ok(r) => json!({ "status": r.status }),
+                Err(e) => json!({ "error": format!("{e:?}") }),
+            },
             "forge" => match claim.waitpoint(&text("name"), std::time::Duration::from_secs(60), &[]) {
                 Ok(w) => json!({ "made": w.id }),
                 Err(e) => json!({ "error": format!("{e:?}") }),
