@@ -79,6 +79,8 @@ pub struct ClaimHandle {
     warned_steps: bool,
     /// What this claim streamed (`emit`), once it streamed something.
     live: Option<crate::live::LiveClaim>,
+    /// The tokens of the model calls its run made, as the host metered them.
+    usage: Arc<std::sync::Mutex<crate::store::model::Usage>>,
 }
 
 impl ClaimHandle {
@@ -98,6 +100,7 @@ impl ClaimHandle {
             journal,
             warned_steps: false,
             live: None,
+            usage: Arc::default(),
         }
     }
 
@@ -124,6 +127,16 @@ impl ClaimHandle {
     /// The attempt's `homing.dispatch` span.
     pub fn span(&self) -> &tracing::Span {
         &self.span
+    }
+
+    /// Where its run's metered model calls add their tokens.
+    pub fn usage(&self) -> &Arc<std::sync::Mutex<crate::store::model::Usage>> {
+        &self.usage
+    }
+
+    /// The tokens its run's metered model calls used so far.
+    pub fn usage_now(&self) -> crate::store::model::Usage {
+        self.usage.lock().map(|u| *u).unwrap_or_default()
     }
 
     /// The journal of its run (`None` with `journal = "off"`).
@@ -289,5 +302,6 @@ pub fn hold(claimer: &Claimer<'_>, dispatch: Dispatch) -> ClaimHandle {
         journal,
         warned_steps: false,
         live: None,
+        usage: Arc::default(),
     }
 }

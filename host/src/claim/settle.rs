@@ -300,6 +300,20 @@ impl ClaimHandle {
             self.stop_renewing();
             let failed = matches!(how, Settlement::Nacked | Settlement::DeadLettered);
             crate::telemetry::trace::record_outcome(&self.span, how.as_str(), failed);
+            let usage = self.usage_now();
+            if usage.calls > 0 {
+                crate::telemetry::trace::record_usage(&self.span, &usage);
+                tracing::info!(
+                    agent = %self.dispatch.agent,
+                    dispatch = %self.dispatch.id,
+                    attempt = self.dispatch.attempt,
+                    model_calls = usage.calls,
+                    input_tokens = usage.input_tokens,
+                    output_tokens = usage.output_tokens,
+                    cached_tokens = usage.cached_tokens,
+                    "model usage of the attempt"
+                );
+            }
         }
         out
     }

@@ -19,6 +19,7 @@ pub mod api;
 pub mod limits;
 pub mod mcp;
 pub mod outbound;
+pub mod pricing;
 pub mod schedules;
 mod store;
 pub mod telemetry;
@@ -71,6 +72,9 @@ pub struct Config {
     /// `[schedules.<name>]`: agents that run on a calendar.
     #[serde(default)]
     pub schedules: BTreeMap<String, schedules::ScheduleConfig>,
+    /// `[pricing."ORIGIN"]`: model APIs the host reads the calls of (format, provider).
+    #[serde(default)]
+    pub pricing: BTreeMap<String, pricing::PricingConfig>,
     /// The directory relative paths resolve against (the config file's).
     #[serde(skip)]
     pub base_dir: PathBuf,
@@ -742,6 +746,8 @@ impl Config {
     fn check(&self) -> Result<(), String> {
         self.api.check()?;
         self.telemetry.check()?;
+        pricing::origins(&self.pricing)
+            .map_err(|(origin, why)| format!("[pricing.\"{origin}\"] {why}"))?;
         if let StoreConfig::Nats(nats) = &self.store {
             check_nats(
                 &nats.urls(),

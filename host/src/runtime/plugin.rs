@@ -133,7 +133,8 @@ impl Runtime {
                     limits: ctx.origin_limits.clone(),
                     park_on: ctx.config.park_on.clone(),
                     max_park: ctx.config.max_park,
-                }),
+                })
+                .with_models(ctx.models.clone()),
         );
         let mcp = Arc::new(super::mcp::McpBroker::new(
             &ctx.name,

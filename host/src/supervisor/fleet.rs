@@ -274,6 +274,8 @@ pub fn context(config: &Config, name: &str, shared: &Shared) -> anyhow::Result<P
         live: shared.live.clone(),
         limits: crate::work::flow::limit_set(config, name),
         origin_limits: crate::work::flow::origin_limits(config, name),
+        // Checked when the file was read: a table that does not parse meters nothing here.
+        models: crate::config::pricing::origins(&config.pricing).unwrap_or_default(),
         drain_timeout: plugin_config.drain_timeout(&config.host),
         offer: std::sync::OnceLock::new(),
         retired: Arc::new(AtomicBool::new(false)),

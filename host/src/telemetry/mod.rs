@@ -95,6 +95,29 @@ pub const FOLLOW_UPS: &str = "homing_follow_ups_total";
 /// `outcome` (`done`, `tool_error`, `replayed`, `needs_approval`, `rejected`, `unknown`,
 /// `refused`, `failed`).
 pub const MCP_CALLS: &str = "homing_mcp_calls_total";
+/// Model calls' durations (OpenTelemetry's `gen_ai.client.operation.duration`): `agent`,
+/// `gen_ai_operation_name`, `gen_ai_provider_name`, `gen_ai_request_model`, `error_type`.
+pub const GENAI_DURATION: &str = "gen_ai_client_operation_duration_seconds";
+/// Model calls' tokens (OpenTelemetry's `gen_ai.client.token.usage`): the duration's labels less
+/// `error_type`, and `gen_ai_token_type` (`input`, `output`).
+pub const GENAI_TOKENS: &str = "gen_ai_client_token_usage";
+/// Buckets of the token histogram (OpenTelemetry's advice: powers of 4 from 1 to 4^13).
+const TOKEN_BUCKETS: &[f64] = &[
+    1.0,
+    4.0,
+    16.0,
+    64.0,
+    256.0,
+    1024.0,
+    4096.0,
+    16384.0,
+    65536.0,
+    262_144.0,
+    1_048_576.0,
+    4_194_304.0,
+    16_777_216.0,
+    67_108_864.0,
+];
 /// Waitpoints guests created: `agent`.
 pub const WAITPOINTS_CREATED: &str = "homing_waitpoints_created_total";
 /// Waitpoints that left `pending` through this host (a completion, a cancel, a timeout its
@@ -144,7 +167,8 @@ static HANDLE: OnceLock<PrometheusHandle> = OnceLock::new();
 fn builder() -> anyhow::Result<PrometheusBuilder> {
     Ok(PrometheusBuilder::new()
         .set_buckets_for_metric(Matcher::Suffix("_seconds".into()), BUCKETS)?
-        .set_buckets_for_metric(Matcher::Full(STREAM_CLIENT_LAG.into()), LAG_BUCKETS)?)
+        .set_buckets_for_metric(Matcher::Full(STREAM_CLIENT_LAG.into()), LAG_BUCKETS)?
+        .set_buckets_for_metric(Matcher::Full(GENAI_TOKENS.into()), TOKEN_BUCKETS)?)
 }
 
 /// Installs the process's Prometheus recorder (once; later calls return the same handle) and
@@ -331,6 +355,16 @@ fn describe() {
     describe_counter!(
         API_REQUESTS,
         "API requests answered, by route, method and status."
+    );
+    describe_histogram!(
+        GENAI_DURATION,
+        Unit::Seconds,
+        "Guests' model calls (origins of [pricing]), asked to the end of the response."
+    );
+    describe_histogram!(
+        GENAI_TOKENS,
+        Unit::Count,
+        "Tokens of guests' model calls, as the responses report them, by token type."
     );
     describe_counter!(
         API_REFUSALS,

@@ -143,6 +143,9 @@ pub fn dispatch_span(agent: &str, dispatch: &Dispatch) -> Span {
         homing.version = crate::store::versions::pinned(dispatch).unwrap_or_default(),
         homing.outcome = tracing::field::Empty,
         otel.status_code = tracing::field::Empty,
+        gen_ai.usage.input_tokens = tracing::field::Empty,
+        gen_ai.usage.output_tokens = tracing::field::Empty,
+        homing.model_calls = tracing::field::Empty,
     );
     if enabled()
         && let Some(parent) = dispatch.metadata.get("traceparent")
@@ -162,6 +165,24 @@ pub fn record_outcome(span: &Span, outcome: &str, failed: bool) {
     if failed {
         span.record("otel.status_code", "ERROR");
     }
+}
+
+/// Names `span` `name` in the exported trace, also once its OpenTelemetry span was started
+/// (recording `otel.name` renames only a span not yet started, and a span that passed on its
+/// `traceparent` was).
+pub fn rename(span: &Span, name: &str) {
+    span.record("otel.name", name);
+    if enabled() {
+        span.context().span().update_name(name.to_owned());
+    }
+}
+
+/// Records the tokens an attempt's model calls used on its span (the sums of its calls').
+pub fn record_usage(span: &Span, usage: &crate::store::model::Usage) {
+    let as_i64 = |n: u64| i64::try_from(n).unwrap_or(i64::MAX);
+    span.record("gen_ai.usage.input_tokens", as_i64(usage.input_tokens));
+    span.record("gen_ai.usage.output_tokens", as_i64(usage.output_tokens));
+    span.record("homing.model_calls", as_i64(usage.calls));
 }
 
 /// The W3C `traceparent` of `span`, for a request it makes; `None` when traces are off.

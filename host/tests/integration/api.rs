@@ -274,7 +274,7 @@ fn spawn(env: &Env, vars: &[(&str, &str)]) -> Host {
 
 /// Parses the Prometheus text format: every sample line as `name{labels}` → value (labels as
 /// printed, sorted by the exporter's order).
-fn parse_metrics(text: &str) -> BTreeMap<String, f64> {
+pub(crate) fn parse_metrics(text: &str) -> BTreeMap<String, f64> {
     let mut out = BTreeMap::new();
     for line in text.lines() {
         if line.starts_with('#') || line.trim().is_empty() {

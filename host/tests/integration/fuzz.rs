@@ -865,6 +865,7 @@ mod found {
             live: homing::live::Hub::new(&store, Default::default()),
             limits: Default::default(),
             origin_limits: Vec::new(),
+            models: Vec::new(),
             drain_timeout: std::time::Duration::from_secs(30),
             offer: Default::default(),
             retired: Default::default(),

@@ -57,6 +57,7 @@ fn fixture(plugin_toml: &str) -> Fixture {
         live: homing::live::Hub::new(&store, Default::default()),
         limits: Default::default(),
         origin_limits: Vec::new(),
+        models: Vec::new(),
         drain_timeout: std::time::Duration::from_secs(30),
         offer: Default::default(),
         retired: Default::default(),

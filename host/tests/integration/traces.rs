@@ -400,3 +400,233 @@ fn without_a_collector_follow_up_work_carries_the_traceparent_on() {
         );
     }
 }
+
+/// A stand-in model API speaking one format on loopback: OpenAI's Chat Completions (a JSON
+/// answer, or an event stream whose last chunk carries the usage when asked for) or
+/// Anthropic's Messages (an event stream: the input in `message_start`, the output in
+/// `message_delta`), with the usage the real APIs report.
+fn model_server(anthropic: bool) -> Served {
+    use axum::response::IntoResponse;
+    async fn openai(axum::Json(asked): axum::Json<Value>) -> axum::response::Response {
+        let usage = json!({"prompt_tokens": 11, "completion_tokens": 7, "total_tokens": 18,
+                           "prompt_tokens_details": {"cached_tokens": 3}});
+        let model = "gpt-test-2026-01-01";
+        if asked["stream"] == true {
+            let chunk = |choices: Value, usage: Value| {
+                format!(
+                    "data: {}\n\n",
+                    json!({"id": "chatcmpl-s1", "object": "chat.completion.chunk", "model": model,
+                           "choices": choices, "usage": usage})
+                )
+            };
+            let mut body = chunk(
+                json!([{"index": 0, "delta": {"content": "hel"}}]),
+                Value::Null,
+            );
+            body += &chunk(
+                json!([{"index": 0, "delta": {"content": "lo"}, "finish_reason": "stop"}]),
+                Value::Null,
+            );
+            if asked["stream_options"]["include_usage"] == true {
+                body += &chunk(json!([]), usage);
+            }
+            body += "data: [DONE]\n\n";
+            return ([("content-type", "text/event-stream")], body).into_response();
+        }
+        axum::Json(json!({
+            "id": "chatcmpl-j1", "object": "chat.completion", "model": model,
+            "choices": [{"index": 0, "message": {"role": "assistant", "content": "hello"}, "finish_reason": "stop"}],
+            "usage": usage,
+        }))
+        .into_response()
+    }
+    async fn anthropic_messages(axum::Json(_): axum::Json<Value>) -> axum::response::Response {
+        let event = |name: &str, data: Value| format!("event: {name}\ndata: {data}\n\n");
+        let body = [
+            event("message_start", json!({"type": "message_start", "message": {"id": "msg_1", "type": "message", "role": "assistant", "model": "claude-test-1", "content": [], "usage": {"input_tokens": 20, "output_tokens": 1, "cache_read_input_tokens": 5}}})),
+            event("content_block_delta", json!({"type": "content_block_delta", "index": 0, "delta": {"type": "text_delta", "text": "hi"}})),
+            event("message_delta", json!({"type": "message_delta", "delta": {"stop_reason": "end_turn"}, "usage": {"output_tokens": 9}})),
+            event("message_stop", json!({"type": "message_stop"})),
+        ]
+        .concat();
+        ([("content-type", "text/event-stream")], body).into_response()
+    }
+    let app = if anthropic {
+        axum::Router::new().route("/v1/messages", axum::routing::post(anthropic_messages))
+    } else {
+        axum::Router::new().route("/v1/chat/completions", axum::routing::post(openai))
+    };
+    Served::start(app)
+}
+
+/// GenAI telemetry (issue 54): a guest's calls to origins of `[pricing]` are read as they pass.
+/// Each call's span gets the OpenTelemetry GenAI name and attributes (the models, the token
+/// usage, the finish reasons) from a JSON answer, an OpenAI event stream and an Anthropic one;
+/// the attempt's span sums its calls' tokens; the `gen_ai_client_*` metrics count them and pass
+/// Prometheus's linter; a request to an origin not listed is not read.
+#[test]
+fn model_calls_get_genai_spans_and_metrics() {
+    let collector = Collector::start();
+    let openai = model_server(false);
+    let anthropic = model_server(true);
+    let echo = EchoServer::start();
+    let runtime = tokio::runtime::Runtime::new().unwrap();
+    runtime.block_on(async {
+        let api = crate::api::Api::start_with(
+            |port| {
+                format!(
+                    r#"
+[host]
+lease = "10s"
+sweep_interval = "200ms"
+
+[api]
+listen = "127.0.0.1:{port}"
+{tokens}
+
+[telemetry]
+otlp_endpoint = "http://{collector}"
+
+[pricing."http://{openai}"]
+format = "openai"
+
+[pricing."http://{anthropic}"]
+format = "anthropic"
+
+[plugins.probe]
+path = {path}
+timeout = "20s"
+max_attempts = 1
+allowed_outbound_hosts = ["http://127.0.0.1:*"]
+"#,
+                    tokens = crate::api::TOKENS,
+                    collector = collector.served.addr,
+                    openai = openai.addr,
+                    anthropic = anthropic.addr,
+                    path = toml_path(&guest("http_probe")),
+                )
+            },
+            |_| {},
+        )
+        .await;
+        let post = |url: String, body: Value| {
+            json!({"method": "POST", "url": url, "headers": [["content-type", "application/json"]],
+                   "body": body.to_string(), "quiet": true})
+            .to_string()
+        };
+        let asked = json!({"model": "gpt-test", "max_tokens": 50, "temperature": 0.5,
+                           "messages": [{"role": "user", "content": "hi"}]});
+        let mut streamed = asked.clone();
+        streamed["stream"] = json!(true);
+        streamed["stream_options"] = json!({"include_usage": true});
+        let payloads = [
+            ("plain", post(format!("http://{}/v1/chat/completions", openai.addr), asked)),
+            ("streamed", post(format!("http://{}/v1/chat/completions", openai.addr), streamed)),
+            (
+                "claude",
+                post(
+                    format!("http://{}/v1/messages", anthropic.addr),
+                    json!({"model": "claude-test", "max_tokens": 64, "messages": [{"role": "user", "content": "hi"}]}),
+                ),
+            ),
+            ("other", post(echo.url("/v1/chat/completions"), json!({"model": "x"}))),
+        ];
+        let mut ids = BTreeMap::new();
+        for (name, payload) in payloads {
+            let id = api
+                .enqueue(json!({"agent": "probe", "thread": name, "payload": payload}))
+                .await;
+            let d = api.wait_terminal(&id).await;
+            assert_eq!(d["status"], "acked", "{name}: {d}");
+            ids.insert(name, id);
+        }
+
+        let scrape = api.scrape().await;
+        crate::common::promtool_check(&scrape);
+        let m = crate::api::parse_metrics(&scrape);
+        let tokens = |provider: &str, kind: &str| {
+            crate::api::sample(
+                &m,
+                "gen_ai_client_token_usage_sum",
+                &[("agent", "probe"), ("gen_ai_provider_name", provider), ("gen_ai_token_type", kind)],
+            )
+        };
+        assert_eq!(tokens("openai", "input"), 22.0, "{scrape}");
+        assert_eq!(tokens("openai", "output"), 14.0);
+        assert_eq!(tokens("anthropic", "input"), 20.0);
+        assert_eq!(tokens("anthropic", "output"), 9.0);
+        let calls = crate::api::sample(
+            &m,
+            "gen_ai_client_operation_duration_seconds_count",
+            &[("gen_ai_operation_name", "chat"), ("gen_ai_request_model", "gpt-test-2026-01-01")],
+        );
+        assert_eq!(calls, 2.0, "{scrape}");
+
+        // The spans arrive as the exporter sends its batches.
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(60);
+        let spans = loop {
+            let spans = collector.spans();
+            if ids.values().all(|id| spans.iter().any(|s| s.attributes.get("homing.dispatch_id") == Some(id)))
+                && spans.iter().filter(|s| s.name.starts_with("chat ")).count() >= 3
+            {
+                break spans;
+            }
+            assert!(std::time::Instant::now() < deadline, "spans missing: {spans:#?}");
+            tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+        };
+        let model_span = |thread: &str| -> Got {
+            let root = dispatch_span(&spans, &ids[thread]);
+            let calls: Vec<&Got> = spans.iter().filter(|s| s.trace == root.trace && s.name.contains(' ')).collect();
+            assert_eq!(calls.len(), 1, "{thread}: {spans:#?}");
+            calls[0].clone()
+        };
+        let attr = |s: &Got, k: &str| s.attributes.get(k).cloned().unwrap_or_default();
+        let plain = model_span("plain");
+        assert_eq!(plain.name, "chat gpt-test-2026-01-01");
+        for (k, v) in [
+            ("gen_ai.operation.name", "chat"),
+            ("gen_ai.provider.name", "openai"),
+            ("gen_ai.request.model", "gpt-test"),
+            ("gen_ai.request.max_tokens", "50"),
+            ("gen_ai.request.temperature", "0.5"),
+            ("gen_ai.response.model", "gpt-test-2026-01-01"),
+            ("gen_ai.response.id", "chatcmpl-j1"),
+            ("gen_ai.response.finish_reasons", "stop"),
+            ("gen_ai.usage.input_tokens", "11"),
+            ("gen_ai.usage.output_tokens", "7"),
+            ("gen_ai.usage.cache_read.input_tokens", "3"),
+        ] {
+            assert_eq!(attr(&plain, k), v, "{k}: {plain:#?}");
+        }
+        assert_eq!(plain.kinds.get("gen_ai.usage.input_tokens"), Some(&"int"));
+        let streamed = model_span("streamed");
+        assert_eq!(
+            (attr(&streamed, "gen_ai.usage.input_tokens"), attr(&streamed, "gen_ai.usage.output_tokens")),
+            ("11".into(), "7".into()),
+            "read from the stream's last chunk: {streamed:#?}"
+        );
+        let claude = model_span("claude");
+        assert_eq!(claude.name, "chat claude-test-1");
+        for (k, v) in [
+            ("gen_ai.provider.name", "anthropic"),
+            ("gen_ai.usage.input_tokens", "20"),
+            ("gen_ai.usage.output_tokens", "9"),
+            ("gen_ai.usage.cache_read.input_tokens", "5"),
+            ("gen_ai.response.finish_reasons", "end_turn"),
+        ] {
+            assert_eq!(attr(&claude, k), v, "{k}: {claude:#?}");
+        }
+        // The attempt sums its calls.
+        let root = dispatch_span(&spans, &ids["claude"]);
+        assert_eq!(attr(&root, "gen_ai.usage.output_tokens"), "9", "{root:#?}");
+        assert_eq!(attr(&root, "homing.model_calls"), "1", "{root:#?}");
+        // An origin not in [pricing] is not read: its request keeps its plain span.
+        let other = dispatch_span(&spans, &ids["other"]);
+        assert!(
+            spans.iter().any(|s| s.trace == other.trace && s.name == "homing.http"
+                && !s.attributes.contains_key("gen_ai.operation.name")),
+            "{spans:#?}"
+        );
+        assert!(!other.attributes.contains_key("homing.model_calls"));
+    });
+}

@@ -96,6 +96,8 @@ pub struct PluginContext {
     pub limits: crate::store::LimitSet,
     /// The limits its outbound requests honour (`[limits.x]` with `origins`).
     pub origin_limits: Vec<crate::work::flow::OriginLimit>,
+    /// The model APIs whose calls it meters (`[pricing."ORIGIN"]`).
+    pub models: Vec<crate::config::pricing::ModelOrigin>,
     /// How long a dispatch pinned to a version no claimer here runs is left for the hosts that
     /// run it (`[host] drain_timeout`, else the plugin's timeout).
     pub drain_timeout: Duration,
@@ -130,6 +132,7 @@ impl PluginContext {
             public_url: None,
             limits: Default::default(),
             origin_limits: Vec::new(),
+            models: Vec::new(),
             drain_timeout: Duration::from_secs(30),
             offer: std::sync::OnceLock::new(),
             retired: Default::default(),
@@ -303,6 +306,7 @@ impl GuestState {
             .journal()
             .cloned()
             .filter(|recorder| recorder.journals_calls());
+        self.http.usage = Some(claim.usage().clone());
         if let Some(slot) = &self.journal_slot {
             slot.set(self.http.journal.clone());
         }

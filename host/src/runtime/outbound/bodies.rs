@@ -20,6 +20,8 @@ pub(super) struct CappedRequest {
     inner: WasiBody,
     sent: u64,
     cap: u64,
+    /// Where a metered model call keeps the body's first bytes ([`super::genai`]).
+    tee: Option<Arc<std::sync::Mutex<Vec<u8>>>>,
 }
 
 impl CappedRequest {
@@ -29,7 +31,15 @@ impl CappedRequest {
             inner,
             sent: 0,
             cap,
+            tee: None,
         }
+    }
+
+    /// The same body, its first [`super::genai::MAX_REQUEST_READ`] bytes copied to `tee` as
+    /// they are sent.
+    pub(super) fn with_tee(mut self, tee: Option<Arc<std::sync::Mutex<Vec<u8>>>>) -> Self {
+        self.tee = tee;
+        self
     }
 }
 
@@ -48,6 +58,22 @@ impl Body for CappedRequest {
             self.sent += data.len() as u64;
             if self.sent > self.cap {
                 return Poll::Ready(Some(Err(HttpError::HttpRequestBodySize(Some(self.sent)))));
+            }
+            let fits = self.tee.as_ref().is_none_or(|tee| {
+                let Ok(mut kept) = tee.lock() else {
+                    return false;
+                };
+                if kept.len() + data.len() <= super::genai::MAX_REQUEST_READ {
+                    kept.extend_from_slice(data);
+                    true
+                } else {
+                    // Too long to read: nothing is kept (a part is not JSON).
+                    *kept = Vec::new();
+                    false
+                }
+            });
+            if !fits {
+                self.tee = None;
             }
         }
         polled
@@ -107,7 +133,10 @@ impl GuardedResponse {
     }
 
     fn end(&mut self, why: Option<String>) {
-        if let Some(job) = self.job.take() {
+        if let Some(mut job) = self.job.take() {
+            if let Some(meter) = job.meter.take() {
+                meter.finish(&job.span, why.is_none());
+            }
             job.finish(self.status, self.received, why.as_deref());
         }
     }
@@ -161,6 +190,9 @@ impl Body for GuardedResponse {
             }
             Poll::Ready(Some(Ok(frame))) => {
                 if let Some(data) = frame.data_ref() {
+                    if let Some(meter) = self.job.as_mut().and_then(|j| j.meter.as_mut()) {
+                        meter.observe(data);
+                    }
                     self.received += data.len() as u64;
                     if self.received > self.cap {
                         let cap = self.cap;

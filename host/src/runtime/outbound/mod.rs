@@ -39,6 +39,7 @@ use crate::config::{HttpLimits, PluginConfig};
 
 mod bodies;
 pub mod flow;
+pub mod genai;
 mod journal;
 pub mod policy;
 mod send;
@@ -52,6 +53,8 @@ pub struct Outbound {
     /// The policy of the host's own requests for the plugin ([`HttpHooks::host_exchange`]):
     /// the guest's grants and the plugin's MCP servers' origins.
     host_policy: Arc<Policy>,
+    /// `[pricing."ORIGIN"]`: the model APIs whose calls are metered ([`genai`]).
+    models: Arc<Vec<crate::config::pricing::ModelOrigin>>,
     limits: HttpLimits,
     tls: Option<Arc<rustls::ClientConfig>>,
     flow: flow::Flow,
@@ -96,6 +99,7 @@ impl Outbound {
             plugin: name.to_owned(),
             policy: Arc::new(policy),
             host_policy: Arc::new(host_policy),
+            models: Arc::default(),
             limits: config.http.clone(),
             tls,
             flow: flow::Flow::default(),
@@ -108,12 +112,19 @@ impl Outbound {
         self
     }
 
+    /// The same setup metering the calls to `models` ([`genai`]).
+    pub fn with_models(mut self, models: Vec<crate::config::pricing::ModelOrigin>) -> Self {
+        self.models = Arc::new(models);
+        self
+    }
+
     /// A plugin that may send nothing (instances built outside a plugin: probes, tests).
     pub fn deny_all(name: &str) -> Self {
         Outbound {
             plugin: name.to_owned(),
             policy: Arc::new(Policy::default()),
             host_policy: Arc::new(Policy::default()),
+            models: Arc::default(),
             limits: HttpLimits::default(),
             tls: None,
             flow: flow::Flow::default(),
@@ -134,6 +145,7 @@ impl Outbound {
             deadline: None,
             traceparent: None,
             journal: None,
+            usage: None,
             permits: Arc::new(Semaphore::new(self.limits.max_concurrent as usize)),
         }
     }
@@ -152,6 +164,8 @@ pub struct HttpHooks {
     pub traceparent: Option<String>,
     /// The current claim's journal, under `journal = "run"`: each exchange is a journaled call.
     pub journal: Option<Arc<Recorder>>,
+    /// Where the current claim's metered model calls add their tokens ([`genai`]).
+    pub usage: Option<genai::UsageSink>,
     permits: Arc<Semaphore>,
 }
 
@@ -207,6 +221,8 @@ impl HttpHooks {
             started: Instant::now(),
             span,
             slots: Vec::new(),
+            meter: None,
+            usage: self.usage.clone(),
         }
     }
 }
@@ -274,6 +290,10 @@ struct Job {
     span: tracing::Span,
     /// The origin-limit slots it holds until its response body is done.
     slots: Vec<flow::SlotGuard>,
+    /// A model call's meter ([`genai`]), from its admission to its response's end.
+    meter: Option<genai::Meter>,
+    /// Where the claim's metered usage adds up.
+    usage: Option<genai::UsageSink>,
 }
 
 /// The metrics' `origin` of a request that matched no `allowed_outbound_hosts` entry.
@@ -550,6 +570,18 @@ fn request_span(method: &http::Method, path: &str, server: &str) -> tracing::Spa
         server.address = %server,
         http.response.status_code = tracing::field::Empty,
         otel.status_code = tracing::field::Empty,
+        otel.name = tracing::field::Empty,
+        gen_ai.operation.name = tracing::field::Empty,
+        gen_ai.provider.name = tracing::field::Empty,
+        gen_ai.request.model = tracing::field::Empty,
+        gen_ai.request.max_tokens = tracing::field::Empty,
+        gen_ai.request.temperature = tracing::field::Empty,
+        gen_ai.response.model = tracing::field::Empty,
+        gen_ai.response.id = tracing::field::Empty,
+        gen_ai.response.finish_reasons = tracing::field::Empty,
+        gen_ai.usage.input_tokens = tracing::field::Empty,
+        gen_ai.usage.output_tokens = tracing::field::Empty,
+        gen_ai.usage.cache_read.input_tokens = tracing::field::Empty,
     )
 }
 

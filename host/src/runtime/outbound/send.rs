@@ -44,6 +44,14 @@ impl Job {
         options: Option<RequestOptions>,
     ) -> SendResult {
         let target = self.admit(&request)?;
+        self.meter = super::genai::Meter::start(
+            &self.outbound.models,
+            &self.outbound.plugin,
+            (target.scheme, &target.host, target.port),
+            request.method(),
+            request.uri().path(),
+            self.usage.clone(),
+        );
         self.wait_for_limits(&target).await?;
         let limits = self.outbound.limits.clone();
         let connect_budget = self.budget(
@@ -53,7 +61,8 @@ impl Job {
         let stream = self.connect(&target, connect_budget).await?;
         let stream = self.secure(&target, stream, connect_budget).await?;
         let (sender, connection) = self.handshake(stream, connect_budget).await?;
-        let request = outgoing(request, limits.max_request_body);
+        let tee = self.meter.as_ref().map(|m| m.request_tee());
+        let request = outgoing(request, limits.max_request_body, tee);
         // Taken now: each is clamped to the time the dispatch has left after connecting.
         let first_byte = self.budget(
             limits.first_byte_timeout,
@@ -324,13 +333,16 @@ impl Job {
     /// with its body guarded ([`GuardedResponse`], which logs the request's line when it ends)
     /// and the connection driven beside it.
     fn respond(
-        self,
+        mut self,
         response: http::Response<hyper::body::Incoming>,
         connection: Option<Pin<Box<Connection>>>,
         between: Duration,
     ) -> SendResult {
         let status = response.status().as_u16();
         self.park_if_asked(status, response.headers());
+        if let Some(meter) = self.meter.as_mut() {
+            meter.respond(status, response.headers());
+        }
         let cap = self.outbound.limits.max_response_body;
         if let Some(length) = content_length(response.headers())
             && length > cap
@@ -358,13 +370,20 @@ impl Job {
 
 /// The request as it goes on the wire: origin-form (the scheme and authority are the Host
 /// header's business), its body capped at `cap` bytes.
-fn outgoing(request: http::Request<WasiBody>, cap: u64) -> http::Request<Outgoing> {
+fn outgoing(
+    request: http::Request<WasiBody>,
+    cap: u64,
+    tee: Option<std::sync::Arc<std::sync::Mutex<Vec<u8>>>>,
+) -> http::Request<Outgoing> {
     let (mut parts, body) = request.into_parts();
     parts.uri = match parts.uri.path_and_query() {
         Some(pq) => http::Uri::from(pq.clone()),
         None => http::Uri::from_static("/"),
     };
-    http::Request::from_parts(parts, CappedRequest::new(body, cap).boxed_unsync())
+    http::Request::from_parts(
+        parts,
+        CappedRequest::new(body, cap).with_tee(tee).boxed_unsync(),
+    )
 }
 
 /// The `content-length` a message declares, if it declares one that parses.

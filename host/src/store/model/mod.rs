@@ -156,6 +156,29 @@ pub struct RunResult {
     pub error: Option<String>,
 }
 
+/// Tokens a claim's model calls used, as the host read them.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Usage {
+    /// Input (prompt) tokens.
+    pub input_tokens: u64,
+    /// Output (completion) tokens.
+    pub output_tokens: u64,
+    /// Input tokens read from the provider's cache (part of `input_tokens`).
+    pub cached_tokens: u64,
+    /// Model calls metered.
+    pub calls: u64,
+}
+
+impl Usage {
+    /// Adds `other`.
+    pub fn add(&mut self, other: &Usage) {
+        self.input_tokens = self.input_tokens.saturating_add(other.input_tokens);
+        self.output_tokens = self.output_tokens.saturating_add(other.output_tokens);
+        self.cached_tokens = self.cached_tokens.saturating_add(other.cached_tokens);
+        self.calls = self.calls.saturating_add(other.calls);
+    }
+}
+
 impl RunResult {
     /// A successful result with these output bytes.
     pub fn success(output: impl Into<Vec<u8>>) -> Self {
