@@ -22,7 +22,9 @@ one in a chunked body. The first chunk carries `delta.role`; then a text reply c
 per word-ish token (`delta.content`, each word with the spaces before it, so the tokens join
 into the reply's text), or a tool call as `delta.tool_calls` (the id and name, then the
 arguments in two pieces); a last chunk carries `finish_reason` with an empty delta, and
-`data: [DONE]` ends the stream. With `--no-stream` it answers every request with plain JSON, as a
+`data: [DONE]` ends the stream. Every reply reports its `usage` as OpenAI does (the prompt and
+completion tokens counted as word-ish tokens): in the JSON, or, when the request asks with
+`stream_options.include_usage`, in a last chunk with no choices. With `--no-stream` it answers every request with plain JSON, as a
 server that does not stream would. `--stream-delay-ms N` (or `STAND_IN_STREAM_DELAY_MS`) waits N ms
 between chunks, for demos; the default is no delay. Errors (401, 404, 400, 503) are JSON either
 way.
@@ -137,11 +139,16 @@ def answer(request):
         if reply is None:
             return 503, {"error": {"message": "the stand-in fails this request once, on purpose"}}
         message, finish = reply
+    prompt = sum(len(tokens(m["content"])) for m in messages if isinstance(m.get("content"), str))
+    completion = len(tokens(message.get("content") or "")) + sum(
+        len(tokens(c["function"]["arguments"])) + 2 for c in message.get("tool_calls") or []
+    )
     return 200, {
         "id": "chatcmpl-stand-in",
         "object": "chat.completion",
         "model": request.get("model", "stand-in"),
         "choices": [{"index": 0, "message": message, "finish_reason": finish}],
+        "usage": {"prompt_tokens": prompt, "completion_tokens": completion, "total_tokens": prompt + completion},
     }
 
 
@@ -151,7 +158,7 @@ def tokens(text):
     return re.findall(r"\s*\S+|\s+", text)
 
 
-def stream_chunks(body):
+def stream_chunks(body, with_usage=False):
     """The `chat.completion.chunk` objects that stream the completion `body` (as `answer`
     returns it)."""
     choice = body["choices"][0]
@@ -187,6 +194,9 @@ def stream_chunks(body):
         for piece in (arguments[:half], arguments[half:]):
             yield chunk({"tool_calls": [{"index": index, "function": {"arguments": piece}}]})
     yield chunk({}, choice["finish_reason"])
+    if with_usage:
+        yield {"id": body["id"], "object": "chat.completion.chunk", "model": body["model"],
+               "choices": [], "usage": body["usage"]}
 
 
 def handler_for(api_key, stream_delay, streams=True):
@@ -201,14 +211,15 @@ def handler_for(api_key, stream_delay, streams=True):
             self.end_headers()
             self.wfile.write(data)
 
-        def stream(self, body):
-            """Sends `body` as server-sent events in a chunked body, flushing each event."""
+        def stream(self, body, with_usage):
+            """Sends `body` as server-sent events in a chunked body, flushing each event (a
+            last one with the usage when `with_usage`)."""
             self.send_response(200)
             self.send_header("content-type", "text/event-stream")
             self.send_header("cache-control", "no-cache")
             self.send_header("transfer-encoding", "chunked")
             self.end_headers()
-            events = [f"data: {json.dumps(c)}\n\n" for c in stream_chunks(body)]
+            events = [f"data: {json.dumps(c)}\n\n" for c in stream_chunks(body, with_usage)]
             events.append("data: [DONE]\n\n")
             for i, event in enumerate(events):
                 if i and stream_delay:
@@ -246,7 +257,8 @@ def handler_for(api_key, stream_delay, streams=True):
             if status == 200 and streams and request.get("stream") is True:
                 with LOCK:
                     STATS["streamed"] += 1
-                self.stream(body)
+                options = request.get("stream_options")
+                self.stream(body, isinstance(options, dict) and options.get("include_usage") is True)
             else:
                 self.reply(status, body)
 

@@ -129,8 +129,10 @@ impl Model {
         if closed > 0 {
             homing_guest::info!("{closed} tool call(s) of a stopped run answered as unfinished");
         }
+        // The usage in a last chunk: the host reads it when its [pricing] lists the origin.
         let body = json!({
-            "model": self.name, "messages": messages, "tools": tools(), "stream": true
+            "model": self.name, "messages": messages, "tools": tools(), "stream": true,
+            "stream_options": {"include_usage": true}
         });
         let mut request = Request::post(&self.url)
             .header("accept", "text/event-stream, application/json")

@@ -23,7 +23,10 @@
 //! would send the message again. Errors have OpenAI's shape, `{"error": {"message", "type",
 //! "param", "code"}}`. Request fields this endpoint does not use (sampling settings, tools,
 //! `max_tokens`) are accepted and ignored: the agent decides how it calls its model.
-//! `usage` is left out: the host does not know what the run's model calls cost.
+//! `usage` is the dispatch's metered tokens (the model calls the run made to origins of
+//! `[pricing]`, summed over its attempts): in a completion when any were metered, and in a last
+//! chunk (no choices) when a streamed request asks for it with `stream_options.include_usage`
+//! (`null` when none were metered).
 
 use std::convert::Infallible;
 use std::sync::Arc;
@@ -102,6 +105,8 @@ struct Ask {
     model: String,
     text: String,
     stream: bool,
+    /// `stream_options.include_usage`.
+    include_usage: bool,
     user: Option<String>,
 }
 
@@ -175,6 +180,25 @@ fn ask(config: &Config, body: Map<String, Value>) -> Result<Ask, ApiError> {
         Some(Value::Bool(b)) => *b,
         Some(_) => return Err(ApiError::invalid("stream", "stream: must be a boolean")),
     };
+    let include_usage = match body.get("stream_options") {
+        None | Some(Value::Null) => false,
+        Some(Value::Object(o)) => match o.get("include_usage") {
+            None | Some(Value::Null) => false,
+            Some(Value::Bool(b)) => *b,
+            Some(_) => {
+                return Err(ApiError::invalid(
+                    "stream_options",
+                    "stream_options.include_usage: must be a boolean",
+                ));
+            }
+        },
+        Some(_) => {
+            return Err(ApiError::invalid(
+                "stream_options",
+                "stream_options: must be an object",
+            ));
+        }
+    };
     match body.get("n") {
         None | Some(Value::Null) => {}
         Some(n) if n.as_u64() == Some(1) => {}
@@ -202,6 +226,7 @@ fn ask(config: &Config, body: Map<String, Value>) -> Result<Ask, ApiError> {
         model,
         text,
         stream,
+        include_usage,
         user,
     })
 }
@@ -370,6 +395,8 @@ async fn turn(
             until: tokio::time::Instant::now() + config.api.max_stream,
             shutdown: state.shutdown.clone(),
             phase: Phase::Start,
+            include_usage: ask.include_usage,
+            usage: None,
             streamed: Vec::new(),
             emitted: 0,
             reset: false,
@@ -403,8 +430,13 @@ async fn turn(
     if done.status != Status::Acked {
         return Err(stored(failed(&done), Some(&dispatch)));
     }
+    let usage = done.usage;
     let output = done.result.map(|r| r.output).unwrap_or_default();
-    let mut response = Json(completion.whole(&String::from_utf8_lossy(&output))).into_response();
+    let mut whole = completion.whole(&String::from_utf8_lossy(&output));
+    if let (Some(usage), Some(map)) = (usage, whole.as_object_mut()) {
+        map.insert("usage".into(), usage_json(&usage));
+    }
+    let mut response = Json(whole).into_response();
     ids(response.headers_mut(), Some(&thread), Some(&dispatch));
     Ok(response)
 }
@@ -456,6 +488,16 @@ impl From<StoreError> for Refusal {
     fn from(e: StoreError) -> Refusal {
         Refusal::new(e.into())
     }
+}
+
+/// A dispatch's metered tokens as OpenAI's `usage`.
+fn usage_json(u: &crate::store::model::Usage) -> Value {
+    json!({
+        "prompt_tokens": u.input_tokens,
+        "completion_tokens": u.output_tokens,
+        "total_tokens": u.input_tokens.saturating_add(u.output_tokens),
+        "prompt_tokens_details": { "cached_tokens": u.cached_tokens },
+    })
 }
 
 /// The parts every completion object of one answer shares.
@@ -517,6 +559,10 @@ struct Chunks {
     until: tokio::time::Instant,
     shutdown: watch::Receiver<bool>,
     phase: Phase,
+    /// `stream_options.include_usage`: a last chunk carries the usage.
+    include_usage: bool,
+    /// That last chunk's usage, once the run ended (`Null` when nothing was metered).
+    usage: Option<Value>,
     /// The bytes streamed so far, of the first claim's deltas.
     streamed: Vec<u8>,
     /// How many of them went to the client (whole characters only).
@@ -537,6 +583,14 @@ impl Chunks {
                     return Some((Ok(self.completion.chunk(role, None)), self));
                 }
                 Phase::Done => {
+                    if let Some(usage) = self.usage.take() {
+                        let c = &self.completion;
+                        let chunk = json!({
+                            "id": c.id, "object": "chat.completion.chunk", "created": c.created,
+                            "model": c.model, "choices": [], "usage": usage,
+                        });
+                        return Some((Ok(Event::default().data(chunk.to_string())), self));
+                    }
                     self.phase = Phase::Ended;
                     return Some((Ok(Event::default().data("[DONE]")), self));
                 }
@@ -571,6 +625,9 @@ impl Chunks {
                     if d.status != Status::Acked {
                         let error = failed(&d);
                         return self.error(&error.message());
+                    }
+                    if self.include_usage {
+                        self.usage = Some(d.usage.as_ref().map_or(Value::Null, usage_json));
                     }
                     let output = d.result.map(|r| r.output).unwrap_or_default();
                     let sent = self.streamed.get(..self.emitted).unwrap_or_default();

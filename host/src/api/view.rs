@@ -66,6 +66,13 @@ pub(crate) fn dispatch(d: &Dispatch) -> Value {
         })).collect::<Vec<_>>(),
         // Its debounce window: what joined it and when it is due (null when it has none).
         "window": d.window.as_ref().map(|w| window(d, w)),
+        // The tokens its runs' metered model calls used (null when none were metered).
+        "usage": d.usage.as_ref().map(|u| json!({
+            "input_tokens": u.input_tokens,
+            "output_tokens": u.output_tokens,
+            "cached_tokens": u.cached_tokens,
+            "model_calls": u.calls,
+        })),
         "claimed_by": d.claim.as_ref().map(|c| c.claimed_by.clone()),
         "lease_until": d.claim.as_ref().map(|c| c.lease_until),
         "result": d.result.as_ref().map(|r| json!({

@@ -15,7 +15,7 @@ use tracing::Instrument;
 
 use super::{ClaimHandle, Claimer, Park};
 use crate::config::RetryPolicy;
-use crate::store::{Dispatch, Gated, RunResult, Store, StoreError};
+use crate::store::{Dispatch, Gated, HolderOp, RunResult, Store, StoreError};
 
 /// How a claim was settled.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -73,7 +73,11 @@ impl ClaimHandle {
         self.end_stream().await;
         let out = store
             .mailbox
-            .complete(&self.dispatch.id, &self.token, RunResult::success(output))
+            .hold(
+                &self.dispatch.id,
+                &self.token,
+                self.metered(HolderOp::Complete(RunResult::success(output))),
+            )
             .instrument(self.span.clone())
             .await;
         self.settled_by(Settlement::Acked, out)
@@ -92,10 +96,10 @@ impl ClaimHandle {
         self.end_stream().await;
         let (done, gated) = store
             .mailbox
-            .complete_and_claim(
+            .hold_and_claim(
                 &self.dispatch.id,
                 &self.token,
-                RunResult::success(output),
+                self.metered(HolderOp::Complete(RunResult::success(output))),
                 &next.request(),
             )
             .instrument(self.span.clone())
@@ -112,7 +116,7 @@ impl ClaimHandle {
         self.end_stream().await;
         let out = store
             .mailbox
-            .ack(&self.dispatch.id, &self.token)
+            .hold(&self.dispatch.id, &self.token, self.metered(HolderOp::Ack))
             .instrument(self.span.clone())
             .await;
         self.settled_by(Settlement::Acked, out)
@@ -138,7 +142,14 @@ impl ClaimHandle {
         self.end_stream().await;
         let out = store
             .mailbox
-            .nack(&self.dispatch.id, &self.token, at, error)
+            .hold(
+                &self.dispatch.id,
+                &self.token,
+                self.metered(HolderOp::Nack {
+                    retry_at: at,
+                    error: error.to_owned(),
+                }),
+            )
             .instrument(self.span.clone())
             .await;
         self.settled_by(Settlement::Nacked, out)
@@ -160,7 +171,13 @@ impl ClaimHandle {
         self.end_stream().await;
         let out = store
             .mailbox
-            .dead_letter(&self.dispatch.id, &self.token, error)
+            .hold(
+                &self.dispatch.id,
+                &self.token,
+                self.metered(HolderOp::DeadLetter {
+                    error: error.to_owned(),
+                }),
+            )
             .instrument(self.span.clone())
             .await;
         self.settled_by(Settlement::DeadLettered, out)
@@ -231,7 +248,11 @@ impl ClaimHandle {
         self.end_stream().await;
         let out = store
             .mailbox
-            .suspend(&self.dispatch.id, &self.token, max_resumes)
+            .hold(
+                &self.dispatch.id,
+                &self.token,
+                self.metered(HolderOp::Suspend { max_resumes }),
+            )
             .instrument(self.span.clone())
             .await;
         self.settled_by(Settlement::Suspended, out)
@@ -252,7 +273,14 @@ impl ClaimHandle {
         );
         let out = store
             .mailbox
-            .release(&self.dispatch.id, &self.token, park.until, &reason)
+            .hold(
+                &self.dispatch.id,
+                &self.token,
+                self.metered(HolderOp::Release {
+                    available_at: park.until,
+                    reason,
+                }),
+            )
             .instrument(self.span.clone())
             .await;
         if out.is_ok() {
@@ -274,10 +302,23 @@ impl ClaimHandle {
                       runs again without counting an attempt";
         let out = store
             .mailbox
-            .release(&self.dispatch.id, &self.token, store.now(), reason)
+            .hold(
+                &self.dispatch.id,
+                &self.token,
+                self.metered(HolderOp::Release {
+                    available_at: store.now(),
+                    reason: reason.to_owned(),
+                }),
+            )
             .instrument(self.span.clone())
             .await;
         self.settled_by(Settlement::Drained, out)
+    }
+
+    /// `op` carrying the tokens this claim's run metered, so the settling write adds them to
+    /// the record's `usage` (no write of its own).
+    fn metered(&self, op: HolderOp) -> HolderOp {
+        op.metered(self.usage_now())
     }
 
     /// Ends what this claim streamed, its last deltas persisted, before the claim settles: a

@@ -1312,6 +1312,12 @@ fn print_dispatch(d: &Dispatch) {
     println!("priority:     {}", d.priority);
     println!("attempt:      {}/{}", d.attempt, d.max_attempts);
     println!("claims:       {} (resumes {})", d.claims, d.resumes);
+    if let Some(u) = &d.usage {
+        println!(
+            "tokens:       {} in ({} cached), {} out, {} model calls",
+            u.input_tokens, u.cached_tokens, u.output_tokens, u.calls
+        );
+    }
     println!("epoch:        {}", d.epoch);
     println!("payload:      {}", printable(&d.payload));
     for (k, v) in &d.metadata {

@@ -181,7 +181,7 @@ impl Mailbox for TimedMailbox {
         op: HolderOp,
         next: &crate::store::ClaimRequest<'_>,
     ) -> (StoreResult<Dispatch>, StoreResult<crate::store::Gated>) {
-        let (name, both) = match &op {
+        let (name, both) = match op.unmetered() {
             HolderOp::Complete(_) => ("complete_and_claim", op.name()),
             _ => ("hold_and_claim", op.name()),
         };

@@ -70,9 +70,12 @@ pub(crate) async fn run_python(api: &Api, script: &str, vars: &[(&str, &str)]) -
 
 const KEY: &str = "stand-in-key-for-the-openai-test-5e21";
 
-fn config(store: &str, port: u16) -> String {
+fn config(store: &str, port: u16, model_origin: &str) -> String {
     format!(
         r#"
+[pricing."{model_origin}"]
+format = "openai"
+
 [host]
 lease = "10s"
 sweep_interval = "200ms"
@@ -147,6 +150,7 @@ out["first"] = {
     "model": first.model,
     "thread": raw.headers.get("homing-thread"),
     "dispatch": raw.headers.get("homing-dispatch"),
+    "usage": first.usage.model_dump() if first.usage else None,
 }
 
 stream = client.chat.completions.create(
@@ -154,15 +158,18 @@ stream = client.chat.completions.create(
     messages=[{"role": "user", "content": "What is 40 + 2?"}, {"role": "assistant", "content": first.choices[0].message.content}, {"role": "user", "content": "And 1 + 2?"}],
     user="ada",
     stream=True,
+    stream_options={"include_usage": True},
 )
-pieces, finishes = [], []
+pieces, finishes, usages = [], [], []
 for chunk in stream:
+    if chunk.usage is not None:
+        usages.append(chunk.usage.model_dump())
     for choice in chunk.choices:
         if choice.delta.content:
             pieces.append(choice.delta.content)
         if choice.finish_reason:
             finishes.append(choice.finish_reason)
-out["second"] = {"pieces": pieces, "text": "".join(pieces), "finishes": finishes}
+out["second"] = {"pieces": pieces, "text": "".join(pieces), "finishes": finishes, "usages": usages}
 
 def refused(call):
     try:
@@ -190,8 +197,9 @@ async fn conversation(store: &str) {
     let model = StandIn::start(KEY);
     let store = store.to_owned();
     let url = model.url.clone();
+    let origin = url.trim_end_matches("/v1").to_owned();
     let api = Api::start_with_env(
-        move |port| config(&store, port),
+        move |port| config(&store, port, &origin),
         &[
             ("ASSISTANT_BASE_URL", url.as_str()),
             ("ASSISTANT_API_KEY", KEY),
@@ -276,6 +284,29 @@ async fn conversation(store: &str) {
     let (status, shown) = api.get(&format!("/v1/dispatches/{dispatch}")).await;
     assert_eq!(status, 200);
     assert_eq!(shown["thread"], "openai.assistant.ada");
+    // The turn's model calls (a tool call, then the answer), metered by the host from the
+    // stand-in's streamed usage: on the dispatch, and as the completion's `usage`.
+    let usage = &shown["usage"];
+    assert_eq!(usage["model_calls"], 2, "{shown}");
+    let input = usage["input_tokens"].as_u64().unwrap();
+    let output = usage["output_tokens"].as_u64().unwrap();
+    assert!(input > 0 && output > 0, "{usage}");
+    assert_eq!(first["usage"]["prompt_tokens"], input, "{first}");
+    assert_eq!(first["usage"]["completion_tokens"], output, "{first}");
+    assert_eq!(first["usage"]["total_tokens"], input + output, "{first}");
+    let streamed = second["usages"].as_array().unwrap();
+    assert_eq!(streamed.len(), 1, "one usage chunk, last: {second}");
+    assert!(
+        streamed[0]["prompt_tokens"].as_u64().unwrap() > input,
+        "the second turn reads more history: {second}"
+    );
+    let text = api.env.ok(&["dispatch", "show", dispatch]);
+    assert!(
+        text.contains(&format!(
+            "tokens:       {input} in (0 cached), {output} out, 2 model calls"
+        )),
+        "{text}"
+    );
     // The failed run's message was sent once: the SDK did not retry the 502.
     let (_, messages) = api.get("/v1/threads/openai.broken.bob/messages").await;
     assert_eq!(

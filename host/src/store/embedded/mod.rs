@@ -91,7 +91,7 @@ pub(crate) const MAX_VALUE_WHY: &str =
     "the embedded store's cap, well below SQLite's limit of 1,000,000,000 bytes per row";
 
 /// The schema version this build writes.
-pub const SCHEMA_VERSION: i64 = 10;
+pub const SCHEMA_VERSION: i64 = 11;
 
 /// Migrations, index `i` moves the schema from version `i` to `i + 1`. Public so a test can
 /// write a file as an earlier release did (the first `n` of them) and open it with this one.
@@ -377,6 +377,11 @@ CREATE UNIQUE INDEX dispatches_open_window ON dispatches (thread, window_key)
     WHERE window_key IS NOT NULL;
 -- The turn policy that took effect when a message met a busy thread (docs/contract.md 9.6).
 ALTER TABLE messages ADD COLUMN applied TEXT;
+"#,
+    // Version 11: the tokens a dispatch's metered model calls used (docs/contract.md, section
+    // 2), as JSON; NULL until a settling write carries some.
+    r#"
+ALTER TABLE dispatches ADD COLUMN usage TEXT;
 "#,
 ];
 

@@ -14,7 +14,7 @@ use crate::store::{StoreError, StoreResult};
 pub(super) const COLUMNS: &str = "id, agent, thread, run_id, payload, metadata, priority, available_at, \
     dedupe_key, max_attempts, attempt, epoch, status, claim_token, claimed_by, lease_until, started_at, \
     result_status, result_output, result_error, last_error, created_at, updated_at, completed_at, \
-    settled_token, settled_op, claims, resumes, waitpoints, concurrency_key, versions, log_from, window";
+    settled_token, settled_op, claims, resumes, waitpoints, concurrency_key, versions, log_from, window, usage";
 
 /// The columns a list row selects, in the order [`decode_row`] reads them: no payload and no
 /// output, only their sizes (`octet_length` reads a value's size from the record's header, not
@@ -119,6 +119,12 @@ pub(super) fn decode(row: &Row<'_>) -> StoreResult<StoredRow> {
             Some(text) => Some(
                 serde_json::from_str(&text).map_err(|e| corrupt(&id, format!("window: {e}")))?,
             ),
+        },
+        usage: match row.get::<_, Option<String>>(33).map_err(field)? {
+            None => None,
+            Some(text) => {
+                Some(serde_json::from_str(&text).map_err(|e| corrupt(&id, format!("usage: {e}")))?)
+            }
         },
         epoch: row.get(11).map_err(field)?,
         status,
@@ -240,7 +246,8 @@ pub(super) fn store(
              claim_token = ?7, claimed_by = ?8, lease_until = ?9, started_at = ?10, result_status = ?11, \
              result_output = ?12, result_error = ?13, last_error = ?14, updated_at = ?15, completed_at = ?16, \
              settled_token = coalesce(?17, settled_token), settled_op = coalesce(?18, settled_op), \
-             claims = ?19, resumes = ?20, versions = ?21, log_from = ?22, window_key = ?23 WHERE id = ?1",
+             claims = ?19, resumes = ?20, versions = ?21, log_from = ?22, window_key = ?23, \
+             usage = ?24 WHERE id = ?1",
         )
         .map_err(db)?;
     let versions = if d.versions.is_empty() {
@@ -251,6 +258,12 @@ pub(super) fn store(
                 .map_err(|e| StoreError::Invalid(format!("versions: {e}")))?,
         )
     };
+    let usage = d
+        .usage
+        .as_ref()
+        .map(serde_json::to_string)
+        .transpose()
+        .map_err(|e| StoreError::Invalid(format!("usage: {e}")))?;
     stmt.execute(params![
         d.id,
         d.available_at,
@@ -275,6 +288,7 @@ pub(super) fn store(
         versions,
         d.log_from,
         open_key(d),
+        usage,
     ])
     .map_err(db)?;
     Ok(())

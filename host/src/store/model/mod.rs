@@ -253,6 +253,10 @@ pub struct Dispatch {
     /// only when set.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub window: Option<Window>,
+    /// The tokens its runs' metered model calls used, summed over the attempts whose claim
+    /// settled it (added by the settling holder write). Serialized only when set.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub usage: Option<Usage>,
     /// The thread's epoch when this dispatch was enqueued (stamped by the store).
     pub epoch: u64,
     /// Lifecycle state.

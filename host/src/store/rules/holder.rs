@@ -9,7 +9,7 @@
 
 use super::claim::{lease_live, stale, superseded};
 use super::{fail_attempt, terminate};
-use crate::store::model::{Dispatch, Fence, RunResult, Status};
+use crate::store::model::{Dispatch, Fence, RunResult, Status, Usage};
 use crate::store::{REASON_LEASE_EXPIRED_AT_MAX, REASON_STALE_EPOCH, StoreError, StoreResult};
 
 /// The operations that settle a dispatch. A settled record keeps the token and operation that
@@ -138,12 +138,14 @@ pub(crate) fn check_holder_op(
     now: u64,
 ) -> Holder {
     match check_holder(found, id, token, op.settles(), thread_epoch, now) {
-        Holder::Live(d) if matches!(op, HolderOp::Extend { .. }) && !lease_live(&d, now) => {
+        Holder::Live(d)
+            if matches!(op.unmetered(), HolderOp::Extend { .. }) && !lease_live(&d, now) =>
+        {
             Holder::Refuse(StoreError::LostClaim { id: id.to_owned() })
         }
         // A bound already past: the slot block the claim ran under has lapsed, and its slots
         // may be another claim's.
-        Holder::Live(_) if matches!(op, HolderOp::Extend { until_max: Some(max), .. } if *max < now) => {
+        Holder::Live(_) if matches!(op.unmetered(), HolderOp::Extend { until_max: Some(max), .. } if *max < now) => {
             Holder::Refuse(StoreError::LostClaim { id: id.to_owned() })
         }
         verdict => verdict,
@@ -309,6 +311,10 @@ pub enum HolderOp {
         /// How many resumes the dispatch may use.
         max_resumes: u32,
     },
+    /// `op`, adding the tokens the run's metered model calls used to the record's `usage`
+    /// (docs/contract.md, section 2: it costs no write of its own). Added only when `op` is
+    /// applied: a refused or repeated write adds nothing.
+    Metered(Usage, Box<HolderOp>),
 }
 
 /// What a suspend reads of its dispatch's waitpoints, in the holder write's own atomic step.
@@ -377,9 +383,26 @@ impl HolderOp {
         }
     }
 
+    /// `self` carrying `usage` (itself when nothing was metered).
+    pub fn metered(self, usage: Usage) -> HolderOp {
+        if usage == Usage::default() {
+            return self;
+        }
+        HolderOp::Metered(usage, Box::new(self))
+    }
+
+    /// The operation itself, without the usage it carries.
+    pub fn unmetered(&self) -> &HolderOp {
+        match self {
+            HolderOp::Metered(_, op) => op.unmetered(),
+            op => op,
+        }
+    }
+
     /// The operation's name, as the store's metrics and errors give it.
     pub fn name(&self) -> &'static str {
         match self {
+            HolderOp::Metered(_, op) => op.name(),
             HolderOp::Extend { .. } => "extend_lease",
             HolderOp::Start => "record_start",
             HolderOp::Result(_) => "record_result",
@@ -395,12 +418,12 @@ impl HolderOp {
     /// Whether the operation is decided with the dispatch's waitpoints ([`WaitpointsSeen`]),
     /// which the backend then reads in the same atomic step.
     pub(crate) fn reads_waitpoints(&self) -> bool {
-        matches!(self, HolderOp::Suspend { .. })
+        matches!(self.unmetered(), HolderOp::Suspend { .. })
     }
 
     /// The run output the operation stores, if it stores one.
     pub(crate) fn output(&self) -> Option<&[u8]> {
-        match self {
+        match self.unmetered() {
             HolderOp::Result(r) | HolderOp::Complete(r) => Some(&r.output),
             _ => None,
         }
@@ -422,6 +445,7 @@ impl HolderOp {
     /// The settlement this operation makes, if it makes one.
     pub(crate) fn settles(&self) -> Option<Settle> {
         match self {
+            HolderOp::Metered(_, op) => op.settles(),
             HolderOp::Extend { .. } | HolderOp::Start | HolderOp::Result(_) => None,
             HolderOp::Ack | HolderOp::Complete(_) => Some(Settle::Ack),
             HolderOp::Nack { .. } => Some(Settle::Nack),
@@ -446,6 +470,11 @@ impl HolderOp {
         seen: WaitpointsSeen,
     ) -> Result<bool, StoreError> {
         Ok(match self {
+            HolderOp::Metered(usage, op) => {
+                let ready = op.apply(d, now, seen)?;
+                d.usage.get_or_insert_default().add(&usage);
+                ready
+            }
             HolderOp::Extend {
                 extension_ms,
                 until_max,

@@ -141,6 +141,7 @@ pub(crate) fn queued_record(id: &str, new: &NewDispatch, epoch: u64, now: u64) -
         concurrency_key: new.concurrency_key.clone(),
         versions: Vec::new(),
         window: None,
+        usage: None,
         epoch,
         status: Status::Queued,
         claim: None,

@@ -402,6 +402,7 @@ macro_rules! suite {
                     claim_fields_present_exactly_when_claimed,
                     store_stamps_times_from_its_clock,
                     claims_count_every_claim_and_survive_reopening,
+                    settling_writes_add_their_usage_once_and_it_survives_reopening,
                 },
                 mailbox::{
                     chosen_id_equal_to_a_settled_minted_id_is_a_duplicate,

@@ -376,3 +376,74 @@ pub async fn claims_count_every_claim_and_survive_reopening<F: Factory>(factory:
         "{acked:?}"
     );
 }
+
+/// A settling holder write adds the usage it carries to the record's (no write of its own);
+/// a repeat of the settlement after a lost reply adds nothing again; a refused write adds
+/// nothing; the sum survives reopening. Issue 54: token counts per dispatch.
+pub async fn settling_writes_add_their_usage_once_and_it_survives_reopening<F: Factory>(
+    factory: &F,
+) {
+    use homing::store::HolderOp;
+    use homing::store::model::Usage;
+    let env = Env::new(factory).await;
+    let s = env.open().await;
+    let queued = put(&s, nd("t", "d1")).await;
+    assert_eq!(queued.usage, None);
+    let json = serde_json::to_string(&queued).unwrap();
+    assert!(!json.contains("\"usage\""), "none is left out: {json}");
+    let used = |input, output, cached| Usage {
+        input_tokens: input,
+        output_tokens: output,
+        cached_tokens: cached,
+        calls: 1,
+    };
+
+    let first = claim_some(&s).await;
+    let nack = || HolderOp::Nack {
+        retry_at: env.now(),
+        error: "once more".into(),
+    };
+    let nacked = s
+        .mailbox
+        .hold("d1", &tok(&first), nack().metered(used(100, 20, 30)))
+        .await
+        .unwrap();
+    assert_eq!(nacked.usage, Some(used(100, 20, 30)));
+    // The same settlement again (its reply was lost): answered as stored, nothing added.
+    let again = s
+        .mailbox
+        .hold("d1", &tok(&first), nack().metered(used(100, 20, 30)))
+        .await
+        .unwrap();
+    assert_eq!(again.usage, Some(used(100, 20, 30)));
+    // A write with a token that no longer holds it: refused, nothing added.
+    assert!(
+        s.mailbox
+            .hold("d1", &tok(&first), HolderOp::Ack.metered(used(5, 5, 0)))
+            .await
+            .is_err()
+    );
+
+    let second = claim_some(&s).await;
+    let done = s
+        .mailbox
+        .hold(
+            "d1",
+            &tok(&second),
+            HolderOp::Complete(RunResult::success(b"ok".to_vec())).metered(used(7, 3, 0)),
+        )
+        .await
+        .unwrap();
+    let sum = Usage {
+        input_tokens: 107,
+        output_tokens: 23,
+        cached_tokens: 30,
+        calls: 2,
+    };
+    assert_eq!((done.status, done.usage), (Status::Acked, Some(sum)));
+    drop(s);
+    let reopened = env.open().await;
+    assert_eq!(load(&reopened, "d1").await.usage, Some(sum));
+    // Nothing metered: the operation as it is, no usage written.
+    assert_eq!(HolderOp::Ack.metered(Usage::default()), HolderOp::Ack);
+}

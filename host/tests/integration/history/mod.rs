@@ -2288,6 +2288,7 @@ mod checker_tests {
             concurrency_key: None,
             versions: Vec::new(),
             window: None,
+            usage: None,
             epoch: 0,
             status,
             claim: token.map(|t| Claim {

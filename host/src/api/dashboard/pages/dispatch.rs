@@ -220,6 +220,9 @@ fn render(page: &DispatchPage, p: &Params, session: &Session) -> Markup {
                 dt { "Priority" } dd { (r.priority) }
                 dt { "Attempts" } dd { (r.attempt) " failed of " (r.max_attempts) " allowed" }
                 dt { "Claims" } dd { (r.claims) @if r.resumes > 0 { " (" (r.resumes) " resumes)" } }
+                @if let Some(u) = &r.usage {
+                    dt { "Tokens" } dd #usage { (u.input_tokens) " in (" (u.cached_tokens) " cached), " (u.output_tokens) " out, " (u.calls) " model calls" }
+                }
                 dt { "Epoch" } dd { (r.epoch) }
                 dt { "Run id" } dd.mono { (r.run_id) }
                 @if let Some(key) = &r.dedupe_key { dt { "Dedupe key" } dd.mono { (key) } }
