@@ -30,8 +30,9 @@
 //! Approve and Reject buttons do). Suspend then, and make the same call when the run resumes:
 //! [`Claim::mcp_call_or_suspend`] does both.
 //!
-//! **Retries.** Under `journal = "run"`, a retried or resumed run making the same calls in the
-//! same order is answered from the journal: no tool runs twice. A call that an earlier run
+//! **Retries.** Under `journal = "run"`, a retried or resumed run making the same calls is
+//! answered from the journal (a call is found by its server, tool and arguments, and which such
+//! call of the run it is): no tool runs twice. A call that an earlier run
 //! sent and never saw answered (the host died meanwhile) is sent again only when the tool says
 //! it is idempotent; otherwise the run gets [`McpOutcome::Unknown`].
 

@@ -22,12 +22,18 @@
 //! host that refuses a chunk (its stream limits) gets no more of that reply, and the run goes
 //! on.
 //!
-//! The one tool is `add` (two numbers; the sum), enough to show the round trip.
+//! The tools are its own `add` (two numbers; the sum), enough to show the round trip; or, when
+//! the variable `mcp_server` names one of the plugin's MCP servers (`[plugins.assistant.mcp.NAME]`),
+//! that server's tools, called through the host: the host holds the server's URL and
+//! credentials, lets the plugin call only what its `tools` allow, and holds a call its
+//! `approval` rules name for a person (the run then suspends, holding no worker, and runs
+//! again once the call is approved or rejected). The model is told what came back, a
+//! rejection included.
 //!
 //! Variables (`[plugins.assistant.variables]` in `homing.toml`, read over `wasi:config`):
-//! `base_url` (required), `model` (required) and `api_key` (a secret; without it no
-//! `authorization` header is sent, as a local Ollama wants). The key is never logged, stored
-//! or returned.
+//! `base_url` (required), `model` (required), `api_key` (a secret; without it no
+//! `authorization` header is sent, as a local Ollama wants) and `mcp_server` (optional). The
+//! key is never logged, stored or returned.
 //!
 //! Every step is in the log before the next starts, so a retry (after a timeout or a failed
 //! request) resumes where the last attempt stopped instead of asking the model again for an
@@ -37,7 +43,7 @@
 use std::time::Duration;
 
 use homing_guest::http::Request;
-use homing_guest::{Claim, Error, Handler, config};
+use homing_guest::{Claim, Error, Handler, McpOutcome, config};
 use serde_json::{Value, json};
 
 mod sse;
@@ -56,7 +62,68 @@ const MAX_REPLY_BYTES: usize = 8 << 20;
 const SYSTEM: &str = "You are a concise assistant running as a Homing agent. \
     When a question needs arithmetic, call the `add` tool rather than adding in your head.";
 
-/// The tools offered to the model, in the chat-completions `tools` format.
+/// Where the tools come from: the agent's own `add`, or an MCP server through the host.
+enum Tools {
+    Own,
+    Mcp(String),
+}
+
+impl Tools {
+    fn from_config() -> Result<Tools, String> {
+        Ok(match config::get("mcp_server")?.filter(|s| !s.is_empty()) {
+            Some(server) => Tools::Mcp(server),
+            None => Tools::Own,
+        })
+    }
+
+    /// The tools offered to the model, in the chat-completions `tools` format.
+    fn offered(&self, claim: &Claim) -> Result<Value, String> {
+        let Tools::Mcp(server) = self else {
+            return Ok(tools());
+        };
+        let listed = claim.mcp_tools(server).map_err(|e| e.to_string())?;
+        Ok(Value::Array(
+            listed
+                .into_iter()
+                .map(|t| {
+                    let parameters: Value = serde_json::from_str(&t.input_schema)
+                        .unwrap_or_else(|_| json!({"type": "object"}));
+                    json!({"type": "function", "function": {
+                        "name": t.name,
+                        "description": t.description.unwrap_or_default(),
+                        "parameters": parameters,
+                    }})
+                })
+                .collect(),
+        ))
+    }
+
+    /// Runs tool `name` with its JSON-encoded `arguments`: the tool message's content, or
+    /// `None` when the call waits for a person's approval (the run has suspended).
+    fn run(&self, claim: &Claim, name: &str, arguments: &str) -> Result<Option<String>, String> {
+        let Tools::Mcp(server) = self else {
+            return Ok(Some(run_tool(name, arguments)));
+        };
+        Ok(Some(match claim.mcp_call_or_suspend(server, name, arguments) {
+            Ok(None) => return Ok(None),
+            Ok(Some(McpOutcome::Done(result))) if result.is_error => {
+                format!("error: {}", result.text())
+            }
+            Ok(Some(McpOutcome::Done(result))) => result.text(),
+            Ok(Some(McpOutcome::Rejected(why))) => format!("the call was not run: {why}"),
+            Ok(Some(McpOutcome::Unknown(why))) => {
+                format!("whether the call ran is unknown: {why}")
+            }
+            Ok(Some(McpOutcome::NeedsApproval(_))) => "the call waits for approval".to_owned(),
+            // The claim is gone: this run stops (another runs it).
+            Err(e) if e.claim_is_gone() => return Err(e.to_string()),
+            // A refusal (not allowed, a bad argument): for the model to see and correct.
+            Err(e) => format!("error: {e}"),
+        }))
+    }
+}
+
+/// The agent's own tools, in the chat-completions `tools` format.
 fn tools() -> Value {
     json!([{
         "type": "function",
@@ -120,7 +187,7 @@ impl Model {
     /// content, tool calls). The reply's text is streamed to the dispatch's watchers token by
     /// token as it arrives ([`Stream`]). A server that answers with plain JSON instead is read
     /// the old way.
-    fn complete(&self, claim: &Claim, history: &[Value]) -> Result<Value, String> {
+    fn complete(&self, claim: &Claim, history: &[Value], tools: &Value) -> Result<Value, String> {
         let mut messages = vec![json!({"role": "system", "content": SYSTEM})];
         messages.extend(history.iter().cloned());
         // A run stopped between a reply asking for tools and their results (an interrupting
@@ -131,7 +198,7 @@ impl Model {
         }
         // The usage in a last chunk: the host reads it when its [pricing] lists the origin.
         let body = json!({
-            "model": self.name, "messages": messages, "tools": tools(), "stream": true,
+            "model": self.name, "messages": messages, "tools": tools, "stream": true,
             "stream_options": {"include_usage": true}
         });
         let mut request = Request::post(&self.url)
@@ -307,6 +374,7 @@ impl Handler for Assistant {
     fn handle(claim: &Claim) -> Result<Vec<u8>, String> {
         let text = claim.payload_str()?.to_owned();
         let model = Model::from_config()?;
+        let tools = Tools::from_config()?;
         let (mut conversation, latest) = Conversation::read(claim)?;
 
         if text.is_empty() {
@@ -336,6 +404,8 @@ impl Handler for Assistant {
             conversation.mine.push(true);
         }
 
+        // Listed once, when the model is first asked.
+        let mut offered: Option<Value> = None;
         for _ in 0..MAX_ROUNDS {
             let last = conversation.last_mine().cloned().unwrap_or(Value::Null);
             if last["role"] == "assistant" {
@@ -351,7 +421,10 @@ impl Handler for Assistant {
                     }
                     let name = call["function"]["name"].as_str().unwrap_or_default();
                     let arguments = call["function"]["arguments"].as_str().unwrap_or("{}");
-                    let result = run_tool(name, arguments);
+                    let Some(result) = tools.run(claim, name, arguments)? else {
+                        // Waiting for approval: suspended; the next run makes the same call.
+                        return Ok(Vec::new());
+                    };
                     homing_guest::info!("tool {name}({arguments}) -> {result}");
                     conversation.push(
                         claim,
@@ -359,7 +432,11 @@ impl Handler for Assistant {
                     )?;
                 }
             }
-            let reply = model.complete(claim, &conversation.messages)?;
+            let offered = match &offered {
+                Some(offered) => offered,
+                None => offered.insert(tools.offered(claim)?),
+            };
+            let reply = model.complete(claim, &conversation.messages, offered)?;
             conversation.push(claim, reply)?;
         }
         match conversation.last_mine() {

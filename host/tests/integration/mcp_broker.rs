@@ -639,3 +639,66 @@ fn a_server_the_guest_can_reach_too_is_warned_of() {
     );
     let _: PathBuf = env.config();
 }
+
+/// The `assistant` example with `mcp_server` set: the model (the stand-in) is offered the MCP
+/// server's tools as the host lists them, asks for `add`, and the assistant calls it through
+/// the host (which holds the bearer); the model's answer quotes the server's result. The
+/// server was called once; neither key is in the host's log.
+#[test]
+fn the_assistant_example_calls_a_tool_over_mcp() {
+    const MODEL_KEY: &str = "stand-in-key-for-the-mcp-test-5be1";
+    let runtime = tokio::runtime::Runtime::new().unwrap();
+    let server = Server::start();
+    let model = crate::outbound_guests::StandIn::start(MODEL_KEY);
+    let model_port = model
+        .url
+        .trim_start_matches("http://127.0.0.1:")
+        .split('/')
+        .next()
+        .unwrap()
+        .to_owned();
+    let env = Env::new(&format!(
+        r#"
+[host]
+lease = "10s"
+sweep_interval = "200ms"
+
+[plugins.assistant]
+path = {assistant}
+timeout = "30s"
+max_attempts = 1
+journal = "run"
+allowed_outbound_hosts = ["http://127.0.0.1:{model_port}"]
+
+[plugins.assistant.variables]
+base_url = "{base}"
+model = "stand-in"
+api_key = {{ env = "ASSISTANT_API_KEY", secret = true }}
+mcp_server = "records"
+
+[plugins.assistant.mcp.records]
+url = "http://127.0.0.1:{port}/mcp"
+auth = {{ bearer = {{ env = "MCP_TOKEN", secret = true }} }}
+tools = ["add"]
+"#,
+        assistant = toml_path(&guest("assistant")),
+        base = model.url,
+        port = server.port,
+    ));
+    let id = env.enqueue("assistant", "t", "What is 40 + 2?", &[]);
+    let out = homing(&env, &["run", "--until-idle"])
+        .env("ASSISTANT_API_KEY", MODEL_KEY)
+        .stdin(Stdio::null())
+        .output()
+        .unwrap();
+    let log = String::from_utf8_lossy(&out.stderr).into_owned();
+    assert!(out.status.success(), "{log}");
+    let d = env.show(&id);
+    assert_eq!(d["status"], "acked", "{d}\n{log}");
+    assert_eq!(
+        d["result"]["output"], "The stand-in model says: the tool answered 42.",
+        "{d}"
+    );
+    assert_eq!(runtime.block_on(server.calls())["add"], 1);
+    assert!(!log.contains(TOKEN) && !log.contains(MODEL_KEY));
+}
