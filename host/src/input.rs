@@ -6,6 +6,16 @@
 use std::io::Read;
 use std::path::Path;
 
+/// `text` cut to at most `max` bytes, at a character boundary (a name, a label or a line shown
+/// within a bound).
+pub fn cut_to(text: &str, max: usize) -> &str {
+    let mut end = text.len().min(max);
+    while !text.is_char_boundary(end) {
+        end -= 1;
+    }
+    text.get(..end).unwrap_or_default()
+}
+
 /// The largest `homing.toml` the host reads.
 pub const MAX_CONFIG_SIZE: u64 = 4 << 20;
 

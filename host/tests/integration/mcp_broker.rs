@@ -686,13 +686,10 @@ tools = ["add"]
         port = server.port,
     ));
     let id = env.enqueue("assistant", "t", "What is 40 + 2?", &[]);
-    let out = homing(&env, &["run", "--until-idle"])
-        .env("ASSISTANT_API_KEY", MODEL_KEY)
-        .stdin(Stdio::null())
-        .output()
-        .unwrap();
-    let log = String::from_utf8_lossy(&out.stderr).into_owned();
-    assert!(out.status.success(), "{log}");
+    let log = crate::outbound_guests::run_until_idle_with(
+        &env,
+        &[("ASSISTANT_API_KEY", MODEL_KEY), ("MCP_TOKEN", TOKEN)],
+    );
     let d = env.show(&id);
     assert_eq!(d["status"], "acked", "{d}\n{log}");
     assert_eq!(

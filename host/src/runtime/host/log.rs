@@ -269,11 +269,7 @@ impl GuestState {
         state.lines += 1;
         // Scrubbed whole, then cut: a cut never splits a secret the line holds.
         let message = state.secrets.scrub(message);
-        let mut end = message.len().min(MAX_LOG_LINE);
-        while !message.is_char_boundary(end) {
-            end -= 1;
-        }
-        let message = escape_log_text(message.get(..end).unwrap_or_default());
+        let message = escape_log_text(crate::input::cut_to(&message, MAX_LOG_LINE));
         let (dispatch, attempt) = (&state.tag.dispatch, state.tag.attempt);
         match level {
             Level::Trace => trace!(target: "guest", plugin, %dispatch, attempt, "{message}"),

@@ -426,11 +426,7 @@ impl GuestState {
 /// `tool` cut to at most 100 bytes, as names and keys show it (a waitpoint's name and a
 /// step's key are at most 256 bytes; the identity beside it tells calls apart).
 fn short(tool: &str) -> &str {
-    let mut end = tool.len().min(100);
-    while !tool.is_char_boundary(end) {
-        end -= 1;
-    }
-    &tool[..end]
+    crate::input::cut_to(tool, 100)
 }
 
 /// A brokered call's record as the journal keeps it (`result`: the `tools/call` result, for

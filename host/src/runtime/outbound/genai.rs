@@ -129,11 +129,7 @@ impl Told {
 
 /// `text` cut to [`MAX_MODEL_NAME`] bytes.
 fn shown(text: &str) -> String {
-    let mut end = text.len().min(MAX_MODEL_NAME);
-    while !text.is_char_boundary(end) {
-        end -= 1;
-    }
-    text[..end].to_owned()
+    crate::input::cut_to(text, MAX_MODEL_NAME).to_owned()
 }
 
 /// How the response body is read.

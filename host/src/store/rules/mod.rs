@@ -56,11 +56,7 @@ pub(crate) fn error_text(text: &str) -> String {
         return text.to_owned();
     }
     let note = format!(" [... {} bytes cut]", text.len());
-    let mut end = MAX_ERROR_TEXT.saturating_sub(note.len());
-    while end > 0 && !text.is_char_boundary(end) {
-        end -= 1;
-    }
-    let mut out = text.get(..end).unwrap_or_default().to_owned();
+    let mut out = crate::input::cut_to(text, MAX_ERROR_TEXT.saturating_sub(note.len())).to_owned();
     out.push_str(&note);
     out
 }
