@@ -753,6 +753,14 @@ mod tests {
                 "n",
             ),
             (
+                json!({ "model": "a", "messages": user(json!("hi")), "stream_options": true }),
+                "stream_options",
+            ),
+            (
+                json!({ "model": "a", "messages": user(json!("hi")), "stream_options": { "include_usage": "yes" } }),
+                "stream_options",
+            ),
+            (
                 json!({ "model": "a", "messages": user(json!("hi")), "user": 7 }),
                 "user",
             ),
